@@ -1,0 +1,364 @@
+//! The lock abstraction shared by both backends.
+//!
+//! A [`LockService`] hands out [`Guard`]s for monitor objects. zkguard ships two services: the
+//! ZooKeeper priority lock ([`crate::zk::ZkLockService`], the default) and the Elasticsearch lease
+//! lock (`crate::eslock`). Guarded writes, background operations, `zkguard exec` and the demo only
+//! see this trait, so `lock.backend` switches between them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+/// The class of a contender: foreground work goes before background work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LockType {
+    /// A person or a synchronous call is waiting ("Save Content"). The default.
+    Foreground,
+    /// Bulk propagation, searchable updates, KPI jobs.
+    Background,
+}
+
+impl Default for LockType {
+    fn default() -> Self {
+        Self::Foreground
+    }
+}
+
+impl fmt::Display for LockType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Foreground => "foreground",
+            Self::Background => "background",
+        })
+    }
+}
+
+impl std::str::FromStr for LockType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "foreground" | "fg" => Ok(Self::Foreground),
+            "background" | "bg" => Ok(Self::Background),
+            other => Err(format!("unknown lock type `{other}`: use foreground or background")),
+        }
+    }
+}
+
+/// Why a held lock stopped being held without its holder releasing it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LossReason {
+    /// The ZooKeeper session expired: the server deleted the holder's ephemeral nodes.
+    #[error("the ZooKeeper session expired")]
+    SessionExpired,
+    /// The connection was down longer than the configured grace, so the server may already have
+    /// expired the session and handed the lock to someone else.
+    #[error("disconnected from ZooKeeper for longer than {grace:?}")]
+    Disconnected {
+        /// The grace that was exceeded.
+        grace: Duration,
+    },
+    /// The mutex node (`privateLock`) was deleted or replaced by someone else.
+    #[error("the lock's mutex node was deleted by someone else")]
+    MutexDeleted,
+    /// The lease was taken over by another owner (Elasticsearch backend).
+    #[error("the lease was taken over by `{by}`")]
+    TakenOver {
+        /// The new owner.
+        by: String,
+    },
+    /// The lease expired before it could be renewed (Elasticsearch backend).
+    #[error("the lease expired before it could be renewed")]
+    LeaseExpired,
+    /// The lock service was closed.
+    #[error("the lock service was closed")]
+    Closed,
+}
+
+/// Errors of the lock layer, mirroring the design's exceptions.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// The design's `InstanceLockException`: the lock was not acquired in time.
+    #[error("lock on `{monitor}` ({lock_type}) not acquired within {}ms: another holder kept it; retry later or raise the {lock_type} timeout", waited.as_millis())]
+    Timeout {
+        /// Monitor object.
+        monitor: String,
+        /// Lock type.
+        lock_type: LockType,
+        /// How long the contender waited.
+        waited: Duration,
+    },
+    /// The design's `SessionExpiredException`.
+    #[error("ZooKeeper session expired{}: the lock (if any) is gone; retry with a new session", ctx(.context))]
+    SessionExpired {
+        /// What was being done.
+        context: String,
+    },
+    /// The design's `ConnectionLossException`: the service could not be reached.
+    #[error("lost the connection to the lock service{}: {detail}; check that it is running and reachable", ctx(.context))]
+    ConnectionLoss {
+        /// What was being done.
+        context: String,
+        /// Underlying error.
+        detail: String,
+    },
+    /// The design's `NoNodeException`: `unlock()` of a lock that no longer exists.
+    #[error("unlock of `{monitor}`: the lock no longer exists ({detail}); it was lost before release")]
+    NoNode {
+        /// Monitor object.
+        monitor: String,
+        /// What was missing.
+        detail: String,
+    },
+    /// A held lock was lost (see [`LossReason`]).
+    #[error("lock on `{monitor}` was lost: {reason}")]
+    Lost {
+        /// Monitor object.
+        monitor: String,
+        /// Why.
+        reason: LossReason,
+    },
+    /// The monitor object name cannot be used.
+    #[error("invalid monitor object name {name:?}: {reason}")]
+    InvalidMonitor {
+        /// The name.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `must_release` found nothing held.
+    #[error("release of `{monitor}`: nothing was held by this owner")]
+    NotHeld {
+        /// Monitor object.
+        monitor: String,
+    },
+    /// Any other error of the backend.
+    #[error("lock service error{}: {detail}", ctx(.context))]
+    Backend {
+        /// What was being done.
+        context: String,
+        /// Underlying error.
+        detail: String,
+    },
+}
+
+fn ctx(c: &str) -> String {
+    if c.is_empty() {
+        String::new()
+    } else {
+        format!(" while {c}")
+    }
+}
+
+impl LockError {
+    /// Whether retrying the same operation later may succeed (timeouts and connection trouble).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout { .. } | Self::SessionExpired { .. } | Self::ConnectionLoss { .. } | Self::Lost { .. }
+        )
+    }
+}
+
+/// What to lock: a monitor object, a lock type, descriptive info and an optional timeout override.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct LockRequest {
+    /// The monitor object.
+    pub monitor: String,
+    /// Foreground or background.
+    pub lock_type: LockType,
+    /// Short description of the work ("Save Content").
+    pub info: String,
+    /// Overrides the lock type's configured timeout.
+    pub timeout: Option<Duration>,
+}
+
+impl LockRequest {
+    /// A foreground request with the configured timeout.
+    pub fn new(monitor: impl Into<String>, info: impl Into<String>) -> Self {
+        Self { monitor: monitor.into(), lock_type: LockType::Foreground, info: info.into(), timeout: None }
+    }
+
+    /// Sets the lock type.
+    pub fn with_type(mut self, lock_type: LockType) -> Self {
+        self.lock_type = lock_type;
+        self
+    }
+
+    /// Overrides the timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+/// A lock service: ZooKeeper or Elasticsearch.
+#[async_trait]
+pub trait LockService: Send + Sync + 'static {
+    /// Waits up to the request's timeout for the lock.
+    ///
+    /// # Errors
+    /// [`LockError::Timeout`] when not acquired in time; connection and session errors.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: a dropped acquisition removes whatever it had queued, in the background.
+    async fn acquire(&self, request: LockRequest) -> Result<Box<dyn Guard>, LockError>;
+
+    /// `"zookeeper"` or `"elasticsearch"`.
+    fn backend_name(&self) -> &'static str;
+}
+
+/// A held lock.
+#[async_trait]
+pub trait Guard: Send + Sync + fmt::Debug {
+    /// The monitor object.
+    fn monitor(&self) -> &str;
+    /// The lock type it was acquired with.
+    fn lock_type(&self) -> LockType;
+    /// A token strictly greater than every token issued before for this monitor (and, on
+    /// ZooKeeper, for any monitor). Guarded writes send it as Elasticsearch's external version.
+    fn fencing_token(&self) -> u64;
+    /// Whether the lock is still held (not lost, not released).
+    fn is_held(&self) -> bool;
+    /// The loss reason, if the lock was lost.
+    fn loss(&self) -> Option<LossReason>;
+    /// Completes when the lock is lost; pending forever while it is held.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: it only observes.
+    async fn lost(&self) -> LossReason;
+    /// Releases the lock.
+    ///
+    /// # Errors
+    /// [`LockError::NoNode`] when the lock no longer existed; connection errors (the lock is then
+    /// released by session expiry or lease expiry).
+    async fn unlock(self: Box<Self>) -> Result<(), LockError>;
+}
+
+/// A shared, awaitable loss flag used by guards of both backends.
+#[derive(Debug, Clone)]
+pub struct LossSignal {
+    tx: Arc<watch::Sender<Option<LossReason>>>,
+}
+
+impl Default for LossSignal {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LossSignal {
+    /// A signal that has not fired.
+    pub fn new() -> Self {
+        Self { tx: Arc::new(watch::channel(None).0) }
+    }
+
+    /// Marks the lock lost (the first reason wins). Returns whether this call fired it.
+    pub fn fire(&self, reason: LossReason) -> bool {
+        self.tx.send_if_modified(|cur| {
+            if cur.is_none() {
+                *cur = Some(reason);
+                true
+            } else {
+                false
+            }
+        })
+    }
+
+    /// The reason, if fired.
+    pub fn get(&self) -> Option<LossReason> {
+        self.tx.borrow().clone()
+    }
+
+    /// Waits until fired.
+    pub async fn wait(&self) -> LossReason {
+        let mut rx = self.tx.subscribe();
+        loop {
+            if let Some(r) = rx.borrow_and_update().clone() {
+                return r;
+            }
+            if rx.changed().await.is_err() {
+                return LossReason::Closed;
+            }
+        }
+    }
+}
+
+/// The longest monitor name, in bytes.
+pub const MAX_MONITOR_LEN: usize = 200;
+
+/// Checks a monitor object name.
+///
+/// Allowed: 1 to [`MAX_MONITOR_LEN`] bytes of UTF-8 without `/`, control characters or the
+/// code points ZooKeeper refuses in node names (U+E000–U+F8FF, U+FFF0–U+FFFF); not `.`, `..`,
+/// `zookeeper` or `privateLock`. Names are used as they are (no encoding), so `zkguard locks`
+/// shows them as given. Typical ids (`article-42`, `P1`, UUIDs, `tenant:7/…` with the slash
+/// replaced) fit.
+///
+/// # Errors
+/// [`LockError::InvalidMonitor`] saying what is wrong.
+pub fn validate_monitor(name: &str) -> Result<(), LockError> {
+    let bad = |reason: &str| Err(LockError::InvalidMonitor { name: name.to_string(), reason: reason.to_string() });
+    if name.is_empty() {
+        return bad("it is empty; pass the id of the object to lock, e.g. article-42");
+    }
+    if name.len() > MAX_MONITOR_LEN {
+        return bad(&format!("it is {} bytes long; the limit is {MAX_MONITOR_LEN}", name.len()));
+    }
+    if name == "." || name == ".." {
+        return bad("`.` and `..` are not allowed as names");
+    }
+    if name == "zookeeper" || name == "privateLock" {
+        return bad("this name is reserved");
+    }
+    if name.contains('/') {
+        return bad("it contains `/`; replace it (e.g. with `:`) since each monitor is one znode");
+    }
+    if let Some(c) = name.chars().find(|c| {
+        c.is_control() || ('\u{e000}'..='\u{f8ff}').contains(c) || ('\u{fff0}'..='\u{ffff}').contains(c)
+    }) {
+        return bad(&format!("it contains the character U+{:04X}, which is not allowed", c as u32));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monitor_names() {
+        for ok in ["a", "article-42", "P1", "tenant:7:doc", "ünïcode", "x".repeat(200).as_str()] {
+            validate_monitor(ok).unwrap();
+        }
+        for (bad, needle) in [
+            ("", "empty"),
+            ("a/b", "`/`"),
+            (".", "`.`"),
+            ("..", "`.`"),
+            ("a\nb", "U+000A"),
+            ("privateLock", "reserved"),
+            (&"x".repeat(201), "201 bytes"),
+        ] {
+            let e = validate_monitor(bad).unwrap_err().to_string();
+            assert!(e.contains(needle), "{bad:?}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn loss_signal_first_reason_wins() {
+        let s = LossSignal::new();
+        let waiter = tokio::spawn({
+            let s = s.clone();
+            async move { s.wait().await }
+        });
+        assert!(s.fire(LossReason::SessionExpired));
+        assert!(!s.fire(LossReason::MutexDeleted));
+        assert_eq!(waiter.await.unwrap(), LossReason::SessionExpired);
+        assert_eq!(s.get(), Some(LossReason::SessionExpired));
+    }
+}
