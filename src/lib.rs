@@ -32,11 +32,17 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod background;
 pub mod backoff;
 pub mod config;
+pub mod deadletter;
 pub mod es;
+pub mod eslock;
+pub mod guarded;
 pub mod lock;
+pub mod ops;
 pub mod servers;
+pub mod txn;
 pub mod zk;
 
 pub use backoff::Backoff;

@@ -84,6 +84,21 @@ pub fn settings(cli: &Cli) -> Result<Settings, CliError> {
     Ok(Settings::load(cli.config.as_deref())?)
 }
 
+/// Connects the lock service selected by `lock.backend`.
+pub async fn lock_service(settings: &Settings) -> Result<std::sync::Arc<dyn zkguard::LockService>, CliError> {
+    use zkguard::config::LockBackendKind;
+    match settings.backend {
+        LockBackendKind::ZooKeeper => {
+            let session = zkguard::ZkSession::connect(&settings.zookeeper).await?;
+            Ok(std::sync::Arc::new(zkguard::ZkLockService::new(session)))
+        }
+        LockBackendKind::Elasticsearch => Err(CliError::new(
+            EX_CONFIG,
+            "lock.backend=elasticsearch is not available in this build; use lock.backend=zookeeper",
+        )),
+    }
+}
+
 /// Runs a parsed command line; `Ok(status)` is the process exit status.
 pub async fn run(cli: Cli) -> Result<u8, CliError> {
     let settings = settings(&cli)?;

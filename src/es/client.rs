@@ -1,5 +1,792 @@
-//! [`DocStore`](super::DocStore) over the official `elasticsearch` crate (under construction).
+//! [`DocStore`](super::DocStore) over the official `elasticsearch` crate.
+//!
+//! Every call is a plain document API call; the HTTP status of each answer is mapped onto
+//! [`EsError`] in one place ([`error_for_status`]), so all operations classify failures the same
+//! way: 409 is a [`EsError::Conflict`], 404 a [`EsError::NotFound`], 429
+//! [`EsError::TooManyRequests`], 5xx [`EsError::Server`], any other 4xx [`EsError::BadRequest`], and
+//! a request that got no answer (connection refused, timeout) [`EsError::Transport`].
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use elasticsearch::auth::Credentials;
+use elasticsearch::http::request::JsonBody;
+use elasticsearch::http::response::Response;
+use elasticsearch::http::transport::{
+    MultiNodeConnectionPool, SingleNodeConnectionPool, TransportBuilder,
+};
+use elasticsearch::indices::{
+    IndicesCreate, IndicesCreateParts, IndicesRefresh, IndicesRefreshParts,
+};
+use elasticsearch::params::{OpType, Refresh as EsRefresh, VersionType};
+use elasticsearch::{BulkParts, DeleteParts, Elasticsearch, GetParts, IndexParts, SearchParts};
+use serde_json::{json, Map, Value};
+use url::Url;
+
+use super::{BulkAction, Doc, DocMeta, DocStore, EsError, Refresh, WriteCondition};
+use crate::config::EsSettings;
 
 /// The Elasticsearch-backed document store.
-#[derive(Debug, Clone)]
-pub struct EsStore {}
+///
+/// Cheap to clone: clones share one HTTP connection pool.
+///
+/// With several URLs (`elasticsearch.url=http://es1:9200,http://es2:9200`) requests go round-robin
+/// over the nodes, and a request whose connection is refused is retried on the next node (it was
+/// never sent, so the retry cannot apply a write twice). Other failures are returned as they are.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), zkguard::es::EsError> {
+/// use zkguard::es::{DocStore, EsStore, Refresh, WriteCondition};
+///
+/// let store = EsStore::from_url("http://localhost:9200")?;
+/// let doc = serde_json::json!({"title": "Hello"});
+/// // A fenced write: rejected with EsError::Conflict if a newer token already wrote the document.
+/// store.index("articles", "42", &doc, WriteCondition::ExternalGte(7), Refresh::No).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct EsStore {
+    client: Elasticsearch,
+    /// The configured URLs, comma-separated, for error messages.
+    urls: String,
+    /// How many nodes the pool holds: the number of attempts on a refused connection.
+    nodes: usize,
+    timeout: Duration,
+}
+
+impl fmt::Debug for EsStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EsStore")
+            .field("urls", &self.urls)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EsStore {
+    /// Connects to the cluster named by `elasticsearch.url` (one or several comma-separated URLs),
+    /// with basic authentication when `elasticsearch.username` is set (credentials embedded in a URL
+    /// as `http://user:pass@host:9200` are used when no user name is configured) and
+    /// `elasticsearch.request.timeout` as the per-request timeout.
+    ///
+    /// No request is sent: an unreachable cluster shows up as [`EsError::Transport`] on the first
+    /// call.
+    ///
+    /// # Errors
+    /// [`EsError::Transport`] when no URL is configured or the HTTP client cannot be built (for
+    /// example, the TLS backend cannot be initialised).
+    pub fn new(settings: &EsSettings) -> Result<Self, EsError> {
+        if settings.urls.is_empty() {
+            return Err(EsError::Transport {
+                url: String::new(),
+                reason: "no URL configured; set elasticsearch.url to e.g. http://localhost:9200"
+                    .into(),
+            });
+        }
+        let mut embedded: Option<Credentials> = None;
+        let urls: Vec<Url> = settings
+            .urls
+            .iter()
+            .map(|u| {
+                let mut u = u.clone();
+                if !u.username().is_empty() {
+                    if embedded.is_none() {
+                        embedded = Some(Credentials::Basic(
+                            decode(u.username()),
+                            u.password().map(decode).unwrap_or_default(),
+                        ));
+                    }
+                    let _ = u.set_username("");
+                    let _ = u.set_password(None);
+                }
+                u
+            })
+            .collect();
+        let shown = urls
+            .iter()
+            .map(|u| u.as_str().trim_end_matches('/'))
+            .collect::<Vec<_>>()
+            .join(",");
+        let builder = if urls.len() == 1 {
+            TransportBuilder::new(SingleNodeConnectionPool::new(urls[0].clone()))
+        } else {
+            TransportBuilder::new(MultiNodeConnectionPool::round_robin(urls.clone(), None))
+        };
+        let credentials = match &settings.username {
+            Some(user) => Some(Credentials::Basic(
+                user.clone(),
+                settings.password.clone().unwrap_or_default(),
+            )),
+            None => embedded,
+        };
+        let builder = match credentials {
+            Some(c) => builder.auth(c),
+            None => builder,
+        };
+        let transport = builder
+            .timeout(settings.request_timeout)
+            .enable_meta_header(false)
+            .build()
+            .map_err(|e| EsError::Transport {
+                url: shown.clone(),
+                reason: format!("cannot build the HTTP client: {e}"),
+            })?;
+        Ok(Self {
+            client: Elasticsearch::new(transport),
+            urls: shown,
+            nodes: urls.len(),
+            timeout: settings.request_timeout,
+        })
+    }
+
+    /// Connects to one or several comma-separated URLs with the default request timeout and no
+    /// authentication (handy in tests and tools).
+    ///
+    /// # Errors
+    /// [`EsError::BadRequest`] when a URL cannot be parsed; otherwise as [`EsStore::new`].
+    pub fn from_url(urls: &str) -> Result<Self, EsError> {
+        let mut settings = crate::config::Settings::default().elasticsearch;
+        settings.urls = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                Url::parse(s).map_err(|e| EsError::BadRequest {
+                    status: 0,
+                    reason: format!(
+                        "invalid Elasticsearch URL `{s}`: {e}; use e.g. http://localhost:9200"
+                    ),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Self::new(&settings)
+    }
+
+    /// The configured URLs, comma-separated (without credentials).
+    pub fn urls(&self) -> &str {
+        &self.urls
+    }
+
+    /// The underlying `elasticsearch` client, for calls the [`DocStore`] trait does not cover.
+    pub fn client(&self) -> &Elasticsearch {
+        &self.client
+    }
+
+    /// Sends a request built by `make`; when the connection is refused and the pool has more nodes,
+    /// builds and sends it again (the round-robin pool picks the next node).
+    async fn send<F, Fut>(&self, what: &str, make: F) -> Result<Response, EsError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<Response, elasticsearch::Error>>,
+    {
+        let mut attempt = 1;
+        loop {
+            match make().await {
+                Ok(r) => return Ok(r),
+                Err(e) if attempt < self.nodes && is_connect_error(&e) => {
+                    tracing::debug!(error = %error_chain(&e), attempt, "{what}: connection refused, trying the next node");
+                    attempt += 1;
+                }
+                Err(e) => return Err(self.transport_error(what, &e)),
+            }
+        }
+    }
+
+    fn transport_error(&self, what: &str, e: &elasticsearch::Error) -> EsError {
+        let reason = if e.is_timeout() {
+            format!(
+                "{what}: no answer within {}ms (elasticsearch.request.timeout)",
+                self.timeout.as_millis()
+            )
+        } else {
+            format!("{what}: {}", error_chain(e))
+        };
+        EsError::Transport {
+            url: self.urls.clone(),
+            reason,
+        }
+    }
+}
+
+/// Percent-decodes the user name or password of a URL.
+fn decode(s: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_else(|| s.to_string())
+}
+
+/// Whether the request failed before anything was sent (connection refused or reset while
+/// connecting), so that sending it to another node cannot apply it twice.
+fn is_connect_error(e: &elasticsearch::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(r) = s.downcast_ref::<reqwest::Error>() {
+            if r.is_connect() {
+                return true;
+            }
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// An error with all its causes, `outer: inner: innermost`.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// Maps a failed HTTP status and its body to an [`EsError`].
+///
+/// `index`/`id` name the document for conflicts (empty when not about one document).
+pub(crate) fn error_for_status(status: u16, body: &Value, index: &str, id: &str) -> EsError {
+    let reason = reason_of(body);
+    match status {
+        409 => EsError::Conflict {
+            index: index.to_string(),
+            id: id.to_string(),
+            reason,
+        },
+        404 => EsError::NotFound {
+            what: if id.is_empty() {
+                format!("index {index}: {reason}")
+            } else {
+                format!("{index}/{id}: {reason}")
+            },
+        },
+        429 => EsError::TooManyRequests { reason },
+        500..=599 => EsError::Server { status, reason },
+        _ => EsError::BadRequest { status, reason },
+    }
+}
+
+/// `type: reason` of an Elasticsearch error body (`{"error": {"type", "reason"}}`), or the body.
+fn reason_of(body: &Value) -> String {
+    let err = body.get("error").unwrap_or(body);
+    match err {
+        Value::String(s) => s.clone(),
+        Value::Object(o) => {
+            let ty = o.get("type").and_then(Value::as_str);
+            let reason = o.get("reason").and_then(Value::as_str);
+            let caused = o
+                .get("caused_by")
+                .and_then(|c| c.get("reason"))
+                .and_then(Value::as_str)
+                .filter(|c| Some(*c) != reason);
+            let mut text = match (ty, reason) {
+                (Some(t), Some(r)) => format!("{t}: {r}"),
+                (Some(t), None) => t.to_string(),
+                (None, Some(r)) => r.to_string(),
+                (None, None) => body.to_string(),
+            };
+            if let Some(c) = caused {
+                text.push_str(&format!(" (caused by: {c})"));
+            }
+            text
+        }
+        Value::Null => "no details in the answer".to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn error_type(body: &Value) -> Option<&str> {
+    body.get("error")
+        .and_then(|e| e.get("type"))
+        .and_then(Value::as_str)
+}
+
+/// Reads an answer: its status and its JSON body (`Null` when the body is empty).
+async fn read(response: Response, store: &EsStore, what: &str) -> Result<(u16, Value), EsError> {
+    let status = response.status_code().as_u16();
+    let text = response
+        .text()
+        .await
+        .map_err(|e| store.transport_error(what, &e))?;
+    if text.trim().is_empty() {
+        return Ok((status, Value::Null));
+    }
+    match serde_json::from_str(&text) {
+        Ok(v) => Ok((status, v)),
+        // An error answer that is not JSON (a proxy's HTML page, a plain-text message) is still
+        // classified by its status.
+        Err(_) if status >= 400 => Ok((status, Value::String(truncate(&text, 300)))),
+        Err(e) => Err(EsError::Protocol(format!(
+            "{what}: the answer (status {status}) is not JSON ({e}): {}",
+            truncate(&text, 200)
+        ))),
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    let t = s.trim();
+    match t.char_indices().nth(n) {
+        Some((i, _)) => format!("{}...", &t[..i]),
+        None => t.to_string(),
+    }
+}
+
+fn int_field(v: &Value, key: &str) -> Option<i64> {
+    v.get(key).and_then(Value::as_i64)
+}
+
+/// `_seq_no`, `_primary_term` and `_version` of a write answer or bulk item.
+fn write_meta(v: &Value, what: &str) -> Result<DocMeta, EsError> {
+    match (
+        int_field(v, "_seq_no"),
+        int_field(v, "_primary_term"),
+        int_field(v, "_version"),
+    ) {
+        (Some(seq_no), Some(primary_term), Some(version)) => Ok(DocMeta {
+            seq_no,
+            primary_term,
+            version,
+        }),
+        _ => Err(EsError::Protocol(format!(
+            "{what}: the answer lacks _seq_no/_primary_term/_version: {}",
+            truncate(&v.to_string(), 200)
+        ))),
+    }
+}
+
+/// A document of a GET answer or a search hit; metadata the server did not send is -1.
+fn doc_of(v: &Value, what: &str) -> Result<Doc, EsError> {
+    let id = v.get("_id").and_then(Value::as_str).ok_or_else(|| {
+        EsError::Protocol(format!(
+            "{what}: a document without _id: {}",
+            truncate(&v.to_string(), 200)
+        ))
+    })?;
+    Ok(Doc {
+        id: id.to_string(),
+        source: v.get("_source").cloned().unwrap_or(Value::Null),
+        meta: DocMeta {
+            seq_no: int_field(v, "_seq_no").unwrap_or(-1),
+            primary_term: int_field(v, "_primary_term").unwrap_or(-1),
+            version: int_field(v, "_version").unwrap_or(-1),
+        },
+    })
+}
+
+fn es_refresh(r: Refresh) -> Option<EsRefresh> {
+    match r {
+        Refresh::No => None,
+        Refresh::Now => Some(EsRefresh::True),
+        Refresh::WaitFor => Some(EsRefresh::WaitFor),
+    }
+}
+
+/// An external version as Elasticsearch takes it (a signed 64-bit number).
+fn external_version(v: u64) -> Result<i64, EsError> {
+    i64::try_from(v).map_err(|_| EsError::BadRequest {
+        status: 0,
+        reason: format!(
+            "external version {v} is larger than Elasticsearch accepts ({})",
+            i64::MAX
+        ),
+    })
+}
+
+/// The query parameters a condition turns into.
+#[derive(Default)]
+struct Cond {
+    op_create: bool,
+    if_seq_no: Option<(i64, i64)>,
+    version: Option<(i64, VersionType)>,
+}
+
+impl Cond {
+    fn of(c: WriteCondition) -> Result<Self, EsError> {
+        Ok(match c {
+            WriteCondition::Always => Self::default(),
+            WriteCondition::Create => Self {
+                op_create: true,
+                ..Self::default()
+            },
+            WriteCondition::IfMatch {
+                seq_no,
+                primary_term,
+            } => Self {
+                if_seq_no: Some((seq_no, primary_term)),
+                ..Self::default()
+            },
+            WriteCondition::ExternalGte(v) => Self {
+                version: Some((external_version(v)?, VersionType::ExternalGte)),
+                ..Self::default()
+            },
+            WriteCondition::External(v) => Self {
+                version: Some((external_version(v)?, VersionType::External)),
+                ..Self::default()
+            },
+        })
+    }
+
+    /// The same condition as fields of a `_bulk` action line.
+    fn bulk_fields(&self, meta: &mut Map<String, Value>) {
+        if let Some((s, p)) = self.if_seq_no {
+            meta.insert("if_seq_no".into(), json!(s));
+            meta.insert("if_primary_term".into(), json!(p));
+        }
+        if let Some((v, t)) = self.version {
+            meta.insert("version".into(), json!(v));
+            meta.insert(
+                "version_type".into(),
+                json!(if t == VersionType::ExternalGte {
+                    "external_gte"
+                } else {
+                    "external"
+                }),
+            );
+        }
+    }
+}
+
+fn create_on_delete() -> EsError {
+    EsError::BadRequest {
+        status: 0,
+        reason: "WriteCondition::Create does not apply to a delete; use Always, IfMatch, External or ExternalGte"
+            .into(),
+    }
+}
+
+#[async_trait]
+impl DocStore for EsStore {
+    async fn get(&self, index: &str, id: &str) -> Result<Option<Doc>, EsError> {
+        let what = format!("GET {index}/{id}");
+        let response = self
+            .send(&what, || {
+                self.client
+                    .get(GetParts::IndexId(index, id))
+                    .realtime(true)
+                    .send()
+            })
+            .await?;
+        let (status, body) = read(response, self, &what).await?;
+        match status {
+            200..=299 if body.get("found").and_then(Value::as_bool) == Some(false) => Ok(None),
+            200..=299 => doc_of(&body, &what).map(Some),
+            // Both a missing document and a missing index.
+            404 => Ok(None),
+            _ => Err(error_for_status(status, &body, index, id)),
+        }
+    }
+
+    async fn index(
+        &self,
+        index: &str,
+        id: &str,
+        source: &Value,
+        condition: WriteCondition,
+        refresh: Refresh,
+    ) -> Result<DocMeta, EsError> {
+        let what = format!("index {index}/{id}");
+        let cond = Cond::of(condition)?;
+        let response = self
+            .send(&what, || {
+                let mut req = self
+                    .client
+                    .index(IndexParts::IndexId(index, id))
+                    .body(source);
+                if cond.op_create {
+                    req = req.op_type(OpType::Create);
+                }
+                if let Some((s, p)) = cond.if_seq_no {
+                    req = req.if_seq_no(s).if_primary_term(p);
+                }
+                if let Some((v, t)) = cond.version {
+                    req = req.version(v).version_type(t);
+                }
+                if let Some(r) = es_refresh(refresh) {
+                    req = req.refresh(r);
+                }
+                req.send()
+            })
+            .await?;
+        let (status, body) = read(response, self, &what).await?;
+        match status {
+            200..=299 => write_meta(&body, &what),
+            _ => Err(error_for_status(status, &body, index, id)),
+        }
+    }
+
+    async fn delete(
+        &self,
+        index: &str,
+        id: &str,
+        condition: WriteCondition,
+        refresh: Refresh,
+    ) -> Result<Option<DocMeta>, EsError> {
+        let what = format!("delete {index}/{id}");
+        let cond = Cond::of(condition)?;
+        if cond.op_create {
+            return Err(create_on_delete());
+        }
+        let response = self
+            .send(&what, || {
+                let mut req = self.client.delete(DeleteParts::IndexId(index, id));
+                if let Some((s, p)) = cond.if_seq_no {
+                    req = req.if_seq_no(s).if_primary_term(p);
+                }
+                if let Some((v, t)) = cond.version {
+                    req = req.version(v).version_type(t);
+                }
+                if let Some(r) = es_refresh(refresh) {
+                    req = req.refresh(r);
+                }
+                req.send()
+            })
+            .await?;
+        let (status, body) = read(response, self, &what).await?;
+        match status {
+            200..=299 => write_meta(&body, &what).map(Some),
+            // The document (`result: not_found`) or its whole index does not exist.
+            404 => Ok(None),
+            _ => Err(error_for_status(status, &body, index, id)),
+        }
+    }
+
+    async fn search(&self, index: &str, body: &Value) -> Result<Vec<Doc>, EsError> {
+        let what = format!("search {index}");
+        let mut request = body.clone();
+        if let Value::Object(o) = &mut request {
+            o.entry("seq_no_primary_term").or_insert(Value::Bool(true));
+            o.entry("version").or_insert(Value::Bool(true));
+        }
+        let indices = [index];
+        let response = self
+            .send(&what, || {
+                self.client
+                    .search(SearchParts::Index(&indices))
+                    .seq_no_primary_term(true)
+                    .body(&request)
+                    .send()
+            })
+            .await?;
+        let (status, answer) = read(response, self, &what).await?;
+        match status {
+            200..=299 => {
+                let hits = answer
+                    .pointer("/hits/hits")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| {
+                        EsError::Protocol(format!("{what}: the answer has no hits.hits array"))
+                    })?;
+                hits.iter().map(|h| doc_of(h, &what)).collect()
+            }
+            404 if error_type(&answer) == Some("index_not_found_exception") => Ok(Vec::new()),
+            _ => Err(error_for_status(status, &answer, index, "")),
+        }
+    }
+
+    async fn bulk(
+        &self,
+        actions: &[BulkAction],
+        refresh: Refresh,
+    ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
+        // Actions that cannot be expressed get their error here and are not sent; the others keep
+        // their positions through `sent`.
+        let mut results: Vec<Option<Result<DocMeta, EsError>>> = Vec::with_capacity(actions.len());
+        let mut sent: Vec<usize> = Vec::with_capacity(actions.len());
+        let mut lines: Vec<JsonBody<Value>> = Vec::with_capacity(actions.len() * 2);
+        for (i, action) in actions.iter().enumerate() {
+            let (op, index, id, condition, source) = match action {
+                BulkAction::Index {
+                    index,
+                    id,
+                    source,
+                    condition,
+                } => ("index", index, id, *condition, Some(source)),
+                BulkAction::Delete {
+                    index,
+                    id,
+                    condition,
+                } => ("delete", index, id, *condition, None),
+            };
+            let cond = match Cond::of(condition) {
+                Ok(c) if c.op_create && op == "delete" => Err(create_on_delete()),
+                other => other,
+            };
+            let cond = match cond {
+                Ok(c) => c,
+                Err(e) => {
+                    results.push(Some(Err(e)));
+                    continue;
+                }
+            };
+            let mut meta = Map::new();
+            meta.insert("_index".into(), json!(index));
+            meta.insert("_id".into(), json!(id));
+            cond.bulk_fields(&mut meta);
+            let op = if cond.op_create { "create" } else { op };
+            lines.push(JsonBody::new(json!({ op: meta })));
+            if let Some(source) = source {
+                lines.push(JsonBody::new(source.clone()));
+            }
+            results.push(None);
+            sent.push(i);
+        }
+        if !sent.is_empty() {
+            let what = format!("bulk of {} actions", sent.len());
+            let response = self
+                .send(&what, || {
+                    let body: Vec<&JsonBody<Value>> = lines.iter().collect();
+                    let mut req = self.client.bulk(BulkParts::None).body(body);
+                    if let Some(r) = es_refresh(refresh) {
+                        req = req.refresh(r);
+                    }
+                    req.send()
+                })
+                .await?;
+            let (status, answer) = read(response, self, &what).await?;
+            if !(200..=299).contains(&status) {
+                return Err(error_for_status(status, &answer, "", ""));
+            }
+            let items = answer
+                .get("items")
+                .and_then(Value::as_array)
+                .ok_or_else(|| {
+                    EsError::Protocol(format!("{what}: the answer has no items array"))
+                })?;
+            if items.len() != sent.len() {
+                return Err(EsError::Protocol(format!(
+                    "{what}: the answer has {} items for {} actions",
+                    items.len(),
+                    sent.len()
+                )));
+            }
+            for (item, &i) in items.iter().zip(&sent) {
+                let (index, id) = match &actions[i] {
+                    BulkAction::Index { index, id, .. } | BulkAction::Delete { index, id, .. } => {
+                        (index, id)
+                    }
+                };
+                // Each item is `{"<op>": {...}}`.
+                let inner = item
+                    .as_object()
+                    .and_then(|o| o.values().next())
+                    .unwrap_or(&Value::Null);
+                let item_status = inner.get("status").and_then(Value::as_u64).unwrap_or(0) as u16;
+                let result =
+                    if inner.get("error").is_some() || item_status >= 400 && item_status != 404 {
+                        Err(error_for_status(item_status, inner, index, id))
+                    } else {
+                        // Success, including the delete of a missing document (`result: not_found`, no
+                        // `error`), which leaves the document absent as asked.
+                        write_meta(inner, &format!("{what}, item {i}"))
+                    };
+                results[i] = Some(result);
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every action has a result"))
+            .collect())
+    }
+
+    async fn ensure_index(&self, index: &str, mappings: &Value) -> Result<(), EsError> {
+        let what = format!("create index {index}");
+        // `mappings` is the mappings object; a whole create-index body (with `mappings`,
+        // `settings` or `aliases` at the top) is sent as it is.
+        let is_full_body = mappings.as_object().is_some_and(|o| {
+            !o.is_empty()
+                && o.keys()
+                    .all(|k| matches!(k.as_str(), "mappings" | "settings" | "aliases"))
+        });
+        let body = if is_full_body {
+            mappings.clone()
+        } else {
+            json!({ "mappings": mappings })
+        };
+        let response = self
+            .send(&what, || {
+                IndicesCreate::<()>::new(self.client.transport(), IndicesCreateParts::Index(index))
+                    .body(&body)
+                    .send()
+            })
+            .await?;
+        let (status, answer) = read(response, self, &what).await?;
+        match status {
+            200..=299 => Ok(()),
+            400 if error_type(&answer).is_some_and(|t| t.contains("already_exists")) => Ok(()),
+            _ => Err(error_for_status(status, &answer, index, "")),
+        }
+    }
+
+    async fn refresh(&self, index: &str) -> Result<(), EsError> {
+        let what = format!("refresh {index}");
+        let indices = [index];
+        let response = self
+            .send(&what, || {
+                IndicesRefresh::<()>::new(
+                    self.client.transport(),
+                    IndicesRefreshParts::Index(&indices),
+                )
+                .send()
+            })
+            .await?;
+        let (status, answer) = read(response, self, &what).await?;
+        match status {
+            200..=299 => Ok(()),
+            _ => Err(error_for_status(status, &answer, index, "")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_variants() {
+        let body = json!({"error": {"type": "x_exception", "reason": "because"}, "status": 0});
+        assert!(matches!(
+            error_for_status(409, &body, "i", "d"),
+            EsError::Conflict { .. }
+        ));
+        assert!(matches!(
+            error_for_status(404, &body, "i", "d"),
+            EsError::NotFound { .. }
+        ));
+        assert!(matches!(
+            error_for_status(429, &body, "i", "d"),
+            EsError::TooManyRequests { .. }
+        ));
+        assert!(matches!(
+            error_for_status(503, &body, "i", "d"),
+            EsError::Server { status: 503, .. }
+        ));
+        assert!(matches!(
+            error_for_status(403, &body, "i", "d"),
+            EsError::BadRequest { status: 403, .. }
+        ));
+        let e = error_for_status(400, &body, "i", "d").to_string();
+        assert!(e.contains("x_exception: because"), "{e}");
+    }
+
+    #[test]
+    fn reason_includes_cause_and_survives_odd_bodies() {
+        let body = json!({"error": {"type": "mapper_parsing_exception", "reason": "bad", "caused_by": {"reason": "deep"}}});
+        assert_eq!(
+            reason_of(&body),
+            "mapper_parsing_exception: bad (caused by: deep)"
+        );
+        assert_eq!(reason_of(&json!({"error": "plain"})), "plain");
+        assert_eq!(reason_of(&Value::Null), "no details in the answer");
+    }
+
+    #[test]
+    fn url_credentials_are_decoded() {
+        assert_eq!(decode("p%40ss+word"), "p@ss+word");
+    }
+}

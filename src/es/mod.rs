@@ -45,7 +45,8 @@ pub enum EsError {
         /// Server's reason.
         reason: String,
     },
-    /// Another 4xx: the request was wrong (mapping, bad id, ...).
+    /// Another 4xx: the request was wrong (mapping, bad id, ...). `status` is 0 when zkguard
+    /// refused to send the request at all (for example a delete with [`WriteCondition::Create`]).
     #[error("Elasticsearch rejected the request ({status}): {reason}")]
     BadRequest {
         /// HTTP status.
@@ -154,6 +155,14 @@ pub enum BulkAction {
 }
 
 /// A store of JSON documents: the part of Elasticsearch zkguard uses.
+///
+/// # Cancellation safety
+/// Dropping the future of a call before it completes leaves the request's effect unknown: the
+/// server may have applied it or not (an HTTP request cannot be recalled). Writes that must not be
+/// applied twice therefore carry a [`WriteCondition`]: repeating a [`WriteCondition::Create`] or
+/// [`WriteCondition::IfMatch`] write after a cancellation reports [`EsError::Conflict`] if the first
+/// attempt landed, and repeating a [`WriteCondition::ExternalGte`] write with the same token
+/// rewrites the same document at the same version.
 #[async_trait]
 pub trait DocStore: Send + Sync + 'static {
     /// Realtime GET by id; `None` when the document (or the index) does not exist.

@@ -1,22 +1,39 @@
-//! The ZooKeeper priority lock (under construction).
-#![allow(missing_docs)]
-use std::sync::Arc;
-use crate::config::ZkSettings;
-use crate::lock::{LockError, LockType};
+//! The ZooKeeper priority lock.
+//!
+//! Layout under the lock root (`zookeeper.lock.root`, default `/zkguard/locks`):
+//!
+//! ```text
+//! /zkguard/locks                    persistent
+//! └── <monitor>                     container (reaped by ZooKeeper when empty)
+//!     ├── A-0000000012              ephemeral sequential: a foreground contender
+//!     ├── B-0000000011              ephemeral sequential: a background contender
+//!     └── privateLock               ephemeral: the mutex, created by the holder
+//! ```
+//!
+//! Order is (prefix, sequence): `A-0000000012` goes before `B-0000000011`. The first in order
+//! takes the mutex by creating `privateLock`; a holder is never preempted. See
+//! `docs/zookeeper-lock.md` for the state machines and the failure model.
 
-#[derive(Debug, Clone)]
-pub struct ZkSession { _inner: Arc<()> }
-impl ZkSession {
-    pub async fn connect(_s: &ZkSettings) -> Result<Self, LockError> { todo!() }
+mod inspect;
+pub mod names;
+mod recipe;
+mod session;
+
+pub use inspect::{list_locks, Contender, MonitorState};
+pub use recipe::{LockGuard, NodeData, ZkBlockingWriteLock, ZkLockService};
+pub use session::ZkSession;
+
+use crate::lock::LockError;
+use zookeeper_client::Error as ZkError;
+
+/// Maps a client error to the lock layer's error.
+pub(crate) fn map_zk(e: ZkError, context: &str) -> LockError {
+    match e {
+        ZkError::SessionExpired => LockError::SessionExpired { context: context.to_string() },
+        ZkError::ConnectionLoss | ZkError::Timeout | ZkError::NoHosts => {
+            LockError::ConnectionLoss { context: context.to_string(), detail: e.to_string() }
+        }
+        ZkError::NoNode => LockError::NoNode { monitor: String::new(), detail: context.to_string() },
+        other => LockError::Backend { context: context.to_string(), detail: other.to_string() },
+    }
 }
-#[derive(Debug)]
-pub struct LockGuard;
-impl LockGuard { pub async fn unlock(self) -> Result<(), LockError> { todo!() } }
-pub struct ZkBlockingWriteLock;
-impl ZkBlockingWriteLock {
-    pub fn new(_i: &str, _z: &ZkSession, _m: &str) -> Result<Self, LockError> { todo!() }
-    pub fn with_type(self, _t: LockType) -> Self { self }
-    pub async fn lock_with_timeout(&self) -> Result<LockGuard, LockError> { todo!() }
-}
-#[derive(Debug, Clone)]
-pub struct ZkLockService;

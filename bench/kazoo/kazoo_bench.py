@@ -1,0 +1,181 @@
+#!/usr/bin/python3
+"""Benchmark peer for `zkguard bench`: kazoo's `Lock` recipe, measured the same way.
+
+Usage: /usr/bin/python3 kazoo_bench.py --zk HOST:PORT[,...] [--iterations N] [--contenders N]
+                                       [--monitors N] [--warmup N] [--json]
+
+Prints one JSON object:
+  {"backend": "kazoo", "iterations": N, "contenders": C, "monitors": M,
+   "uncontended": {"p50_ms": .., "p99_ms": .., "requests_per_cycle": ..},
+   "contended": {"handoffs_per_sec": ..}, "throughput": {"ops_per_sec": ..}}
+
+- uncontended: one client acquires and releases one reused lock path, N cycles after a warm-up;
+  latency of a whole cycle (acquire + release). requests_per_cycle is the growth of the server's
+  zk_packets_received (four-letter word `mntr`) during those N cycles, divided by N.
+- contended: C clients (one session each, one thread each) acquire and release ONE lock path
+  until N hand-offs happened in total; hand-offs per second.
+- throughput: C clients over M lock paths (each operation picks a path at random) until N
+  acquire/release operations happened in total; operations per second.
+"""
+
+import argparse
+import json
+import logging
+import math
+import random
+import socket
+import sys
+import threading
+import time
+
+from kazoo.client import KazooClient
+
+SESSION_TIMEOUT_S = 30.0
+LOCK_TIMEOUT_S = 60.0
+
+
+def client(zk):
+    c = KazooClient(hosts=zk, timeout=SESSION_TIMEOUT_S)
+    c.start(timeout=15)
+    return c
+
+
+def cycle(lock):
+    if not lock.acquire(timeout=LOCK_TIMEOUT_S):
+        raise RuntimeError("lock not acquired within %s s" % LOCK_TIMEOUT_S)
+    lock.release()
+
+
+def percentile(sorted_values, q):
+    rank = int(math.ceil(q * len(sorted_values)))
+    return sorted_values[max(0, min(len(sorted_values) - 1, rank - 1))]
+
+
+def packets_received(connect):
+    """zk_packets_received of the first server of the connect string (four-letter word mntr)."""
+    first = connect.split(",")[0].split("/")[0]
+    host, _, port = first.rpartition(":")
+    with socket.create_connection((host or first, int(port or 2181)), timeout=3) as s:
+        s.sendall(b"mntr")
+        s.shutdown(socket.SHUT_WR)
+        chunks = []
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    for line in b"".join(chunks).decode().splitlines():
+        key, _, value = line.partition("\t")
+        if key.strip() == "zk_packets_received":
+            return int(value.strip())
+    raise RuntimeError("mntr of %s has no zk_packets_received" % first)
+
+
+def run(clients, paths, prefix, total):
+    """Every client runs in its own thread, acquiring and releasing one of `paths` lock paths
+    (picked at random per operation when there are several) until `total` operations have
+    completed in all. Returns operations per second."""
+    remaining = [total]
+    guard = threading.Lock()
+    failures = []
+    barrier = threading.Barrier(len(clients) + 1)
+
+    def take():
+        with guard:
+            if remaining[0] <= 0:
+                return False
+            remaining[0] -= 1
+            return True
+
+    def worker(c):
+        if paths == 1:
+            locks = [c.Lock(prefix)]
+        else:
+            locks = [c.Lock("%s/m%d" % (prefix, p)) for p in range(paths)]
+        try:
+            barrier.wait()
+            while take():
+                cycle(locks[0] if paths == 1 else random.choice(locks))
+        except Exception as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+            with guard:
+                remaining[0] = 0
+
+    threads = [threading.Thread(target=worker, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if failures:
+        raise RuntimeError("a contender failed: %r" % failures[0])
+    return total / elapsed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--zk", required=True)
+    parser.add_argument("--iterations", type=int, default=1000)
+    parser.add_argument("--contenders", type=int, default=4)
+    parser.add_argument("--monitors", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=-1)
+    parser.add_argument("--json", action="store_true", help="accepted; the output is always JSON")
+    args = parser.parse_args()
+    if min(args.iterations, args.contenders, args.monitors) < 1:
+        parser.error("counts must be at least 1")
+    warmup = args.warmup if args.warmup >= 0 else max(50, args.iterations // 5)
+    logging.basicConfig(level=logging.ERROR)
+    base = "/zkguard-bench/kazoo-%d" % int(time.time() * 1000)
+
+    solo = client(args.zk)
+    try:
+        lock = solo.Lock(base + "/uncontended")
+        for _ in range(warmup):
+            cycle(lock)
+        nanos = []
+        before = packets_received(args.zk)
+        for _ in range(args.iterations):
+            t0 = time.perf_counter_ns()
+            cycle(lock)
+            nanos.append(time.perf_counter_ns() - t0)
+        after = packets_received(args.zk)
+    finally:
+        solo.stop()
+        solo.close()
+    nanos.sort()
+
+    clients = []
+    try:
+        for _ in range(args.contenders):
+            clients.append(client(args.zk))
+        short = min(warmup, 20 * args.contenders)
+        run(clients, 1, base + "/contended", short)
+        handoffs = run(clients, 1, base + "/contended", args.iterations)
+        run(clients, args.monitors, base + "/throughput", short)
+        ops = run(clients, args.monitors, base + "/throughput", args.iterations)
+    finally:
+        for c in clients:
+            c.stop()
+            c.close()
+
+    result = {
+        "backend": "kazoo",
+        "iterations": args.iterations,
+        "contenders": args.contenders,
+        "monitors": args.monitors,
+        "uncontended": {
+            "p50_ms": round(percentile(nanos, 0.50) / 1e6, 4),
+            "p99_ms": round(percentile(nanos, 0.99) / 1e6, 4),
+            "requests_per_cycle": round((after - before) / args.iterations, 2),
+        },
+        "contended": {"handoffs_per_sec": round(handoffs, 1)},
+        "throughput": {"ops_per_sec": round(ops, 1)},
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# Benchmarks zkguard's ZooKeeper lock against Apache Curator's InterProcessMutex and kazoo's Lock,
+# all three against ONE local ZooKeeper started here (tickTime 2000, forceSync on, as in a default
+# production setup), with the same counts. Prints one table and writes the combined JSON to
+# target/bench/results.json.
+#
+# Usage: scripts/bench.sh [--iterations N] [--contenders N] [--monitors N] [--no-build]
+#        (or ITERATIONS=, CONTENDERS=, MONITORS= in the environment)
+# Needs: cargo, java + javac, the Debian packages of scripts/install-deps.sh.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ITERATIONS="${ITERATIONS:-1000}"
+CONTENDERS="${CONTENDERS:-4}"
+MONITORS="${MONITORS:-8}"
+BUILD=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --iterations) ITERATIONS="$2"; shift 2 ;;
+        --contenders) CONTENDERS="$2"; shift 2 ;;
+        --monitors) MONITORS="$2"; shift 2 ;;
+        --no-build) BUILD=0; shift ;;
+        -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
+    esac
+done
+for n in "$ITERATIONS" "$CONTENDERS" "$MONITORS"; do
+    [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "bench.sh: counts must be positive integers, got '$n'" >&2; exit 64; }
+done
+
+OUT="$ROOT/target/bench"
+mkdir -p "$OUT"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/zkguard-bench-XXXXXX")"
+ZK_PID=""
+cleanup() {
+    if [ -n "$ZK_PID" ] && kill -0 "$ZK_PID" 2>/dev/null; then
+        kill "$ZK_PID" 2>/dev/null || true
+        for _ in $(seq 1 100); do kill -0 "$ZK_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$ZK_PID" 2>/dev/null || true
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+need() { command -v "$1" >/dev/null 2>&1 || { echo "bench.sh: $1 not found; run scripts/install-deps.sh" >&2; exit 69; }; }
+need java
+need javac
+[ -f /usr/share/java/zookeeper.jar ] || { echo "bench.sh: ZooKeeper jars missing; run scripts/install-deps.sh" >&2; exit 69; }
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY="$(command -v python3)"
+
+# --- zkguard build (before the server starts, so the build does not disturb it) ----------------
+ZKGUARD="$ROOT/target/release/zkguard"
+if [ "$BUILD" = 1 ]; then
+    echo "building zkguard (cargo build --release) ..." >&2
+    if ! (cd "$ROOT" && cargo build --release --quiet) >"$OUT/build.log" 2>&1; then
+        echo "bench.sh: cargo build --release failed (see $OUT/build.log); zkguard column is n/a" >&2
+    fi
+fi
+
+# --- Curator build ---------------------------------------------------------------------------
+J=/usr/share/java
+CURATOR_CP="$J/curator-recipes.jar:$J/curator-framework.jar:$J/curator-client.jar:$J/zookeeper.jar"
+CURATOR_CP="$CURATOR_CP:$J/zookeeper-jute.jar:$J/guava.jar:$J/slf4j-api.jar:$J/slf4j-nop.jar"
+CURATOR_BUILD="$OUT/curator-classes"
+mkdir -p "$CURATOR_BUILD"
+CURATOR_OK=1
+if [ ! -f "$J/curator-recipes.jar" ]; then
+    echo "bench.sh: Curator jars missing (run scripts/install-deps.sh); Curator column is n/a" >&2
+    CURATOR_OK=0
+elif ! javac -nowarn -d "$CURATOR_BUILD" -cp "$CURATOR_CP" "$ROOT/bench/curator/CuratorBench.java" \
+    >"$OUT/curator-build.log" 2>&1; then
+    echo "bench.sh: compiling CuratorBench failed (see $OUT/curator-build.log)" >&2
+    CURATOR_OK=0
+fi
+
+# --- ZooKeeper (the same command line as zkguard::servers) -----------------------------------
+PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+mkdir -p "$WORK/data"
+cat >"$WORK/zoo.cfg" <<EOF
+tickTime=2000
+dataDir=$WORK/data
+clientPort=$PORT
+clientPortAddress=127.0.0.1
+maxClientCnxns=0
+admin.enableServer=false
+4lw.commands.whitelist=*
+EOF
+java -Xmx512m -Xms32m -XX:+UseSerialGC -XX:-UsePerfData -Djava.net.preferIPv4Stack=true \
+    -Dzookeeper.extendedTypesEnabled=true -Dzookeeper.admin.enableServer=false \
+    -Dzookeeper.jmx.log4j.disable=true \
+    -cp "$J/zookeeper.jar:$J/slf4j-simple.jar:$J/*" \
+    org.apache.zookeeper.server.ZooKeeperServerMain "$WORK/zoo.cfg" >"$WORK/zookeeper.log" 2>&1 </dev/null &
+ZK_PID=$!
+
+four_letter() {
+    "$PY" - "$PORT" "$1" <<'EOF'
+import socket, sys
+try:
+    with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2) as s:
+        s.sendall(sys.argv[2].encode()); s.shutdown(socket.SHUT_WR)
+        out = b""
+        while True:
+            d = s.recv(65536)
+            if not d: break
+            out += d
+    sys.stdout.write(out.decode())
+except OSError:
+    pass
+EOF
+}
+ready=0
+for _ in $(seq 1 300); do
+    kill -0 "$ZK_PID" 2>/dev/null || break
+    if four_letter srvr | grep -q '^Mode: standalone' && four_letter conf | grep -q "^dataDir=$WORK/data"; then
+        ready=1
+        break
+    fi
+    sleep 0.1
+done
+if [ "$ready" != 1 ]; then
+    echo "bench.sh: ZooKeeper did not start on 127.0.0.1:$PORT; last log lines:" >&2
+    tail -n 30 "$WORK/zookeeper.log" >&2
+    exit 69
+fi
+ZK="127.0.0.1:$PORT"
+echo "ZooKeeper ready at $ZK (tickTime 2000, forceSync on); $ITERATIONS iterations, $CONTENDERS contenders, $MONITORS monitors" >&2
+
+COUNTS=(--iterations "$ITERATIONS" --contenders "$CONTENDERS" --monitors "$MONITORS")
+# Runs one bench; keeps the last JSON-object line of its output in $OUT/<name>.json (empty on
+# failure) and its stderr in $OUT/<name>.log.
+run_peer() {
+    local name="$1"
+    shift
+    echo "running $name ..." >&2
+    local start=$SECONDS
+    if timeout 600 "$@" >"$OUT/$name.out" 2>"$OUT/$name.log"; then
+        grep '^{' "$OUT/$name.out" | tail -n 1 >"$OUT/$name.json" || true
+        echo "  $name: done in $((SECONDS - start)) s" >&2
+    else
+        : >"$OUT/$name.json"
+        echo "  $name: failed (exit $?); see $OUT/$name.log" >&2
+        tail -n 5 "$OUT/$name.log" | sed 's/^/    /' >&2
+    fi
+}
+
+# Warm the server's JIT and disk first, so the first measured bench is not penalised.
+if "$PY" -c 'import kazoo' 2>/dev/null; then
+    echo "warming up the server ..." >&2
+    timeout 120 "$PY" "$ROOT/bench/kazoo/kazoo_bench.py" --zk "$ZK" --iterations 300 \
+        --contenders "$CONTENDERS" --monitors "$MONITORS" >/dev/null 2>&1 || true
+fi
+
+if [ -x "$ZKGUARD" ]; then
+    run_peer zkguard "$ZKGUARD" bench --json --zk "$ZK" "${COUNTS[@]}"
+else
+    : >"$OUT/zkguard.json"
+    echo "  zkguard: $ZKGUARD not built; n/a" >&2
+fi
+if [ "$CURATOR_OK" = 1 ]; then
+    run_peer curator java -XX:+UseSerialGC -cp "$CURATOR_BUILD:$CURATOR_CP" CuratorBench --json --zk "$ZK" "${COUNTS[@]}"
+else
+    : >"$OUT/curator.json"
+fi
+if "$PY" -c 'import kazoo' 2>/dev/null; then
+    run_peer kazoo "$PY" "$ROOT/bench/kazoo/kazoo_bench.py" --json --zk "$ZK" "${COUNTS[@]}"
+else
+    : >"$OUT/kazoo.json"
+    echo "  kazoo: python3-kazoo missing (run scripts/install-deps.sh); n/a" >&2
+fi
+
+# --- table and combined JSON -----------------------------------------------------------------
+"$PY" - "$OUT" "$ZK" "$ITERATIONS" "$CONTENDERS" "$MONITORS" <<'EOF'
+import json, os, sys
+
+out, zk, iterations, contenders, monitors = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+FIGURES = [
+    ("uncontended.p50_ms", "uncontended p50 (ms, lower is better)"),
+    ("uncontended.p99_ms", "uncontended p99 (ms, lower is better)"),
+    ("uncontended.requests_per_cycle", "requests per cycle (lower is better)"),
+    ("contended.handoffs_per_sec", "contended hand-offs/s (higher is better)"),
+    ("throughput.ops_per_sec", "throughput ops/s (higher is better)"),
+]
+PEERS = [("zkguard", "zkguard"), ("curator", "Curator"), ("kazoo", "kazoo")]
+
+
+def load(name):
+    try:
+        with open(os.path.join(out, name + ".json")) as f:
+            text = f.read().strip()
+        return json.loads(text) if text else None
+    except (OSError, ValueError):
+        return None
+
+
+def figure(result, key):
+    """Reads `a.b` nested ({"a": {"b": ..}}) or flat ({"a.b": ..})."""
+    if result is None:
+        return None
+    if key in result:
+        value = result[key]
+    else:
+        value = result
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def ratio(a, b):
+    return a / b if a is not None and b not in (None, 0) else None
+
+
+def fmt(v, digits=3):
+    if v is None:
+        return "n/a"
+    return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:.0f}"
+
+
+results = {name: load(name) for name, _ in PEERS}
+rows = []
+table = {}
+for key, label in FIGURES:
+    vals = {name: figure(results[name], key) for name, _ in PEERS}
+    r_cur = ratio(vals["zkguard"], vals["curator"])
+    r_kaz = ratio(vals["zkguard"], vals["kazoo"])
+    table[key] = {**vals, "zkguard/curator": r_cur, "zkguard/kazoo": r_kaz}
+    rows.append([label] + [fmt(vals[n], 4) for n, _ in PEERS] + [fmt(r_cur), fmt(r_kaz)])
+
+header = ["figure"] + [title for _, title in PEERS] + ["zkguard/Curator", "zkguard/kazoo"]
+widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+print(line(header))
+print(line(["-" * w for w in widths]))
+for r in rows:
+    print(line(r))
+
+combined = {
+    "zookeeper": {"connect": zk, "tick_time_ms": 2000, "force_sync": True},
+    "iterations": iterations,
+    "contenders": contenders,
+    "monitors": monitors,
+    "results": results,
+    "table": table,
+}
+with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(combined, f, indent=2)
+print(f"\nwritten {os.path.join(out, 'results.json')}")
+EOF

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Installs what zkguard's tests, demo and benchmarks start locally, on Debian or Ubuntu:
+#   - ZooKeeper 3.8 (Debian packages `zookeeper` and `zookeeper-bin`), and a Java runtime only
+#     when `java` is missing (`default-jre-headless`);
+#   - Apache Curator (`libcurator-recipes-java`) and kazoo (`python3-kazoo`), the benchmark peers;
+#   - osmem-server (PyPI package `osmem-server`, for the `python3` on PATH), the in-memory
+#     Elasticsearch-compatible server.
+# Idempotent: installs only what is missing and runs `apt-get update` only when something must
+# be installed. Works as root or through sudo. Prints one line per component.
+set -euo pipefail
+
+say() { printf '%-24s %s\n' "$1" "$2"; }
+die() { printf 'install-deps: %s\n' "$*" >&2; exit 1; }
+
+if [ "$(id -u)" -eq 0 ]; then
+    SUDO=()
+elif command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
+else
+    SUDO=()
+    NO_ROOT=1
+fi
+
+command -v apt-get >/dev/null 2>&1 || die "apt-get not found: this script supports Debian and Ubuntu only"
+
+# `dpkg-query` says whether a package is installed.
+installed() {
+    [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" = "install ok installed" ]
+}
+
+APT_UPDATED=0
+apt_install() {
+    if [ "${NO_ROOT:-0}" = 1 ]; then
+        die "need root or sudo to install $* (run as root, or install sudo)"
+    fi
+    local log
+    log="$(mktemp)"
+    if [ "$APT_UPDATED" = 0 ]; then
+        if ! "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >"$log" 2>&1; then
+            cat "$log" >&2
+            rm -f "$log"
+            die "apt-get update failed"
+        fi
+        APT_UPDATED=1
+    fi
+    if ! "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        die "apt-get install $* failed"
+    fi
+    rm -f "$log"
+}
+
+# One apt component: a label and its packages; installs the missing ones.
+apt_component() {
+    local label="$1"
+    shift
+    local missing=()
+    local p
+    for p in "$@"; do
+        installed "$p" || missing+=("$p")
+    done
+    if [ "${#missing[@]}" -eq 0 ]; then
+        say "$label" "already installed ($*)"
+    else
+        apt_install "${missing[@]}"
+        say "$label" "installed (${missing[*]})"
+    fi
+}
+
+# --- Java -------------------------------------------------------------------------------------
+if command -v java >/dev/null 2>&1; then
+    say "java" "already installed ($(java -version 2>&1 | head -n1))"
+else
+    apt_install default-jre-headless
+    say "java" "installed (default-jre-headless)"
+fi
+
+# --- ZooKeeper, Curator, kazoo ----------------------------------------------------------------
+apt_component "zookeeper" zookeeper zookeeper-bin
+apt_component "curator" libcurator-recipes-java
+apt_component "kazoo" python3-kazoo
+
+# --- osmem-server -----------------------------------------------------------------------------
+PY="$(command -v python3 || true)"
+if [ -z "$PY" ]; then
+    apt_component "python3" python3
+    PY="$(command -v python3)"
+fi
+if "$PY" -c 'import osmem_server, os; assert os.path.isfile(osmem_server.resolve_binary())' >/dev/null 2>&1; then
+    say "osmem-server" "already installed ($("$PY" -m pip show osmem-server 2>/dev/null | sed -n 's/^Version: //p' | head -n1) for $PY)"
+else
+    if ! "$PY" -m pip --version >/dev/null 2>&1; then
+        # Debian's python3 ships pip separately.
+        apt_component "pip" python3-pip
+    fi
+    PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
+    SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    if [ "$(id -u)" -ne 0 ] && [ ! -w "$SITE" ]; then
+        if [ "$("$PY" -c 'import sys; print(sys.prefix == sys.base_prefix)')" = True ]; then
+            PIP+=(--user)
+        fi
+    fi
+    log="$(mktemp)"
+    if ! "${PIP[@]}" osmem-server >"$log" 2>&1; then
+        if grep -q "externally-managed-environment" "$log"; then
+            # Debian/Ubuntu mark their python3 as externally managed (PEP 668).
+            if ! "${PIP[@]}" --break-system-packages osmem-server >"$log" 2>&1; then
+                cat "$log" >&2
+                rm -f "$log"
+                die "pip install osmem-server failed"
+            fi
+        else
+            cat "$log" >&2
+            rm -f "$log"
+            die "pip install osmem-server failed"
+        fi
+    fi
+    rm -f "$log"
+    "$PY" -c 'import osmem_server, os; assert os.path.isfile(osmem_server.resolve_binary())' \
+        || die "osmem-server was installed but $PY cannot find its binary"
+    say "osmem-server" "installed (pip, for $PY)"
+fi

@@ -1,0 +1,429 @@
+//! Background operations: retries with backoff, then dead letters.
+//!
+//! A [`BackgroundExecutor`] runs [`Operation`]s as background work
+//! ([`LockType::Background`], the background lock timeout). An operation whose lock is not
+//! acquired in time, or that fails transiently (Elasticsearch 429, 5xx or unreachable, ZooKeeper
+//! connection or session trouble, a lock lost before the write was sent), is retried with
+//! exponential backoff and jitter, up to `elastic.request.retry.count` attempts in all. Every
+//! operation ends in exactly one [`Outcome`]:
+//!
+//! - [`Outcome::Applied`]: written (or found already written by an earlier attempt whose answer
+//!   was lost: the document records the operation id);
+//! - [`Outcome::Parked`]: written to the dead-letter sink, durable before this is reported:
+//!   after the last transient failure, or at once for failures that retrying cannot fix
+//!   ([`crate::guarded::GuardedError::Fenced`], a missing document, a field that cannot be
+//!   incremented, a request Elasticsearch rejects). Nothing is dropped: a person looks at the
+//!   entry and replays it (`zkguard dlq replay`) or removes it;
+//! - [`Outcome::Rejected`]: the operation is malformed and can never be applied (bad monitor
+//!   name, empty index, a document touching the reserved `zkguard` field), or, as a last resort,
+//!   the dead-letter sink itself failed (the operation is then logged in full at error level).
+//!
+//! Foreground work is not retried here: [`BackgroundExecutor::run_foreground`] makes one attempt
+//! and returns the lock error at once, so the waiting caller can answer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::backoff::Backoff;
+use crate::config::{RetrySettings, Settings};
+use crate::deadletter::{DeadLetter, DeadLetterSink, ParkReason};
+use crate::guarded::{GuardedError, GuardedWriter, Written};
+use crate::lock::{LockError, LockType};
+use crate::ops::Operation;
+
+/// How a background operation ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The operation is in Elasticsearch.
+    Applied {
+        /// The operation.
+        op_id: Uuid,
+        /// Attempts used (1 = first try).
+        attempts: u32,
+        /// The successful write.
+        written: Written,
+    },
+    /// The operation can never be applied (or could not even be parked); see the reason.
+    Rejected {
+        /// The operation.
+        op_id: Uuid,
+        /// Why.
+        reason: String,
+    },
+    /// The operation is in the dead-letter sink.
+    Parked {
+        /// The operation.
+        op_id: Uuid,
+        /// Attempts made.
+        attempts: u32,
+        /// Retries exhausted or not retryable.
+        reason: ParkReason,
+        /// The last error.
+        error: String,
+    },
+}
+
+impl Outcome {
+    /// The operation id.
+    pub fn op_id(&self) -> Uuid {
+        match self {
+            Self::Applied { op_id, .. } | Self::Rejected { op_id, .. } | Self::Parked { op_id, .. } => *op_id,
+        }
+    }
+
+    /// Whether the operation was applied.
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Self::Applied { .. })
+    }
+
+    /// Whether the operation was parked.
+    pub fn is_parked(&self) -> bool {
+        matches!(self, Self::Parked { .. })
+    }
+}
+
+/// Counters of an executor, for reports (a snapshot; see [`BackgroundExecutor::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ExecutorStats {
+    /// Background operations started.
+    pub submitted: u64,
+    /// Background operations applied.
+    pub applied: u64,
+    /// Of those, found already applied by an earlier attempt.
+    pub already_applied: u64,
+    /// Retries (attempts after the first).
+    pub retried: u64,
+    /// Background operations parked.
+    pub parked: u64,
+    /// Background operations rejected.
+    pub rejected: u64,
+    /// Writes rejected by fencing (background and foreground).
+    pub fenced: u64,
+    /// Failures to write a dead letter (each retried a few times before giving up).
+    pub park_failures: u64,
+    /// Foreground operations applied.
+    pub foreground_applied: u64,
+    /// Foreground operations that failed (returned to the caller).
+    pub foreground_failed: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    submitted: AtomicU64,
+    applied: AtomicU64,
+    already_applied: AtomicU64,
+    retried: AtomicU64,
+    parked: AtomicU64,
+    rejected: AtomicU64,
+    fenced: AtomicU64,
+    park_failures: AtomicU64,
+    foreground_applied: AtomicU64,
+    foreground_failed: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many times writing a dead letter is tried before the operation is reported rejected.
+const PARK_TRIES: u32 = 3;
+
+/// Builds a [`BackgroundExecutor`].
+#[derive(Debug)]
+#[must_use]
+pub struct BackgroundExecutorBuilder {
+    writer: GuardedWriter,
+    sink: Arc<dyn DeadLetterSink>,
+    attempts: u32,
+    backoff_initial: Duration,
+    backoff_max: Duration,
+    lock_timeout: Option<Duration>,
+    concurrency: usize,
+}
+
+impl BackgroundExecutorBuilder {
+    /// Takes attempts and backoff from the retry settings (`elastic.request.retry.count`,
+    /// `elastic.retry.backoff.initial`, `elastic.retry.backoff.max`).
+    pub fn retry(mut self, retry: &RetrySettings) -> Self {
+        self.attempts = retry.retry_count.max(1);
+        self.backoff_initial = retry.backoff_initial;
+        self.backoff_max = retry.backoff_max;
+        self
+    }
+
+    /// Attempts before parking (at least 1).
+    pub fn attempts(mut self, attempts: u32) -> Self {
+        self.attempts = attempts.max(1);
+        self
+    }
+
+    /// First and largest retry delay.
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.backoff_initial = initial;
+        self.backoff_max = max;
+        self
+    }
+
+    /// Overrides the background lock wait (default: the lock service's configured background
+    /// timeout, `zookeeper.background.task.timeout`).
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = Some(timeout);
+        self
+    }
+
+    /// How many background operations run at once (at least 1; default 16).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// The executor.
+    pub fn build(self) -> BackgroundExecutor {
+        let bg_writer = match self.lock_timeout {
+            Some(t) => self.writer.clone().with_lock_timeout(t),
+            None => self.writer.clone(),
+        };
+        BackgroundExecutor {
+            inner: Arc::new(Inner {
+                fg_writer: self.writer,
+                bg_writer,
+                sink: self.sink,
+                attempts: self.attempts,
+                backoff: Backoff::new(self.backoff_initial, self.backoff_max),
+                permits: Arc::new(Semaphore::new(self.concurrency)),
+                counters: Counters::default(),
+            }),
+        }
+    }
+}
+
+/// Runs background operations with retries and dead letters. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct BackgroundExecutor {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    fg_writer: GuardedWriter,
+    bg_writer: GuardedWriter,
+    sink: Arc<dyn DeadLetterSink>,
+    attempts: u32,
+    backoff: Backoff,
+    permits: Arc<Semaphore>,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for BackgroundExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackgroundExecutor")
+            .field("sink", &self.inner.sink.describe())
+            .field("attempts", &self.inner.attempts)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl BackgroundExecutor {
+    /// A builder with the default retry settings (3 attempts, 100 ms to 5 s backoff) and a
+    /// concurrency of 16.
+    pub fn builder(writer: GuardedWriter, sink: Arc<dyn DeadLetterSink>) -> BackgroundExecutorBuilder {
+        BackgroundExecutorBuilder {
+            writer,
+            sink,
+            attempts: 3,
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            lock_timeout: None,
+            concurrency: 16,
+        }
+        .retry(&Settings::default().retry)
+    }
+
+    /// An executor configured from `settings` (retry count and backoff).
+    pub fn from_settings(writer: GuardedWriter, sink: Arc<dyn DeadLetterSink>, settings: &Settings) -> Self {
+        Self::builder(writer, sink).retry(&settings.retry).build()
+    }
+
+    /// The dead-letter sink.
+    pub fn sink(&self) -> &Arc<dyn DeadLetterSink> {
+        &self.inner.sink
+    }
+
+    /// The writer used for foreground operations.
+    pub fn writer(&self) -> &GuardedWriter {
+        &self.inner.fg_writer
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> ExecutorStats {
+        let c = &self.inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ExecutorStats {
+            submitted: get(&c.submitted),
+            applied: get(&c.applied),
+            already_applied: get(&c.already_applied),
+            retried: get(&c.retried),
+            parked: get(&c.parked),
+            rejected: get(&c.rejected),
+            fenced: get(&c.fenced),
+            park_failures: get(&c.park_failures),
+            foreground_applied: get(&c.foreground_applied),
+            foreground_failed: get(&c.foreground_failed),
+        }
+    }
+
+    /// Runs `op` as background work (its lock type is set to background), waiting for a
+    /// concurrency slot first, with retries and parking; see the module documentation.
+    ///
+    /// # Cancellation safety
+    /// Not cancel-safe: a dropped run may leave the operation applied, parked, or neither.
+    /// Use [`BackgroundExecutor::submit`] to run operations to completion in a task.
+    pub async fn run(&self, op: Operation) -> Outcome {
+        let permit = self.inner.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let outcome = self.inner.run_background(op).await;
+        drop(permit);
+        outcome
+    }
+
+    /// Waits for a concurrency slot, then runs `op` in a task (so that a producer slows down
+    /// when the executor is saturated). The task runs to completion even if the handle is
+    /// dropped.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: if dropped while waiting for a slot, the operation was not started.
+    pub async fn submit(&self, op: Operation) -> JoinHandle<Outcome> {
+        let permit = self.inner.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let outcome = inner.run_background(op).await;
+            drop(permit);
+            outcome
+        })
+    }
+
+    /// Runs `op` as foreground work (its lock type is set to foreground): one attempt, no retry,
+    /// no parking; the error goes back to the caller at once.
+    ///
+    /// # Errors
+    /// See [`GuardedWriter::run`].
+    ///
+    /// # Cancellation safety
+    /// See [`GuardedWriter::run`].
+    pub async fn run_foreground(&self, op: Operation) -> Result<Written, GuardedError> {
+        let op = op.with_type(LockType::Foreground);
+        let c = &self.inner.counters;
+        match self.inner.fg_writer.run(&op).await {
+            Ok(w) => {
+                bump(&c.foreground_applied);
+                Ok(w)
+            }
+            Err(e) => {
+                if matches!(e, GuardedError::Fenced { .. }) {
+                    bump(&c.fenced);
+                }
+                bump(&c.foreground_failed);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn never_applicable(e: &GuardedError) -> bool {
+    matches!(
+        e,
+        GuardedError::Invalid(_) | GuardedError::WrongGuard { .. } | GuardedError::Lock(LockError::InvalidMonitor { .. })
+    )
+}
+
+impl Inner {
+    async fn run_background(&self, op: Operation) -> Outcome {
+        let op = op.with_type(LockType::Background);
+        let span = tracing::info_span!(
+            "background_op",
+            op = %op.id,
+            monitor = %op.monitor,
+            target = %format_args!("{}/{}", op.target_index(), op.target_id()),
+        );
+        self.run_with_retries(op).instrument(span).await
+    }
+
+    async fn run_with_retries(&self, op: Operation) -> Outcome {
+        let c = &self.counters;
+        bump(&c.submitted);
+        let first_attempt = SystemTime::now();
+        let mut backoff = self.backoff;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let error = match self.bg_writer.run(&op).await {
+                Ok(written) => {
+                    bump(&c.applied);
+                    if written.already_applied {
+                        bump(&c.already_applied);
+                    }
+                    tracing::debug!(attempt, "applied");
+                    return Outcome::Applied { op_id: op.id, attempts: attempt, written };
+                }
+                Err(e) => e,
+            };
+            if matches!(error, GuardedError::Fenced { .. }) {
+                bump(&c.fenced);
+            }
+            if never_applicable(&error) {
+                bump(&c.rejected);
+                tracing::warn!(error = %error, "operation rejected");
+                return Outcome::Rejected { op_id: op.id, reason: error.to_string() };
+            }
+            if error.is_transient() && attempt < self.attempts {
+                bump(&c.retried);
+                let delay = backoff.next_delay();
+                tracing::info!(attempt, error = %error, delay_ms = delay.as_millis() as u64, "transient failure; retrying");
+                tokio::time::sleep(delay).await;
+                continue;
+            }
+            return self.park(&op, attempt, &error, first_attempt).await;
+        }
+    }
+
+    async fn park(&self, op: &Operation, attempts: u32, error: &GuardedError, first_attempt: SystemTime) -> Outcome {
+        let c = &self.counters;
+        let letter = DeadLetter::new(op, attempts, error, first_attempt, SystemTime::now());
+        let mut backoff = self.backoff;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.sink.park(&letter).await {
+                Ok(()) => {
+                    bump(&c.parked);
+                    tracing::warn!(attempts, reason = %letter.reason, error = %error, sink = %self.sink.describe(), "operation parked");
+                    return Outcome::Parked { op_id: op.id, attempts, reason: letter.reason, error: error.to_string() };
+                }
+                Err(e) => {
+                    bump(&c.park_failures);
+                    if tries < PARK_TRIES {
+                        tokio::time::sleep(backoff.next_delay()).await;
+                        continue;
+                    }
+                    bump(&c.rejected);
+                    let payload = serde_json::to_string(&letter).unwrap_or_default();
+                    tracing::error!(
+                        error = %error,
+                        park_error = %e,
+                        dead_letter = %payload,
+                        "operation failed and could not be parked; its dead letter is in this log line"
+                    );
+                    return Outcome::Rejected {
+                        op_id: op.id,
+                        reason: format!("{error}; parking it in the dead-letter {} also failed: {e}", self.sink.describe()),
+                    };
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,501 @@
+//! Guarded, fenced Elasticsearch writes.
+//!
+//! A [`GuardedWriter`] acquires the lock of an operation's monitor object through any
+//! [`LockService`], performs the write and releases the lock. Every write carries the guard's
+//! fencing token as the document's external version (`version=<token>&version_type=external_gte`),
+//! so Elasticsearch itself rejects a write from a holder whose token is older than the version
+//! already stored: such a write fails with [`GuardedError::Fenced`] and is never retried blindly.
+//!
+//! ```no_run
+//! # async fn demo(locks: std::sync::Arc<dyn zkguard::LockService>,
+//! #               store: std::sync::Arc<dyn zkguard::es::DocStore>) -> Result<(), zkguard::guarded::GuardedError> {
+//! use serde_json::json;
+//! use zkguard::guarded::GuardedWriter;
+//!
+//! let writer = GuardedWriter::new(locks, store);
+//! writer.on("article-42").info("Save Content").index("articles", "42", json!({"title": "Hello"})).await?;
+//! writer.on("article-42").increment("articles", "42", "views", 1).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # How a write goes
+//! 1. acquire the lock (skipped by [`GuardedWriter::write_under`], which takes a held guard);
+//! 2. realtime GET of the document; if its [`Stamp`] lists the operation id, the operation was
+//!    applied before (a retry after a lost answer, a replay after a crash) and nothing is written;
+//! 3. compute the new whole document (index: the given one; update: the stored one with the
+//!    change applied; tombstone: only the stamp), adding the [`Stamp`] with the token;
+//! 4. if the guard reports the lock lost, stop: [`GuardedError::LockLost`], nothing was sent;
+//! 5. `index` (or `delete`) with [`WriteCondition::ExternalGte`]`(token)`; a 409 is
+//!    [`GuardedError::Fenced`];
+//! 6. release the lock.
+//!
+//! # Limits of fencing through Elasticsearch versions
+//! - The `_update` and `_create` APIs cannot carry external versions, so zkguard never uses them:
+//!   updates are read-modify-write of the whole document with `index`, under the lock.
+//! - A hard delete with an external version leaves a version tombstone only for
+//!   `index.gc_deletes` (60 s by default); afterwards a stale holder's `index` would re-create
+//!   the document. [`DeleteMode::Tombstone`] keeps a tombstone document (and its version) forever.
+//! - A document written without zkguard has a small internal version (1, 2, ...) that any token
+//!   exceeds, so the first guarded write replaces it; writes that bypass zkguard are not fenced
+//!   and drop the stamp.
+//! - Fencing orders *writes*: a stale holder whose write reaches Elasticsearch after the new
+//!   holder read the document but before the new holder wrote it is not rejected (its token is
+//!   still newer than the stored version), and the new holder's write then replaces it. Step 4
+//!   and a loss grace shorter than the session timeout make this window small; it cannot be
+//!   closed with Elasticsearch's versioning alone.
+//! - The check is per document: an operation that must change several documents atomically
+//!   needs the transactions module.
+//!
+//! `docs/fencing.md` explains each of these with a sequence diagram.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::es::{DocMeta, DocStore, EsError, Refresh, WriteCondition};
+use crate::lock::{Guard, LockError, LockRequest, LockService, LockType};
+use crate::ops::{
+    apply_change, strip_meta, with_stamp, ApplyError, Change, DeleteMode, OpError, OpKind, Operation, Stamp,
+    DEFAULT_OPS_WINDOW,
+};
+
+/// Errors of guarded writes.
+#[derive(Debug, thiserror::Error)]
+pub enum GuardedError {
+    /// The operation is not well formed; it can never succeed as it is.
+    #[error("invalid operation: {0}")]
+    Invalid(#[from] OpError),
+    /// The lock could not be acquired (timeout, connection or session trouble).
+    #[error("{0}")]
+    Lock(#[from] LockError),
+    /// The lock was lost before the write was sent; nothing was written.
+    #[error("the lock on `{monitor}` was lost before the write to {index}/{id} was sent ({reason}); nothing was written, run the operation again with a new lock")]
+    LockLost {
+        /// Monitor object.
+        monitor: String,
+        /// Index.
+        index: String,
+        /// Document id.
+        id: String,
+        /// Why the lock was lost.
+        reason: String,
+    },
+    /// Elasticsearch rejected the write because a newer lock holder already wrote the document.
+    #[error("write to {index}/{id} with fencing token {token} was rejected: a newer lock holder already wrote the document ({reason}); re-read it and decide whether the change still applies")]
+    Fenced {
+        /// Index.
+        index: String,
+        /// Document id.
+        id: String,
+        /// The rejected token.
+        token: u64,
+        /// Elasticsearch's reason (names the stored version).
+        reason: String,
+    },
+    /// An update found no document (or a tombstone).
+    #[error("update of {index}/{id}: the document does not exist; index it first or set upsert on the operation")]
+    NotFound {
+        /// Index.
+        index: String,
+        /// Document id.
+        id: String,
+    },
+    /// The change cannot be applied to the stored document.
+    #[error("cannot apply the change to {index}/{id}: {source}")]
+    CannotApply {
+        /// Index.
+        index: String,
+        /// Document id.
+        id: String,
+        /// What failed.
+        #[source]
+        source: ApplyError,
+    },
+    /// A guard for one monitor was used to write an operation for another.
+    #[error("the guard holds `{held}` but the operation is for `{wanted}`; acquire the operation's monitor")]
+    WrongGuard {
+        /// The guard's monitor.
+        held: String,
+        /// The operation's monitor.
+        wanted: String,
+    },
+    /// Elasticsearch failed (other than a version conflict on the write).
+    #[error("{0}")]
+    Store(#[from] EsError),
+}
+
+impl GuardedError {
+    /// Whether running the same operation again later may succeed: lock timeouts and connection
+    /// trouble, a lock lost before the write was sent, and Elasticsearch's 429, 5xx and transport
+    /// errors. `Fenced`, invalid operations, missing documents and bad requests are not transient.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Lock(e) => e.is_transient(),
+            Self::LockLost { .. } => true,
+            Self::Store(e) => e.is_transient(),
+            Self::Invalid(_) | Self::Fenced { .. } | Self::NotFound { .. } | Self::CannotApply { .. } => false,
+            Self::WrongGuard { .. } => false,
+        }
+    }
+
+    /// A short, stable name of the error class for counters and reports (`lock_timeout`,
+    /// `fenced`, `es_unavailable`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Invalid(_) => "invalid",
+            Self::Lock(LockError::Timeout { .. }) => "lock_timeout",
+            Self::Lock(LockError::InvalidMonitor { .. }) => "invalid",
+            Self::Lock(_) => "lock_unavailable",
+            Self::LockLost { .. } => "lock_lost",
+            Self::Fenced { .. } => "fenced",
+            Self::NotFound { .. } => "not_found",
+            Self::CannotApply { .. } => "cannot_apply",
+            Self::WrongGuard { .. } => "wrong_guard",
+            Self::Store(EsError::TooManyRequests { .. }) => "es_overloaded",
+            Self::Store(EsError::Server { .. } | EsError::Transport { .. }) => "es_unavailable",
+            Self::Store(_) => "es_rejected",
+        }
+    }
+}
+
+/// The result of a successful guarded write.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Written {
+    /// The operation.
+    pub op_id: Uuid,
+    /// The fencing token the write carried.
+    pub token: u64,
+    /// The stored document's metadata after the write (`None` when nothing was written because
+    /// the operation had been applied before, or a hard delete found no document).
+    pub meta: Option<DocMeta>,
+    /// Whether the document already recorded the operation, so nothing was written.
+    pub already_applied: bool,
+    /// Time spent waiting for the lock (zero for [`GuardedWriter::write_under`]).
+    pub waited: Duration,
+    /// Time between acquiring and releasing the lock (zero for [`GuardedWriter::write_under`]).
+    pub held: Duration,
+}
+
+/// Performs [`Operation`]s under the lock of their monitor object, fenced by the lock's token.
+///
+/// Cheap to clone (two `Arc`s and a few settings); share one per process.
+#[derive(Clone)]
+#[must_use]
+pub struct GuardedWriter {
+    locks: Arc<dyn LockService>,
+    store: Arc<dyn DocStore>,
+    refresh: Refresh,
+    ops_window: usize,
+    timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for GuardedWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardedWriter")
+            .field("locks", &self.locks.backend_name())
+            .field("refresh", &self.refresh)
+            .field("ops_window", &self.ops_window)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl GuardedWriter {
+    /// A writer over a lock service and a document store, with `Refresh::No`, an ops window of
+    /// [`DEFAULT_OPS_WINDOW`] and the lock types' configured timeouts.
+    pub fn new(locks: Arc<dyn LockService>, store: Arc<dyn DocStore>) -> Self {
+        Self { locks, store, refresh: Refresh::No, ops_window: DEFAULT_OPS_WINDOW, timeout: None }
+    }
+
+    /// When written documents become visible to searches (GET by id is realtime anyway).
+    pub fn with_refresh(mut self, refresh: Refresh) -> Self {
+        self.refresh = refresh;
+        self
+    }
+
+    /// How many recent operation ids each document remembers (at least 1). An operation is
+    /// recognised as applied (and not applied again by a retry or a replay) as long as fewer
+    /// than this many later zkguard operations wrote the same document.
+    pub fn with_ops_window(mut self, window: usize) -> Self {
+        self.ops_window = window.max(1);
+        self
+    }
+
+    /// Overrides the lock wait of every operation (default: the lock type's configured timeout).
+    pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The lock service.
+    pub fn locks(&self) -> &Arc<dyn LockService> {
+        &self.locks
+    }
+
+    /// The document store.
+    pub fn store(&self) -> &Arc<dyn DocStore> {
+        &self.store
+    }
+
+    /// A builder of operations on one monitor object (foreground, info `"guarded write"`).
+    pub fn on(&self, monitor: impl Into<String>) -> MonitorWriter {
+        MonitorWriter {
+            writer: self.clone(),
+            monitor: monitor.into(),
+            lock_type: LockType::Foreground,
+            info: "guarded write".to_string(),
+        }
+    }
+
+    /// Acquires the operation's lock (its monitor, lock type and info), writes, releases.
+    ///
+    /// # Errors
+    /// [`GuardedError::Lock`] when the lock was not acquired (nothing was read or written);
+    /// the errors of [`GuardedWriter::write_under`]. A failed release after a successful write
+    /// is logged, not returned: the write is done and the lock goes with the session or lease.
+    ///
+    /// # Cancellation safety
+    /// Dropping the future drops the guard, which releases the lock in the background. A write
+    /// that was already sent may or may not be applied; running the same operation (same id)
+    /// again is safe, since the document records the ids of applied operations.
+    pub async fn run(&self, op: &Operation) -> Result<Written, GuardedError> {
+        let span = tracing::info_span!(
+            "guarded_write",
+            op = %op.id,
+            monitor = %op.monitor,
+            lock_type = %op.lock_type,
+            target = %format_args!("{}/{}", op.target_index(), op.target_id()),
+        );
+        async move {
+            op.validate()?;
+            let mut request = LockRequest::new(op.monitor.clone(), op.info.clone()).with_type(op.lock_type);
+            if let Some(t) = self.timeout {
+                request = request.with_timeout(t);
+            }
+            let started = Instant::now();
+            let guard = self.locks.acquire(request).await?;
+            let waited = started.elapsed();
+            let acquired = Instant::now();
+            tracing::debug!(token = guard.fencing_token(), waited_ms = waited.as_millis() as u64, "lock acquired");
+            let result = self.write_under(guard.as_ref(), op).await;
+            let held = acquired.elapsed();
+            if let Err(e) = guard.unlock().await {
+                match &result {
+                    Ok(_) => tracing::warn!(error = %e, "the write succeeded but releasing the lock failed"),
+                    Err(_) => tracing::debug!(error = %e, "releasing the lock after a failed write failed"),
+                }
+            }
+            result.map(|w| Written { waited, held, ..w })
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Writes `op` under a guard the caller already holds (for callers that do several things
+    /// under one lock, and for tests of fencing). The guard must be for `op.monitor`.
+    ///
+    /// # Errors
+    /// - [`GuardedError::Invalid`] / [`GuardedError::WrongGuard`]: nothing was read or written;
+    /// - [`GuardedError::LockLost`]: the guard reported the lock lost before the write was sent;
+    /// - [`GuardedError::Fenced`]: Elasticsearch holds a newer token for the document;
+    /// - [`GuardedError::NotFound`] / [`GuardedError::CannotApply`]: an update could not be applied;
+    /// - [`GuardedError::Store`]: Elasticsearch failed (see [`EsError::is_transient`]).
+    ///
+    /// # Cancellation safety
+    /// Dropping the future may leave the write sent or not; running the same operation again is
+    /// safe (see [`GuardedWriter::run`]). The guard is not released.
+    pub async fn write_under(&self, guard: &dyn Guard, op: &Operation) -> Result<Written, GuardedError> {
+        op.validate()?;
+        if guard.monitor() != op.monitor {
+            return Err(GuardedError::WrongGuard { held: guard.monitor().to_string(), wanted: op.monitor.clone() });
+        }
+        let token = guard.fencing_token();
+        let index = op.target_index();
+        let id = op.target_id();
+        self.ensure_held(guard, op)?;
+        let current = self.store.get(index, id).await?;
+        let stamp = current.as_ref().and_then(|d| Stamp::of(&d.source));
+        if stamp.as_ref().is_some_and(|s| s.contains(&op.id)) {
+            tracing::info!(op = %op.id, "the document already records this operation; nothing to write");
+            return Ok(Written {
+                op_id: op.id,
+                token,
+                meta: current.map(|d| d.meta),
+                already_applied: true,
+                waited: Duration::ZERO,
+                held: Duration::ZERO,
+            });
+        }
+        let stamp = stamp.unwrap_or_default();
+        let live = current.as_ref().filter(|_| !stamp.deleted);
+        let new_source = match &op.kind {
+            OpKind::Index { doc, .. } => with_stamp(doc.clone(), &stamp.next(&op.id, token, self.ops_window, false)),
+            OpKind::Update { change, upsert, .. } => {
+                let mut source = match live {
+                    Some(doc) => strip_meta(&doc.source),
+                    None if *upsert => Value::Object(Map::new()),
+                    None => return Err(GuardedError::NotFound { index: index.to_string(), id: id.to_string() }),
+                };
+                apply_change(&mut source, change).map_err(|source| GuardedError::CannotApply {
+                    index: index.to_string(),
+                    id: id.to_string(),
+                    source,
+                })?;
+                if let Change::Merge { .. } = change {
+                    // A merge patch cannot add the field (validated), but keep it out regardless.
+                    source = strip_meta(&source);
+                }
+                with_stamp(source, &stamp.next(&op.id, token, self.ops_window, false))
+            }
+            OpKind::Delete { mode: DeleteMode::Tombstone, .. } => {
+                with_stamp(Value::Object(Map::new()), &stamp.next(&op.id, token, self.ops_window, true))
+            }
+            OpKind::Delete { mode: DeleteMode::Hard, .. } => {
+                self.ensure_held(guard, op)?;
+                let result = self.store.delete(index, id, WriteCondition::ExternalGte(token), self.refresh).await;
+                return match result {
+                    Ok(meta) => Ok(Written {
+                        op_id: op.id,
+                        token,
+                        meta,
+                        already_applied: false,
+                        waited: Duration::ZERO,
+                        held: Duration::ZERO,
+                    }),
+                    Err(e) => Err(fenced_or(e, index, id, token)),
+                };
+            }
+        };
+        self.ensure_held(guard, op)?;
+        match self.store.index(index, id, &new_source, WriteCondition::ExternalGte(token), self.refresh).await {
+            Ok(meta) => Ok(Written {
+                op_id: op.id,
+                token,
+                meta: Some(meta),
+                already_applied: false,
+                waited: Duration::ZERO,
+                held: Duration::ZERO,
+            }),
+            Err(e) => Err(fenced_or(e, index, id, token)),
+        }
+    }
+
+    fn ensure_held(&self, guard: &dyn Guard, op: &Operation) -> Result<(), GuardedError> {
+        if guard.is_held() {
+            return Ok(());
+        }
+        let reason = guard.loss().map_or_else(|| "released".to_string(), |r| r.to_string());
+        tracing::warn!(op = %op.id, %reason, "lock lost before the write was sent; not sending it");
+        Err(GuardedError::LockLost {
+            monitor: op.monitor.clone(),
+            index: op.target_index().to_string(),
+            id: op.target_id().to_string(),
+            reason,
+        })
+    }
+}
+
+fn fenced_or(e: EsError, index: &str, id: &str, token: u64) -> GuardedError {
+    match e {
+        EsError::Conflict { reason, .. } => {
+            tracing::warn!(%index, %id, token, %reason, "write fenced by a newer lock holder");
+            GuardedError::Fenced { index: index.to_string(), id: id.to_string(), token, reason }
+        }
+        other => GuardedError::Store(other),
+    }
+}
+
+/// Builds and runs operations on one monitor object. Made by [`GuardedWriter::on`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct MonitorWriter {
+    writer: GuardedWriter,
+    monitor: String,
+    lock_type: LockType,
+    info: String,
+}
+
+impl MonitorWriter {
+    /// Sets the lock type (default foreground).
+    pub fn lock_type(mut self, lock_type: LockType) -> Self {
+        self.lock_type = lock_type;
+        self
+    }
+
+    /// Sets the description recorded with the lock (default `"guarded write"`).
+    pub fn info(mut self, info: impl Into<String>) -> Self {
+        self.info = info.into();
+        self
+    }
+
+    /// The operation this builder would run for `kind` (with a fresh id).
+    pub fn operation(&self, kind: OpKind) -> Operation {
+        Operation::new(self.monitor.clone(), kind).with_type(self.lock_type).with_info(self.info.clone())
+    }
+
+    /// Runs an operation of the given kind; see [`GuardedWriter::run`].
+    ///
+    /// # Errors
+    /// See [`GuardedWriter::run`].
+    ///
+    /// # Cancellation safety
+    /// See [`GuardedWriter::run`].
+    pub async fn execute(&self, kind: OpKind) -> Result<Written, GuardedError> {
+        self.writer.run(&self.operation(kind)).await
+    }
+
+    /// Creates or replaces `index/id` with `doc`.
+    ///
+    /// # Errors
+    /// See [`GuardedWriter::run`].
+    ///
+    /// # Cancellation safety
+    /// See [`GuardedWriter::run`].
+    pub async fn index(&self, index: &str, id: &str, doc: Value) -> Result<Written, GuardedError> {
+        self.execute(OpKind::Index { index: index.into(), id: id.into(), doc }).await
+    }
+
+    /// Merges `patch` (RFC 7386) into the existing document `index/id`.
+    ///
+    /// # Errors
+    /// [`GuardedError::NotFound`] when there is no such document; see [`GuardedWriter::run`].
+    ///
+    /// # Cancellation safety
+    /// See [`GuardedWriter::run`].
+    pub async fn update(&self, index: &str, id: &str, patch: Value) -> Result<Written, GuardedError> {
+        self.execute(OpKind::Update { index: index.into(), id: id.into(), change: Change::Merge { patch }, upsert: false })
+            .await
+    }
+
+    /// Adds `by` to the numeric `field` (dotted path) of the existing document `index/id`.
+    ///
+    /// # Errors
+    /// [`GuardedError::NotFound`], [`GuardedError::CannotApply`] for a non-numeric field; see
+    /// [`GuardedWriter::run`].
+    ///
+    /// # Cancellation safety
+    /// See [`GuardedWriter::run`].
+    pub async fn increment(&self, index: &str, id: &str, field: &str, by: i64) -> Result<Written, GuardedError> {
+        self.execute(OpKind::Update {
+            index: index.into(),
+            id: id.into(),
+            change: Change::Increment { field: field.into(), by },
+            upsert: false,
+        })
+        .await
+    }
+
+    /// Deletes `index/id` with the given mode.
+    ///
+    /// # Errors
+    /// See [`GuardedWriter::run`].
+    ///
+    /// # Cancellation safety
+    /// See [`GuardedWriter::run`].
+    pub async fn delete(&self, index: &str, id: &str, mode: DeleteMode) -> Result<Written, GuardedError> {
+        self.execute(OpKind::Delete { index: index.into(), id: id.into(), mode }).await
+    }
+}

@@ -1,0 +1,397 @@
+//! One ZooKeeper session shared by many locks, replaced after expiry.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, RwLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch, Mutex};
+use tracing::{debug, info, warn};
+use std::future::Future;
+
+use zookeeper_client::{AddWatchMode, Client, EventType, PersistentWatcher, SessionState, WatchedEvent};
+
+use crate::config::ZkSettings;
+use crate::lock::LockError;
+
+use super::map_zk;
+
+/// How many monitors' mutex watches one session keeps before evicting the least recently used.
+const MUTEX_WATCH_CAPACITY: usize = 1024;
+
+/// Connection health of one ZooKeeper session, as the locks need it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Health {
+    /// Connected.
+    Connected,
+    /// Disconnected since this instant; the session may still be alive.
+    Disconnected { since: Instant },
+    /// The session expired: every ephemeral node of it is gone.
+    Expired,
+    /// The client was closed.
+    Closed,
+}
+
+/// Cleanup work handed to the session's reaper task: delete these nodes, retrying on connection
+/// loss until done or until the session ends (which deletes them anyway).
+#[derive(Debug)]
+pub(crate) struct Reap {
+    pub queue_node: Option<String>,
+    pub mutex: Option<String>,
+    /// A create was in flight when the waiter went away: find what it made under this monitor
+    /// path by session and attempt id, and delete it.
+    pub search: Option<(String, String)>,
+}
+
+struct MutexWatch {
+    tx: watch::Sender<u64>,
+    events: Arc<StdMutex<WatchState>>,
+    task: tokio::task::JoinHandle<()>,
+    last_used: u64,
+}
+
+/// A persistent watcher shared by its forwarding task and by [`Slot::flush_mutex_events`].
+struct WatchState {
+    watcher: PersistentWatcher,
+    done: bool,
+    /// The forwarding task's waker: a flush polls with it so the channel keeps waking the task.
+    task_waker: Option<std::task::Waker>,
+}
+
+impl WatchState {
+    /// Takes one ready event (never waits).
+    fn poll_event(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<WatchedEvent>> {
+        if self.done {
+            return std::task::Poll::Ready(None);
+        }
+        let fut = self.watcher.changed();
+        let mut fut = std::pin::pin!(fut);
+        match fut.as_mut().poll(cx) {
+            std::task::Poll::Ready(ev) => {
+                if ev.event_type == EventType::Session && ev.session_state.is_terminated() {
+                    self.done = true;
+                }
+                std::task::Poll::Ready(Some(ev))
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+/// Counts the events that matter to locks: deletions of the mutex, reconnections (events may be
+/// lost while disconnected) and the end of the session.
+fn forward(event: &WatchedEvent, tx: &watch::Sender<u64>) {
+    let relevant = match event.event_type {
+        EventType::Session => {
+            event.session_state.is_terminated() || event.session_state == SessionState::SyncConnected
+        }
+        EventType::NodeDeleted => true,
+        _ => false,
+    };
+    if relevant {
+        tx.send_modify(|v| *v += 1);
+    }
+}
+
+/// One live ZooKeeper session (one `Client`).
+pub(crate) struct Slot {
+    pub client: Client,
+    pub session_id: i64,
+    pub grace: Duration,
+    health: watch::Receiver<Health>,
+    watches: StdMutex<HashMap<String, MutexWatch>>,
+    clock: AtomicU64,
+    reaper: mpsc::UnboundedSender<Reap>,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot").field("session_id", &format_args!("{:#x}", self.session_id)).finish()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Ok(w) = self.watches.get_mut() {
+            for (_, mw) in w.drain() {
+                mw.task.abort();
+            }
+        }
+    }
+}
+
+impl Slot {
+    /// Current health.
+    pub fn health(&self) -> Health {
+        *self.health.borrow()
+    }
+
+    /// A receiver of health changes.
+    pub fn health_watch(&self) -> watch::Receiver<Health> {
+        self.health.clone()
+    }
+
+    /// Queues cleanup for the reaper task (never blocks, never panics).
+    pub fn reap(&self, reap: Reap) {
+        if self.reaper.send(reap).is_err() {
+            debug!("reaper gone; the session's end removes the nodes");
+        }
+    }
+
+    /// A receiver whose value changes whenever the mutex node at `path` is deleted, and after
+    /// every reconnection (events can be lost while disconnected). The
+    /// persistent watch behind it is registered on first use (one request) and reused.
+    ///
+    /// The watch is registered before this returns, so every change made after it returns is
+    /// reported.
+    pub async fn mutex_events(&self, path: &str) -> Result<watch::Receiver<u64>, LockError> {
+        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
+        if let Some(w) = self.watches.lock().expect("watch map").get_mut(path) {
+            w.last_used = tick;
+            return Ok(w.tx.subscribe());
+        }
+        let watcher =
+            self.client.watch(path, AddWatchMode::Persistent).await.map_err(|e| map_zk(e, "watching the mutex node"))?;
+        let mut map = self.watches.lock().expect("watch map");
+        if let Some(w) = map.get_mut(path) {
+            // Someone registered it meanwhile: keep theirs, drop ours.
+            w.last_used = tick;
+            return Ok(w.tx.subscribe());
+        }
+        let (tx, rx) = watch::channel(0u64);
+        let events = Arc::new(StdMutex::new(WatchState { watcher, done: false, task_waker: None }));
+        let (fwd, shared) = (tx.clone(), events.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let event = std::future::poll_fn(|cx| {
+                    let mut state = shared.lock().expect("watch state");
+                    state.task_waker = Some(cx.waker().clone());
+                    state.poll_event(cx)
+                })
+                .await;
+                let Some(event) = event else { break };
+                forward(&event, &fwd);
+            }
+        });
+        if map.len() >= MUTEX_WATCH_CAPACITY {
+            if let Some(oldest) = map.iter().min_by_key(|(_, w)| w.last_used).map(|(k, _)| k.clone()) {
+                if let Some(w) = map.remove(&oldest) {
+                    w.task.abort();
+                }
+            }
+        }
+        map.insert(path.to_string(), MutexWatch { tx, events, task, last_used: tick });
+        Ok(rx)
+    }
+}
+
+impl Slot {
+    /// Forwards every mutex event ZooKeeper has already delivered for `path`, so that a
+    /// following `borrow_and_update` on a receiver of it consumes all of them. Events are
+    /// delivered before the answers of later requests, so after this, no event of a change
+    /// older than the last answered request can show up late.
+    pub fn flush_mutex_events(&self, path: &str) {
+        let map = self.watches.lock().expect("watch map");
+        let Some(w) = map.get(path) else { return };
+        let mut state = w.events.lock().expect("watch state");
+        let waker = state.task_waker.clone().unwrap_or_else(futures::task::noop_waker);
+        let mut cx = std::task::Context::from_waker(&waker);
+        while let std::task::Poll::Ready(Some(event)) = state.poll_event(&mut cx) {
+            forward(&event, &w.tx);
+        }
+    }
+}
+
+struct Inner {
+    settings: ZkSettings,
+    owner: String,
+    host: String,
+    current: RwLock<Option<Arc<Slot>>>,
+    connecting: Mutex<()>,
+    closed: AtomicBool,
+}
+
+/// A ZooKeeper session serving many locks.
+///
+/// It connects with `zookeeper.connection.retry` attempts `zookeeper.connection.delay` apart,
+/// asks for `zookeeper.session.timeout`, and after a session expiry connects a new session for
+/// the next lock (locks held by the expired session report [`crate::LossReason::SessionExpired`]).
+/// Cloning is cheap; clones share the session.
+#[derive(Clone)]
+pub struct ZkSession {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ZkSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkSession")
+            .field("servers", &self.inner.settings.servers)
+            .field("owner", &self.inner.owner)
+            .field("session_id", &self.session_id().map(|s| format!("{s:#x}")))
+            .finish()
+    }
+}
+
+impl ZkSession {
+    /// Connects to `settings.servers`.
+    ///
+    /// # Errors
+    /// [`LockError::ConnectionLoss`] naming the servers when no attempt succeeded.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: nothing is left behind.
+    pub async fn connect(settings: &ZkSettings) -> Result<Self, LockError> {
+        let host = hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "unknown".into());
+        let owner = format!("{host}:{}:{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let session = Self {
+            inner: Arc::new(Inner {
+                settings: settings.clone(),
+                owner,
+                host,
+                current: RwLock::new(None),
+                connecting: Mutex::new(()),
+                closed: AtomicBool::new(false),
+            }),
+        };
+        session.slot().await?;
+        Ok(session)
+    }
+
+    /// The settings this session was made with.
+    pub fn settings(&self) -> &ZkSettings {
+        &self.inner.settings
+    }
+
+    /// This process's owner id, written into every node it creates (`host:pid:random`).
+    pub fn owner_id(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// The host name written into nodes.
+    pub fn host(&self) -> &str {
+        &self.inner.host
+    }
+
+    /// The current ZooKeeper session id, if connected.
+    pub fn session_id(&self) -> Option<i64> {
+        self.inner.current.read().expect("slot lock").as_ref().map(|s| s.session_id)
+    }
+
+    /// The live session, connecting a new one if the previous expired.
+    pub(crate) async fn slot(&self) -> Result<Arc<Slot>, LockError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(LockError::Backend { context: String::new(), detail: "the ZooKeeper session was closed".into() });
+        }
+        if let Some(slot) = self.live_slot() {
+            return Ok(slot);
+        }
+        let _connecting = self.inner.connecting.lock().await;
+        if let Some(slot) = self.live_slot() {
+            return Ok(slot);
+        }
+        let slot = Arc::new(self.connect_slot().await?);
+        *self.inner.current.write().expect("slot lock") = Some(slot.clone());
+        Ok(slot)
+    }
+
+    fn live_slot(&self) -> Option<Arc<Slot>> {
+        let cur = self.inner.current.read().expect("slot lock");
+        cur.as_ref().filter(|s| !matches!(s.health(), Health::Expired | Health::Closed)).cloned()
+    }
+
+    async fn connect_slot(&self) -> Result<Slot, LockError> {
+        let s = &self.inner.settings;
+        let attempts = s.connection_retry.max(1);
+        let mut last = String::new();
+        for attempt in 1..=attempts {
+            let connector = Client::connector().with_session_timeout(s.session_timeout).with_fail_eagerly();
+            match tokio::time::timeout(s.session_timeout.max(Duration::from_secs(2)), connector.connect(&s.servers)).await {
+                Ok(Ok(client)) => return Ok(self.start_slot(client)),
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => last = "timed out".into(),
+            }
+            warn!(attempt, attempts, servers = %s.servers, error = %last, "cannot connect to ZooKeeper");
+            if attempt < attempts {
+                tokio::time::sleep(s.connection_delay).await;
+            }
+        }
+        Err(LockError::ConnectionLoss {
+            context: format!("connecting to ZooKeeper at {}", s.servers),
+            detail: format!(
+                "{attempts} attempts failed, last: {last}; check zookeeper.servers and that ZooKeeper is running"
+            ),
+        })
+    }
+
+    fn start_slot(&self, client: Client) -> Slot {
+        let session_id = client.session_id().0;
+        let negotiated = client.session_timeout();
+        let grace = self.inner.settings.loss_grace.unwrap_or(negotiated / 4);
+        info!(session_id = format!("{session_id:#x}"), timeout_ms = negotiated.as_millis() as u64, "ZooKeeper session established");
+        let (health_tx, health_rx) = watch::channel(Health::Connected);
+        let mut states = client.state_watcher();
+        tokio::spawn(async move {
+            loop {
+                let state = states.changed().await;
+                let health = match state {
+                    SessionState::SyncConnected | SessionState::ConnectedReadOnly => Health::Connected,
+                    SessionState::Disconnected => Health::Disconnected { since: Instant::now() },
+                    SessionState::Expired | SessionState::AuthFailed => Health::Expired,
+                    SessionState::Closed => Health::Closed,
+                };
+                debug!(?state, "ZooKeeper session state");
+                let terminal = matches!(health, Health::Expired | Health::Closed);
+                if health_tx.send(health).is_err() || terminal {
+                    break;
+                }
+            }
+        });
+        let (reaper, mut reap_rx) = mpsc::unbounded_channel::<Reap>();
+        let reap_client = client.clone();
+        tokio::spawn(async move {
+            while let Some(job) = reap_rx.recv().await {
+                let _ = super::recipe::delete_nodes(&reap_client, job.queue_node.as_deref(), job.mutex.as_deref()).await;
+                if let Some((monitor, attempt)) = job.search {
+                    super::recipe::delete_by_attempt(&reap_client, &monitor, &attempt).await;
+                }
+            }
+        });
+        Slot {
+            client,
+            session_id,
+            grace,
+            health: health_rx,
+            watches: StdMutex::new(HashMap::new()),
+            clock: AtomicU64::new(0),
+            reaper,
+        }
+    }
+
+    /// Closes the session once the last guard of it is gone: its ephemeral nodes (queue places,
+    /// held locks) then go away at once rather than after the session timeout. No new lock can
+    /// be taken through this session afterwards.
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        self.inner.current.write().expect("slot lock").take();
+    }
+
+    /// Fault injection: makes ZooKeeper expire this session now, as it would after a long
+    /// pause, by attaching a second connection with the same credentials and closing it (the
+    /// technique of Curator's `KillSession`). For testing applications built on zkguard.
+    ///
+    /// # Errors
+    /// [`LockError::ConnectionLoss`] when ZooKeeper cannot be reached.
+    pub async fn expire_session_for_testing(&self) -> Result<(), LockError> {
+        let slot = self.slot().await?;
+        let info = slot.client.session().clone();
+        let twin = Client::connector()
+            .with_session(info)
+            .with_session_timeout(self.inner.settings.session_timeout)
+            .connect(&self.inner.settings.servers)
+            .await
+            .map_err(|e| map_zk(e, "attaching to the session to expire it"))?;
+        // Dropping the only instance closes the twin connection's session, which is ours.
+        drop(twin);
+        Ok(())
+    }
+}

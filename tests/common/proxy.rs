@@ -1,0 +1,132 @@
+//! A ZooKeeper-aware TCP proxy that can cut a connection right after the server answered a
+//! chosen request, so the client sees `ConnectionLoss` for a request that did happen.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+
+/// ZooKeeper opcodes of creates.
+pub const OP_CREATE: i32 = 1;
+pub const OP_MULTI: i32 = 14;
+pub const OP_CREATE2: i32 = 15;
+
+pub struct ZkProxy {
+    port: u16,
+    state: Arc<State>,
+}
+
+struct State {
+    upstream: String,
+    /// Opcode to cut after (0 = none).
+    armed_op: AtomicI32,
+    /// How many cuts happened.
+    cuts: AtomicUsize,
+    stopped: AtomicBool,
+}
+
+impl ZkProxy {
+    pub fn start(upstream: &str) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(State {
+            upstream: upstream.to_string(),
+            armed_op: AtomicI32::new(0),
+            cuts: AtomicUsize::new(0),
+            stopped: AtomicBool::new(false),
+        });
+        let st = state.clone();
+        thread::spawn(move || {
+            for conn in listener.incoming() {
+                if st.stopped.load(Ordering::Acquire) {
+                    break;
+                }
+                let Ok(client) = conn else { continue };
+                let st = st.clone();
+                thread::spawn(move || relay(client, st));
+            }
+        });
+        Self { port, state }
+    }
+
+    pub fn connect_string(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Cut the next connection that sends a request with `op` once the server has answered it.
+    pub fn cut_after(&self, op: i32) {
+        self.state.armed_op.store(op, Ordering::Release);
+    }
+
+    pub fn cuts(&self) -> usize {
+        self.state.cuts.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for ZkProxy {
+    fn drop(&mut self) {
+        self.state.stopped.store(true, Ordering::Release);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).ok()?;
+    let n = i32::from_be_bytes(len).max(0) as usize;
+    let mut buf = vec![0u8; 4 + n];
+    buf[..4].copy_from_slice(&len);
+    s.read_exact(&mut buf[4..]).ok()?;
+    Some(buf)
+}
+
+fn relay(mut client: TcpStream, st: Arc<State>) {
+    let Ok(mut server) = TcpStream::connect(&st.upstream) else { return };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let drop_xid = Arc::new(AtomicI32::new(i32::MIN));
+    // server -> client
+    {
+        let mut c = client.try_clone().unwrap();
+        let mut s = server.try_clone().unwrap();
+        let drop_xid = drop_xid.clone();
+        let st = st.clone();
+        thread::spawn(move || {
+            let mut first = true;
+            while let Some(frame) = read_frame(&mut s) {
+                if !first && frame.len() >= 8 {
+                    let xid = i32::from_be_bytes(frame[4..8].try_into().unwrap());
+                    if xid == drop_xid.load(Ordering::Acquire) {
+                        st.cuts.fetch_add(1, Ordering::AcqRel);
+                        let _ = c.shutdown(Shutdown::Both);
+                        let _ = s.shutdown(Shutdown::Both);
+                        return;
+                    }
+                }
+                first = false;
+                if c.write_all(&frame).is_err() {
+                    break;
+                }
+            }
+            let _ = c.shutdown(Shutdown::Both);
+        });
+    }
+    // client -> server
+    let mut first = true;
+    while let Some(frame) = read_frame(&mut client) {
+        if !first && frame.len() >= 12 {
+            let xid = i32::from_be_bytes(frame[4..8].try_into().unwrap());
+            let op = i32::from_be_bytes(frame[8..12].try_into().unwrap());
+            let armed = st.armed_op.load(Ordering::Acquire);
+            if armed != 0 && op == armed && st.armed_op.compare_exchange(armed, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                drop_xid.store(xid, Ordering::Release);
+            }
+        }
+        first = false;
+        if server.write_all(&frame).is_err() {
+            break;
+        }
+    }
+    let _ = server.shutdown(Shutdown::Both);
+}

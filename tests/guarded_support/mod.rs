@@ -1,0 +1,98 @@
+//! Shared helpers of the guarded-write, background and dead-letter tests: real ZooKeeper and
+//! osmem-server processes, settings pointing at them, and a few polling helpers.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use zkguard::config::Settings;
+use zkguard::es::{DocStore, EsStore};
+use zkguard::servers::{OsmemServer, ZkServer};
+use zkguard::{LockService, ZkLockService, ZkSession};
+
+/// One ZooKeeper (tickTime 500 ms) and one osmem-server, started together.
+pub struct Servers {
+    pub zk: ZkServer,
+    pub es: OsmemServer,
+}
+
+impl Servers {
+    pub fn start() -> Servers {
+        let zk = std::thread::spawn(|| {
+            ZkServer::builder().tick_time(500).start().expect("start ZooKeeper (run scripts/install-deps.sh)")
+        });
+        let es = OsmemServer::start().expect("start osmem-server (run scripts/install-deps.sh)");
+        Servers { zk: zk.join().expect("ZooKeeper start thread"), es }
+    }
+}
+
+/// Servers shared by the tests of one test binary (each test uses its own lock root and index).
+pub fn shared() -> &'static Servers {
+    static SERVERS: OnceLock<Servers> = OnceLock::new();
+    SERVERS.get_or_init(Servers::start)
+}
+
+/// A short random tag.
+pub fn tag() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..10].to_string()
+}
+
+/// Settings for a ZooKeeper connect string and an Elasticsearch URL: a lock root of its own,
+/// 2 s sessions, 10 s lock waits, 2 s Elasticsearch requests, fast retries, a dead-letter file in
+/// `dir`.
+pub fn settings(zk: &str, es_url: &str, dir: &std::path::Path) -> Settings {
+    let mut s = Settings::default();
+    s.zookeeper.servers = zk.to_string();
+    s.zookeeper.session_timeout = Duration::from_millis(2000);
+    s.zookeeper.connection_retry = 3;
+    s.zookeeper.connection_delay = Duration::from_millis(200);
+    s.zookeeper.foreground_timeout = Duration::from_secs(10);
+    s.zookeeper.background_timeout = Duration::from_secs(10);
+    s.zookeeper.lock_root = format!("/zkguard-test/{}", tag());
+    s.elasticsearch.urls = vec![url::Url::parse(es_url).expect("osmem url")];
+    s.elasticsearch.request_timeout = Duration::from_secs(2);
+    s.retry.retry_count = 3;
+    s.retry.backoff_initial = Duration::from_millis(50);
+    s.retry.backoff_max = Duration::from_millis(200);
+    s.retry.file_path = dir.join("deadletters.jsonl");
+    s
+}
+
+pub fn settings_for(servers: &Servers, dir: &std::path::Path) -> Settings {
+    settings(&servers.zk.connect_string(), servers.es.url(), dir)
+}
+
+/// A lock service over a new ZooKeeper session.
+pub async fn locks(settings: &Settings) -> (ZkSession, Arc<dyn LockService>) {
+    let session = ZkSession::connect(&settings.zookeeper).await.expect("connect to ZooKeeper");
+    let service: Arc<dyn LockService> = Arc::new(ZkLockService::new(session.clone()));
+    (session, service)
+}
+
+/// The Elasticsearch store of `settings`.
+pub fn store(settings: &Settings) -> Arc<dyn DocStore> {
+    Arc::new(EsStore::new(&settings.elasticsearch).expect("Elasticsearch client"))
+}
+
+/// The stored source of `index/id` (panics when it is missing).
+pub async fn source(store: &dyn DocStore, index: &str, id: &str) -> Value {
+    store.get(index, id).await.expect("GET").unwrap_or_else(|| panic!("{index}/{id} is missing")).source
+}
+
+/// Waits until `cond` holds, polling every 20 ms; panics with `what` after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = Instant::now() + limit;
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(Instant::now() < end, "condition not reached within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
