@@ -135,12 +135,14 @@ run_peer() {
     shift
     echo "running $name ..." >&2
     local start=$SECONDS
-    if timeout 600 "$@" >"$OUT/$name.out" 2>"$OUT/$name.log"; then
+    local rc=0
+    timeout 600 "$@" >"$OUT/$name.out" 2>"$OUT/$name.log" || rc=$?
+    if [ "$rc" = 0 ]; then
         grep '^{' "$OUT/$name.out" | tail -n 1 >"$OUT/$name.json" || true
         echo "  $name: done in $((SECONDS - start)) s" >&2
     else
         : >"$OUT/$name.json"
-        echo "  $name: failed (exit $?); see $OUT/$name.log" >&2
+        echo "  $name: failed (exit $rc); see $OUT/$name.log" >&2
         tail -n 5 "$OUT/$name.log" | sed 's/^/    /' >&2
     fi
 }

@@ -73,7 +73,9 @@ impl Outcome {
     /// The operation id.
     pub fn op_id(&self) -> Uuid {
         match self {
-            Self::Applied { op_id, .. } | Self::Rejected { op_id, .. } | Self::Parked { op_id, .. } => *op_id,
+            Self::Applied { op_id, .. }
+            | Self::Rejected { op_id, .. }
+            | Self::Parked { op_id, .. } => *op_id,
         }
     }
 
@@ -232,7 +234,10 @@ impl std::fmt::Debug for BackgroundExecutor {
 impl BackgroundExecutor {
     /// A builder with the default retry settings (3 attempts, 100 ms to 5 s backoff) and a
     /// concurrency of 16.
-    pub fn builder(writer: GuardedWriter, sink: Arc<dyn DeadLetterSink>) -> BackgroundExecutorBuilder {
+    pub fn builder(
+        writer: GuardedWriter,
+        sink: Arc<dyn DeadLetterSink>,
+    ) -> BackgroundExecutorBuilder {
         BackgroundExecutorBuilder {
             writer,
             sink,
@@ -246,7 +251,11 @@ impl BackgroundExecutor {
     }
 
     /// An executor configured from `settings` (retry count and backoff).
-    pub fn from_settings(writer: GuardedWriter, sink: Arc<dyn DeadLetterSink>, settings: &Settings) -> Self {
+    pub fn from_settings(
+        writer: GuardedWriter,
+        sink: Arc<dyn DeadLetterSink>,
+        settings: &Settings,
+    ) -> Self {
         Self::builder(writer, sink).retry(&settings.retry).build()
     }
 
@@ -285,7 +294,13 @@ impl BackgroundExecutor {
     /// Not cancel-safe: a dropped run may leave the operation applied, parked, or neither.
     /// Use [`BackgroundExecutor::submit`] to run operations to completion in a task.
     pub async fn run(&self, op: Operation) -> Outcome {
-        let permit = self.inner.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let permit = self
+            .inner
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
         let outcome = self.inner.run_background(op).await;
         drop(permit);
         outcome
@@ -298,7 +313,13 @@ impl BackgroundExecutor {
     /// # Cancellation safety
     /// Cancel-safe: if dropped while waiting for a slot, the operation was not started.
     pub async fn submit(&self, op: Operation) -> JoinHandle<Outcome> {
-        let permit = self.inner.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let permit = self
+            .inner
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
         let inner = self.inner.clone();
         tokio::spawn(async move {
             let outcome = inner.run_background(op).await;
@@ -337,7 +358,9 @@ impl BackgroundExecutor {
 fn never_applicable(e: &GuardedError) -> bool {
     matches!(
         e,
-        GuardedError::Invalid(_) | GuardedError::WrongGuard { .. } | GuardedError::Lock(LockError::InvalidMonitor { .. })
+        GuardedError::Invalid(_)
+            | GuardedError::WrongGuard { .. }
+            | GuardedError::Lock(LockError::InvalidMonitor { .. })
     )
 }
 
@@ -368,7 +391,11 @@ impl Inner {
                         bump(&c.already_applied);
                     }
                     tracing::debug!(attempt, "applied");
-                    return Outcome::Applied { op_id: op.id, attempts: attempt, written };
+                    return Outcome::Applied {
+                        op_id: op.id,
+                        attempts: attempt,
+                        written,
+                    };
                 }
                 Err(e) => e,
             };
@@ -378,7 +405,10 @@ impl Inner {
             if never_applicable(&error) {
                 bump(&c.rejected);
                 tracing::warn!(error = %error, "operation rejected");
-                return Outcome::Rejected { op_id: op.id, reason: error.to_string() };
+                return Outcome::Rejected {
+                    op_id: op.id,
+                    reason: error.to_string(),
+                };
             }
             if error.is_transient() && attempt < self.attempts {
                 bump(&c.retried);
@@ -391,7 +421,13 @@ impl Inner {
         }
     }
 
-    async fn park(&self, op: &Operation, attempts: u32, error: &GuardedError, first_attempt: SystemTime) -> Outcome {
+    async fn park(
+        &self,
+        op: &Operation,
+        attempts: u32,
+        error: &GuardedError,
+        first_attempt: SystemTime,
+    ) -> Outcome {
         let c = &self.counters;
         let letter = DeadLetter::new(op, attempts, error, first_attempt, SystemTime::now());
         let mut backoff = self.backoff;
@@ -402,7 +438,12 @@ impl Inner {
                 Ok(()) => {
                     bump(&c.parked);
                     tracing::warn!(attempts, reason = %letter.reason, error = %error, sink = %self.sink.describe(), "operation parked");
-                    return Outcome::Parked { op_id: op.id, attempts, reason: letter.reason, error: error.to_string() };
+                    return Outcome::Parked {
+                        op_id: op.id,
+                        attempts,
+                        reason: letter.reason,
+                        error: error.to_string(),
+                    };
                 }
                 Err(e) => {
                     bump(&c.park_failures);
@@ -420,7 +461,10 @@ impl Inner {
                     );
                     return Outcome::Rejected {
                         op_id: op.id,
-                        reason: format!("{error}; parking it in the dead-letter {} also failed: {e}", self.sink.describe()),
+                        reason: format!(
+                            "{error}; parking it in the dead-letter {} also failed: {e}",
+                            self.sink.describe()
+                        ),
                     };
                 }
             }

@@ -25,6 +25,7 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::config::{DeadLetterSinkKind, RetrySettings};
@@ -139,13 +140,19 @@ impl DeadLetter {
             id: op.id,
             monitor: op.monitor.clone(),
             attempts,
-            reason: if error.is_transient() { ParkReason::RetriesExhausted } else { ParkReason::NotRetryable },
+            reason: if error.is_transient() {
+                ParkReason::RetriesExhausted
+            } else {
+                ParkReason::NotRetryable
+            },
             error_kind: error.kind().to_string(),
             last_error: error.to_string(),
-            first_attempt,
-            last_attempt,
-            parked_at: SystemTime::now(),
-            host: hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
+            first_attempt: time_serde::truncate(first_attempt),
+            last_attempt: time_serde::truncate(last_attempt),
+            parked_at: time_serde::truncate(SystemTime::now()),
+            host: hostname::get()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_default(),
             operation: op.clone(),
         }
     }
@@ -243,7 +250,10 @@ impl FileSink {
         let path = path.into();
         let mut lock = path.clone().into_os_string();
         lock.push(".lock");
-        Self { path, lock_path: PathBuf::from(lock) }
+        Self {
+            path,
+            lock_path: PathBuf::from(lock),
+        }
     }
 
     /// The JSON-lines file.
@@ -257,10 +267,17 @@ impl FileSink {
     }
 
     fn io(&self, action: &'static str) -> impl FnOnce(io::Error) -> DeadLetterError + '_ {
-        move |source| DeadLetterError::Io { action, path: self.path.clone(), source }
+        move |source| DeadLetterError::Io {
+            action,
+            path: self.path.clone(),
+            source,
+        }
     }
 
-    fn with_lock<T>(&self, f: impl FnOnce() -> Result<T, DeadLetterError>) -> Result<T, DeadLetterError> {
+    fn with_lock<T>(
+        &self,
+        f: impl FnOnce() -> Result<T, DeadLetterError>,
+    ) -> Result<T, DeadLetterError> {
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::create_dir_all(dir).map_err(self.io("create the directory of"))?;
         }
@@ -270,7 +287,11 @@ impl FileSink {
             .read(true)
             .write(true)
             .open(&self.lock_path)
-            .map_err(|source| DeadLetterError::Io { action: "open the lock file of", path: self.path.clone(), source })?;
+            .map_err(|source| DeadLetterError::Io {
+                action: "open the lock file of",
+                path: self.path.clone(),
+                source,
+            })?;
         let mut lock = fd_lock::RwLock::new(file);
         let _held = lock.write().map_err(self.io("lock"))?;
         f()
@@ -343,7 +364,10 @@ impl FileSink {
                 ),
             }
         }
-        Ok(order.into_iter().filter_map(|id| latest.remove(&id)).collect())
+        Ok(order
+            .into_iter()
+            .filter_map(|id| latest.remove(&id))
+            .collect())
     }
 
     fn remove_blocking(&self, id: Uuid) -> Result<bool, DeadLetterError> {
@@ -358,8 +382,14 @@ impl FileSink {
             if kept.len() == before {
                 return Ok(false);
             }
-            let name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let tmp = self.path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+            let name = self
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let tmp = self
+                .path
+                .with_file_name(format!(".{name}.{}.tmp", std::process::id()));
             let write = || -> io::Result<()> {
                 let mut f = File::create(&tmp)?;
                 for line in &kept {
@@ -391,15 +421,21 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DeadLetterError> + Send + 'static,
 ) -> Result<T, DeadLetterError> {
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(DeadLetterError::Io { action: "finish writing", path: PathBuf::new(), source: io::Error::other(e) })
+        Err(DeadLetterError::Io {
+            action: "finish writing",
+            path: PathBuf::new(),
+            source: io::Error::other(e),
+        })
     })
 }
 
 #[async_trait]
 impl DeadLetterSink for FileSink {
     async fn park(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
-        let mut line = serde_json::to_vec(letter)
-            .map_err(|source| DeadLetterError::Json { what: format!("{} (encoding)", letter.id), source })?;
+        let mut line = serde_json::to_vec(letter).map_err(|source| DeadLetterError::Json {
+            what: format!("{} (encoding)", letter.id),
+            source,
+        })?;
         line.push(b'\n');
         let me = self.clone();
         blocking(move || me.park_blocking(&line)).await?;
@@ -435,19 +471,34 @@ impl DeadLetterSink for FileSink {
 pub struct EsSink {
     store: Arc<dyn DocStore>,
     index: String,
+    page: usize,
     ready: Arc<tokio::sync::OnceCell<()>>,
 }
 
 impl std::fmt::Debug for EsSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EsSink").field("index", &self.index).finish()
+        f.debug_struct("EsSink")
+            .field("index", &self.index)
+            .finish()
     }
 }
 
 impl EsSink {
     /// A sink on `index` (created on first use).
     pub fn new(store: Arc<dyn DocStore>, index: impl Into<String>) -> Self {
-        Self { store, index: index.into(), ready: Arc::new(tokio::sync::OnceCell::new()) }
+        Self {
+            store,
+            index: index.into(),
+            page: ES_PAGE,
+            ready: Arc::new(tokio::sync::OnceCell::new()),
+        }
+    }
+
+    /// How many entries [`DeadLetterSink::list`] fetches per search request (default 500).
+    #[must_use]
+    pub fn with_page_size(mut self, page: usize) -> Self {
+        self.page = page.max(1);
+        self
     }
 
     /// The mappings the index is created with.
@@ -463,6 +514,7 @@ impl EsSink {
                 "first_attempt": {"type": "date"},
                 "last_attempt": {"type": "date"},
                 "parked_at": {"type": "date"},
+                "parked_at_us": {"type": "long"},
                 "host": {"type": "keyword"},
                 "operation": {"type": "object", "enabled": false}
             }
@@ -470,12 +522,19 @@ impl EsSink {
     }
 
     fn err(&self, source: EsError) -> DeadLetterError {
-        DeadLetterError::Store { index: self.index.clone(), source }
+        DeadLetterError::Store {
+            index: self.index.clone(),
+            source,
+        }
     }
 
     async fn ensure(&self) -> Result<(), DeadLetterError> {
         self.ready
-            .get_or_try_init(|| async { self.store.ensure_index(&self.index, &Self::mappings()).await })
+            .get_or_try_init(|| async {
+                self.store
+                    .ensure_index(&self.index, &Self::mappings())
+                    .await
+            })
             .await
             .map(|_| ())
             .map_err(|e| self.err(e))
@@ -489,10 +548,20 @@ const ES_PAGE: usize = 500;
 impl DeadLetterSink for EsSink {
     async fn park(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
         self.ensure().await?;
-        let source = serde_json::to_value(letter)
-            .map_err(|source| DeadLetterError::Json { what: format!("{} (encoding)", letter.id), source })?;
+        let mut source = serde_json::to_value(letter).map_err(|source| DeadLetterError::Json {
+            what: format!("{} (encoding)", letter.id),
+            source,
+        })?;
+        // The sort key: parking order, to the microsecond.
+        source["parked_at_us"] = json!(time_serde::micros(letter.parked_at));
         self.store
-            .index(&self.index, &letter.id.to_string(), &source, WriteCondition::Always, Refresh::WaitFor)
+            .index(
+                &self.index,
+                &letter.id.to_string(),
+                &source,
+                WriteCondition::Always,
+                Refresh::WaitFor,
+            )
             .await
             .map_err(|e| self.err(e))?;
         tracing::info!(id = %letter.id, index = %self.index, "operation parked");
@@ -504,29 +573,48 @@ impl DeadLetterSink for EsSink {
         let mut after: Option<Value> = None;
         loop {
             let mut body = json!({
-                "size": ES_PAGE,
+                "size": self.page,
                 "query": {"match_all": {}},
-                "sort": [{"parked_at": "asc"}, {"id": "asc"}],
+                "sort": [{"parked_at_us": "asc"}, {"id": "asc"}],
             });
             if let Some(a) = &after {
                 body["search_after"] = a.clone();
             }
-            let hits = self.store.search(&self.index, &body).await.map_err(|e| self.err(e))?;
+            let hits = self
+                .store
+                .search(&self.index, &body)
+                .await
+                .map_err(|e| self.err(e))?;
             let n = hits.len();
             for hit in hits {
-                let letter: DeadLetter = serde_json::from_value(hit.source)
-                    .map_err(|source| DeadLetterError::Json { what: hit.id.clone(), source })?;
-                after = Some(json!([time_serde::millis(letter.parked_at), letter.id.to_string()]));
+                let letter: DeadLetter =
+                    serde_json::from_value(hit.source).map_err(|source| DeadLetterError::Json {
+                        what: hit.id.clone(),
+                        source,
+                    })?;
+                after = Some(json!([
+                    time_serde::micros(letter.parked_at),
+                    letter.id.to_string()
+                ]));
                 out.push(letter);
             }
-            if n < ES_PAGE {
+            if n < self.page {
                 return Ok(out);
             }
         }
     }
 
     async fn remove(&self, id: Uuid) -> Result<bool, DeadLetterError> {
-        match self.store.delete(&self.index, &id.to_string(), WriteCondition::Always, Refresh::WaitFor).await {
+        match self
+            .store
+            .delete(
+                &self.index,
+                &id.to_string(),
+                WriteCondition::Always,
+                Refresh::WaitFor,
+            )
+            .await
+        {
             Ok(found) => Ok(found.is_some()),
             Err(EsError::NotFound { .. }) => Ok(false),
             Err(e) => Err(self.err(e)),
@@ -615,45 +703,62 @@ pub async fn replay(
     let mut out = Vec::with_capacity(letters.len());
     for letter in letters {
         let span = tracing::info_span!("dlq_replay", op = %letter.id, monitor = %letter.monitor);
-        let _enter = span.enter();
-        let op = &letter.operation;
-        let summary = op.summary();
-        drop(_enter);
-        let started = SystemTime::now();
-        let result = match writer.run(op).await {
-            Ok(written) => match sink.remove(letter.id).await {
-                Ok(_) if written.already_applied => ReplayResult::AlreadyApplied,
-                Ok(_) => ReplayResult::Applied,
-                Err(e) => ReplayResult::NotRemoved { error: e.to_string() },
-            },
-            Err(error) => {
-                let mut updated = letter.clone();
-                updated.attempts = letter.attempts.saturating_add(1);
-                updated.error_kind = error.kind().to_string();
-                updated.last_error = error.to_string();
-                updated.reason =
-                    if error.is_transient() { ParkReason::RetriesExhausted } else { ParkReason::NotRetryable };
-                updated.last_attempt = SystemTime::now().max(started);
-                if let Err(e) = sink.park(&updated).await {
-                    tracing::warn!(op = %letter.id, error = %e, "could not record the failed replay; the entry stays as it was");
-                }
-                ReplayResult::StillParked { error: error.to_string(), transient: error.is_transient() }
-            }
-        };
-        tracing::info!(op = %letter.id, ?result, "replayed");
-        out.push(ReplayEntry { id: letter.id, summary, result });
+        let entry = replay_one(writer, sink, letter).instrument(span).await;
+        out.push(entry);
     }
     Ok(out)
 }
 
-/// Serde support for [`SystemTime`] as RFC 3339 with milliseconds (UTC).
+async fn replay_one(
+    writer: &GuardedWriter,
+    sink: &dyn DeadLetterSink,
+    letter: DeadLetter,
+) -> ReplayEntry {
+    let summary = letter.operation.summary();
+    let result = match writer.run(&letter.operation).await {
+        Ok(written) => match sink.remove(letter.id).await {
+            Ok(_) if written.already_applied => ReplayResult::AlreadyApplied,
+            Ok(_) => ReplayResult::Applied,
+            Err(e) => ReplayResult::NotRemoved {
+                error: e.to_string(),
+            },
+        },
+        Err(error) => {
+            let mut updated = letter.clone();
+            updated.attempts = letter.attempts.saturating_add(1);
+            updated.error_kind = error.kind().to_string();
+            updated.last_error = error.to_string();
+            updated.reason = if error.is_transient() {
+                ParkReason::RetriesExhausted
+            } else {
+                ParkReason::NotRetryable
+            };
+            updated.last_attempt = time_serde::truncate(SystemTime::now());
+            if let Err(e) = sink.park(&updated).await {
+                tracing::warn!(error = %e, "could not record the failed replay; the entry stays as it was");
+            }
+            ReplayResult::StillParked {
+                error: error.to_string(),
+                transient: error.is_transient(),
+            }
+        }
+    };
+    tracing::info!(?result, "replayed");
+    ReplayEntry {
+        id: letter.id,
+        summary,
+        result,
+    }
+}
+
+/// Serde support for [`SystemTime`] as RFC 3339 with microseconds (UTC).
 pub(crate) mod time_serde {
     use std::time::{SystemTime, UNIX_EPOCH};
 
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&humantime::format_rfc3339_millis(*t))
+        s.collect_str(&humantime::format_rfc3339_micros(*t))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
@@ -661,9 +766,16 @@ pub(crate) mod time_serde {
         humantime::parse_rfc3339_weak(&text).map_err(serde::de::Error::custom)
     }
 
-    /// Milliseconds since the epoch (Elasticsearch's sort value of a date).
-    pub fn millis(t: SystemTime) -> u64 {
-        t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    /// `t` to the microsecond, as it is stored (so that stored entries compare equal).
+    pub fn truncate(t: SystemTime) -> SystemTime {
+        UNIX_EPOCH + std::time::Duration::from_micros(micros(t))
+    }
+
+    /// Microseconds since the epoch (the sort key of the Elasticsearch sink).
+    pub fn micros(t: SystemTime) -> u64 {
+        t.duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0)
     }
 }
 
@@ -688,7 +800,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sink = FileSink::new(dir.path().join("sub/dl.jsonl"));
         assert!(sink.list().await.unwrap().is_empty());
-        let ops: Vec<Operation> = (0..3).map(|i| Operation::increment("m", "i", i.to_string(), "n", 1)).collect();
+        let ops: Vec<Operation> = (0..3)
+            .map(|i| Operation::increment("m", "i", i.to_string(), "n", 1))
+            .collect();
         for op in &ops {
             sink.park(&letter(op)).await.unwrap();
         }
@@ -696,8 +810,14 @@ mod tests {
         again.attempts = 4;
         sink.park(&again).await.unwrap();
         let listed = sink.list().await.unwrap();
-        assert_eq!(listed.iter().map(|l| l.id).collect::<Vec<_>>(), ops.iter().map(|o| o.id).collect::<Vec<_>>());
-        assert_eq!(listed[0].attempts, 4, "a re-park replaces the entry in place");
+        assert_eq!(
+            listed.iter().map(|l| l.id).collect::<Vec<_>>(),
+            ops.iter().map(|o| o.id).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            listed[0].attempts, 4,
+            "a re-park replaces the entry in place"
+        );
         assert_eq!(listed[1].reason, ParkReason::RetriesExhausted);
         assert_eq!(listed[1].error_kind, "lock_timeout");
         assert_eq!(listed[1].operation, ops[1]);
@@ -720,14 +840,25 @@ mod tests {
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(b"not json\n{\"id\":\"tor").unwrap();
         drop(f);
-        assert_eq!(sink.list().await.unwrap().len(), 1, "partial last line skipped");
+        assert_eq!(
+            sink.list().await.unwrap().len(),
+            1,
+            "partial last line skipped"
+        );
         let b = Operation::delete("m", "i", "b");
         sink.park(&letter(&b)).await.unwrap();
         let ids: Vec<Uuid> = sink.list().await.unwrap().iter().map(|l| l.id).collect();
-        assert_eq!(ids, vec![a.id, b.id], "the new entry was not glued onto the torn line");
+        assert_eq!(
+            ids,
+            vec![a.id, b.id],
+            "the new entry was not glued onto the torn line"
+        );
         assert!(sink.remove(a.id).await.unwrap());
         let text = fs::read_to_string(&path).unwrap();
-        assert!(text.contains("not json"), "unparsable lines are kept: {text}");
+        assert!(
+            text.contains("not json"),
+            "unparsable lines are kept: {text}"
+        );
         assert_eq!(sink.list().await.unwrap().len(), 1);
     }
 
@@ -735,7 +866,9 @@ mod tests {
     async fn concurrent_parks_and_removes_lose_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("dl.jsonl");
-        let ops: Vec<Operation> = (0..40).map(|i| Operation::delete("m", "i", i.to_string())).collect();
+        let ops: Vec<Operation> = (0..40)
+            .map(|i| Operation::delete("m", "i", i.to_string()))
+            .collect();
         let mut tasks = Vec::new();
         for chunk in ops.chunks(10) {
             let sink = FileSink::new(&path);
@@ -754,6 +887,8 @@ mod tests {
         }
         let left = FileSink::new(&path).list().await.unwrap();
         assert_eq!(left.len(), 20);
-        assert!(left.iter().all(|l| l.operation.target_id().parse::<u32>().unwrap() % 2 == 1));
+        assert!(left
+            .iter()
+            .all(|l| l.operation.target_id().parse::<u32>().unwrap() % 2 == 1));
     }
 }

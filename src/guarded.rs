@@ -58,8 +58,8 @@ use uuid::Uuid;
 use crate::es::{DocMeta, DocStore, EsError, Refresh, WriteCondition};
 use crate::lock::{Guard, LockError, LockRequest, LockService, LockType};
 use crate::ops::{
-    apply_change, strip_meta, with_stamp, ApplyError, Change, DeleteMode, OpError, OpKind, Operation, Stamp,
-    DEFAULT_OPS_WINDOW,
+    apply_change, strip_meta, with_stamp, ApplyError, Change, DeleteMode, OpError, OpKind,
+    Operation, Stamp, DEFAULT_OPS_WINDOW,
 };
 
 /// Errors of guarded writes.
@@ -136,7 +136,10 @@ impl GuardedError {
             Self::Lock(e) => e.is_transient(),
             Self::LockLost { .. } => true,
             Self::Store(e) => e.is_transient(),
-            Self::Invalid(_) | Self::Fenced { .. } | Self::NotFound { .. } | Self::CannotApply { .. } => false,
+            Self::Invalid(_)
+            | Self::Fenced { .. }
+            | Self::NotFound { .. }
+            | Self::CannotApply { .. } => false,
             Self::WrongGuard { .. } => false,
         }
     }
@@ -207,7 +210,13 @@ impl GuardedWriter {
     /// A writer over a lock service and a document store, with `Refresh::No`, an ops window of
     /// [`DEFAULT_OPS_WINDOW`] and the lock types' configured timeouts.
     pub fn new(locks: Arc<dyn LockService>, store: Arc<dyn DocStore>) -> Self {
-        Self { locks, store, refresh: Refresh::No, ops_window: DEFAULT_OPS_WINDOW, timeout: None }
+        Self {
+            locks,
+            store,
+            refresh: Refresh::No,
+            ops_window: DEFAULT_OPS_WINDOW,
+            timeout: None,
+        }
     }
 
     /// When written documents become visible to searches (GET by id is realtime anyway).
@@ -307,10 +316,17 @@ impl GuardedWriter {
     /// # Cancellation safety
     /// Dropping the future may leave the write sent or not; running the same operation again is
     /// safe (see [`GuardedWriter::run`]). The guard is not released.
-    pub async fn write_under(&self, guard: &dyn Guard, op: &Operation) -> Result<Written, GuardedError> {
+    pub async fn write_under(
+        &self,
+        guard: &dyn Guard,
+        op: &Operation,
+    ) -> Result<Written, GuardedError> {
         op.validate()?;
         if guard.monitor() != op.monitor {
-            return Err(GuardedError::WrongGuard { held: guard.monitor().to_string(), wanted: op.monitor.clone() });
+            return Err(GuardedError::WrongGuard {
+                held: guard.monitor().to_string(),
+                wanted: op.monitor.clone(),
+            });
         }
         let token = guard.fencing_token();
         let index = op.target_index();
@@ -332,12 +348,20 @@ impl GuardedWriter {
         let stamp = stamp.unwrap_or_default();
         let live = current.as_ref().filter(|_| !stamp.deleted);
         let new_source = match &op.kind {
-            OpKind::Index { doc, .. } => with_stamp(doc.clone(), &stamp.next(&op.id, token, self.ops_window, false)),
+            OpKind::Index { doc, .. } => with_stamp(
+                doc.clone(),
+                &stamp.next(&op.id, token, self.ops_window, false),
+            ),
             OpKind::Update { change, upsert, .. } => {
                 let mut source = match live {
                     Some(doc) => strip_meta(&doc.source),
                     None if *upsert => Value::Object(Map::new()),
-                    None => return Err(GuardedError::NotFound { index: index.to_string(), id: id.to_string() }),
+                    None => {
+                        return Err(GuardedError::NotFound {
+                            index: index.to_string(),
+                            id: id.to_string(),
+                        })
+                    }
                 };
                 apply_change(&mut source, change).map_err(|source| GuardedError::CannotApply {
                     index: index.to_string(),
@@ -350,12 +374,22 @@ impl GuardedWriter {
                 }
                 with_stamp(source, &stamp.next(&op.id, token, self.ops_window, false))
             }
-            OpKind::Delete { mode: DeleteMode::Tombstone, .. } => {
-                with_stamp(Value::Object(Map::new()), &stamp.next(&op.id, token, self.ops_window, true))
-            }
-            OpKind::Delete { mode: DeleteMode::Hard, .. } => {
+            OpKind::Delete {
+                mode: DeleteMode::Tombstone,
+                ..
+            } => with_stamp(
+                Value::Object(Map::new()),
+                &stamp.next(&op.id, token, self.ops_window, true),
+            ),
+            OpKind::Delete {
+                mode: DeleteMode::Hard,
+                ..
+            } => {
                 self.ensure_held(guard, op)?;
-                let result = self.store.delete(index, id, WriteCondition::ExternalGte(token), self.refresh).await;
+                let result = self
+                    .store
+                    .delete(index, id, WriteCondition::ExternalGte(token), self.refresh)
+                    .await;
                 return match result {
                     Ok(meta) => Ok(Written {
                         op_id: op.id,
@@ -370,7 +404,17 @@ impl GuardedWriter {
             }
         };
         self.ensure_held(guard, op)?;
-        match self.store.index(index, id, &new_source, WriteCondition::ExternalGte(token), self.refresh).await {
+        match self
+            .store
+            .index(
+                index,
+                id,
+                &new_source,
+                WriteCondition::ExternalGte(token),
+                self.refresh,
+            )
+            .await
+        {
             Ok(meta) => Ok(Written {
                 op_id: op.id,
                 token,
@@ -387,7 +431,9 @@ impl GuardedWriter {
         if guard.is_held() {
             return Ok(());
         }
-        let reason = guard.loss().map_or_else(|| "released".to_string(), |r| r.to_string());
+        let reason = guard
+            .loss()
+            .map_or_else(|| "released".to_string(), |r| r.to_string());
         tracing::warn!(op = %op.id, %reason, "lock lost before the write was sent; not sending it");
         Err(GuardedError::LockLost {
             monitor: op.monitor.clone(),
@@ -402,7 +448,12 @@ fn fenced_or(e: EsError, index: &str, id: &str, token: u64) -> GuardedError {
     match e {
         EsError::Conflict { reason, .. } => {
             tracing::warn!(%index, %id, token, %reason, "write fenced by a newer lock holder");
-            GuardedError::Fenced { index: index.to_string(), id: id.to_string(), token, reason }
+            GuardedError::Fenced {
+                index: index.to_string(),
+                id: id.to_string(),
+                token,
+                reason,
+            }
         }
         other => GuardedError::Store(other),
     }
@@ -433,7 +484,9 @@ impl MonitorWriter {
 
     /// The operation this builder would run for `kind` (with a fresh id).
     pub fn operation(&self, kind: OpKind) -> Operation {
-        Operation::new(self.monitor.clone(), kind).with_type(self.lock_type).with_info(self.info.clone())
+        Operation::new(self.monitor.clone(), kind)
+            .with_type(self.lock_type)
+            .with_info(self.info.clone())
     }
 
     /// Runs an operation of the given kind; see [`GuardedWriter::run`].
@@ -455,7 +508,12 @@ impl MonitorWriter {
     /// # Cancellation safety
     /// See [`GuardedWriter::run`].
     pub async fn index(&self, index: &str, id: &str, doc: Value) -> Result<Written, GuardedError> {
-        self.execute(OpKind::Index { index: index.into(), id: id.into(), doc }).await
+        self.execute(OpKind::Index {
+            index: index.into(),
+            id: id.into(),
+            doc,
+        })
+        .await
     }
 
     /// Merges `patch` (RFC 7386) into the existing document `index/id`.
@@ -465,9 +523,19 @@ impl MonitorWriter {
     ///
     /// # Cancellation safety
     /// See [`GuardedWriter::run`].
-    pub async fn update(&self, index: &str, id: &str, patch: Value) -> Result<Written, GuardedError> {
-        self.execute(OpKind::Update { index: index.into(), id: id.into(), change: Change::Merge { patch }, upsert: false })
-            .await
+    pub async fn update(
+        &self,
+        index: &str,
+        id: &str,
+        patch: Value,
+    ) -> Result<Written, GuardedError> {
+        self.execute(OpKind::Update {
+            index: index.into(),
+            id: id.into(),
+            change: Change::Merge { patch },
+            upsert: false,
+        })
+        .await
     }
 
     /// Adds `by` to the numeric `field` (dotted path) of the existing document `index/id`.
@@ -478,11 +546,20 @@ impl MonitorWriter {
     ///
     /// # Cancellation safety
     /// See [`GuardedWriter::run`].
-    pub async fn increment(&self, index: &str, id: &str, field: &str, by: i64) -> Result<Written, GuardedError> {
+    pub async fn increment(
+        &self,
+        index: &str,
+        id: &str,
+        field: &str,
+        by: i64,
+    ) -> Result<Written, GuardedError> {
         self.execute(OpKind::Update {
             index: index.into(),
             id: id.into(),
-            change: Change::Increment { field: field.into(), by },
+            change: Change::Increment {
+                field: field.into(),
+                by,
+            },
             upsert: false,
         })
         .await
@@ -495,7 +572,17 @@ impl MonitorWriter {
     ///
     /// # Cancellation safety
     /// See [`GuardedWriter::run`].
-    pub async fn delete(&self, index: &str, id: &str, mode: DeleteMode) -> Result<Written, GuardedError> {
-        self.execute(OpKind::Delete { index: index.into(), id: id.into(), mode }).await
+    pub async fn delete(
+        &self,
+        index: &str,
+        id: &str,
+        mode: DeleteMode,
+    ) -> Result<Written, GuardedError> {
+        self.execute(OpKind::Delete {
+            index: index.into(),
+            id: id.into(),
+            mode,
+        })
+        .await
     }
 }

@@ -36,6 +36,7 @@ pub mod background;
 pub mod backoff;
 pub mod config;
 pub mod deadletter;
+pub mod demo;
 pub mod es;
 pub mod eslock;
 pub mod guarded;

@@ -74,7 +74,9 @@ pub enum OpError {
         what: &'static str,
     },
     /// An increment names no field or an empty path segment.
-    #[error("invalid increment field {field:?}: use a non-empty dotted path such as `stats.views`")]
+    #[error(
+        "invalid increment field {field:?}: use a non-empty dotted path such as `stats.views`"
+    )]
     BadField {
         /// The field path.
         field: String,
@@ -205,15 +207,37 @@ impl Operation {
     }
 
     /// Indexes (creates or replaces) `doc` as `index/id`.
-    pub fn index(monitor: impl Into<String>, index: impl Into<String>, id: impl Into<String>, doc: Value) -> Self {
-        Self::new(monitor, OpKind::Index { index: index.into(), id: id.into(), doc })
+    pub fn index(
+        monitor: impl Into<String>,
+        index: impl Into<String>,
+        id: impl Into<String>,
+        doc: Value,
+    ) -> Self {
+        Self::new(
+            monitor,
+            OpKind::Index {
+                index: index.into(),
+                id: id.into(),
+                doc,
+            },
+        )
     }
 
     /// Merges `patch` into the existing document `index/id`.
-    pub fn merge(monitor: impl Into<String>, index: impl Into<String>, id: impl Into<String>, patch: Value) -> Self {
+    pub fn merge(
+        monitor: impl Into<String>,
+        index: impl Into<String>,
+        id: impl Into<String>,
+        patch: Value,
+    ) -> Self {
         Self::new(
             monitor,
-            OpKind::Update { index: index.into(), id: id.into(), change: Change::Merge { patch }, upsert: false },
+            OpKind::Update {
+                index: index.into(),
+                id: id.into(),
+                change: Change::Merge { patch },
+                upsert: false,
+            },
         )
     }
 
@@ -230,15 +254,29 @@ impl Operation {
             OpKind::Update {
                 index: index.into(),
                 id: id.into(),
-                change: Change::Increment { field: field.into(), by },
+                change: Change::Increment {
+                    field: field.into(),
+                    by,
+                },
                 upsert: false,
             },
         )
     }
 
     /// Deletes `index/id` (a hard delete; see [`Operation::with_delete_mode`]).
-    pub fn delete(monitor: impl Into<String>, index: impl Into<String>, id: impl Into<String>) -> Self {
-        Self::new(monitor, OpKind::Delete { index: index.into(), id: id.into(), mode: DeleteMode::Hard })
+    pub fn delete(
+        monitor: impl Into<String>,
+        index: impl Into<String>,
+        id: impl Into<String>,
+    ) -> Self {
+        Self::new(
+            monitor,
+            OpKind::Delete {
+                index: index.into(),
+                id: id.into(),
+                mode: DeleteMode::Hard,
+            },
+        )
     }
 
     /// Sets the lock type.
@@ -279,7 +317,9 @@ impl Operation {
     /// The target index.
     pub fn target_index(&self) -> &str {
         match &self.kind {
-            OpKind::Index { index, .. } | OpKind::Update { index, .. } | OpKind::Delete { index, .. } => index,
+            OpKind::Index { index, .. }
+            | OpKind::Update { index, .. }
+            | OpKind::Delete { index, .. } => index,
         }
     }
 
@@ -295,14 +335,34 @@ impl Operation {
         let target = format!("{}/{}", self.target_index(), self.target_id());
         match &self.kind {
             OpKind::Index { .. } => format!("index {target}"),
-            OpKind::Update { change: Change::Merge { .. }, upsert, .. } => {
-                format!("merge into {target}{}", if *upsert { " (upsert)" } else { "" })
+            OpKind::Update {
+                change: Change::Merge { .. },
+                upsert,
+                ..
+            } => {
+                format!(
+                    "merge into {target}{}",
+                    if *upsert { " (upsert)" } else { "" }
+                )
             }
-            OpKind::Update { change: Change::Increment { field, by }, upsert, .. } => {
-                format!("increment {target} {field} by {by}{}", if *upsert { " (upsert)" } else { "" })
+            OpKind::Update {
+                change: Change::Increment { field, by },
+                upsert,
+                ..
+            } => {
+                format!(
+                    "increment {target} {field} by {by}{}",
+                    if *upsert { " (upsert)" } else { "" }
+                )
             }
-            OpKind::Delete { mode: DeleteMode::Hard, .. } => format!("delete {target}"),
-            OpKind::Delete { mode: DeleteMode::Tombstone, .. } => format!("tombstone {target}"),
+            OpKind::Delete {
+                mode: DeleteMode::Hard,
+                ..
+            } => format!("delete {target}"),
+            OpKind::Delete {
+                mode: DeleteMode::Tombstone,
+                ..
+            } => format!("tombstone {target}"),
         }
     }
 
@@ -322,17 +382,29 @@ impl Operation {
             return Err(OpError::EmptyTarget { what: "index" });
         }
         if self.target_id().is_empty() {
-            return Err(OpError::EmptyTarget { what: "document id" });
+            return Err(OpError::EmptyTarget {
+                what: "document id",
+            });
         }
         match &self.kind {
             OpKind::Index { doc, .. } => check_object(doc, "document"),
-            OpKind::Update { change: Change::Merge { patch }, .. } => check_object(patch, "merge patch"),
-            OpKind::Update { change: Change::Increment { field, .. }, .. } => {
+            OpKind::Update {
+                change: Change::Merge { patch },
+                ..
+            } => check_object(patch, "merge patch"),
+            OpKind::Update {
+                change: Change::Increment { field, .. },
+                ..
+            } => {
                 if field.is_empty() || field.split('.').any(str::is_empty) {
-                    return Err(OpError::BadField { field: field.clone() });
+                    return Err(OpError::BadField {
+                        field: field.clone(),
+                    });
                 }
                 if field.split('.').next() == Some(META_FIELD) {
-                    return Err(OpError::ReservedField { what: "increment field" });
+                    return Err(OpError::ReservedField {
+                        what: "increment field",
+                    });
                 }
                 Ok(())
             }
@@ -343,7 +415,14 @@ impl Operation {
 
 impl fmt::Display for Operation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} [{} on `{}`, {}]", self.summary(), self.lock_type, self.monitor, self.id)
+        write!(
+            f,
+            "{} [{} on `{}`, {}]",
+            self.summary(),
+            self.lock_type,
+            self.monitor,
+            self.id
+        )
     }
 }
 
@@ -362,7 +441,10 @@ fn check_object(v: &Value, what: &'static str) -> Result<(), OpError> {
     match v {
         Value::Object(m) if m.contains_key(META_FIELD) => Err(OpError::ReservedField { what }),
         Value::Object(_) => Ok(()),
-        other => Err(OpError::NotAnObject { what, got: json_type(other) }),
+        other => Err(OpError::NotAnObject {
+            what,
+            got: json_type(other),
+        }),
     }
 }
 
@@ -425,15 +507,20 @@ pub fn apply_change(source: &mut Value, change: &Change) -> Result<(), ApplyErro
                         Value::Null => Value::from(*by),
                         Value::Number(n) => {
                             if let Some(i) = n.as_i64() {
-                                Value::from(
-                                    i.checked_add(*by)
-                                        .ok_or_else(|| ApplyError::Overflow { field: field.clone(), by: *by })?,
-                                )
+                                Value::from(i.checked_add(*by).ok_or_else(|| {
+                                    ApplyError::Overflow {
+                                        field: field.clone(),
+                                        by: *by,
+                                    }
+                                })?)
                             } else {
                                 let f = n.as_f64().unwrap_or(f64::NAN) + *by as f64;
                                 serde_json::Number::from_f64(f)
                                     .map(Value::Number)
-                                    .ok_or_else(|| ApplyError::Overflow { field: field.clone(), by: *by })?
+                                    .ok_or_else(|| ApplyError::Overflow {
+                                        field: field.clone(),
+                                        by: *by,
+                                    })?
                             }
                         }
                         other => {
@@ -471,13 +558,15 @@ pub struct Stamp {
 impl Stamp {
     /// Reads the stamp of a stored document source, if it has one.
     pub fn of(source: &Value) -> Option<Stamp> {
-        source.get(META_FIELD).and_then(|v| serde_json::from_value(v.clone()).ok())
+        source
+            .get(META_FIELD)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
     }
 
     /// Whether the operation `id` is among the remembered ones.
     pub fn contains(&self, id: &Uuid) -> bool {
         let id = id.to_string();
-        self.op == id || self.ops.iter().any(|o| *o == id)
+        self.op == id || self.ops.contains(&id)
     }
 
     /// The stamp after applying `op_id` with `token`, remembering at most `window` ids.
@@ -487,7 +576,12 @@ impl Stamp {
         ops.push(op.clone());
         let excess = ops.len().saturating_sub(window.max(1));
         ops.drain(..excess);
-        Stamp { token, op, ops, deleted }
+        Stamp {
+            token,
+            op,
+            ops,
+            deleted,
+        }
     }
 }
 
@@ -516,7 +610,10 @@ pub(crate) fn with_stamp(mut source: Value, stamp: &Stamp) -> Value {
     source
         .as_object_mut()
         .expect("made an object above")
-        .insert(META_FIELD.to_string(), serde_json::to_value(stamp).expect("a stamp serializes"));
+        .insert(
+            META_FIELD.to_string(),
+            serde_json::to_value(stamp).expect("a stamp serializes"),
+        );
     source
 }
 
@@ -542,7 +639,8 @@ mod tests {
 
     #[test]
     fn round_trips_as_tagged_json() {
-        let op = Operation::merge("m1", "articles", "1", json!({"title": "x"})).with_type(LockType::Background);
+        let op = Operation::merge("m1", "articles", "1", json!({"title": "x"}))
+            .with_type(LockType::Background);
         let v = serde_json::to_value(&op).unwrap();
         assert_eq!(v["kind"]["type"], "update");
         assert_eq!(v["kind"]["change"]["type"], "merge");
@@ -552,7 +650,11 @@ mod tests {
         let del = Operation::delete("m", "i", "d");
         let mut v = serde_json::to_value(&del).unwrap();
         v["kind"].as_object_mut().unwrap().remove("mode");
-        assert_eq!(serde_json::from_value::<Operation>(v).unwrap(), del, "mode defaults to hard");
+        assert_eq!(
+            serde_json::from_value::<Operation>(v).unwrap(),
+            del,
+            "mode defaults to hard"
+        );
     }
 
     #[test]
@@ -568,17 +670,61 @@ mod tests {
     #[test]
     fn increments() {
         let mut doc = json!({"n": 1, "f": 1.5, "s": "x"});
-        apply_change(&mut doc, &Change::Increment { field: "n".into(), by: 2 }).unwrap();
-        apply_change(&mut doc, &Change::Increment { field: "f".into(), by: 1 }).unwrap();
-        apply_change(&mut doc, &Change::Increment { field: "new.deep".into(), by: -3 }).unwrap();
-        assert_eq!(doc, json!({"n": 3, "f": 2.5, "s": "x", "new": {"deep": -3}}));
-        let e = apply_change(&mut doc, &Change::Increment { field: "s".into(), by: 1 }).unwrap_err();
+        apply_change(
+            &mut doc,
+            &Change::Increment {
+                field: "n".into(),
+                by: 2,
+            },
+        )
+        .unwrap();
+        apply_change(
+            &mut doc,
+            &Change::Increment {
+                field: "f".into(),
+                by: 1,
+            },
+        )
+        .unwrap();
+        apply_change(
+            &mut doc,
+            &Change::Increment {
+                field: "new.deep".into(),
+                by: -3,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            doc,
+            json!({"n": 3, "f": 2.5, "s": "x", "new": {"deep": -3}})
+        );
+        let e = apply_change(
+            &mut doc,
+            &Change::Increment {
+                field: "s".into(),
+                by: 1,
+            },
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("`s` holds a string"), "{e}");
-        let e = apply_change(&mut doc, &Change::Increment { field: "s.x".into(), by: 1 }).unwrap_err();
+        let e = apply_change(
+            &mut doc,
+            &Change::Increment {
+                field: "s.x".into(),
+                by: 1,
+            },
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("`s` holds a string"), "{e}");
         let mut big = json!({"n": i64::MAX});
         assert!(matches!(
-            apply_change(&mut big, &Change::Increment { field: "n".into(), by: 1 }),
+            apply_change(
+                &mut big,
+                &Change::Increment {
+                    field: "n".into(),
+                    by: 1
+                }
+            ),
             Err(ApplyError::Overflow { .. })
         ));
     }
@@ -588,18 +734,38 @@ mod tests {
         let bad = [
             (Operation::index("a/b", "i", "1", json!({})), "`/`"),
             (Operation::index("m", "", "1", json!({})), "empty index"),
-            (Operation::index("m", "i", "", json!({})), "empty document id"),
-            (Operation::index("m", "i", "1", json!([1])), "must be a JSON object, got an array"),
-            (Operation::index("m", "i", "1", json!({"zkguard": 1})), "reserved field"),
-            (Operation::merge("m", "i", "1", json!({"zkguard": null})), "reserved field"),
-            (Operation::increment("m", "i", "1", "zkguard.token", 1), "reserved field"),
-            (Operation::increment("m", "i", "1", "a..b", 1), "dotted path"),
+            (
+                Operation::index("m", "i", "", json!({})),
+                "empty document id",
+            ),
+            (
+                Operation::index("m", "i", "1", json!([1])),
+                "must be a JSON object, got an array",
+            ),
+            (
+                Operation::index("m", "i", "1", json!({"zkguard": 1})),
+                "reserved field",
+            ),
+            (
+                Operation::merge("m", "i", "1", json!({"zkguard": null})),
+                "reserved field",
+            ),
+            (
+                Operation::increment("m", "i", "1", "zkguard.token", 1),
+                "reserved field",
+            ),
+            (
+                Operation::increment("m", "i", "1", "a..b", 1),
+                "dotted path",
+            ),
         ];
         for (op, needle) in bad {
             let e = op.validate().unwrap_err().to_string();
             assert!(e.contains(needle), "{op}: {e}");
         }
-        Operation::increment("m", "i", "1", "stats.views", 1).validate().unwrap();
+        Operation::increment("m", "i", "1", "stats.views", 1)
+            .validate()
+            .unwrap();
     }
 
     #[test]

@@ -16,6 +16,10 @@
 //! Missing software is reported as [`ServerError::Missing`], which names the installer:
 //! `scripts/install-deps.sh`.
 //!
+//! Environment: `ZKGUARD_OSMEM_BIN` names the `osmem-server` binary (default: what the
+//! `osmem_server` package of `python3` resolves); `ZKGUARD_KEEP_SERVER_DIRS=1` keeps the
+//! temporary directories (data and logs) after the handles are dropped, for post-mortems.
+//!
 //! ```no_run
 //! use zkguard::servers::{OsmemServer, ZkServer};
 //!
@@ -228,6 +232,43 @@ impl Proc {
     fn signal(&mut self, signal: Signal) {
         if self.running() {
             let _ = send_signal(self.pid(), signal);
+        }
+    }
+
+    /// SIGSTOP, then waits (up to 5 s) until every thread is stopped: the signal is delivered
+    /// asynchronously, and a thread that is still running could answer a request meanwhile.
+    fn pause(&mut self) {
+        self.signal(Signal::SIGSTOP);
+        self.wait_stopped(true);
+    }
+
+    /// SIGCONT, then waits (up to 5 s) until no thread is stopped any more.
+    fn resume(&mut self) {
+        self.signal(Signal::SIGCONT);
+        self.wait_stopped(false);
+    }
+
+    fn wait_stopped(&mut self, stopped: bool) {
+        let tasks = PathBuf::from(format!("/proc/{}/task", self.child.id()));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.running() && Instant::now() < deadline {
+            let Ok(entries) = fs::read_dir(&tasks) else {
+                return;
+            };
+            let all_match = entries.flatten().all(|task| {
+                // The state follows the `(comm)` field, which may itself contain spaces.
+                fs::read_to_string(task.path().join("stat"))
+                    .ok()
+                    .and_then(|stat| {
+                        stat.rsplit_once(')')
+                            .map(|(_, rest)| rest.trim_start().starts_with('T'))
+                    })
+                    .map_or(true, |is_stopped| is_stopped == stopped)
+            });
+            if all_match {
+                return;
+            }
+            thread::sleep(Duration::from_millis(5));
         }
     }
 
@@ -769,17 +810,18 @@ impl ZkServer {
     }
 
     /// Freezes the server (SIGSTOP): connections stay open but nothing is answered, as with a
-    /// long garbage-collection pause or a hung machine.
+    /// long garbage-collection pause or a hung machine. Returns once every thread of the server
+    /// has stopped.
     pub fn pause(&self) {
         if let Some(p) = self.lock().as_mut() {
-            p.signal(Signal::SIGSTOP);
+            p.pause();
         }
     }
 
     /// Continues a paused server (SIGCONT).
     pub fn resume(&self) {
         if let Some(p) = self.lock().as_mut() {
-            p.signal(Signal::SIGCONT);
+            p.resume();
         }
     }
 
@@ -1403,17 +1445,18 @@ impl OsmemServer {
         }
     }
 
-    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered. Returns once
+    /// every thread of the server has stopped.
     pub fn pause(&self) {
         if let Some(p) = self.lock().as_mut() {
-            p.signal(Signal::SIGSTOP);
+            p.pause();
         }
     }
 
     /// Continues a paused server (SIGCONT).
     pub fn resume(&self) {
         if let Some(p) = self.lock().as_mut() {
-            p.signal(Signal::SIGCONT);
+            p.resume();
         }
     }
 

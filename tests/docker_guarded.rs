@@ -9,15 +9,19 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
+use async_trait::async_trait;
+use serde_json::{json, Value};
 use testcontainers_modules::elastic_search::ElasticSearch;
 use testcontainers_modules::testcontainers::core::{Healthcheck, WaitFor};
 use testcontainers_modules::testcontainers::runners::AsyncRunner;
 use testcontainers_modules::testcontainers::{ContainerAsync, ImageExt};
 use testcontainers_modules::zookeeper::Zookeeper;
+use tokio::sync::Notify;
 use zkguard::config::Settings;
-use zkguard::es::{DocStore, EsError, EsStore, Refresh, WriteCondition};
-use zkguard::{LockRequest, LockService, ZkLockService, ZkSession};
+use zkguard::es::{BulkAction, Doc, DocMeta, DocStore, EsError, EsStore, Refresh, WriteCondition};
+use zkguard::guarded::{GuardedError, GuardedWriter};
+use zkguard::ops::{Operation, Stamp};
+use zkguard::{LockRequest, LockService, LossReason, ZkLockService, ZkSession};
 
 /// The Elasticsearch image tag: the module defaults to 7.16.1.
 const ES_TAG: &str = "8.15.5";
@@ -152,123 +156,208 @@ fn zk_settings(servers: &str) -> zkguard::config::ZkSettings {
     s
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_writer_is_fenced_by_the_newer_token() {
+async fn locks(settings: &zkguard::config::ZkSettings) -> (ZkSession, Arc<dyn LockService>) {
+    let session = ZkSession::connect(settings)
+        .await
+        .expect("connect to ZooKeeper");
+    let locks: Arc<dyn LockService> = Arc::new(ZkLockService::new(session.clone()));
+    (session, locks)
+}
+
+/// A document store that holds back `index` calls until the test opens the gate: the "pause" of
+/// a holder between its last lock check and its request reaching Elasticsearch.
+struct PausedStore {
+    inner: Arc<dyn DocStore>,
+    reached: Notify,
+    open: Notify,
+}
+
+#[async_trait]
+impl DocStore for PausedStore {
+    async fn get(&self, index: &str, id: &str) -> Result<Option<Doc>, EsError> {
+        self.inner.get(index, id).await
+    }
+    async fn index(
+        &self,
+        index: &str,
+        id: &str,
+        source: &Value,
+        condition: WriteCondition,
+        refresh: Refresh,
+    ) -> Result<DocMeta, EsError> {
+        self.reached.notify_one();
+        self.open.notified().await;
+        self.inner
+            .index(index, id, source, condition, refresh)
+            .await
+    }
+    async fn delete(
+        &self,
+        index: &str,
+        id: &str,
+        condition: WriteCondition,
+        refresh: Refresh,
+    ) -> Result<Option<DocMeta>, EsError> {
+        self.inner.delete(index, id, condition, refresh).await
+    }
+    async fn search(&self, index: &str, body: &Value) -> Result<Vec<Doc>, EsError> {
+        self.inner.search(index, body).await
+    }
+    async fn bulk(
+        &self,
+        actions: &[BulkAction],
+        refresh: Refresh,
+    ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
+        self.inner.bulk(actions, refresh).await
+    }
+    async fn ensure_index(&self, index: &str, mappings: &Value) -> Result<(), EsError> {
+        self.inner.ensure_index(index, mappings).await
+    }
+    async fn refresh(&self, index: &str) -> Result<(), EsError> {
+        self.inner.refresh(index).await
+    }
+}
+
+/// Both guarded-write scenarios of the osmem suite (`tests/guarded.rs`) against the real images:
+/// one container pair, the scenarios in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn guarded_writes_against_elasticsearch_8_and_zookeeper_3_9() {
     require_docker!();
     let ((_es_container, es_url), (_zk_container, zk_servers)) =
         tokio::join!(start_elasticsearch(), start_zookeeper());
-    let store = EsStore::from_url(&es_url).unwrap();
-    store
-        .ensure_index(
-            "articles",
-            &json!({"properties": {"writer": {"type": "keyword"}}}),
-        )
+    let es: Arc<dyn DocStore> = Arc::new(EsStore::from_url(&es_url).unwrap());
+    let settings = zk_settings(&zk_servers);
+    stale_holder_is_fenced(&settings, &es).await;
+    concurrent_increments_lose_nothing(&settings, &es).await;
+}
+
+/// Holder A is paused after checking its lock and before its write reaches Elasticsearch; its
+/// session is killed on the server; holder B acquires and writes. A's write must then be rejected
+/// by Elasticsearch 8 as `Fenced`, and the document keeps B's content.
+async fn stale_holder_is_fenced(settings: &zkguard::config::ZkSettings, es: &Arc<dyn DocStore>) {
+    let index = "articles";
+    let monitor = "article-42";
+    let (_s0, l0) = locks(settings).await;
+    GuardedWriter::new(l0, es.clone())
+        .on(monitor)
+        .index(index, "42", json!({"owner": "seed"}))
         .await
         .unwrap();
-    let settings = zk_settings(&zk_servers);
 
-    // Writer A takes the lock of article-42 and writes with its fencing token.
-    let session_a = ZkSession::connect(&settings).await.expect("connect A");
-    let locks_a = ZkLockService::new(session_a.clone());
+    let (session_a, locks_a) = locks(settings).await;
+    let paused = Arc::new(PausedStore {
+        inner: es.clone(),
+        reached: Notify::new(),
+        open: Notify::new(),
+    });
+    let writer_a = GuardedWriter::new(locks_a.clone(), paused.clone());
     let guard_a = locks_a
-        .acquire(LockRequest::new("article-42", "Save Content"))
+        .acquire(LockRequest::new(monitor, "holder A"))
         .await
         .unwrap();
     let token_a = guard_a.fencing_token();
-    store
-        .index(
-            "articles",
-            "42",
-            &json!({"writer": "A", "step": 1}),
-            WriteCondition::ExternalGte(token_a),
-            Refresh::No,
-        )
-        .await
-        .unwrap();
+    let op_a = Operation::index(monitor, index, "42", json!({"owner": "A"}));
+    let (session_b, locks_b) = locks(settings).await;
+    let writer_b = GuardedWriter::new(locks_b, es.clone());
 
-    // Writer B queues behind A.
-    let session_b = ZkSession::connect(&settings).await.expect("connect B");
-    let locks_b: Arc<dyn LockService> = Arc::new(ZkLockService::new(session_b.clone()));
-    let waiting_b = {
-        let locks_b = locks_b.clone();
-        tokio::spawn(async move {
-            locks_b
-                .acquire(LockRequest::new("article-42", "Save Content"))
-                .await
-        })
+    let a_write = writer_a.write_under(guard_a.as_ref(), &op_a);
+    let scenario = async {
+        paused.reached.notified().await;
+        assert!(guard_a.is_held());
+        session_a
+            .expire_session_for_testing()
+            .await
+            .expect("expire A's session");
+        let written_b = writer_b
+            .on(monitor)
+            .info("holder B")
+            .index(index, "42", json!({"owner": "B"}))
+            .await
+            .unwrap();
+        assert!(
+            written_b.token > token_a,
+            "B's token {} must exceed A's {token_a}",
+            written_b.token
+        );
+        paused.open.notify_one();
+        written_b
     };
+    let (a_result, written_b) = tokio::join!(a_write, scenario);
+    match a_result {
+        Err(GuardedError::Fenced { token, .. }) => assert_eq!(token, token_a),
+        other => panic!("A's stale write must be fenced, got {other:?}"),
+    }
+    let doc = es.get(index, "42").await.unwrap().unwrap();
+    assert_eq!(doc.source["owner"], "B", "the document keeps B's content");
+    assert_eq!(doc.meta.version as u64, written_b.token);
 
-    // A stalls (a long pause): ZooKeeper expires its session, so A's lock goes to B while A still
-    // believes it holds it.
-    session_a.expire_session_for_testing().await.unwrap();
-    let guard_b = tokio::time::timeout(Duration::from_secs(60), waiting_b)
-        .await
-        .expect("B gets the lock after A's session expired")
-        .unwrap()
-        .unwrap();
-    let token_b = guard_b.fencing_token();
-    assert!(token_b > token_a, "tokens grow: {token_a} then {token_b}");
-    store
-        .index(
-            "articles",
-            "42",
-            &json!({"writer": "B", "step": 2}),
-            WriteCondition::ExternalGte(token_b),
-            Refresh::No,
-        )
-        .await
-        .unwrap();
-
-    // A wakes up and writes with its old token: fenced.
-    let stale = store
-        .index(
-            "articles",
-            "42",
-            &json!({"writer": "A", "step": 3}),
-            WriteCondition::ExternalGte(token_a),
-            Refresh::No,
-        )
-        .await;
-    assert!(
-        matches!(stale, Err(EsError::Conflict { .. })),
-        "the stale write must be fenced: {stale:?}"
-    );
-    let stale_delete = store
-        .delete(
-            "articles",
-            "42",
-            WriteCondition::ExternalGte(token_a),
-            Refresh::No,
-        )
-        .await;
-    assert!(
-        matches!(stale_delete, Err(EsError::Conflict { .. })),
-        "{stale_delete:?}"
-    );
-    // A learns that it lost the lock.
     let reason = tokio::time::timeout(Duration::from_secs(30), guard_a.lost())
         .await
         .expect("A notices the loss");
-    eprintln!("A lost its lock: {reason}");
-
-    let doc = store
-        .get("articles", "42")
+    assert_eq!(reason, LossReason::SessionExpired);
+    let err = GuardedWriter::new(locks_a.clone(), es.clone())
+        .write_under(
+            guard_a.as_ref(),
+            &Operation::index(monitor, index, "42", json!({"owner": "A again"})),
+        )
         .await
-        .unwrap()
-        .expect("the document exists");
-    assert_eq!(doc.source, json!({"writer": "B", "step": 2}));
+        .unwrap_err();
+    assert!(matches!(err, GuardedError::LockLost { .. }), "{err:?}");
     assert_eq!(
-        doc.meta.version, token_b as i64,
-        "the stored version is B's token"
+        es.get(index, "42").await.unwrap().unwrap().meta,
+        doc.meta,
+        "nothing was written"
     );
+    drop(session_b);
+}
 
-    // ---------------------------------------------------------------------------------------
-    // GUARDED-WRITER SECTION (pending): once `zkguard::guarded::GuardedWriter` is exported from
-    // the library, repeat the scenario through it (`GuardedWriter::new(locks, store).on("article-42")
-    // .index(..)`) and assert that the stale writer gets a fenced/lost error rather than a
-    // silent overwrite. Until then the scenario above drives the lock and EsStore directly.
-    // ---------------------------------------------------------------------------------------
-
-    guard_b.unlock().await.unwrap();
-    session_b.close();
+/// Writers with their own sessions increment one counter by read-modify-write: exactly N x K.
+async fn concurrent_increments_lose_nothing(
+    settings: &zkguard::config::ZkSettings,
+    es: &Arc<dyn DocStore>,
+) {
+    const WRITERS: usize = 4;
+    const EACH: usize = 5;
+    let (_s0, l0) = locks(settings).await;
+    GuardedWriter::new(l0, es.clone())
+        .on("counter")
+        .index("counters", "c", json!({"n": 0}))
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let settings = settings.clone();
+        let es = es.clone();
+        tasks.push(tokio::spawn(async move {
+            let (_session, l) = locks(&settings).await;
+            let writer = GuardedWriter::new(l, es);
+            let mut ids = Vec::new();
+            for _ in 0..EACH {
+                let op = Operation::increment("counter", "counters", "c", "n", 1)
+                    .with_info(format!("writer {w}"));
+                writer
+                    .run(&op)
+                    .await
+                    .unwrap_or_else(|e| panic!("writer {w}: {e}"));
+                ids.push(op.id);
+            }
+            ids
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.extend(t.await.unwrap());
+    }
+    let doc = es.get("counters", "c").await.unwrap().unwrap();
+    assert_eq!(
+        doc.source["n"],
+        json!(WRITERS * EACH),
+        "lost or doubled increments: {}",
+        doc.source
+    );
+    let stamp = Stamp::of(&doc.source).expect("stamp");
+    assert!(
+        ids.iter().all(|id| stamp.contains(id)),
+        "every operation id is recorded"
+    );
 }

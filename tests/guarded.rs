@@ -27,7 +27,11 @@ async fn concurrent_increments_through_separate_sessions_lose_nothing() {
     let es = store(&settings);
     let index = format!("counters-{}", tag());
     let (_s0, l0) = locks(&settings).await;
-    GuardedWriter::new(l0, es.clone()).on("counter").index(&index, "c", json!({"n": 0})).await.unwrap();
+    GuardedWriter::new(l0, es.clone())
+        .on("counter")
+        .index(&index, "c", json!({"n": 0}))
+        .await
+        .unwrap();
 
     let mut tasks = Vec::new();
     for w in 0..WRITERS {
@@ -39,8 +43,12 @@ async fn concurrent_increments_through_separate_sessions_lose_nothing() {
             let writer = GuardedWriter::new(l, es);
             let mut ids = Vec::new();
             for _ in 0..EACH {
-                let op = Operation::increment("counter", &index, "c", "n", 1).with_info(format!("writer {w}"));
-                let written = writer.run(&op).await.unwrap_or_else(|e| panic!("writer {w}: {e}"));
+                let op = Operation::increment("counter", &index, "c", "n", 1)
+                    .with_info(format!("writer {w}"));
+                let written = writer
+                    .run(&op)
+                    .await
+                    .unwrap_or_else(|e| panic!("writer {w}: {e}"));
                 assert!(!written.already_applied);
                 ids.push((op.id, written.token));
             }
@@ -53,15 +61,30 @@ async fn concurrent_increments_through_separate_sessions_lose_nothing() {
         all.extend(t.await.unwrap());
     }
     let doc = es.get(&index, "c").await.unwrap().unwrap();
-    assert_eq!(doc.source["n"], json!(WRITERS * EACH), "lost or doubled increments: {}", doc.source);
+    assert_eq!(
+        doc.source["n"],
+        json!(WRITERS * EACH),
+        "lost or doubled increments: {}",
+        doc.source
+    );
     let stamp = Stamp::of(&doc.source).expect("stamp");
-    assert!(all.iter().all(|(id, _)| stamp.contains(id)), "every operation id is recorded");
+    assert!(
+        all.iter().all(|(id, _)| stamp.contains(id)),
+        "every operation id is recorded"
+    );
     let max_token = all.iter().map(|(_, t)| *t).max().unwrap();
-    assert_eq!(doc.meta.version as u64, max_token, "the stored version is the last writer's token");
+    assert_eq!(
+        doc.meta.version as u64, max_token,
+        "the stored version is the last writer's token"
+    );
     let mut tokens: Vec<u64> = all.iter().map(|(_, t)| *t).collect();
     tokens.sort_unstable();
     tokens.dedup();
-    assert_eq!(tokens.len(), WRITERS * EACH, "every acquisition had its own token");
+    assert_eq!(
+        tokens.len(),
+        WRITERS * EACH,
+        "every acquisition had its own token"
+    );
 }
 
 /// A document store that holds back `index` calls until the test opens the gate: the "pause"
@@ -87,7 +110,9 @@ impl DocStore for PausedStore {
     ) -> Result<DocMeta, EsError> {
         self.reached.notify_one();
         self.open.notified().await;
-        self.inner.index(index, id, source, condition, refresh).await
+        self.inner
+            .index(index, id, source, condition, refresh)
+            .await
     }
     async fn delete(
         &self,
@@ -101,7 +126,11 @@ impl DocStore for PausedStore {
     async fn search(&self, index: &str, body: &Value) -> Result<Vec<Doc>, EsError> {
         self.inner.search(index, body).await
     }
-    async fn bulk(&self, actions: &[BulkAction], refresh: Refresh) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
+    async fn bulk(
+        &self,
+        actions: &[BulkAction],
+        refresh: Refresh,
+    ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
         self.inner.bulk(actions, refresh).await
     }
     async fn ensure_index(&self, index: &str, mappings: &Value) -> Result<(), EsError> {
@@ -126,12 +155,23 @@ async fn stale_holder_is_fenced_after_its_session_is_killed() {
     let monitor = "article-7";
 
     let (_s0, l0) = locks(&settings).await;
-    GuardedWriter::new(l0, es.clone()).on(monitor).index(&index, "7", json!({"owner": "seed"})).await.unwrap();
+    GuardedWriter::new(l0, es.clone())
+        .on(monitor)
+        .index(&index, "7", json!({"owner": "seed"}))
+        .await
+        .unwrap();
 
     let (session_a, locks_a) = locks(&settings).await;
-    let paused = Arc::new(PausedStore { inner: es.clone(), reached: Notify::new(), open: Notify::new() });
+    let paused = Arc::new(PausedStore {
+        inner: es.clone(),
+        reached: Notify::new(),
+        open: Notify::new(),
+    });
     let writer_a = GuardedWriter::new(locks_a.clone(), paused.clone());
-    let guard_a = locks_a.acquire(LockRequest::new(monitor, "holder A")).await.unwrap();
+    let guard_a = locks_a
+        .acquire(LockRequest::new(monitor, "holder A"))
+        .await
+        .unwrap();
     let token_a = guard_a.fencing_token();
     let op_a = Operation::index(monitor, &index, "7", json!({"owner": "A"}));
 
@@ -143,17 +183,34 @@ async fn stale_holder_is_fenced_after_its_session_is_killed() {
         // A checked its lock, read the document and is about to send: pause it there.
         paused.reached.notified().await;
         assert!(guard_a.is_held());
-        session_a.expire_session_for_testing().await.expect("expire A's session");
+        session_a
+            .expire_session_for_testing()
+            .await
+            .expect("expire A's session");
         // B gets the lock only once ZooKeeper deleted A's nodes.
-        let written_b = writer_b.on(monitor).info("holder B").index(&index, "7", json!({"owner": "B"})).await.unwrap();
-        assert!(written_b.token > token_a, "B's token {} must exceed A's {token_a}", written_b.token);
+        let written_b = writer_b
+            .on(monitor)
+            .info("holder B")
+            .index(&index, "7", json!({"owner": "B"}))
+            .await
+            .unwrap();
+        assert!(
+            written_b.token > token_a,
+            "B's token {} must exceed A's {token_a}",
+            written_b.token
+        );
         // A resumes and its write goes out.
         paused.open.notify_one();
         written_b
     };
     let (a_result, written_b) = tokio::join!(a_write, scenario);
     match a_result {
-        Err(GuardedError::Fenced { token, index: ref fenced_index, ref id, .. }) => {
+        Err(GuardedError::Fenced {
+            token,
+            index: ref fenced_index,
+            ref id,
+            ..
+        }) => {
             assert_eq!(token, token_a);
             assert_eq!((fenced_index.as_str(), id.as_str()), (index.as_str(), "7"));
         }
@@ -164,13 +221,21 @@ async fn stale_holder_is_fenced_after_its_session_is_killed() {
     assert_eq!(doc.meta.version as u64, written_b.token);
 
     // A's client learns about the expiry; from then on nothing is sent under its guard.
-    let reason = tokio::time::timeout(Duration::from_secs(10), guard_a.lost()).await.expect("A notices the loss");
+    let reason = tokio::time::timeout(Duration::from_secs(10), guard_a.lost())
+        .await
+        .expect("A notices the loss");
     assert_eq!(reason, LossReason::SessionExpired);
     let plain_a = GuardedWriter::new(locks_a.clone(), es.clone());
     let again = Operation::index(monitor, &index, "7", json!({"owner": "A again"}));
-    let err = plain_a.write_under(guard_a.as_ref(), &again).await.unwrap_err();
+    let err = plain_a
+        .write_under(guard_a.as_ref(), &again)
+        .await
+        .unwrap_err();
     assert!(matches!(err, GuardedError::LockLost { .. }), "{err:?}");
-    assert!(err.is_transient(), "a write that was not sent can be retried with a new lock");
+    assert!(
+        err.is_transient(),
+        "a write that was not sent can be retried with a new lock"
+    );
     let after = es.get(&index, "7").await.unwrap().unwrap();
     assert_eq!(after.meta, doc.meta, "nothing was written");
     drop(session_b);
@@ -191,8 +256,19 @@ async fn write_kinds_reruns_and_foreign_documents() {
 
     // A document written without zkguard has a small internal version; the first guarded write
     // replaces it and stamps it.
-    es.index(&index, "1", &json!({"title": "plain", "views": 3}), WriteCondition::Always, Refresh::No).await.unwrap();
-    let merged = on.update(&index, "1", json!({"title": "guarded", "tags": ["a"]})).await.unwrap();
+    es.index(
+        &index,
+        "1",
+        &json!({"title": "plain", "views": 3}),
+        WriteCondition::Always,
+        Refresh::No,
+    )
+    .await
+    .unwrap();
+    let merged = on
+        .update(&index, "1", json!({"title": "guarded", "tags": ["a"]}))
+        .await
+        .unwrap();
     let s = source(es.as_ref(), &index, "1").await;
     assert_eq!(s["title"], "guarded");
     assert_eq!(s["views"], 3);
@@ -208,8 +284,14 @@ async fn write_kinds_reruns_and_foreign_documents() {
 
     // Update of a missing document: not found, unless upsert.
     let err = on.increment(&index, "missing", "n", 1).await.unwrap_err();
-    assert!(matches!(err, GuardedError::NotFound { .. }) && !err.is_transient(), "{err}");
-    writer.run(&Operation::increment("doc-1", &index, "missing", "n", 2).with_upsert(true)).await.unwrap();
+    assert!(
+        matches!(err, GuardedError::NotFound { .. }) && !err.is_transient(),
+        "{err}"
+    );
+    writer
+        .run(&Operation::increment("doc-1", &index, "missing", "n", 2).with_upsert(true))
+        .await
+        .unwrap();
     assert_eq!(source(es.as_ref(), &index, "missing").await["n"], 2);
 
     // A change that cannot apply to the stored content.
@@ -218,9 +300,16 @@ async fn write_kinds_reruns_and_foreign_documents() {
     assert!(err.to_string().contains("`title` holds a string"), "{err}");
 
     // Invalid operations are refused before locking.
-    let err = on.index(&index, "1", json!({"zkguard": {"token": 1}})).await.unwrap_err();
+    let err = on
+        .index(&index, "1", json!({"zkguard": {"token": 1}}))
+        .await
+        .unwrap_err();
     assert!(matches!(err, GuardedError::Invalid(_)), "{err}");
-    let err = writer.on("bad/monitor").index(&index, "1", json!({})).await.unwrap_err();
+    let err = writer
+        .on("bad/monitor")
+        .index(&index, "1", json!({}))
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("`/`"), "{err}");
 
     // Tombstone: the document stays as a fenced marker; updates treat it as missing; a replay
@@ -232,15 +321,26 @@ async fn write_kinds_reruns_and_foreign_documents() {
     assert_eq!(s["zkguard"]["deleted"], true);
     assert_eq!(s["zkguard"]["token"], json!(w.token));
     assert!(writer.run(&tomb).await.unwrap().already_applied);
-    assert!(matches!(on.increment(&index, "1", "views", 1).await, Err(GuardedError::NotFound { .. })));
+    assert!(matches!(
+        on.increment(&index, "1", "views", 1).await,
+        Err(GuardedError::NotFound { .. })
+    ));
     // A stale token cannot resurrect it (as a lost holder would try).
     let stale = es
-        .index(&index, "1", &json!({"title": "stale"}), WriteCondition::ExternalGte(w.token - 1), Refresh::No)
+        .index(
+            &index,
+            "1",
+            &json!({"title": "stale"}),
+            WriteCondition::ExternalGte(w.token - 1),
+            Refresh::No,
+        )
         .await
         .unwrap_err();
     assert!(matches!(stale, EsError::Conflict { .. }), "{stale:?}");
     // A guarded index re-creates it.
-    on.index(&index, "1", json!({"title": "back"})).await.unwrap();
+    on.index(&index, "1", json!({"title": "back"}))
+        .await
+        .unwrap();
     assert_eq!(source(es.as_ref(), &index, "1").await["title"], "back");
 
     // Hard delete, twice: the second finds nothing and changes nothing.
@@ -251,7 +351,13 @@ async fn write_kinds_reruns_and_foreign_documents() {
     assert!(d2.meta.is_none());
     // A stale holder cannot re-create it while Elasticsearch keeps the delete's version.
     let stale = es
-        .index(&index, "1", &json!({"title": "stale"}), WriteCondition::ExternalGte(d.token - 1), Refresh::No)
+        .index(
+            &index,
+            "1",
+            &json!({"title": "stale"}),
+            WriteCondition::ExternalGte(d.token - 1),
+            Refresh::No,
+        )
         .await
         .unwrap_err();
     assert!(matches!(stale, EsError::Conflict { .. }), "{stale:?}");

@@ -317,3 +317,45 @@ async fn unreachable_zookeeper_is_a_connection_error_naming_the_servers() {
     assert!(matches!(err, LockError::ConnectionLoss { .. }), "{err}");
     assert!(err.to_string().contains(&format!("127.0.0.1:{port}")), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_waiter_sees_the_release_after_its_connection_was_cut() {
+    let zk = shared();
+    let proxy = ZkProxy::start(&zk.connect_string());
+    let direct = zk_settings(&zk.connect_string(), "reconnect");
+    let mut via_proxy = direct.clone();
+    via_proxy.servers = proxy.connect_string();
+    let holder_session = session(&direct).await;
+    let waiter_session = session(&via_proxy).await;
+    let monitor = format!("{}/P1", direct.lock_root);
+    // The holder is a background lock, so the foreground waiter is first in line and waits for
+    // the mutex node itself (not for a queue node).
+    let holder = ZkBlockingWriteLock::new("h", &holder_session, "P1")
+        .unwrap()
+        .with_type(LockType::Background)
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    let l = ZkBlockingWriteLock::new("w", &waiter_session, "P1").unwrap().with_timeout(Duration::from_secs(20));
+    let waiter = tokio::spawn(async move { l.lock_with_timeout().await });
+    eventually(Duration::from_secs(5), "waiter queued", || async {
+        children(&zk.connect_string(), &monitor).await.iter().any(|k| k.starts_with("A-"))
+    })
+    .await;
+    // Cut the waiter's connection on its next request (a ping will do) and let it reconnect.
+    let waiter_id = format!("{:#x}", waiter_session.session_id().unwrap());
+    let mutex = format!("{monitor}/privateLock");
+    let watched_by_waiter = || {
+        let dump = zk.four_letter("wchp").unwrap();
+        let mut lines = dump.lines().skip_while(|l| l.trim() != mutex).skip(1);
+        lines.any(|l| l.trim() == waiter_id)
+    };
+    assert!(watched_by_waiter(), "the waiter watches the mutex before the cut");
+    proxy.cut_after(11);
+    eventually(Duration::from_secs(10), "the waiter's connection was cut", || async { proxy.cuts() == 1 }).await;
+    // Once reconnected, the waiter watches the mutex again; only then does the holder release.
+    eventually(Duration::from_secs(10), "the waiter watches the mutex again", || async { watched_by_waiter() }).await;
+    holder.unlock().await.unwrap();
+    let g = waiter.await.unwrap().expect("the waiter gets the lock after reconnecting");
+    g.unlock().await.unwrap();
+}

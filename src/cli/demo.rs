@@ -1,14 +1,360 @@
-//! `zkguard demo` (under construction).
+//! `zkguard demo`: foreground and background writers on shared articles, with a report and a
+//! reconciliation against Elasticsearch (the workload is [`zkguard::demo`]).
+//!
+//! Where the servers come from (`--servers`):
+//! - `local`: start a ZooKeeper and an `osmem-server` on free loopback ports (installed by
+//!   `scripts/install-deps.sh`), run, stop them;
+//! - `configured`: use `zookeeper.servers` and `elasticsearch.url` of the configuration;
+//! - `auto` (default): `configured` when a configuration file is given (`--config` or
+//!   `ZKGUARD_CONFIG`) or `ZKGUARD_ZOOKEEPER_SERVERS` / `ZKGUARD_ELASTICSEARCH_URL` is set,
+//!   `local` otherwise.
+//!
+//! Exit status: 0 when every operation is accounted for, 1 when the reconciliation found a
+//! mismatch, and the usual codes when the servers cannot be started or reached.
 
-use zkguard::config::Settings;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
-use super::CliError;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use zkguard::config::{DeadLetterSinkKind, LockBackendKind, Settings};
+use zkguard::deadletter::sink_from_settings;
+use zkguard::demo::{DemoEnv, DemoError, DemoPlan, DemoProgress};
+use zkguard::es::{DocStore, EsStore};
+use zkguard::servers::{OsmemServer, ServerError, ZkServer};
+
+use super::{CliError, EX_SOFTWARE, EX_UNAVAILABLE};
+
+/// Exit status when the reconciliation finds a mismatch.
+pub const EX_MISMATCH: u8 = 1;
+
+/// Where the demo's servers come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServersMode {
+    /// `configured` when a configuration file or endpoint variable is given, else `local`.
+    Auto,
+    /// Start ZooKeeper and osmem-server on free loopback ports.
+    Local,
+    /// Use the configured `zookeeper.servers` and `elasticsearch.url`.
+    Configured,
+}
 
 /// Arguments of `zkguard demo`.
 #[derive(Debug, clap::Args)]
-pub struct DemoArgs {}
+pub struct DemoArgs {
+    /// Where ZooKeeper and Elasticsearch come from.
+    #[arg(long, value_enum, default_value_t = ServersMode::Auto)]
+    pub servers: ServersMode,
+    /// Index of the demo articles (created if missing; its articles are overwritten).
+    #[arg(long, default_value = "zkguard-demo-articles")]
+    pub index: String,
+    /// Number of articles (at least 3).
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(3..=10_000))]
+    pub articles: u32,
+    /// Foreground "Save Content" writers.
+    #[arg(long, default_value_t = 4)]
+    pub writers: u32,
+    /// Saves per foreground writer.
+    #[arg(long, default_value_t = 15)]
+    pub saves: u32,
+    /// Background "Bulk Propagation" jobs.
+    #[arg(long, default_value_t = 6)]
+    pub jobs: u32,
+    /// Articles per background job.
+    #[arg(long, default_value_t = 8)]
+    pub job_size: u32,
+    /// How long a background operation waits for its lock per attempt (ms or with a unit).
+    #[arg(long, default_value = "300ms", value_parser = parse_duration)]
+    pub background_timeout: Duration,
+    /// Skip the slow editor (who makes background operations end as dead letters).
+    #[arg(long)]
+    pub no_slow_editor: bool,
+    /// Skip the stalled writer (whose stale write is fenced).
+    #[arg(long)]
+    pub no_stalled_writer: bool,
+    /// Leave the run's dead letters parked instead of replaying them at the end.
+    #[arg(long)]
+    pub no_replay: bool,
+    /// Random seed (article choice and pauses); random by default.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print the report as JSON on stdout (no progress display).
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    zkguard::config::parse_duration(s).ok_or_else(|| {
+        format!("`{s}` is not a duration: use milliseconds (300) or a unit (300ms, 1s)")
+    })
+}
+
+impl DemoArgs {
+    fn plan(&self) -> DemoPlan {
+        let mut plan = DemoPlan {
+            index: self.index.clone(),
+            articles: self.articles as usize,
+            writers: self.writers as usize,
+            saves_per_writer: self.saves as usize,
+            jobs: self.jobs as usize,
+            articles_per_job: self.job_size as usize,
+            background_lock_timeout: self.background_timeout,
+            slow_editor: !self.no_slow_editor,
+            stalled_writer: !self.no_stalled_writer,
+            replay: !self.no_replay,
+            ..DemoPlan::default()
+        };
+        if let Some(seed) = self.seed {
+            plan.seed = seed;
+        }
+        plan
+    }
+}
+
+/// Servers started for a local run; dropping them stops them.
+struct LocalServers {
+    _zk: Option<ZkServer>,
+    _es: OsmemServer,
+    dir: PathBuf,
+}
+
+fn server_error(e: ServerError) -> CliError {
+    CliError::new(
+        EX_UNAVAILABLE,
+        format!("cannot start the demo's local servers: {e}"),
+    )
+}
+
+fn use_configured(mode: ServersMode, settings: &Settings) -> bool {
+    match mode {
+        ServersMode::Local => false,
+        ServersMode::Configured => true,
+        ServersMode::Auto => {
+            settings.source.is_some()
+                || ["ZKGUARD_ZOOKEEPER_SERVERS", "ZKGUARD_ELASTICSEARCH_URL"]
+                    .iter()
+                    .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()))
+        }
+    }
+}
+
+/// Starts ZooKeeper (for the ZooKeeper backend) and osmem-server, and points `settings` at them.
+async fn start_local(settings: &mut Settings, quiet: bool) -> Result<LocalServers, CliError> {
+    let need_zk = settings.backend == LockBackendKind::ZooKeeper;
+    if !quiet {
+        eprintln!(
+            "starting {}osmem-server on loopback ports (use --servers configured for a real cluster) ...",
+            if need_zk { "ZooKeeper and " } else { "" }
+        );
+    }
+    let zk = if need_zk {
+        Some(
+            tokio::task::spawn_blocking(|| ZkServer::builder().start())
+                .await
+                .map_err(|e| CliError::new(EX_SOFTWARE, e))?
+                .map_err(server_error)?,
+        )
+    } else {
+        None
+    };
+    let es = tokio::task::spawn_blocking(OsmemServer::start)
+        .await
+        .map_err(|e| CliError::new(EX_SOFTWARE, e))?
+        .map_err(server_error)?;
+    if let Some(zk) = &zk {
+        settings.zookeeper.servers = zk.connect_string();
+    }
+    settings.elasticsearch.urls = vec![es
+        .url()
+        .parse()
+        .map_err(|e| CliError::new(EX_SOFTWARE, e))?];
+    let dir = std::env::temp_dir().join(format!(
+        "zkguard-demo-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CliError::new(EX_SOFTWARE, format!("cannot create {}: {e}", dir.display())))?;
+    if settings.retry.sink == DeadLetterSinkKind::File {
+        settings.retry.file_path = dir.join("deadletters.jsonl");
+    }
+    if !quiet {
+        eprintln!(
+            "  ZooKeeper {}, Elasticsearch API {}",
+            zk.as_ref()
+                .map_or_else(|| "not needed".to_string(), ZkServer::connect_string),
+            es.url()
+        );
+    }
+    Ok(LocalServers {
+        _zk: zk,
+        _es: es,
+        dir,
+    })
+}
+
+/// Shows progress: bars on a terminal, a plain line per second otherwise.
+fn spawn_progress(
+    progress: Arc<DemoProgress>,
+    json: bool,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::watch::Sender<bool>,
+) {
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let handle = tokio::spawn(async move {
+        if json {
+            let _ = stop_rx.wait_for(|s| *s).await;
+            return;
+        }
+        let terminal = std::io::stderr().is_terminal();
+        let bars = terminal.then(|| {
+            let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
+            let style = ProgressStyle::with_template(
+                "{prefix:>11} [{bar:32.cyan/blue}] {pos:>4}/{len:<4} {msg}",
+            )
+            .expect("valid template")
+            .progress_chars("=> ");
+            let fg = multi.add(
+                ProgressBar::new(0)
+                    .with_style(style.clone())
+                    .with_prefix("foreground"),
+            );
+            let bg = multi.add(
+                ProgressBar::new(0)
+                    .with_style(style)
+                    .with_prefix("background"),
+            );
+            let phase = multi.add(ProgressBar::new_spinner());
+            (multi, fg, bg, phase)
+        });
+        let mut last_line = String::new();
+        let mut tick = tokio::time::interval(if terminal {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_secs(1)
+        });
+        loop {
+            let stop = tokio::select! {
+                _ = tick.tick() => false,
+                _ = stop_rx.changed() => true,
+            };
+            let fg_done = progress.foreground_done.load(Ordering::Relaxed);
+            let fg_len = progress.foreground_planned.load(Ordering::Relaxed);
+            let bg_done = progress.background_done.load(Ordering::Relaxed);
+            let bg_len = progress.background_planned.load(Ordering::Relaxed);
+            let parked = progress.parked.load(Ordering::Relaxed);
+            let fenced = progress.fenced.load(Ordering::Relaxed);
+            match &bars {
+                Some((_, fg, bg, phase)) => {
+                    fg.set_length(fg_len as u64);
+                    fg.set_position(fg_done as u64);
+                    fg.set_message(if fenced > 0 {
+                        format!("saves, {fenced} fenced")
+                    } else {
+                        "saves".to_string()
+                    });
+                    bg.set_length(bg_len as u64);
+                    bg.set_position(bg_done as u64);
+                    bg.set_message(format!("propagations, {parked} parked"));
+                    phase.set_message(progress.phase());
+                    phase.tick();
+                }
+                None => {
+                    let line = format!(
+                        "[demo] {}: foreground {fg_done}/{fg_len}, background {bg_done}/{bg_len}, parked {parked}, fenced {fenced}",
+                        progress.phase()
+                    );
+                    if line != last_line {
+                        eprintln!("{line}");
+                        last_line = line;
+                    }
+                }
+            }
+            if stop {
+                if let Some((multi, fg, bg, phase)) = bars {
+                    fg.finish();
+                    bg.finish();
+                    phase.finish_and_clear();
+                    let _ = multi.clear();
+                }
+                return;
+            }
+        }
+    });
+    (handle, stop_tx)
+}
 
 /// Runs `zkguard demo`.
-pub async fn run(_settings: Settings, _args: DemoArgs) -> Result<u8, CliError> {
-    Err(CliError::new(super::EX_SOFTWARE, "`zkguard demo` is not available in this build yet"))
+pub async fn run(mut settings: Settings, args: DemoArgs) -> Result<u8, CliError> {
+    let plan = args.plan();
+    let local = if use_configured(args.servers, &settings) {
+        None
+    } else {
+        Some(start_local(&mut settings, args.json).await?)
+    };
+    let result = run_with(&settings, &plan, args.json).await;
+    if let Some(local) = local {
+        let LocalServers { _zk, _es, dir } = local;
+        tokio::task::spawn_blocking(move || drop((_zk, _es)))
+            .await
+            .ok();
+        let parked_left = std::fs::read_to_string(dir.join("deadletters.jsonl"))
+            .is_ok_and(|t| !t.trim().is_empty());
+        if parked_left {
+            eprintln!("dead letters of this run are kept in {}", dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+    result
+}
+
+async fn run_with(settings: &Settings, plan: &DemoPlan, json: bool) -> Result<u8, CliError> {
+    let store: Arc<dyn DocStore> = Arc::new(EsStore::new(&settings.elasticsearch)?);
+    let locks = super::lock_service(settings).await?;
+    let sink = sink_from_settings(&settings.retry, Some(store.clone()))
+        .map_err(|e| CliError::new(super::EX_CONFIG, e))?;
+    let env = DemoEnv {
+        store,
+        locks,
+        sink,
+        settings: settings.clone(),
+    };
+    let progress = Arc::new(DemoProgress::default());
+    let (ticker, stop) = spawn_progress(progress.clone(), json);
+    let result = zkguard::demo::run(&env, plan, &progress).await;
+    let _ = stop.send(true);
+    let _ = ticker.await;
+    let report = result.map_err(|e| match &e {
+        DemoError::Store { source, .. }
+        | DemoError::Seed {
+            source: zkguard::guarded::GuardedError::Store(source),
+            ..
+        } if source.is_transient() => CliError::new(EX_UNAVAILABLE, e),
+        DemoError::Seed {
+            source: zkguard::guarded::GuardedError::Lock(_),
+            ..
+        } => CliError::new(EX_UNAVAILABLE, e),
+        _ => CliError::new(EX_SOFTWARE, e),
+    })?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(|e| CliError::new(EX_SOFTWARE, e))?
+        );
+    } else {
+        println!("{report}");
+    }
+    if report.is_consistent() {
+        Ok(0)
+    } else {
+        eprintln!(
+            "zkguard: the demo's reconciliation found {} mismatches (see the report)",
+            report.reconciliation.mismatches.len()
+        );
+        Ok(EX_MISMATCH)
+    }
 }

@@ -1,14 +1,200 @@
-//! `zkguard dlq` (under construction).
+//! `zkguard dlq`: list and replay parked (dead-letter) operations.
+//!
+//! The sink is the configured one (`deadletter.sink`, `deadletter.file.path`,
+//! `deadletter.index`). `list` needs only the sink; `replay` also connects to the lock service and
+//! Elasticsearch, runs each selected operation under its lock (its own monitor, lock type and id)
+//! and removes the entry only once the operation is in the document. An interrupted replay can be
+//! run again: operations already applied are recognised by their id in the document and only
+//! their entries are removed.
 
-use zkguard::config::Settings;
+use std::sync::Arc;
 
-use super::CliError;
+use clap::{ArgGroup, Args, Subcommand};
+use uuid::Uuid;
+use zkguard::config::{DeadLetterSinkKind, Settings};
+use zkguard::deadletter::{
+    self, DeadLetter, DeadLetterError, DeadLetterSink, ReplayResult, ReplaySelection,
+};
+use zkguard::es::{DocStore, EsStore};
+use zkguard::guarded::GuardedWriter;
+
+use super::{CliError, EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};
 
 /// Arguments of `zkguard dlq`.
-#[derive(Debug, clap::Args)]
-pub struct DlqArgs {}
+#[derive(Debug, Args)]
+pub struct DlqArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: DlqCommand,
+}
+
+/// `zkguard dlq` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Show parked operations, oldest first.
+    List {
+        /// Print a JSON array of the entries (operation, monitor, attempts, last error, times).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-run parked operations; an entry is removed only after its operation was applied.
+    ///
+    /// Each operation runs under its own lock with a new fencing token. Operations that an
+    /// earlier, interrupted replay already applied are recognised by their id in the document:
+    /// their entries are removed and nothing is written again. Exits 0 when every selected entry
+    /// was applied, 75 when some stay parked (the attempt and the error are recorded in them).
+    Replay(ReplayArgs),
+}
+
+/// Arguments of `zkguard dlq replay`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("which").required(true).args(["id", "all"])))]
+pub struct ReplayArgs {
+    /// Replay only the entry with this id (as shown by `zkguard dlq list`).
+    #[arg(long, value_name = "ID")]
+    pub id: Option<String>,
+    /// Replay every entry, oldest first.
+    #[arg(long)]
+    pub all: bool,
+}
+
+fn dlq_error(e: DeadLetterError) -> CliError {
+    let code = match &e {
+        DeadLetterError::NoSuchEntry { .. } => EX_USAGE,
+        DeadLetterError::NoStore => EX_CONFIG,
+        DeadLetterError::Json { .. } => EX_SOFTWARE,
+        DeadLetterError::Io { .. } | DeadLetterError::Store { .. } => EX_UNAVAILABLE,
+    };
+    CliError::new(code, e)
+}
+
+/// The configured sink, and the Elasticsearch client it uses (if it is the index sink).
+type SinkAndStore = (Arc<dyn DeadLetterSink>, Option<Arc<dyn DocStore>>);
+
+fn open_sink(settings: &Settings) -> Result<SinkAndStore, CliError> {
+    let store: Option<Arc<dyn DocStore>> = match settings.retry.sink {
+        DeadLetterSinkKind::Elasticsearch => Some(Arc::new(EsStore::new(&settings.elasticsearch)?)),
+        DeadLetterSinkKind::File => None,
+    };
+    let sink = deadletter::sink_from_settings(&settings.retry, store.clone()).map_err(dlq_error)?;
+    Ok((sink, store))
+}
 
 /// Runs `zkguard dlq`.
-pub async fn run(_settings: Settings, _args: DlqArgs) -> Result<u8, CliError> {
-    Err(CliError::new(super::EX_SOFTWARE, "`zkguard dlq` is not available in this build yet"))
+pub async fn run(settings: Settings, args: DlqArgs) -> Result<u8, CliError> {
+    match args.command {
+        DlqCommand::List { json } => list(&settings, json).await,
+        DlqCommand::Replay(replay_args) => replay(&settings, replay_args).await,
+    }
+}
+
+async fn list(settings: &Settings, json: bool) -> Result<u8, CliError> {
+    let (sink, _) = open_sink(settings)?;
+    let letters = sink.list().await.map_err(dlq_error)?;
+    if json {
+        let text = serde_json::to_string_pretty(&letters).map_err(|e| {
+            CliError::new(
+                EX_SOFTWARE,
+                format!("cannot encode the entries as JSON: {e}"),
+            )
+        })?;
+        println!("{text}");
+        return Ok(0);
+    }
+    if letters.is_empty() {
+        println!("no parked operations in {}", sink.describe());
+        return Ok(0);
+    }
+    println!(
+        "{:<36}  {:<24}  {:>8}  {:<20}  {:<40}  LAST ERROR",
+        "ID", "PARKED", "ATTEMPTS", "MONITOR", "OPERATION"
+    );
+    for l in &letters {
+        println!("{}", line(l));
+    }
+    println!(
+        "{} parked operation(s) in {}",
+        letters.len(),
+        sink.describe()
+    );
+    Ok(0)
+}
+
+fn line(l: &DeadLetter) -> String {
+    format!(
+        "{:<36}  {:<24}  {:>8}  {:<20}  {:<40}  [{}] {}",
+        l.id,
+        humantime::format_rfc3339_millis(l.parked_at).to_string(),
+        l.attempts,
+        l.monitor,
+        l.operation.summary(),
+        l.error_kind,
+        l.last_error
+    )
+}
+
+async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
+    let selection = match (&args.id, args.all) {
+        (Some(id), _) => ReplaySelection::Id(Uuid::parse_str(id.trim()).map_err(|e| {
+            CliError::usage(format!(
+                "--id {id:?} is not an entry id ({e}); run `zkguard dlq list` to see the ids"
+            ))
+        })?),
+        (None, true) => ReplaySelection::All,
+        (None, false) => {
+            return Err(CliError::usage(
+                "say which entries to replay: --id ID or --all",
+            ))
+        }
+    };
+    let (sink, store) = open_sink(settings)?;
+    if selection == ReplaySelection::All && sink.list().await.map_err(dlq_error)?.is_empty() {
+        println!("no parked operations in {}", sink.describe());
+        return Ok(0);
+    }
+    let store = match store {
+        Some(s) => s,
+        None => Arc::new(EsStore::new(&settings.elasticsearch)?),
+    };
+    let locks = super::lock_service(settings).await?;
+    let writer = GuardedWriter::new(locks, store);
+    let results = deadletter::replay(&writer, sink.as_ref(), selection)
+        .await
+        .map_err(dlq_error)?;
+    let (mut applied, mut already, mut parked, mut unremoved) = (0, 0, 0, 0);
+    for r in &results {
+        match &r.result {
+            ReplayResult::Applied => {
+                applied += 1;
+                println!("applied          {}  {}", r.id, r.summary);
+            }
+            ReplayResult::AlreadyApplied => {
+                already += 1;
+                println!(
+                    "already applied  {}  {} (entry removed, nothing written)",
+                    r.id, r.summary
+                );
+            }
+            ReplayResult::NotRemoved { error } => {
+                unremoved += 1;
+                println!(
+                    "not removed      {}  {}: applied, but the entry stays: {error}",
+                    r.id, r.summary
+                );
+            }
+            ReplayResult::StillParked { error, .. } => {
+                parked += 1;
+                println!("still parked     {}  {}: {error}", r.id, r.summary);
+            }
+        }
+    }
+    println!(
+        "replayed {}: {applied} applied, {already} already applied, {parked} still parked, {unremoved} not removed",
+        results.len()
+    );
+    Ok(if parked + unremoved > 0 {
+        EX_TEMPFAIL
+    } else {
+        0
+    })
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 use zkguard::config::Settings;
 use zkguard::es::{DocStore, EsStore};
 use zkguard::txn::{
-    Audit, Coordinator, HookAction, HookPoint, RecoveryReport, RetryPolicy, Step, Transaction, TransferRequest,
-    TxnError, TxnState,
+    Audit, Coordinator, HookAction, HookPoint, RecoveryReport, RetryPolicy, Step, Transaction,
+    TransferRequest, TxnError, TxnState,
 };
 
 use super::{CliError, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE};
@@ -160,7 +160,9 @@ fn cli_error(e: TxnError) -> CliError {
     let code = match &e {
         e if e.is_bad_input() => EX_DATAERR,
         TxnError::Corrupt { .. } => EX_DATAERR,
-        TxnError::Busy { .. } | TxnError::Interrupted { .. } | TxnError::Contention { .. } => EX_TEMPFAIL,
+        TxnError::Busy { .. } | TxnError::Interrupted { .. } | TxnError::Contention { .. } => {
+            EX_TEMPFAIL
+        }
         TxnError::Store { source, .. } if source.is_transient() => EX_UNAVAILABLE,
         _ => EX_SOFTWARE,
     };
@@ -192,8 +194,8 @@ fn print_transaction(txn: &Transaction, json: bool) -> Result<(), CliError> {
 
 async fn coordinator(settings: &Settings, lock: bool) -> Result<Coordinator, CliError> {
     let store: Arc<dyn DocStore> = Arc::new(EsStore::new(&settings.elasticsearch)?);
-    let mut coordinator =
-        Coordinator::new(store, settings.txn.clone()).with_retry(RetryPolicy::from_settings(&settings.retry));
+    let mut coordinator = Coordinator::new(store, settings.txn.clone())
+        .with_retry(RetryPolicy::from_settings(&settings.retry));
     if lock {
         coordinator = coordinator.with_lock_service(super::lock_service(settings).await?);
     }
@@ -207,14 +209,24 @@ pub async fn run(settings: Settings, args: TxnArgs) -> Result<u8, CliError> {
         TxnCommand::Init(a) => init(&coordinator, a).await,
         TxnCommand::Transfer(a) => transfer(coordinator, a).await,
         TxnCommand::Show(a) => {
-            let txn = coordinator.transaction(&a.id).await.map_err(cli_error)?.ok_or_else(|| {
-                cli_error(TxnError::NotFound { id: a.id.clone(), index: settings.txn.transactions_index.clone() })
-            })?;
+            let txn = coordinator
+                .transaction(&a.id)
+                .await
+                .map_err(cli_error)?
+                .ok_or_else(|| {
+                    cli_error(TxnError::NotFound {
+                        id: a.id.clone(),
+                        index: settings.txn.transactions_index.clone(),
+                    })
+                })?;
             print_transaction(&txn, a.json)?;
             Ok(0)
         }
         TxnCommand::Rollback(a) => {
-            let txn = coordinator.rollback(&a.id, &a.reason).await.map_err(cli_error)?;
+            let txn = coordinator
+                .rollback(&a.id, &a.reason)
+                .await
+                .map_err(cli_error)?;
             if a.json {
                 print_json(&txn)?;
             } else {
@@ -235,12 +247,22 @@ pub async fn run(settings: Settings, args: TxnArgs) -> Result<u8, CliError> {
 async fn init(coordinator: &Coordinator, args: InitArgs) -> Result<u8, CliError> {
     coordinator.ensure_indices().await.map_err(cli_error)?;
     let s = coordinator.settings();
-    println!("indices ready: accounts `{}`, transactions `{}`", s.accounts_index, s.transactions_index);
+    println!(
+        "indices ready: accounts `{}`, transactions `{}`",
+        s.accounts_index, s.transactions_index
+    );
     for (id, balance) in args.accounts.into_iter().flatten() {
         if args.reset {
-            coordinator.reset_account(&id, balance).await.map_err(cli_error)?;
+            coordinator
+                .reset_account(&id, balance)
+                .await
+                .map_err(cli_error)?;
             println!("account {id}: reset to {balance}");
-        } else if coordinator.create_account(&id, balance).await.map_err(cli_error)? {
+        } else if coordinator
+            .create_account(&id, balance)
+            .await
+            .map_err(cli_error)?
+        {
             println!("account {id}: created with {balance}");
         } else {
             println!("account {id}: already exists with {balance}, unchanged");
@@ -304,13 +326,23 @@ fn print_report(report: &RecoveryReport, json: bool) -> Result<(), CliError> {
     Ok(())
 }
 
-async fn recover(coordinator: &Coordinator, settings: &Settings, args: RecoverArgs) -> Result<u8, CliError> {
+async fn recover(
+    coordinator: &Coordinator,
+    settings: &Settings,
+    args: RecoverArgs,
+) -> Result<u8, CliError> {
     if args.once {
         let report = coordinator.recover_once().await.map_err(cli_error)?;
         print_report(&report, args.json)?;
-        return Ok(if report.failed.is_empty() { 0 } else { EX_TEMPFAIL });
+        return Ok(if report.failed.is_empty() {
+            0
+        } else {
+            EX_TEMPFAIL
+        });
     }
-    let interval = args.interval.unwrap_or_else(|| (settings.txn.recovery_after / 2).max(Duration::from_secs(1)));
+    let interval = args
+        .interval
+        .unwrap_or_else(|| (settings.txn.recovery_after / 2).max(Duration::from_secs(1)));
     let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
     loop {
         tokio::select! {
@@ -345,11 +377,18 @@ fn print_audit(audit: &Audit) {
         }
     }
     if !audit.negative.is_empty() {
-        let list: Vec<String> = audit.negative.iter().map(|(a, b)| format!("{a} {b}")).collect();
+        let list: Vec<String> = audit
+            .negative
+            .iter()
+            .map(|(a, b)| format!("{a} {b}"))
+            .collect();
         println!("negative:       {}", list.join(", "));
     }
     if audit.truncated {
-        println!("note:           more than {} documents; counts are lower bounds", zkguard::txn::AUDIT_LIMIT);
+        println!(
+            "note:           more than {} documents; counts are lower bounds",
+            zkguard::txn::AUDIT_LIMIT
+        );
     }
     if audit.anomalies.is_empty() {
         println!("anomalies:      none");
@@ -370,12 +409,18 @@ async fn audit(coordinator: &Coordinator, args: AuditArgs) -> Result<u8, CliErro
     }
     let mut status = 0;
     if !audit.anomalies.is_empty() {
-        eprintln!("zkguard: the audit found {} anomal(ies)", audit.anomalies.len());
+        eprintln!(
+            "zkguard: the audit found {} anomal(ies)",
+            audit.anomalies.len()
+        );
         status = EX_AUDIT_FAILED;
     }
     if let Some(expected) = args.expect_total {
         if expected != audit.total_balance {
-            eprintln!("zkguard: the sum of the balances is {}, expected {expected}", audit.total_balance);
+            eprintln!(
+                "zkguard: the sum of the balances is {}, expected {expected}",
+                audit.total_balance
+            );
             status = EX_AUDIT_FAILED;
         }
     }
@@ -388,9 +433,14 @@ mod tests {
 
     #[test]
     fn accounts_syntax() {
-        assert_eq!(parse_accounts("A=500, B=-3").unwrap(), vec![("A".into(), 500), ("B".into(), -3)]);
+        assert_eq!(
+            parse_accounts("A=500, B=-3").unwrap(),
+            vec![("A".into(), 500), ("B".into(), -3)]
+        );
         assert!(parse_accounts("A500").unwrap_err().contains("ID=BALANCE"));
-        assert!(parse_accounts("A=x").unwrap_err().contains("not a whole number"));
+        assert!(parse_accounts("A=x")
+            .unwrap_err()
+            .contains("not a whole number"));
         assert!(parse_accounts(",").unwrap_err().contains("no account"));
     }
 }

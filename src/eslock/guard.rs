@@ -62,7 +62,13 @@ impl GuardShared {
             svc,
             record,
             acquired_at: sent,
-            state: Mutex::new(GuardState { meta, valid_until, last_sent: sent, expires_ms, released: false }),
+            state: Mutex::new(GuardState {
+                meta,
+                valid_until,
+                last_sent: sent,
+                expires_ms,
+                released: false,
+            }),
             op: tokio::sync::Mutex::new(()),
             loss: LossSignal::new(),
         }
@@ -94,7 +100,9 @@ impl GuardShared {
     }
 
     fn is_ours(&self, rec: &LockRecord) -> bool {
-        rec.state == LockState::Held && rec.owner == self.record.owner && rec.token == self.record.token
+        rec.state == LockState::Held
+            && rec.owner == self.record.owner
+            && rec.token == self.record.token
     }
 
     fn describe_holder(rec: &LockRecord) -> String {
@@ -109,7 +117,9 @@ impl GuardShared {
     pub(crate) async fn renew_once(&self) -> Result<(), RenewError> {
         let _op = self.op.lock().await;
         if !self.check_held() {
-            return Err(RenewError::Lost(self.loss.get().unwrap_or(LossReason::Closed)));
+            return Err(RenewError::Lost(
+                self.loss.get().unwrap_or(LossReason::Closed),
+            ));
         }
         let svc = &self.svc;
         let mut meta = self.snapshot().meta;
@@ -119,16 +129,32 @@ impl GuardShared {
             let mut rec = self.record.clone();
             rec.renewed = now;
             rec.expires = now + svc.cfg.ttl_ms();
-            let cond = WriteCondition::IfMatch { seq_no: meta.seq_no, primary_term: meta.primary_term };
-            match svc.store.index(&svc.cfg.index, &rec.monitor, &rec.to_json(), cond, Refresh::No).await {
+            let cond = WriteCondition::IfMatch {
+                seq_no: meta.seq_no,
+                primary_term: meta.primary_term,
+            };
+            match svc
+                .store
+                .index(
+                    &svc.cfg.index,
+                    &rec.monitor,
+                    &rec.to_json(),
+                    cond,
+                    Refresh::No,
+                )
+                .await
+            {
                 Ok(new_meta) => {
                     let mut st = self.state.lock().expect("guard state lock");
                     st.meta = new_meta;
-                    if st.released || self.loss.get().is_some() || Instant::now() >= st.valid_until {
+                    if st.released || self.loss.get().is_some() || Instant::now() >= st.valid_until
+                    {
                         drop(st);
                         // Too late: the holder already stopped counting on the lease.
                         self.declare_lost(LossReason::LeaseExpired);
-                        return Err(RenewError::Lost(self.loss.get().unwrap_or(LossReason::LeaseExpired)));
+                        return Err(RenewError::Lost(
+                            self.loss.get().unwrap_or(LossReason::LeaseExpired),
+                        ));
                     }
                     st.last_sent = sent;
                     st.valid_until = st.valid_until.max(sent + svc.cfg.validity());
@@ -137,21 +163,33 @@ impl GuardShared {
                     return Ok(());
                 }
                 Err(EsError::Conflict { .. }) | Err(EsError::NotFound { .. }) => {
-                    match svc.read_lock(&self.record.monitor).await.map_err(RenewError::Es)? {
+                    match svc
+                        .read_lock(&self.record.monitor)
+                        .await
+                        .map_err(RenewError::Es)?
+                    {
                         Some((cur, cur_meta)) if self.is_ours(&cur) => {
                             // An earlier write of ours landed after all: adopt its version.
                             meta = cur_meta;
                             self.state.lock().expect("guard state lock").meta = cur_meta;
                         }
                         Some((cur, _)) => {
-                            let reason = LossReason::TakenOver { by: Self::describe_holder(&cur) };
+                            let reason = LossReason::TakenOver {
+                                by: Self::describe_holder(&cur),
+                            };
                             self.declare_lost(reason);
-                            return Err(RenewError::Lost(self.loss.get().unwrap_or(LossReason::LeaseExpired)));
+                            return Err(RenewError::Lost(
+                                self.loss.get().unwrap_or(LossReason::LeaseExpired),
+                            ));
                         }
                         None => {
-                            let reason = LossReason::TakenOver { by: "nobody (the lock document was deleted)".into() };
+                            let reason = LossReason::TakenOver {
+                                by: "nobody (the lock document was deleted)".into(),
+                            };
                             self.declare_lost(reason);
-                            return Err(RenewError::Lost(self.loss.get().unwrap_or(LossReason::LeaseExpired)));
+                            return Err(RenewError::Lost(
+                                self.loss.get().unwrap_or(LossReason::LeaseExpired),
+                            ));
                         }
                     }
                 }
@@ -169,7 +207,11 @@ impl GuardShared {
     /// counting on the lease before anything is sent.
     pub(crate) async fn release(&self) -> Result<ReleaseOutcome, EsError> {
         let _op = self.op.lock().await;
-        let lost = if self.check_held() { None } else { self.loss.get() };
+        let lost = if self.check_held() {
+            None
+        } else {
+            self.loss.get()
+        };
         let mut meta = {
             let mut st = self.state.lock().expect("guard state lock");
             st.released = true;
@@ -183,8 +225,21 @@ impl GuardShared {
             rec.expires = now;
             rec.renewed = now;
             rec.released = Some(now);
-            let cond = WriteCondition::IfMatch { seq_no: meta.seq_no, primary_term: meta.primary_term };
-            match svc.store.index(&svc.cfg.index, &rec.monitor, &rec.to_json(), cond, Refresh::No).await {
+            let cond = WriteCondition::IfMatch {
+                seq_no: meta.seq_no,
+                primary_term: meta.primary_term,
+            };
+            match svc
+                .store
+                .index(
+                    &svc.cfg.index,
+                    &rec.monitor,
+                    &rec.to_json(),
+                    cond,
+                    Refresh::No,
+                )
+                .await
+            {
                 Ok(_) => {
                     return Ok(match lost {
                         Some(reason) => ReleaseOutcome::ReleasedAfterLoss(reason),
@@ -206,7 +261,9 @@ impl GuardShared {
                             self.declare_lost(LossReason::TakenOver {
                                 by: "nobody (the lock document was deleted)".into(),
                             });
-                            return Ok(ReleaseOutcome::NotOurs("the lock document was deleted".into()));
+                            return Ok(ReleaseOutcome::NotOurs(
+                                "the lock document was deleted".into(),
+                            ));
                         }
                     }
                 }
@@ -234,7 +291,11 @@ async fn keep_alive(shared: Arc<GuardShared>, renew: bool) {
         if st.released || shared.loss.get().is_some() {
             return;
         }
-        let wake = if renew { next.min(st.valid_until) } else { st.valid_until };
+        let wake = if renew {
+            next.min(st.valid_until)
+        } else {
+            st.valid_until
+        };
         tokio::time::sleep_until(wake.into()).await;
         if !shared.check_held() {
             return;
@@ -293,7 +354,11 @@ impl EsLockGuard {
         let span = tracing::debug_span!("eslock.keep_alive", monitor = %shared.record.monitor,
             owner = %shared.record.owner, token = shared.record.token);
         let task = tokio::spawn(keep_alive(shared.clone(), renew).instrument(span));
-        Self { shared, task: Some(task), finished: false }
+        Self {
+            shared,
+            task: Some(task),
+            finished: false,
+        }
     }
 
     /// The owner id written into the lock document.
@@ -339,9 +404,10 @@ impl EsLockGuard {
         async {
             match self.shared.renew_once().await {
                 Ok(()) => Ok(()),
-                Err(RenewError::Lost(reason)) => {
-                    Err(LockError::Lost { monitor: self.shared.record.monitor.clone(), reason })
-                }
+                Err(RenewError::Lost(reason)) => Err(LockError::Lost {
+                    monitor: self.shared.record.monitor.clone(),
+                    reason,
+                }),
                 Err(RenewError::Es(e)) => Err(es_error("renewing the Elasticsearch lease", e)),
             }
         }
@@ -357,12 +423,12 @@ impl EsLockGuard {
         }
         let span = tracing::debug_span!("eslock.release", monitor = %self.shared.record.monitor,
             owner = %self.shared.record.owner, token = self.shared.record.token);
-        let out = self
-            .shared
-            .release()
-            .instrument(span)
-            .await
-            .map_err(|e| es_error("releasing the Elasticsearch lease (it will expire on its own)", e))?;
+        let out = self.shared.release().instrument(span).await.map_err(|e| {
+            es_error(
+                "releasing the Elasticsearch lease (it will expire on its own)",
+                e,
+            )
+        })?;
         if let ReleaseOutcome::Released = out {
             tracing::debug!(monitor = %self.shared.record.monitor, token = self.shared.record.token, "lease released");
         }

@@ -34,7 +34,7 @@
 //! use zkguard::{config::Settings, es::EsStore, eslock::EsLockService, Guard, LockRequest};
 //!
 //! let settings = Settings::load(None)?;
-//! # let store: Arc<dyn zkguard::es::DocStore> = todo!();
+//! let store = Arc::new(EsStore::new(&settings.elasticsearch)?);
 //! let locks = EsLockService::from_settings(&settings, store)?;
 //! let guard = locks.lock(LockRequest::new("article-42", "Save Content")).await?;
 //! // ... write article-42 with guard.fencing_token() as its external version ...
@@ -54,7 +54,9 @@ use tracing::Instrument;
 use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::es::{DocMeta, DocStore, EsError, Refresh, WriteCondition};
-use crate::lock::{validate_monitor, Guard, LockError, LockRequest, LockService, LockType, LossReason};
+use crate::lock::{
+    validate_monitor, Guard, LockError, LockRequest, LockService, LockType, LossReason,
+};
 
 mod guard;
 mod record;
@@ -73,14 +75,23 @@ pub const MAX_OWNER_LEN: usize = 256;
 /// [`LockError::ConnectionLoss`], the rest [`LockError::Backend`].
 pub(crate) fn es_error(context: &str, e: EsError) -> LockError {
     if e.is_transient() {
-        LockError::ConnectionLoss { context: context.to_string(), detail: e.to_string() }
+        LockError::ConnectionLoss {
+            context: context.to_string(),
+            detail: e.to_string(),
+        }
     } else {
-        LockError::Backend { context: context.to_string(), detail: e.to_string() }
+        LockError::Backend {
+            context: context.to_string(),
+            detail: e.to_string(),
+        }
     }
 }
 
 fn config_error(detail: String) -> LockError {
-    LockError::Backend { context: "configuring the Elasticsearch lease lock".into(), detail }
+    LockError::Backend {
+        context: "configuring the Elasticsearch lease lock".into(),
+        detail,
+    }
 }
 
 /// Settings of one service (validated by [`EsLockServiceBuilder::build`]).
@@ -131,7 +142,9 @@ pub struct EsLockServiceBuilder {
 
 impl std::fmt::Debug for EsLockServiceBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EsLockServiceBuilder").field("cfg", &self.cfg).finish_non_exhaustive()
+        f.debug_struct("EsLockServiceBuilder")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
     }
 }
 
@@ -211,7 +224,9 @@ impl EsLockServiceBuilder {
         let index_ok = !c.index.is_empty()
             && c.index.len() <= 255
             && !c.index.starts_with(['-', '_', '+'])
-            && c.index.chars().all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || "-_.".contains(ch));
+            && c.index
+                .chars()
+                .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || "-_.".contains(ch));
         if !index_ok {
             return Err(config_error(format!(
                 "elasticsearch.lock.index `{}` is not a valid index name: use lowercase letters, digits, - _ .",
@@ -233,11 +248,15 @@ impl EsLockServiceBuilder {
             )));
         }
         if c.poll_initial.is_zero() || c.poll_max < c.poll_initial {
-            return Err(config_error("the poll backoff needs 0 < initial <= max".into()));
+            return Err(config_error(
+                "the poll backoff needs 0 < initial <= max".into(),
+            ));
         }
         c.waiter_ttl = self.waiter_ttl.unwrap_or(c.ttl);
         if c.waiter_ttl < Duration::from_millis(30) {
-            return Err(config_error("the waiter registration TTL must be at least 30ms".into()));
+            return Err(config_error(
+                "the waiter registration TTL must be at least 30ms".into(),
+            ));
         }
         let owner_prefix = format!(
             "{}:{}:{}",
@@ -259,7 +278,9 @@ impl EsLockServiceBuilder {
 }
 
 fn host_name() -> String {
-    hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "unknown-host".into())
+    hostname::get()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown-host".into())
 }
 
 /// The Elasticsearch lease lock service. Cheap to clone; clones share the owner prefix.
@@ -293,12 +314,16 @@ pub(crate) struct Inner {
 impl Inner {
     /// This host's wall clock in ms since the epoch (plus the configured test offset).
     pub(crate) fn now_ms(&self) -> i64 {
-        let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let d = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         d.as_millis() as i64 + self.cfg.clock_offset_ms
     }
 
     fn now_micros(&self) -> u64 {
-        let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let d = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         (d.as_micros() as i64 + self.cfg.clock_offset_ms * 1000).max(0) as u64
     }
 
@@ -309,13 +334,20 @@ impl Inner {
 
     async fn ensure_index(&self) -> Result<(), EsError> {
         self.index_ready
-            .get_or_try_init(|| async { self.store.ensure_index(&self.cfg.index, &record::mappings()).await })
+            .get_or_try_init(|| async {
+                self.store
+                    .ensure_index(&self.cfg.index, &record::mappings())
+                    .await
+            })
             .await
             .map(|_| ())
     }
 
     /// Realtime read of the lock document of `monitor`.
-    pub(crate) async fn read_lock(&self, monitor: &str) -> Result<Option<(LockRecord, DocMeta)>, EsError> {
+    pub(crate) async fn read_lock(
+        &self,
+        monitor: &str,
+    ) -> Result<Option<(LockRecord, DocMeta)>, EsError> {
         match self.store.get(&self.cfg.index, monitor).await? {
             None => Ok(None),
             Some(doc) => {
@@ -339,8 +371,21 @@ impl Inner {
         free.expires = now;
         free.renewed = now;
         free.released = Some(now);
-        let cond = WriteCondition::IfMatch { seq_no: meta.seq_no, primary_term: meta.primary_term };
-        match self.store.index(&self.cfg.index, &rec.monitor, &free.to_json(), cond, Refresh::No).await {
+        let cond = WriteCondition::IfMatch {
+            seq_no: meta.seq_no,
+            primary_term: meta.primary_term,
+        };
+        match self
+            .store
+            .index(
+                &self.cfg.index,
+                &rec.monitor,
+                &free.to_json(),
+                cond,
+                Refresh::No,
+            )
+            .await
+        {
             Ok(_) => Ok(true),
             Err(EsError::Conflict { .. }) => Ok(false),
             Err(e) => Err(e),
@@ -351,7 +396,9 @@ impl Inner {
     async fn free_if_ours(&self, monitor: &str, owner: &str, token: u64) -> Result<bool, EsError> {
         for _ in 0..8 {
             match self.read_lock(monitor).await? {
-                Some((rec, meta)) if rec.state == LockState::Held && rec.owner == owner && rec.token == token => {
+                Some((rec, meta))
+                    if rec.state == LockState::Held && rec.owner == owner && rec.token == token =>
+                {
                     if self.free_at(&rec, meta).await? {
                         return Ok(true);
                     }
@@ -364,16 +411,25 @@ impl Inner {
 
     /// Retires a live guard of (`monitor`, `owner`) in this process: its loss signal fires.
     fn supersede_local(&self, monitor: &str, owner: &str) {
-        let old = self.live.lock().expect("live guards lock").remove(&(monitor.to_string(), owner.to_string()));
+        let old = self
+            .live
+            .lock()
+            .expect("live guards lock")
+            .remove(&(monitor.to_string(), owner.to_string()));
         if let Some(g) = old.and_then(|w| w.upgrade()) {
-            g.declare_lost(LossReason::TakenOver { by: format!("{owner} (a newer acquisition by the same owner)") });
+            g.declare_lost(LossReason::TakenOver {
+                by: format!("{owner} (a newer acquisition by the same owner)"),
+            });
         }
     }
 
     fn register_local(&self, shared: &Arc<GuardShared>) {
         let mut live = self.live.lock().expect("live guards lock");
         live.retain(|_, w| w.strong_count() > 0);
-        live.insert((shared.record.monitor.clone(), shared.record.owner.clone()), Arc::downgrade(shared));
+        live.insert(
+            (shared.record.monitor.clone(), shared.record.owner.clone()),
+            Arc::downgrade(shared),
+        );
     }
 }
 
@@ -458,7 +514,13 @@ impl Acquisition {
                 if own && !landed {
                     inner.supersede_local(&self.monitor, &self.owner);
                 }
-                (rec.token, WriteCondition::IfMatch { seq_no: meta.seq_no, primary_term: meta.primary_term })
+                (
+                    rec.token,
+                    WriteCondition::IfMatch {
+                        seq_no: meta.seq_no,
+                        primary_term: meta.primary_term,
+                    },
+                )
             }
         };
         if !foreground && self.foreground_waiting().await {
@@ -483,7 +545,17 @@ impl Acquisition {
             pid: std::process::id(),
         };
         self.pending.push(token);
-        let meta = match inner.store.index(&inner.cfg.index, &self.monitor, &rec.to_json(), cond, Refresh::No).await {
+        let meta = match inner
+            .store
+            .index(
+                &inner.cfg.index,
+                &self.monitor,
+                &rec.to_json(),
+                cond,
+                Refresh::No,
+            )
+            .await
+        {
             Ok(meta) => meta,
             Err(EsError::Conflict { .. }) => {
                 self.pending.retain(|t| *t != token);
@@ -499,15 +571,32 @@ impl Acquisition {
             }
             return Ok(Step::Busy);
         }
+        if Instant::now() >= sent + inner.cfg.validity() {
+            // The answer came so late that the lease is already over for us: give it back.
+            tracing::debug!(monitor = %self.monitor, token, "the grant arrived after the lease's validity; giving it back");
+            if inner.free_at(&rec, meta).await? {
+                self.pending.clear();
+            }
+            return Ok(Step::Busy);
+        }
         self.pending.clear();
         let shared = Arc::new(GuardShared::new(inner.clone(), rec, meta, sent));
         if self.explicit_owner {
             inner.register_local(&shared);
         }
-        Ok(Step::Acquired(EsLockGuard::start(shared, inner.cfg.keep_alive)))
+        Ok(Step::Acquired(EsLockGuard::start(
+            shared,
+            inner.cfg.keep_alive,
+        )))
     }
 
-    async fn cleanup(inner: Arc<Inner>, monitor: String, owner: String, waiter: Option<String>, pending: Vec<u64>) {
+    async fn cleanup(
+        inner: Arc<Inner>,
+        monitor: String,
+        owner: String,
+        waiter: Option<String>,
+        pending: Vec<u64>,
+    ) {
         if let Some(id) = waiter {
             if let Err(e) = inner.remove_waiter(&monitor, &id).await {
                 tracing::debug!(%monitor, error = %e, "cannot remove the foreground registration; it will lapse");
@@ -520,11 +609,22 @@ impl Acquisition {
         }
     }
 
+    /// Cleans up inline; if this is cancelled half-way, `Drop` repeats it in the background
+    /// (both steps are idempotent).
     async fn finish(&mut self) {
+        let waiter = self.waiter.as_ref().map(|w| w.id.clone());
+        let pending = self.pending.clone();
+        Self::cleanup(
+            self.inner.clone(),
+            self.monitor.clone(),
+            self.owner.clone(),
+            waiter,
+            pending,
+        )
+        .await;
+        self.waiter = None;
+        self.pending.clear();
         self.done = true;
-        let waiter = self.waiter.take().map(|w| w.id);
-        let pending = std::mem::take(&mut self.pending);
-        Self::cleanup(self.inner.clone(), self.monitor.clone(), self.owner.clone(), waiter, pending).await;
     }
 }
 
@@ -536,7 +636,13 @@ impl Drop for Acquisition {
         let waiter = self.waiter.take().map(|w| w.id);
         let pending = std::mem::take(&mut self.pending);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(Self::cleanup(self.inner.clone(), self.monitor.clone(), self.owner.clone(), waiter, pending));
+            rt.spawn(Self::cleanup(
+                self.inner.clone(),
+                self.monitor.clone(),
+                self.owner.clone(),
+                waiter,
+                pending,
+            ));
         }
     }
 }
@@ -577,7 +683,10 @@ impl EsLockService {
             .index(settings.es_lock.index.clone())
             .ttl(settings.es_lock.ttl)
             .clock_skew(settings.es_lock.clock_skew)
-            .timeouts(settings.zookeeper.foreground_timeout, settings.zookeeper.background_timeout)
+            .timeouts(
+                settings.zookeeper.foreground_timeout,
+                settings.zookeeper.background_timeout,
+            )
             .background_max_wait(settings.zookeeper.background_max_wait)
             .build()
     }
@@ -636,7 +745,11 @@ impl EsLockService {
     ///
     /// # Cancellation safety
     /// As [`EsLockService::lock`].
-    pub async fn lock_as(&self, owner: &str, request: LockRequest) -> Result<EsLockGuard, LockError> {
+    pub async fn lock_as(
+        &self,
+        owner: &str,
+        request: LockRequest,
+    ) -> Result<EsLockGuard, LockError> {
         check_owner(owner)?;
         self.acquire_inner(request, owner.to_string(), true).await
     }
@@ -648,10 +761,14 @@ impl EsLockService {
         explicit_owner: bool,
     ) -> Result<EsLockGuard, LockError> {
         validate_monitor(&request.monitor)?;
-        let timeout = request.timeout.unwrap_or_else(|| self.inner.cfg.timeout(request.lock_type));
+        let timeout = request
+            .timeout
+            .unwrap_or_else(|| self.inner.cfg.timeout(request.lock_type));
         let span = tracing::info_span!("eslock.acquire", monitor = %request.monitor, lock_type = %request.lock_type,
             info = %request.info, %owner, timeout_ms = timeout.as_millis() as u64, token = tracing::field::Empty);
-        self.acquire_loop(request, owner, explicit_owner, timeout).instrument(span).await
+        self.acquire_loop(request, owner, explicit_owner, timeout)
+            .instrument(span)
+            .await
     }
 
     async fn acquire_loop(
@@ -677,34 +794,29 @@ impl EsLockService {
         };
         let mut foreground = request.lock_type == LockType::Foreground;
         let refresh_every = inner.cfg.waiter_ttl / 3;
-        let mut next_refresh = start;
+        // Foreground contenders register once their first attempt failed, then refresh.
+        let mut next_refresh: Option<Instant> = None;
         let mut backoff = Backoff::new(inner.cfg.poll_initial, inner.cfg.poll_max);
         let mut last_error: Option<EsError>;
         loop {
-            if !foreground && inner.cfg.background_max_wait.is_some_and(|max| start.elapsed() >= max) {
+            if !foreground
+                && inner
+                    .cfg
+                    .background_max_wait
+                    .is_some_and(|max| start.elapsed() >= max)
+            {
                 tracing::debug!("background contender waited past zookeeper.background.max.wait; competing as foreground");
                 foreground = true;
-                next_refresh = Instant::now();
-            }
-            if foreground && Instant::now() >= next_refresh {
-                let registered = match inner.ensure_index().await {
-                    Ok(()) => cx.register().await,
-                    Err(e) => Err(e),
-                };
-                match registered {
-                    Ok(()) => next_refresh = Instant::now() + refresh_every,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "cannot register as a foreground waiter; retrying");
-                        next_refresh = Instant::now() + inner.cfg.poll_max.min(refresh_every);
-                    }
-                }
             }
             let step = cx.attempt(foreground).await;
             match step {
                 Ok(Step::Acquired(guard)) => {
                     cx.finish().await;
                     tracing::Span::current().record("token", guard.fencing_token());
-                    tracing::debug!(waited_ms = start.elapsed().as_millis() as u64, "Elasticsearch lock acquired");
+                    tracing::debug!(
+                        waited_ms = start.elapsed().as_millis() as u64,
+                        "Elasticsearch lock acquired"
+                    );
                     return Ok(guard);
                 }
                 Ok(Step::Retry) if Instant::now() < deadline => continue,
@@ -730,9 +842,23 @@ impl EsLockService {
                     },
                 });
             }
-            let mut wake = now + backoff.next_delay();
-            if foreground {
-                wake = wake.min(next_refresh);
+            if foreground && next_refresh.map_or(true, |due| now >= due) {
+                let registered = match inner.ensure_index().await {
+                    Ok(()) => cx.register().await,
+                    Err(e) => Err(e),
+                };
+                let now = Instant::now();
+                next_refresh = Some(match registered {
+                    Ok(()) => now + refresh_every,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot register as a foreground waiter; retrying");
+                        now + inner.cfg.poll_max.min(refresh_every)
+                    }
+                });
+            }
+            let mut wake = Instant::now() + backoff.next_delay();
+            if let (true, Some(due)) = (foreground, next_refresh) {
+                wake = wake.min(due);
             }
             tokio::time::sleep_until(wake.min(deadline).into()).await;
         }
@@ -753,10 +879,18 @@ impl EsLockService {
         async {
             let inner = &self.inner;
             for _ in 0..8 {
-                match inner.read_lock(monitor).await.map_err(|e| es_error("reading the lock", e))? {
+                match inner
+                    .read_lock(monitor)
+                    .await
+                    .map_err(|e| es_error("reading the lock", e))?
+                {
                     Some((rec, meta)) if rec.state == LockState::Held && rec.owner == owner => {
                         inner.supersede_local(monitor, owner);
-                        if inner.free_at(&rec, meta).await.map_err(|e| es_error("releasing the lock", e))? {
+                        if inner
+                            .free_at(&rec, meta)
+                            .await
+                            .map_err(|e| es_error("releasing the lock", e))?
+                        {
                             return Ok(true);
                         }
                     }
@@ -781,7 +915,9 @@ impl EsLockService {
         if self.release_as(monitor, owner).await? {
             Ok(())
         } else {
-            Err(LockError::NotHeld { monitor: monitor.to_string() })
+            Err(LockError::NotHeld {
+                monitor: monitor.to_string(),
+            })
         }
     }
 
@@ -796,10 +932,19 @@ impl EsLockService {
         validate_monitor(monitor)?;
         let now = self.inner.now_ms();
         let skew = self.inner.cfg.skew_ms();
-        Ok(self.inner.read_lock(monitor).await.map_err(|e| es_error("reading the lock", e))?.map(|(record, meta)| {
-            let takeable = record.is_takeable(now, skew);
-            EsLockStatus { record, meta, takeable }
-        }))
+        Ok(self
+            .inner
+            .read_lock(monitor)
+            .await
+            .map_err(|e| es_error("reading the lock", e))?
+            .map(|(record, meta)| {
+                let takeable = record.is_takeable(now, skew);
+                EsLockStatus {
+                    record,
+                    meta,
+                    takeable,
+                }
+            }))
     }
 
     /// The foreground registrations of `monitor` that are still live on this service's clock.
@@ -811,7 +956,10 @@ impl EsLockService {
     /// Cancel-safe (read-only).
     pub async fn foreground_waiters(&self, monitor: &str) -> Result<Vec<WaiterRecord>, LockError> {
         validate_monitor(monitor)?;
-        self.inner.live_waiters(monitor).await.map_err(|e| es_error("reading the foreground waiters", e))
+        self.inner
+            .live_waiters(monitor)
+            .await
+            .map_err(|e| es_error("reading the foreground waiters", e))
     }
 
     /// Every lock document (refreshes the index first, then searches; at most 10 000), sorted
@@ -837,13 +985,22 @@ impl EsLockService {
         });
         let now = inner.now_ms();
         let skew = inner.cfg.skew_ms();
-        let docs = inner.store.search(&inner.cfg.index, &body).await.map_err(|e| es_error(ctx, e))?;
+        let docs = inner
+            .store
+            .search(&inner.cfg.index, &body)
+            .await
+            .map_err(|e| es_error(ctx, e))?;
         docs.into_iter()
             .map(|doc| {
-                let record: LockRecord = serde_json::from_value(doc.source)
-                    .map_err(|e| es_error(ctx, EsError::Protocol(format!("document {}: {e}", doc.id))))?;
+                let record: LockRecord = serde_json::from_value(doc.source).map_err(|e| {
+                    es_error(ctx, EsError::Protocol(format!("document {}: {e}", doc.id)))
+                })?;
                 let takeable = record.is_takeable(now, skew);
-                Ok(EsLockStatus { record, meta: doc.meta, takeable })
+                Ok(EsLockStatus {
+                    record,
+                    meta: doc.meta,
+                    takeable,
+                })
             })
             .collect()
     }
@@ -860,7 +1017,10 @@ fn check_owner(owner: &str) -> Result<(), LockError> {
         return bad("is empty; pass a stable, unique name such as the pod name");
     }
     if owner.len() > MAX_OWNER_LEN {
-        return bad(&format!("is {} bytes long; the limit is {MAX_OWNER_LEN}", owner.len()));
+        return bad(&format!(
+            "is {} bytes long; the limit is {MAX_OWNER_LEN}",
+            owner.len()
+        ));
     }
     if owner.chars().any(char::is_control) {
         return bad("contains control characters");
@@ -903,13 +1063,22 @@ mod tests {
         assert!(!rec.is_takeable(1_000, 100));
         assert!(!rec.is_takeable(1_100, 100));
         assert!(rec.is_takeable(1_101, 100));
-        let free = LockRecord { state: LockState::Free, ..rec };
+        let free = LockRecord {
+            state: LockState::Free,
+            ..rec
+        };
         assert!(free.is_takeable(0, 100));
     }
 
     #[test]
     fn waiter_live_until_expiry_plus_skew() {
-        let w = WaiterRecord { id: "w".into(), owner: "o".into(), info: String::new(), registered: 0, expires: 500 };
+        let w = WaiterRecord {
+            id: "w".into(),
+            owner: "o".into(),
+            info: String::new(),
+            registered: 0,
+            expires: 500,
+        };
         assert!(w.is_live(600, 100));
         assert!(!w.is_live(601, 100));
     }

@@ -12,7 +12,10 @@ const MAX_ATTEMPTS: usize = 32;
 
 impl Inner {
     /// Reads the waiters document of `monitor`.
-    pub(crate) async fn read_waiters(&self, monitor: &str) -> Result<Option<(WaitersDoc, DocMeta)>, EsError> {
+    pub(crate) async fn read_waiters(
+        &self,
+        monitor: &str,
+    ) -> Result<Option<(WaitersDoc, DocMeta)>, EsError> {
         let id = waiters_id(monitor);
         match self.store.get(&self.cfg.index, &id).await? {
             None => Ok(None),
@@ -36,12 +39,21 @@ impl Inner {
         Ok(self
             .read_waiters(monitor)
             .await?
-            .map(|(doc, _)| doc.waiters.into_iter().filter(|w| w.is_live(now, skew)).collect())
+            .map(|(doc, _)| {
+                doc.waiters
+                    .into_iter()
+                    .filter(|w| w.is_live(now, skew))
+                    .collect()
+            })
             .unwrap_or_default())
     }
 
     /// Adds or refreshes a registration (and drops registrations that lapsed for everyone).
-    pub(crate) async fn upsert_waiter(&self, monitor: &str, entry: &WaiterRecord) -> Result<(), EsError> {
+    pub(crate) async fn upsert_waiter(
+        &self,
+        monitor: &str,
+        entry: &WaiterRecord,
+    ) -> Result<(), EsError> {
         self.modify_waiters(monitor, |list| {
             list.retain(|w| w.id != entry.id);
             list.push(entry.clone());
@@ -70,23 +82,36 @@ impl Inner {
         for _ in 0..MAX_ATTEMPTS {
             let now = self.now_ms();
             let (mut doc, cond) = match self.read_waiters(monitor).await? {
-                Some((doc, meta)) => {
-                    (doc, WriteCondition::IfMatch { seq_no: meta.seq_no, primary_term: meta.primary_term })
-                }
+                Some((doc, meta)) => (
+                    doc,
+                    WriteCondition::IfMatch {
+                        seq_no: meta.seq_no,
+                        primary_term: meta.primary_term,
+                    },
+                ),
                 None => (
-                    WaitersDoc { kind: KIND_WAITERS.into(), monitor: monitor.into(), waiters: Vec::new() },
+                    WaitersDoc {
+                        kind: KIND_WAITERS.into(),
+                        monitor: monitor.into(),
+                        waiters: Vec::new(),
+                    },
                     WriteCondition::Create,
                 ),
             };
             let before = doc.waiters.len();
             // A registration older than its expiry plus the skew has lapsed for every reader.
-            doc.waiters.retain(|w| now <= w.expires.saturating_add(skew));
+            doc.waiters
+                .retain(|w| now <= w.expires.saturating_add(skew));
             let pruned = doc.waiters.len() != before;
             let changed = change(&mut doc.waiters);
             if !changed && !pruned {
                 return Ok(());
             }
-            match self.store.index(&self.cfg.index, &id, &doc.to_json(), cond, Refresh::No).await {
+            match self
+                .store
+                .index(&self.cfg.index, &id, &doc.to_json(), cond, Refresh::No)
+                .await
+            {
                 Ok(_) => return Ok(()),
                 Err(EsError::Conflict { .. }) => continue,
                 Err(e) => return Err(e),

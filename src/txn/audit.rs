@@ -37,7 +37,10 @@ pub struct Audit {
 impl Audit {
     /// Transactions in `created`, `pending`, `committed` or `terminating`.
     pub fn in_flight(&self) -> usize {
-        TxnState::IN_FLIGHT.iter().map(|s| self.transactions.get(s).copied().unwrap_or(0)).sum()
+        TxnState::IN_FLIGHT
+            .iter()
+            .map(|s| self.transactions.get(s).copied().unwrap_or(0))
+            .sum()
     }
 
     /// Nothing in flight, no pending id anywhere, no anomaly.
@@ -62,9 +65,14 @@ impl Coordinator {
         self.ensure_indices().await?;
         let accounts_index = &self.settings.accounts_index;
         let txn_index = &self.settings.transactions_index;
-        let store_err = |context: &str, e: EsError| TxnError::Store { context: context.into(), source: e };
+        let store_err = |context: &str, e: EsError| TxnError::Store {
+            context: context.into(),
+            source: e,
+        };
         for index in [accounts_index, txn_index] {
-            self.retrying(|| self.store.refresh(index)).await.map_err(|e| store_err("refreshing for the audit", e))?;
+            self.retrying(|| self.store.refresh(index))
+                .await
+                .map_err(|e| store_err("refreshing for the audit", e))?;
         }
         let mut audit = Audit::default();
 
@@ -78,11 +86,16 @@ impl Coordinator {
         let mut overflow = false;
         for doc in docs {
             let id = doc.id.clone();
-            let Some(account) = self.account_from_doc(doc)? else { continue };
-            audit.total_balance = audit.total_balance.checked_add(account.balance).unwrap_or_else(|| {
-                overflow = true;
-                i64::MAX
-            });
+            let Some(account) = self.account_from_doc(doc)? else {
+                continue;
+            };
+            audit.total_balance = audit
+                .total_balance
+                .checked_add(account.balance)
+                .unwrap_or_else(|| {
+                    overflow = true;
+                    i64::MAX
+                });
             if account.balance < 0 {
                 audit.negative.insert(id.clone(), account.balance);
             }
@@ -91,7 +104,9 @@ impl Coordinator {
             }
         }
         if overflow {
-            audit.anomalies.push("the sum of the balances overflows a 64-bit integer".into());
+            audit
+                .anomalies
+                .push("the sum of the balances overflows a 64-bit integer".into());
         }
 
         for state in TxnState::ALL {
@@ -112,7 +127,10 @@ impl Coordinator {
         let mut anomalies = Vec::new();
         for id in ids {
             let state = self.read_txn(id).await?.map(|t| t.state);
-            if matches!(state, Some(TxnState::Pending | TxnState::Committed | TxnState::Terminating)) {
+            if matches!(
+                state,
+                Some(TxnState::Pending | TxnState::Committed | TxnState::Terminating)
+            ) {
                 continue;
             }
             for (account, pending) in &audit.pending {
@@ -120,7 +138,10 @@ impl Coordinator {
                     continue;
                 }
                 // Re-read: a live worker may have settled it since the search.
-                let still = self.account(account).await?.is_some_and(|a| a.pending_transactions.contains(id));
+                let still = self
+                    .account(account)
+                    .await?
+                    .is_some_and(|a| a.pending_transactions.contains(id));
                 if still {
                     anomalies.push(match state {
                         None => format!("account `{account}` has pending id `{id}` but there is no such transaction"),

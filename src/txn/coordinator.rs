@@ -10,8 +10,9 @@ use tokio::sync::OnceCell;
 use tracing::{debug, info, instrument, warn};
 
 use super::{
-    accounts_mappings, now_rfc3339, transactions_mappings, validate_id, Account, HookAction, HookPoint, Rejection,
-    RetryPolicy, Step, StepHook, Transaction, TransferRequest, TxnError, TxnState,
+    accounts_mappings, now_rfc3339, transactions_mappings, validate_id, Account, HookAction,
+    HookPoint, Rejection, RetryPolicy, Step, StepHook, Transaction, TransferRequest, TxnError,
+    TxnState,
 };
 use crate::backoff::Backoff;
 use crate::config::TxnSettings;
@@ -99,7 +100,11 @@ struct AccountDoc {
 
 impl AccountDoc {
     fn parse(index: &str, doc: Doc) -> Result<Self, TxnError> {
-        let corrupt = |reason: &str| TxnError::Corrupt { index: index.into(), id: doc.id.clone(), reason: reason.into() };
+        let corrupt = |reason: &str| TxnError::Corrupt {
+            index: index.into(),
+            id: doc.id.clone(),
+            reason: reason.into(),
+        };
         let Value::Object(source) = doc.source.clone() else {
             return Err(corrupt("the source is not a JSON object"));
         };
@@ -117,18 +122,31 @@ impl AccountDoc {
                 .ok_or_else(|| corrupt("`pending_transactions` holds something other than ids"))?,
             Some(_) => return Err(corrupt("`pending_transactions` is not a list of ids")),
         };
-        Ok(Self { id: doc.id, source, balance, pending, meta: doc.meta })
+        Ok(Self {
+            id: doc.id,
+            source,
+            balance,
+            pending,
+            meta: doc.meta,
+        })
     }
 
     fn to_source(&self) -> Value {
         let mut m = self.source.clone();
         m.insert("balance".into(), Value::from(self.balance));
-        m.insert("pending_transactions".into(), Value::from(self.pending.clone()));
+        m.insert(
+            "pending_transactions".into(),
+            Value::from(self.pending.clone()),
+        );
         Value::Object(m)
     }
 
     fn account(&self) -> Account {
-        Account { id: self.id.clone(), balance: self.balance, pending_transactions: self.pending.clone() }
+        Account {
+            id: self.id.clone(),
+            balance: self.balance,
+            pending_transactions: self.pending.clone(),
+        }
     }
 }
 
@@ -140,13 +158,27 @@ struct Conflicts {
 
 impl Conflicts {
     fn new() -> Self {
-        Self { n: 0, backoff: Backoff::new(Duration::from_millis(2), Duration::from_millis(100)) }
+        Self {
+            n: 0,
+            backoff: Backoff::new(Duration::from_millis(2), Duration::from_millis(100)),
+        }
     }
 
-    async fn record(&mut self, txn: &str, step: Step, index: &str, doc: &str) -> Result<(), TxnError> {
+    async fn record(
+        &mut self,
+        txn: &str,
+        step: Step,
+        index: &str,
+        doc: &str,
+    ) -> Result<(), TxnError> {
         self.n += 1;
         if self.n > MAX_CONFLICTS {
-            return Err(TxnError::Contention { id: txn.into(), step, index: index.into(), doc: doc.into() });
+            return Err(TxnError::Contention {
+                id: txn.into(),
+                step,
+                index: index.into(),
+                doc: doc.into(),
+            });
         }
         if self.n > 2 {
             tokio::time::sleep(self.backoff.next_delay()).await;
@@ -156,11 +188,17 @@ impl Conflicts {
 }
 
 fn store_err(context: impl Into<String>, source: EsError) -> TxnError {
-    TxnError::Store { context: context.into(), source }
+    TxnError::Store {
+        context: context.into(),
+        source,
+    }
 }
 
 fn if_match(meta: DocMeta) -> WriteCondition {
-    WriteCondition::IfMatch { seq_no: meta.seq_no, primary_term: meta.primary_term }
+    WriteCondition::IfMatch {
+        seq_no: meta.seq_no,
+        primary_term: meta.primary_term,
+    }
 }
 
 /// Checks that need no reads.
@@ -169,7 +207,9 @@ fn stateless_rejection(amount: i64, from: &str, to: &str) -> Option<Rejection> {
         return Some(Rejection::NonPositiveAmount { amount });
     }
     if from == to {
-        return Some(Rejection::SameAccount { account: from.into() });
+        return Some(Rejection::SameAccount {
+            account: from.into(),
+        });
     }
     None
 }
@@ -177,7 +217,9 @@ fn stateless_rejection(amount: i64, from: &str, to: &str) -> Option<Rejection> {
 /// Turns a final transaction into the result of [`Coordinator::transfer`].
 fn transfer_outcome(txn: Transaction) -> Result<Transaction, TxnError> {
     if txn.state == TxnState::RolledBack {
-        Err(TxnError::RolledBack { transaction: Box::new(txn) })
+        Err(TxnError::RolledBack {
+            transaction: Box::new(txn),
+        })
     } else {
         Ok(txn)
     }
@@ -216,14 +258,22 @@ impl Coordinator {
 
     /// Sets how transient Elasticsearch failures are retried within a step.
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = RetryPolicy { attempts: retry.attempts.max(1), ..retry };
+        self.retry = RetryPolicy {
+            attempts: retry.attempts.max(1),
+            ..retry
+        };
         self
     }
 
     /// Tunes recovery: how long it waits for a transaction's lock before skipping it (default
     /// 100 ms), how many transactions one search returns (default 100), and how many it drives at
     /// once (default 4).
-    pub fn with_recovery_tuning(mut self, lock_timeout: Duration, batch: usize, concurrency: usize) -> Self {
+    pub fn with_recovery_tuning(
+        mut self,
+        lock_timeout: Duration,
+        batch: usize,
+        concurrency: usize,
+    ) -> Self {
         self.recovery_lock_timeout = lock_timeout;
         self.recovery_batch = batch.max(1);
         self.recovery_concurrency = concurrency.max(1);
@@ -263,7 +313,10 @@ impl Coordinator {
         if let Some(hook) = &self.hook {
             if hook.at(txn, point).await == HookAction::Crash {
                 info!(txn, ?point, "injected crash");
-                return Err(TxnError::Interrupted { id: txn.into(), point });
+                return Err(TxnError::Interrupted {
+                    id: txn.into(),
+                    point,
+                });
             }
         }
         Ok(())
@@ -305,14 +358,17 @@ impl Coordinator {
     }
 
     async fn must_read_txn(&self, id: &str) -> Result<Transaction, TxnError> {
-        self.read_txn(id)
-            .await?
-            .ok_or_else(|| TxnError::NotFound { id: id.into(), index: self.settings.transactions_index.clone() })
+        self.read_txn(id).await?.ok_or_else(|| TxnError::NotFound {
+            id: id.into(),
+            index: self.settings.transactions_index.clone(),
+        })
     }
 
     /// Parses an account from a search hit.
     pub(super) fn account_from_doc(&self, doc: Doc) -> Result<Option<Account>, TxnError> {
-        Ok(Some(AccountDoc::parse(&self.settings.accounts_index, doc)?.account()))
+        Ok(Some(
+            AccountDoc::parse(&self.settings.accounts_index, doc)?.account(),
+        ))
     }
 
     async fn read_account(&self, id: &str) -> Result<Option<AccountDoc>, TxnError> {
@@ -331,7 +387,11 @@ impl Coordinator {
     async fn write_account(&self, acct: &AccountDoc) -> Result<DocMeta, EsError> {
         let index = &self.settings.accounts_index;
         let source = acct.to_source();
-        self.retrying(|| self.store.index(index, &acct.id, &source, if_match(acct.meta), Refresh::No)).await
+        self.retrying(|| {
+            self.store
+                .index(index, &acct.id, &source, if_match(acct.meta), Refresh::No)
+        })
+        .await
     }
 
     async fn lock(
@@ -340,8 +400,11 @@ impl Coordinator {
         lock_type: LockType,
         timeout: Option<Duration>,
     ) -> Result<Option<Box<dyn Guard>>, TxnError> {
-        let Some(service) = &self.lock else { return Ok(None) };
-        let mut request = LockRequest::new(format!("txn:{id}"), "zkguard transaction").with_type(lock_type);
+        let Some(service) = &self.lock else {
+            return Ok(None);
+        };
+        let mut request =
+            LockRequest::new(format!("txn:{id}"), "zkguard transaction").with_type(lock_type);
         if let Some(t) = timeout {
             request = request.with_timeout(t);
         }
@@ -380,14 +443,28 @@ impl Coordinator {
         self.ensure_indices().await?;
         let index = &self.settings.accounts_index;
         let source = json!({ "balance": balance, "pending_transactions": [] });
-        match self.retrying(|| self.store.index(index, id, &source, WriteCondition::Create, Refresh::No)).await {
+        match self
+            .retrying(|| {
+                self.store
+                    .index(index, id, &source, WriteCondition::Create, Refresh::No)
+            })
+            .await
+        {
             Ok(_) => Ok(true),
             Err(EsError::Conflict { .. }) => {
                 let existing = self.read_account(id).await?;
                 match existing {
                     Some(a) if a.balance == balance && a.pending.is_empty() => Ok(false),
-                    Some(a) => Err(TxnError::AccountExists { id: id.into(), balance: a.balance, pending: a.pending.len() }),
-                    None => Err(TxnError::AccountExists { id: id.into(), balance: 0, pending: 0 }),
+                    Some(a) => Err(TxnError::AccountExists {
+                        id: id.into(),
+                        balance: a.balance,
+                        pending: a.pending.len(),
+                    }),
+                    None => Err(TxnError::AccountExists {
+                        id: id.into(),
+                        balance: 0,
+                        pending: 0,
+                    }),
                 }
             }
             Err(e) => Err(store_err(format!("creating account `{id}`"), e)),
@@ -408,10 +485,13 @@ impl Coordinator {
         self.ensure_indices().await?;
         let index = &self.settings.accounts_index;
         let source = json!({ "balance": balance, "pending_transactions": [] });
-        self.retrying(|| self.store.index(index, id, &source, WriteCondition::Always, Refresh::No))
-            .await
-            .map(|_| ())
-            .map_err(|e| store_err(format!("resetting account `{id}`"), e))
+        self.retrying(|| {
+            self.store
+                .index(index, id, &source, WriteCondition::Always, Refresh::No)
+        })
+        .await
+        .map(|_| ())
+        .map_err(|e| store_err(format!("resetting account `{id}`"), e))
     }
 
     /// Reads an account (realtime).
@@ -442,21 +522,34 @@ impl Coordinator {
 
     /// Checks a transfer: the stateless checks, then that both accounts exist and (unless
     /// overdrafts are allowed) that the source holds the amount.
-    async fn rejection(&self, amount: i64, from: &str, to: &str) -> Result<Option<Rejection>, TxnError> {
+    async fn rejection(
+        &self,
+        amount: i64,
+        from: &str,
+        to: &str,
+    ) -> Result<Option<Rejection>, TxnError> {
         if let Some(r) = stateless_rejection(amount, from, to) {
             return Ok(Some(r));
         }
         let Some(src) = self.read_account(from).await? else {
-            return Ok(Some(Rejection::UnknownAccount { account: from.into() }));
+            return Ok(Some(Rejection::UnknownAccount {
+                account: from.into(),
+            }));
         };
         let Some(dst) = self.read_account(to).await? else {
             return Ok(Some(Rejection::UnknownAccount { account: to.into() }));
         };
         if !self.settings.allow_overdraft && src.balance < amount {
-            return Ok(Some(Rejection::Overdraft { account: from.into(), balance: src.balance, amount }));
+            return Ok(Some(Rejection::Overdraft {
+                account: from.into(),
+                balance: src.balance,
+                amount,
+            }));
         }
         if src.balance.checked_sub(amount).is_none() {
-            return Ok(Some(Rejection::Overflow { account: from.into() }));
+            return Ok(Some(Rejection::Overflow {
+                account: from.into(),
+            }));
         }
         if dst.balance.checked_add(amount).is_none() {
             return Ok(Some(Rejection::Overflow { account: to.into() }));
@@ -469,17 +562,30 @@ impl Coordinator {
         validate_id("account", &req.from)?;
         validate_id("account", &req.to)?;
         if let Some(reason) = stateless_rejection(req.amount, &req.from, &req.to) {
-            return Err(TxnError::Rejected { id: req.id.clone(), reason });
+            return Err(TxnError::Rejected {
+                id: req.id.clone(),
+                reason,
+            });
         }
         Ok(())
     }
 
     /// The stored transaction if it is the same transfer as `req`, else [`TxnError::IdConflict`].
-    fn same_transfer(existing: Transaction, req: &TransferRequest) -> Result<Transaction, TxnError> {
-        if existing.amount == req.amount && existing.src_acct == req.from && existing.dest_acct == req.to {
+    fn same_transfer(
+        existing: Transaction,
+        req: &TransferRequest,
+    ) -> Result<Transaction, TxnError> {
+        if existing.amount == req.amount
+            && existing.src_acct == req.from
+            && existing.dest_acct == req.to
+        {
             Ok(existing)
         } else {
-            Err(TxnError::IdConflict { id: req.id.clone(), existing: existing.describe(), requested: req.describe() })
+            Err(TxnError::IdConflict {
+                id: req.id.clone(),
+                existing: existing.describe(),
+                requested: req.describe(),
+            })
         }
     }
 
@@ -496,12 +602,23 @@ impl Coordinator {
             creation_time: now.clone(),
             modification_time: now,
             reason: None,
-            meta: DocMeta { seq_no: -1, primary_term: -1, version: 0 },
+            meta: DocMeta {
+                seq_no: -1,
+                primary_term: -1,
+                version: 0,
+            },
         };
         let index = &self.settings.transactions_index;
         let source = txn.to_source();
-        self.hook(&txn.id, HookPoint::BeforeWrite(Step::Create)).await?;
-        match self.retrying(|| self.store.index(index, &txn.id, &source, WriteCondition::Create, Refresh::No)).await {
+        self.hook(&txn.id, HookPoint::BeforeWrite(Step::Create))
+            .await?;
+        match self
+            .retrying(|| {
+                self.store
+                    .index(index, &txn.id, &source, WriteCondition::Create, Refresh::No)
+            })
+            .await
+        {
             Ok(meta) => {
                 txn.meta = meta;
                 debug!(txn = %txn.id, "transaction created");
@@ -574,7 +691,10 @@ impl Coordinator {
             Some(existing) => Self::same_transfer(existing, req)?,
             None => {
                 if let Some(reason) = self.rejection(req.amount, &req.from, &req.to).await? {
-                    return Err(TxnError::Rejected { id: req.id.clone(), reason });
+                    return Err(TxnError::Rejected {
+                        id: req.id.clone(),
+                        reason,
+                    });
                 }
                 self.create(req).await?
             }
@@ -625,19 +745,46 @@ impl Coordinator {
     }
 
     async fn rollback_locked(&self, id: &str, reason: &str) -> Result<Transaction, TxnError> {
-        let reason = Rejection::Requested { reason: reason.to_string() }.to_string();
+        let reason = Rejection::Requested {
+            reason: reason.to_string(),
+        }
+        .to_string();
         let mut txn = self.must_read_txn(id).await?;
         loop {
             txn = match txn.state {
-                TxnState::Created => self.transition(&txn, TxnState::RolledBack, Some(&reason), Step::MarkRolledBack).await?,
-                TxnState::Pending => self.transition(&txn, TxnState::Terminating, Some(&reason), Step::MarkTerminating).await?,
+                TxnState::Created => {
+                    self.transition(
+                        &txn,
+                        TxnState::RolledBack,
+                        Some(&reason),
+                        Step::MarkRolledBack,
+                    )
+                    .await?
+                }
+                TxnState::Pending => {
+                    self.transition(
+                        &txn,
+                        TxnState::Terminating,
+                        Some(&reason),
+                        Step::MarkTerminating,
+                    )
+                    .await?
+                }
                 TxnState::Terminating => return self.drive(txn).await,
                 TxnState::RolledBack => return Ok(txn),
                 TxnState::Committed => {
                     let done = self.drive(txn).await?;
-                    return Err(TxnError::NotRollbackable { id: id.into(), state: done.state });
+                    return Err(TxnError::NotRollbackable {
+                        id: id.into(),
+                        state: done.state,
+                    });
                 }
-                TxnState::Finished => return Err(TxnError::NotRollbackable { id: id.into(), state: txn.state }),
+                TxnState::Finished => {
+                    return Err(TxnError::NotRollbackable {
+                        id: id.into(),
+                        state: txn.state,
+                    })
+                }
             };
         }
     }
@@ -660,42 +807,70 @@ impl Coordinator {
 
     /// `created`: check, then `pending` (or `rolled-back` with the reason).
     async fn run_created(&self, txn: Transaction) -> Result<Transaction, TxnError> {
-        if let Some(reason) = self.rejection(txn.amount, &txn.src_acct, &txn.dest_acct).await? {
+        if let Some(reason) = self
+            .rejection(txn.amount, &txn.src_acct, &txn.dest_acct)
+            .await?
+        {
             info!(txn = %txn.id, %reason, "rolling back a created transaction that fails its checks");
-            return self.transition(&txn, TxnState::RolledBack, Some(&reason.to_string()), Step::MarkRolledBack).await;
+            return self
+                .transition(
+                    &txn,
+                    TxnState::RolledBack,
+                    Some(&reason.to_string()),
+                    Step::MarkRolledBack,
+                )
+                .await;
         }
-        self.transition(&txn, TxnState::Pending, None, Step::MarkPending).await
+        self.transition(&txn, TxnState::Pending, None, Step::MarkPending)
+            .await
     }
 
     /// `pending`: apply to source and destination, then `committed` (or `terminating` when an
     /// account refuses the transaction).
     async fn run_pending(&self, txn: Transaction) -> Result<Transaction, TxnError> {
         let mut current = txn;
-        for (side, step) in [(Side::Source, Step::ApplySource), (Side::Destination, Step::ApplyDestination)] {
+        for (side, step) in [
+            (Side::Source, Step::ApplySource),
+            (Side::Destination, Step::ApplyDestination),
+        ] {
             current = match self.apply(&current, side, step).await? {
                 Applied::Done(t) => t,
                 Applied::StateChanged(t) => return Ok(t),
                 Applied::Reject(t, reason) => {
                     info!(txn = %t.id, %reason, "rolling back a pending transaction an account refuses");
-                    return self.transition(&t, TxnState::Terminating, Some(&reason.to_string()), Step::MarkTerminating).await;
+                    return self
+                        .transition(
+                            &t,
+                            TxnState::Terminating,
+                            Some(&reason.to_string()),
+                            Step::MarkTerminating,
+                        )
+                        .await;
                 }
             };
         }
-        self.transition(&current, TxnState::Committed, None, Step::MarkCommitted).await
+        self.transition(&current, TxnState::Committed, None, Step::MarkCommitted)
+            .await
     }
 
     /// `committed`: remove the id from source and destination, then `finished`.
     async fn run_committed(&self, txn: Transaction) -> Result<Transaction, TxnError> {
-        self.settle(&txn, Side::Source, Step::RemoveSource, false).await?;
-        self.settle(&txn, Side::Destination, Step::RemoveDestination, false).await?;
-        self.transition(&txn, TxnState::Finished, None, Step::MarkFinished).await
+        self.settle(&txn, Side::Source, Step::RemoveSource, false)
+            .await?;
+        self.settle(&txn, Side::Destination, Step::RemoveDestination, false)
+            .await?;
+        self.transition(&txn, TxnState::Finished, None, Step::MarkFinished)
+            .await
     }
 
     /// `terminating`: give the amount back wherever the id is pending, then `rolled-back`.
     async fn run_terminating(&self, txn: Transaction) -> Result<Transaction, TxnError> {
-        self.settle(&txn, Side::Source, Step::UndoSource, true).await?;
-        self.settle(&txn, Side::Destination, Step::UndoDestination, true).await?;
-        self.transition(&txn, TxnState::RolledBack, None, Step::MarkRolledBack).await
+        self.settle(&txn, Side::Source, Step::UndoSource, true)
+            .await?;
+        self.settle(&txn, Side::Destination, Step::UndoDestination, true)
+            .await?;
+        self.transition(&txn, TxnState::RolledBack, None, Step::MarkRolledBack)
+            .await
     }
 
     /// Moves the transaction from its state to `to`, conditionally on the version read. When the
@@ -729,7 +904,15 @@ impl Coordinator {
             let source = next.to_source();
             self.hook(&current.id, HookPoint::BeforeWrite(step)).await?;
             match self
-                .retrying(|| self.store.index(index, &current.id, &source, if_match(current.meta), Refresh::No))
+                .retrying(|| {
+                    self.store.index(
+                        index,
+                        &current.id,
+                        &source,
+                        if_match(current.meta),
+                        Refresh::No,
+                    )
+                })
                 .await
             {
                 Ok(meta) => {
@@ -739,10 +922,17 @@ impl Coordinator {
                     return Ok(next);
                 }
                 Err(EsError::Conflict { .. }) => {
-                    conflicts.record(&current.id, step, index, &current.id).await?;
+                    conflicts
+                        .record(&current.id, step, index, &current.id)
+                        .await?;
                     current = self.must_read_txn(&current.id).await?;
                 }
-                Err(e) => return Err(store_err(format!("step {step} of transaction `{}`", current.id), e)),
+                Err(e) => {
+                    return Err(store_err(
+                        format!("step {step} of transaction `{}`", current.id),
+                        e,
+                    ))
+                }
             }
         }
     }
@@ -765,18 +955,32 @@ impl Coordinator {
                 return Ok(Applied::StateChanged(current));
             }
             let Some(mut acct) = acct else {
-                return Ok(Applied::Reject(current, Rejection::UnknownAccount { account: account.into() }));
+                return Ok(Applied::Reject(
+                    current,
+                    Rejection::UnknownAccount {
+                        account: account.into(),
+                    },
+                ));
             };
-            if acct.pending.iter().any(|p| *p == txn.id) {
+            if acct.pending.contains(&txn.id) {
                 debug!(txn = %txn.id, account, "already applied");
                 self.hook(&txn.id, HookPoint::After(step)).await?;
                 return Ok(Applied::Done(current));
             }
             let Some(balance) = acct.balance.checked_add(delta) else {
-                return Ok(Applied::Reject(current, Rejection::Overflow { account: account.into() }));
+                return Ok(Applied::Reject(
+                    current,
+                    Rejection::Overflow {
+                        account: account.into(),
+                    },
+                ));
             };
             if side == Side::Source && balance < 0 && !self.settings.allow_overdraft {
-                let reason = Rejection::Overdraft { account: account.into(), balance: acct.balance, amount: txn.amount };
+                let reason = Rejection::Overdraft {
+                    account: account.into(),
+                    balance: acct.balance,
+                    amount: txn.amount,
+                };
                 return Ok(Applied::Reject(current, reason));
             }
             acct.balance = balance;
@@ -789,9 +993,16 @@ impl Coordinator {
                     return Ok(Applied::Done(current));
                 }
                 Err(EsError::Conflict { .. }) => {
-                    conflicts.record(&txn.id, step, &self.settings.accounts_index, account).await?;
+                    conflicts
+                        .record(&txn.id, step, &self.settings.accounts_index, account)
+                        .await?;
                 }
-                Err(e) => return Err(store_err(format!("step {step} of transaction `{}`", txn.id), e)),
+                Err(e) => {
+                    return Err(store_err(
+                        format!("step {step} of transaction `{}`", txn.id),
+                        e,
+                    ))
+                }
             }
         }
     }
@@ -802,7 +1013,13 @@ impl Coordinator {
     /// An undo writes the account even when the id is not there (an unchanged copy, which still
     /// bumps `_seq_no`): an apply that read the account before the transaction left `pending` then
     /// fails its conditional write, re-reads, and sees `terminating`.
-    async fn settle(&self, txn: &Transaction, side: Side, step: Step, undo: bool) -> Result<(), TxnError> {
+    async fn settle(
+        &self,
+        txn: &Transaction,
+        side: Side,
+        step: Step,
+        undo: bool,
+    ) -> Result<(), TxnError> {
         let account = side.account(txn);
         let mut conflicts = Conflicts::new();
         loop {
@@ -821,15 +1038,24 @@ impl Coordinator {
                     debug!(txn = %txn.id, account, "already removed");
                     return self.hook(&txn.id, HookPoint::After(step)).await;
                 }
-                None => debug!(txn = %txn.id, account, "not applied here; writing the account unchanged to fence stale applies"),
+                None => {
+                    debug!(txn = %txn.id, account, "not applied here; writing the account unchanged to fence stale applies")
+                }
             }
             self.hook(&txn.id, HookPoint::BeforeWrite(step)).await?;
             match self.write_account(&acct).await {
                 Ok(_) => return self.hook(&txn.id, HookPoint::After(step)).await,
                 Err(EsError::Conflict { .. }) => {
-                    conflicts.record(&txn.id, step, &self.settings.accounts_index, account).await?;
+                    conflicts
+                        .record(&txn.id, step, &self.settings.accounts_index, account)
+                        .await?;
                 }
-                Err(e) => return Err(store_err(format!("step {step} of transaction `{}`", txn.id), e)),
+                Err(e) => {
+                    return Err(store_err(
+                        format!("step {step} of transaction `{}`", txn.id),
+                        e,
+                    ))
+                }
             }
         }
     }
@@ -841,11 +1067,15 @@ impl Coordinator {
         id: &str,
         cutoff: std::time::SystemTime,
     ) -> Result<Option<Transaction>, TxnError> {
-        let Some(txn) = self.read_txn(id).await? else { return Ok(None) };
+        let Some(txn) = self.read_txn(id).await? else {
+            return Ok(None);
+        };
         if txn.state.is_final() || txn.modified_at().is_some_and(|m| m > cutoff) {
             return Ok(None);
         }
-        let guard = self.lock(id, LockType::Background, Some(self.recovery_lock_timeout)).await?;
+        let guard = self
+            .lock(id, LockType::Background, Some(self.recovery_lock_timeout))
+            .await?;
         let result = async {
             let txn = self.must_read_txn(id).await?;
             if txn.state.is_final() {

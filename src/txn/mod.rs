@@ -56,7 +56,9 @@ pub use recovery::RecoveryReport;
 pub const MAX_ID_LEN: usize = 190;
 
 /// The state of a transaction, as stored in `transaction_state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum TxnState {
     /// Logged, nothing applied yet.
@@ -85,7 +87,12 @@ impl TxnState {
     ];
 
     /// The states recovery resumes.
-    pub const IN_FLIGHT: [TxnState; 4] = [Self::Created, Self::Pending, Self::Committed, Self::Terminating];
+    pub const IN_FLIGHT: [TxnState; 4] = [
+        Self::Created,
+        Self::Pending,
+        Self::Committed,
+        Self::Terminating,
+    ];
 
     /// The stored name (`rolled-back`, ...).
     pub fn as_str(self) -> &'static str {
@@ -114,12 +121,15 @@ impl fmt::Display for TxnState {
 impl std::str::FromStr for TxnState {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| {
-            format!(
-                "unknown transaction state `{s}`: expected one of {}",
-                Self::ALL.map(TxnState::as_str).join(", ")
-            )
-        })
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown transaction state `{s}`: expected one of {}",
+                    Self::ALL.map(TxnState::as_str).join(", ")
+                )
+            })
     }
 }
 
@@ -201,7 +211,12 @@ impl std::str::FromStr for Step {
         Self::ALL
             .into_iter()
             .find(|st| st.as_str() == s)
-            .ok_or_else(|| format!("unknown step `{s}`: expected one of {}", Self::ALL.map(Step::as_str).join(", ")))
+            .ok_or_else(|| {
+                format!(
+                    "unknown step `{s}`: expected one of {}",
+                    Self::ALL.map(Step::as_str).join(", ")
+                )
+            })
     }
 }
 
@@ -329,7 +344,9 @@ pub enum TxnError {
         requested: String,
     },
     /// No transaction with this id.
-    #[error("no transaction `{id}` in index `{index}`; check the id (zkguard txn audit lists states)")]
+    #[error(
+        "no transaction `{id}` in index `{index}`; check the id (zkguard txn audit lists states)"
+    )]
     NotFound {
         /// The id.
         id: String,
@@ -461,7 +478,10 @@ impl Transaction {
 
     /// `amount from src to dest`, for messages.
     pub fn describe(&self) -> String {
-        format!("{} from `{}` to `{}`", self.amount, self.src_acct, self.dest_acct)
+        format!(
+            "{} from `{}` to `{}`",
+            self.amount, self.src_acct, self.dest_acct
+        )
     }
 
     /// The document source (everything but the id).
@@ -481,8 +501,15 @@ impl Transaction {
     }
 
     pub(crate) fn from_doc(index: &str, doc: Doc) -> Result<Self, TxnError> {
-        let corrupt = |reason: String| TxnError::Corrupt { index: index.to_string(), id: doc.id.clone(), reason };
-        let src = doc.source.as_object().ok_or_else(|| corrupt("the source is not a JSON object".into()))?;
+        let corrupt = |reason: String| TxnError::Corrupt {
+            index: index.to_string(),
+            id: doc.id.clone(),
+            reason,
+        };
+        let src = doc
+            .source
+            .as_object()
+            .ok_or_else(|| corrupt("the source is not a JSON object".into()))?;
         let text = |field: &str| -> Result<String, TxnError> {
             src.get(field)
                 .and_then(Value::as_str)
@@ -493,7 +520,9 @@ impl Transaction {
             .get("amount")
             .and_then(Value::as_i64)
             .ok_or_else(|| corrupt("field `amount` is missing or not an integer".into()))?;
-        let state = text("transaction_state")?.parse::<TxnState>().map_err(corrupt)?;
+        let state = text("transaction_state")?
+            .parse::<TxnState>()
+            .map_err(corrupt)?;
         Ok(Self {
             amount,
             src_acct: text("src_acct")?,
@@ -501,7 +530,10 @@ impl Transaction {
             state,
             creation_time: text("creation_time")?,
             modification_time: text("modification_time")?,
-            reason: src.get("reason").and_then(Value::as_str).map(str::to_string),
+            reason: src
+                .get("reason")
+                .and_then(Value::as_str)
+                .map(str::to_string),
             meta: doc.meta,
             id: doc.id,
         })
@@ -541,7 +573,12 @@ pub struct TransferRequest {
 impl TransferRequest {
     /// A transfer with a fresh random id.
     pub fn new(from: impl Into<String>, to: impl Into<String>, amount: i64) -> Self {
-        Self { id: uuid::Uuid::new_v4().to_string(), from: from.into(), to: to.into(), amount }
+        Self {
+            id: uuid::Uuid::new_v4().to_string(),
+            from: from.into(),
+            to: to.into(),
+            amount,
+        }
     }
 
     /// Sets the application-generated id. Re-submitting the same id never creates a second
@@ -570,7 +607,11 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        Self { attempts: 5, initial: Duration::from_millis(50), max: Duration::from_secs(2) }
+        Self {
+            attempts: 5,
+            initial: Duration::from_millis(50),
+            max: Duration::from_secs(2),
+        }
     }
 }
 
@@ -578,7 +619,11 @@ impl RetryPolicy {
     /// From the background-retry settings (`elastic.request.retry.count`,
     /// `elastic.retry.backoff.initial`, `elastic.retry.backoff.max`).
     pub fn from_settings(s: &crate::config::RetrySettings) -> Self {
-        Self { attempts: s.retry_count.max(1), initial: s.backoff_initial, max: s.backoff_max }
+        Self {
+            attempts: s.retry_count.max(1),
+            initial: s.backoff_initial,
+            max: s.backoff_max,
+        }
     }
 }
 
@@ -613,12 +658,21 @@ pub fn transactions_mappings() -> Value {
 /// # Errors
 /// [`TxnError::InvalidId`] saying what is wrong.
 pub fn validate_id(kind: &'static str, id: &str) -> Result<(), TxnError> {
-    let bad = |reason: String| Err(TxnError::InvalidId { kind, id: id.to_string(), reason });
+    let bad = |reason: String| {
+        Err(TxnError::InvalidId {
+            kind,
+            id: id.to_string(),
+            reason,
+        })
+    };
     if id.is_empty() {
         return bad("it is empty".into());
     }
     if id.len() > MAX_ID_LEN {
-        return bad(format!("it is {} bytes long; the limit is {MAX_ID_LEN}", id.len()));
+        return bad(format!(
+            "it is {} bytes long; the limit is {MAX_ID_LEN}",
+            id.len()
+        ));
     }
     if id == "." || id == ".." {
         return bad("`.` and `..` are not allowed".into());
@@ -626,8 +680,13 @@ pub fn validate_id(kind: &'static str, id: &str) -> Result<(), TxnError> {
     if id.starts_with('_') {
         return bad("it starts with `_`, which Elasticsearch reserves".into());
     }
-    if let Some(c) = id.chars().find(|c| *c == '/' || c.is_whitespace() || c.is_control()) {
-        return bad(format!("it contains {c:?}; use letters, digits and punctuation other than `/`"));
+    if let Some(c) = id
+        .chars()
+        .find(|c| *c == '/' || c.is_whitespace() || c.is_control())
+    {
+        return bad(format!(
+            "it contains {c:?}; use letters, digits and punctuation other than `/`"
+        ));
     }
     Ok(())
 }
@@ -645,12 +704,18 @@ mod tests {
     fn names_round_trip() {
         for s in TxnState::ALL {
             assert_eq!(s.as_str().parse::<TxnState>().unwrap(), s);
-            assert_eq!(serde_json::to_value(s).unwrap(), Value::String(s.as_str().into()));
+            assert_eq!(
+                serde_json::to_value(s).unwrap(),
+                Value::String(s.as_str().into())
+            );
         }
         for s in Step::ALL {
             assert_eq!(s.as_str().parse::<Step>().unwrap(), s);
         }
-        assert!("rolledback".parse::<TxnState>().unwrap_err().contains("rolled-back"));
+        assert!("rolledback"
+            .parse::<TxnState>()
+            .unwrap_err()
+            .contains("rolled-back"));
     }
 
     #[test]
@@ -658,7 +723,13 @@ mod tests {
         for ok in ["A", "order-42", "3f2b:7", "ü"] {
             validate_id("account", ok).unwrap();
         }
-        for (bad, needle) in [("", "empty"), ("_x", "`_`"), ("a/b", "'/'"), ("a b", "' '"), ("..", "`.`")] {
+        for (bad, needle) in [
+            ("", "empty"),
+            ("_x", "`_`"),
+            ("a/b", "'/'"),
+            ("a b", "' '"),
+            ("..", "`.`"),
+        ] {
             let e = validate_id("account", bad).unwrap_err().to_string();
             assert!(e.contains(needle), "{bad:?}: {e}");
         }
@@ -676,12 +747,27 @@ mod tests {
             creation_time: now_rfc3339(),
             modification_time: now_rfc3339(),
             reason: Some("why".into()),
-            meta: DocMeta { seq_no: 3, primary_term: 1, version: 4 },
+            meta: DocMeta {
+                seq_no: 3,
+                primary_term: 1,
+                version: 4,
+            },
         };
-        let doc = Doc { id: "t1".into(), source: t.to_source(), meta: t.meta };
+        let doc = Doc {
+            id: "t1".into(),
+            source: t.to_source(),
+            meta: t.meta,
+        };
         assert_eq!(Transaction::from_doc("tx", doc).unwrap(), t);
         assert!(t.modified_at().is_some());
-        let bad = Doc { id: "t2".into(), source: json!({"amount": "x"}), meta: t.meta };
-        assert!(Transaction::from_doc("tx", bad).unwrap_err().to_string().contains("amount"));
+        let bad = Doc {
+            id: "t2".into(),
+            source: json!({"amount": "x"}),
+            meta: t.meta,
+        };
+        assert!(Transaction::from_doc("tx", bad)
+            .unwrap_err()
+            .to_string()
+            .contains("amount"));
     }
 }

@@ -52,10 +52,15 @@ impl Coordinator {
         let mut report = RecoveryReport::default();
         let mut seen: HashSet<String> = HashSet::new();
         loop {
-            let cutoff = SystemTime::now().checked_sub(self.settings.recovery_after).unwrap_or(SystemTime::UNIX_EPOCH);
+            let cutoff = SystemTime::now()
+                .checked_sub(self.settings.recovery_after)
+                .unwrap_or(SystemTime::UNIX_EPOCH);
             self.retrying(|| self.store.refresh(index))
                 .await
-                .map_err(|e| TxnError::Store { context: format!("refreshing `{index}`"), source: e })?;
+                .map_err(|e| TxnError::Store {
+                    context: format!("refreshing `{index}`"),
+                    source: e,
+                })?;
             let mut filter = json!({
                 "bool": {
                     "filter": [
@@ -78,21 +83,32 @@ impl Coordinator {
             let hits = self
                 .retrying(|| self.store.search(index, &body))
                 .await
-                .map_err(|e| TxnError::Store { context: "searching transactions to recover".into(), source: e })?;
+                .map_err(|e| TxnError::Store {
+                    context: "searching transactions to recover".into(),
+                    source: e,
+                })?;
             let page = hits.len();
-            let ids: Vec<String> = hits.into_iter().map(|d| d.id).filter(|id| seen.insert(id.clone())).collect();
+            let ids: Vec<String> = hits
+                .into_iter()
+                .map(|d| d.id)
+                .filter(|id| seen.insert(id.clone()))
+                .collect();
             if ids.is_empty() {
                 break;
             }
             report.examined += ids.len();
-            let results: Vec<(String, Result<Option<TxnState>, TxnError>)> = futures::stream::iter(ids)
-                .map(|id| async move {
-                    let r = self.recover_locked(&id, cutoff).await.map(|t| t.map(|t| t.state));
-                    (id, r)
-                })
-                .buffer_unordered(self.recovery_concurrency)
-                .collect()
-                .await;
+            let results: Vec<(String, Result<Option<TxnState>, TxnError>)> =
+                futures::stream::iter(ids)
+                    .map(|id| async move {
+                        let r = self
+                            .recover_locked(&id, cutoff)
+                            .await
+                            .map(|t| t.map(|t| t.state));
+                        (id, r)
+                    })
+                    .buffer_unordered(self.recovery_concurrency)
+                    .collect()
+                    .await;
             for (id, result) in results {
                 match result {
                     Ok(Some(TxnState::Finished)) => report.finished.push(id),
@@ -109,7 +125,12 @@ impl Coordinator {
                 break;
             }
         }
-        for list in [&mut report.finished, &mut report.rolled_back, &mut report.busy, &mut report.skipped] {
+        for list in [
+            &mut report.finished,
+            &mut report.rolled_back,
+            &mut report.busy,
+            &mut report.skipped,
+        ] {
             list.sort();
         }
         report.failed.sort();

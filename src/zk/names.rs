@@ -95,7 +95,7 @@ mod tests {
     }
 
     fn node() -> impl Strategy<Value = (String, u64)> {
-        (prop::sample::select(vec!["A", "B", "C", "AA"]), 0u64..10_000_000_000)
+        (prop::sample::select(vec!["A", "B", "C", "AA"]).prop_map(String::from), 0u64..10_000_000_000)
     }
 
     proptest! {

@@ -157,17 +157,36 @@ pub(crate) async fn delete_nodes(client: &Client, queue_node: Option<&str>, mute
 /// `monitor`, if any (cleanup after a waiter went away with a create in flight).
 pub(crate) async fn delete_by_attempt(client: &Client, monitor: &str, attempt: &str) {
     let me = client.session_id().0;
-    let Ok((children, _)) = client.get_children(monitor).await else { return };
-    for name in children {
-        let path = format!("{monitor}/{name}");
-        if let Ok((bytes, stat)) = client.get_data(&path).await {
-            if stat.ephemeral_owner == me
-                && serde_json::from_slice::<NodeData>(&bytes).is_ok_and(|d| d.attempt == attempt)
-            {
-                debug!(node = %path, "removing a node of an abandoned acquisition");
-                let _ = delete_nodes(client, Some(&path), None).await;
+    let mut backoff = crate::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+    // Retried on connection loss until it completes or the session ends (which removes them).
+    'scan: loop {
+        let children = match client.get_children(monitor).await {
+            Ok((c, _)) => c,
+            Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
+                tokio::time::sleep(backoff.next_delay()).await;
+                continue;
+            }
+            Err(_) => return,
+        };
+        for name in children {
+            let path = format!("{monitor}/{name}");
+            match client.get_data(&path).await {
+                Ok((bytes, stat)) => {
+                    if stat.ephemeral_owner == me
+                        && serde_json::from_slice::<NodeData>(&bytes).is_ok_and(|d| d.attempt == attempt)
+                    {
+                        debug!(node = %path, "removing a node of an abandoned acquisition");
+                        let _ = delete_nodes(client, Some(&path), None).await;
+                    }
+                }
+                Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
+                    tokio::time::sleep(backoff.next_delay()).await;
+                    continue 'scan;
+                }
+                Err(_) => {}
             }
         }
+        return;
     }
 }
 
@@ -284,8 +303,15 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
             Err(ZkError::NoNode) => ensure_monitor(client, &settings.lock_root, &paths.monitor).await?,
             Err(e @ (ZkError::ConnectionLoss | ZkError::Timeout)) => {
                 debug!(error = %e, "connection loss while queueing; looking for our own node");
-                wait_connected(&slot, deadline).await?;
-                recover_own(client, &paths, &data, &mut pending).await?;
+                loop {
+                    wait_connected(&slot, deadline).await?;
+                    match recover_own(client, &paths, &data, &mut pending).await {
+                        Ok(()) => break,
+                        Err(LockError::ConnectionLoss { .. }) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                pending.in_flight = false;
                 if pending.node.is_some() {
                     break Step::Wait(Queue::default());
                 }
@@ -315,11 +341,20 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
                 match plain_create(client, &paths, &prefix, &data, &mut pending).await {
                     Ok(s) => break s,
                     Err(ZkError::NoNode) => ensure_monitor(client, &settings.lock_root, &paths.monitor).await?,
+                    Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
+                        wait_connected(&slot, deadline).await?;
+                        recover_own(client, &paths, &data, &mut pending).await?;
+                        pending.in_flight = false;
+                        if pending.node.is_some() {
+                            break Step::Wait(Queue::default());
+                        }
+                    }
                     Err(e) => return Err(map_zk(e, "queueing for the lock again")),
                 }
             };
             continue;
         };
+        debug!(node = %node, pos, queued = queue.nodes.len(), mutex_present = queue.mutex_present, "queue read");
         let now = Instant::now();
         if now >= deadline {
             return Err(give_up(&mut pending, &request, started).await);
@@ -469,7 +504,12 @@ async fn fast_path(
     let children = client.get_children(&paths.monitor);
     pending.in_flight = true;
     let (committed, children) = tokio::join!(commit, children);
-    pending.in_flight = false;
+    // After a connection loss the multi may or may not have happened: stay "in flight" until
+    // `recover_own` has looked, so that an abandoned attempt is searched for and removed.
+    pending.in_flight = matches!(
+        committed,
+        Err(MultiWriteError::RequestFailed { source: ZkError::ConnectionLoss | ZkError::Timeout })
+    );
     match committed {
         Ok(results) => {
             let mut created = results.into_iter();
@@ -528,7 +568,7 @@ async fn plain_create(
     pending.attempt = data.attempt.clone();
     pending.in_flight = true;
     let (created, children) = tokio::join!(create, children);
-    pending.in_flight = false;
+    pending.in_flight = matches!(created, Err(ZkError::ConnectionLoss | ZkError::Timeout));
     let (_, seq) = created?;
     pending.node = Some(format!("{prefix}-{seq}"));
     Ok(Step::Wait(children.map(|(c, _)| Queue::from_children(&c)).unwrap_or_default()))
@@ -584,7 +624,7 @@ async fn take_mutex(
     } else {
         (create.await, None)
     };
-    pending.in_flight = false;
+    pending.in_flight = matches!(created, Err(ZkError::ConnectionLoss | ZkError::Timeout));
     match created {
         Ok((stat, _)) => {
             pending.holds_mutex = true;
@@ -612,9 +652,12 @@ async fn take_mutex(
             _ => Queue::default(),
         })),
         Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
+            debug!("connection loss while taking the mutex; checking whether it is ours");
             // Did our create happen? Read the mutex and compare the attempt id.
             wait_connected(&pending.slot, Instant::now() + Duration::from_secs(3600)).await?;
-            if mutex_is_ours(client, &paths.mutex, &data.attempt).await? {
+            let ours = mutex_is_ours(client, &paths.mutex, &data.attempt).await?;
+            pending.in_flight = false;
+            if ours {
                 pending.holds_mutex = true;
                 let (_, stat) = client.get_data(&paths.mutex).await.map_err(|e| map_zk(e, "reading the mutex"))?;
                 // Verify order as usual.

@@ -160,8 +160,9 @@ impl Slot {
         }
         let (tx, rx) = watch::channel(0u64);
         let events = Arc::new(StdMutex::new(WatchState { watcher, done: false, task_waker: None }));
-        let (fwd, shared) = (tx.clone(), events.clone());
+        let (fwd, shared, client, watch_path) = (tx.clone(), events.clone(), self.client.clone(), path.to_string());
         let task = tokio::spawn(async move {
+            let mut disconnected = false;
             loop {
                 let event = std::future::poll_fn(|cx| {
                     let mut state = shared.lock().expect("watch state");
@@ -170,6 +171,26 @@ impl Slot {
                 })
                 .await;
                 let Some(event) = event else { break };
+                if event.event_type == EventType::Session {
+                    match event.session_state {
+                        SessionState::Disconnected => disconnected = true,
+                        SessionState::SyncConnected if disconnected => {
+                            disconnected = false;
+                            // A persistent watch does not come back after a reconnection here
+                            // (seen with ZooKeeper 3.8 and this client): register it again before
+                            // telling anyone to re-check, so no later deletion goes unseen.
+                            match client.watch(&watch_path, AddWatchMode::Persistent).await {
+                                Ok(fresh) => {
+                                    let old = std::mem::replace(&mut shared.lock().expect("watch state").watcher, fresh);
+                                    drop(old);
+                                    debug!(path = %watch_path, "mutex watch registered again after reconnection");
+                                }
+                                Err(e) => debug!(path = %watch_path, error = %e, "could not register the mutex watch again"),
+                            }
+                        }
+                        _ => {}
+                    }
+                }
                 forward(&event, &fwd);
             }
         });
@@ -384,12 +405,25 @@ impl ZkSession {
     pub async fn expire_session_for_testing(&self) -> Result<(), LockError> {
         let slot = self.slot().await?;
         let info = slot.client.session().clone();
-        let twin = Client::connector()
-            .with_session(info)
-            .with_session_timeout(self.inner.settings.session_timeout)
-            .connect(&self.inner.settings.servers)
-            .await
-            .map_err(|e| map_zk(e, "attaching to the session to expire it"))?;
+        let mut last = None;
+        let mut twin = None;
+        for _ in 0..3 {
+            match Client::connector()
+                .with_session(info.clone())
+                .with_session_timeout(self.inner.settings.session_timeout)
+                .connect(&self.inner.settings.servers)
+                .await
+            {
+                Ok(c) => {
+                    twin = Some(c);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let Some(twin) = twin else {
+            return Err(map_zk(last.expect("an error"), "attaching to the session to expire it"));
+        };
         // Dropping the only instance closes the twin connection's session, which is ours.
         drop(twin);
         Ok(())

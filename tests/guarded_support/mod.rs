@@ -21,10 +21,16 @@ pub struct Servers {
 impl Servers {
     pub fn start() -> Servers {
         let zk = std::thread::spawn(|| {
-            ZkServer::builder().tick_time(500).start().expect("start ZooKeeper (run scripts/install-deps.sh)")
+            ZkServer::builder()
+                .tick_time(500)
+                .start()
+                .expect("start ZooKeeper (run scripts/install-deps.sh)")
         });
         let es = OsmemServer::start().expect("start osmem-server (run scripts/install-deps.sh)");
-        Servers { zk: zk.join().expect("ZooKeeper start thread"), es }
+        Servers {
+            zk: zk.join().expect("ZooKeeper start thread"),
+            es,
+        }
     }
 }
 
@@ -66,7 +72,9 @@ pub fn settings_for(servers: &Servers, dir: &std::path::Path) -> Settings {
 
 /// A lock service over a new ZooKeeper session.
 pub async fn locks(settings: &Settings) -> (ZkSession, Arc<dyn LockService>) {
-    let session = ZkSession::connect(&settings.zookeeper).await.expect("connect to ZooKeeper");
+    let session = ZkSession::connect(&settings.zookeeper)
+        .await
+        .expect("connect to ZooKeeper");
     let service: Arc<dyn LockService> = Arc::new(ZkLockService::new(session.clone()));
     (session, service)
 }
@@ -78,7 +86,12 @@ pub fn store(settings: &Settings) -> Arc<dyn DocStore> {
 
 /// The stored source of `index/id` (panics when it is missing).
 pub async fn source(store: &dyn DocStore, index: &str, id: &str) -> Value {
-    store.get(index, id).await.expect("GET").unwrap_or_else(|| panic!("{index}/{id} is missing")).source
+    store
+        .get(index, id)
+        .await
+        .expect("GET")
+        .unwrap_or_else(|| panic!("{index}/{id} is missing"))
+        .source
 }
 
 /// Waits until `cond` holds, polling every 20 ms; panics with `what` after `limit`.
@@ -92,7 +105,10 @@ where
         if cond().await {
             return;
         }
-        assert!(Instant::now() < end, "condition not reached within {limit:?}: {what}");
+        assert!(
+            Instant::now() < end,
+            "condition not reached within {limit:?}: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

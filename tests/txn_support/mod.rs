@@ -18,7 +18,9 @@ use zkguard::txn::{Coordinator, HookAction, HookPoint, StepHook, TxnState};
 /// The test binary's `osmem-server`.
 pub fn server() -> &'static OsmemServer {
     static SERVER: OnceLock<OsmemServer> = OnceLock::new();
-    SERVER.get_or_init(|| OsmemServer::start().expect("start osmem-server (run scripts/install-deps.sh)"))
+    SERVER.get_or_init(|| {
+        OsmemServer::start().expect("start osmem-server (run scripts/install-deps.sh)")
+    })
 }
 
 pub fn store() -> Arc<dyn DocStore> {
@@ -48,7 +50,11 @@ pub async fn open_accounts(c: &Coordinator, names: &[&str], balance: i64) {
 }
 
 pub async fn balance(c: &Coordinator, account: &str) -> i64 {
-    c.account(account).await.unwrap().expect("account exists").balance
+    c.account(account)
+        .await
+        .unwrap()
+        .expect("account exists")
+        .balance
 }
 
 pub async fn balances(c: &Coordinator, accounts: &[String]) -> BTreeMap<String, i64> {
@@ -60,10 +66,16 @@ pub async fn balances(c: &Coordinator, accounts: &[String]) -> BTreeMap<String, 
 }
 
 /// Every transaction of the index with its state, amount, source and destination.
-pub async fn all_transactions(store: &Arc<dyn DocStore>, s: &TxnSettings) -> Vec<(String, TxnState, i64, String, String)> {
+pub async fn all_transactions(
+    store: &Arc<dyn DocStore>,
+    s: &TxnSettings,
+) -> Vec<(String, TxnState, i64, String, String)> {
     store.refresh(&s.transactions_index).await.unwrap();
     let hits = store
-        .search(&s.transactions_index, &json!({ "size": 10000, "query": { "match_all": {} } }))
+        .search(
+            &s.transactions_index,
+            &json!({ "size": 10000, "query": { "match_all": {} } }),
+        )
         .await
         .unwrap();
     hits.into_iter()
@@ -84,7 +96,11 @@ pub async fn all_transactions(store: &Arc<dyn DocStore>, s: &TxnSettings) -> Vec
 pub async fn recover_all(c: &Coordinator) {
     for _ in 0..20 {
         let report = c.recover_once().await.expect("recovery pass");
-        assert!(report.failed.is_empty(), "recovery failures: {:?}", report.failed);
+        assert!(
+            report.failed.is_empty(),
+            "recovery failures: {:?}",
+            report.failed
+        );
         if report.examined == 0 {
             return;
         }
@@ -94,10 +110,19 @@ pub async fn recover_all(c: &Coordinator) {
 
 /// Asserts the books: nothing in flight, no pending id, no anomaly, the expected total, and every
 /// balance equal to its initial value moved by exactly the finished transactions.
-pub async fn assert_books(store: &Arc<dyn DocStore>, c: &Coordinator, s: &TxnSettings, initial: &BTreeMap<String, i64>) {
+pub async fn assert_books(
+    store: &Arc<dyn DocStore>,
+    c: &Coordinator,
+    s: &TxnSettings,
+    initial: &BTreeMap<String, i64>,
+) {
     let audit = c.audit().await.unwrap();
     assert!(audit.is_settled(), "audit not settled: {audit:#?}");
-    assert_eq!(audit.total_balance, initial.values().sum::<i64>(), "sum of balances changed: {audit:#?}");
+    assert_eq!(
+        audit.total_balance,
+        initial.values().sum::<i64>(),
+        "sum of balances changed: {audit:#?}"
+    );
     let mut expected = initial.clone();
     for (id, state, amount, from, to) in all_transactions(store, s).await {
         assert!(state.is_final(), "transaction {id} is {state}");
@@ -107,7 +132,11 @@ pub async fn assert_books(store: &Arc<dyn DocStore>, c: &Coordinator, s: &TxnSet
         }
     }
     let accounts: Vec<String> = initial.keys().cloned().collect();
-    assert_eq!(balances(c, &accounts).await, expected, "balances differ from the finished transactions");
+    assert_eq!(
+        balances(c, &accounts).await,
+        expected,
+        "balances differ from the finished transactions"
+    );
 }
 
 /// Crashes at one point, once (optionally for one transaction only).
@@ -119,7 +148,11 @@ pub struct CrashAt {
 
 impl CrashAt {
     pub fn new(point: HookPoint) -> Arc<Self> {
-        Arc::new(Self { point, txn: None, fired: AtomicBool::new(false) })
+        Arc::new(Self {
+            point,
+            txn: None,
+            fired: AtomicBool::new(false),
+        })
     }
     pub fn fired(&self) -> bool {
         self.fired.load(Ordering::SeqCst)
@@ -150,7 +183,12 @@ pub struct PauseAt {
 
 impl PauseAt {
     pub fn new(point: HookPoint) -> Arc<Self> {
-        Arc::new(Self { point, reached: Notify::new(), release: Notify::new(), fired: AtomicBool::new(false) })
+        Arc::new(Self {
+            point,
+            reached: Notify::new(),
+            release: Notify::new(),
+            fired: AtomicBool::new(false),
+        })
     }
 }
 
@@ -194,14 +232,17 @@ impl StepHook for RandomCrashes {
     }
 }
 
-/// A store that performs writes and then loses the reply: the `n`-th conditional or create write
-/// (1-based, counted per store) for which `lose(n)` holds is applied and answered with a transport
-/// error, as when a connection drops after the server acted.
+/// Decides from (write number, index, condition) whether a write's reply is lost.
+pub type LosePolicy = Box<dyn Fn(u64, &str, WriteCondition) -> bool + Send + Sync>;
+
+/// A store that performs writes and then loses the reply: the `n`-th `index` call (1-based,
+/// counted per store) for which `lose(n, index, condition)` holds is applied and answered with a
+/// transport error, as when a connection drops after the server acted.
 pub struct LossyStore {
     pub inner: Arc<dyn DocStore>,
     pub writes: AtomicU64,
     pub lost: AtomicU64,
-    pub lose: Box<dyn Fn(u64, &str, WriteCondition) -> bool + Send + Sync>,
+    pub lose: LosePolicy,
 }
 
 impl LossyStore {
@@ -209,7 +250,12 @@ impl LossyStore {
         inner: Arc<dyn DocStore>,
         lose: impl Fn(u64, &str, WriteCondition) -> bool + Send + Sync + 'static,
     ) -> Arc<Self> {
-        Arc::new(Self { inner, writes: AtomicU64::new(0), lost: AtomicU64::new(0), lose: Box::new(lose) })
+        Arc::new(Self {
+            inner,
+            writes: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            lose: Box::new(lose),
+        })
     }
 }
 
@@ -226,11 +272,17 @@ impl DocStore for LossyStore {
         condition: WriteCondition,
         refresh: Refresh,
     ) -> Result<DocMeta, EsError> {
-        let result = self.inner.index(index, id, source, condition, refresh).await;
+        let result = self
+            .inner
+            .index(index, id, source, condition, refresh)
+            .await;
         let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
         if result.is_ok() && (self.lose)(n, index, condition) {
             self.lost.fetch_add(1, Ordering::SeqCst);
-            return Err(EsError::Transport { url: "lossy".into(), reason: "reply lost (injected)".into() });
+            return Err(EsError::Transport {
+                url: "lossy".into(),
+                reason: "reply lost (injected)".into(),
+            });
         }
         result
     }
@@ -246,7 +298,11 @@ impl DocStore for LossyStore {
     async fn search(&self, index: &str, body: &Value) -> Result<Vec<Doc>, EsError> {
         self.inner.search(index, body).await
     }
-    async fn bulk(&self, actions: &[BulkAction], refresh: Refresh) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
+    async fn bulk(
+        &self,
+        actions: &[BulkAction],
+        refresh: Refresh,
+    ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
         self.inner.bulk(actions, refresh).await
     }
     async fn ensure_index(&self, index: &str, mappings: &Value) -> Result<(), EsError> {

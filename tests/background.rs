@@ -1,0 +1,482 @@
+//! Background operations: retries, dead letters and replays, against a real ZooKeeper and
+//! osmem-server.
+
+mod guarded_support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use serde_json::json;
+use uuid::Uuid;
+use zkguard::background::{BackgroundExecutor, Outcome};
+use zkguard::deadletter::{
+    replay, DeadLetter, DeadLetterError, DeadLetterSink, FileSink, ParkReason, ReplayResult,
+    ReplaySelection,
+};
+use zkguard::es::{Refresh, WriteCondition};
+use zkguard::guarded::{GuardedError, GuardedWriter};
+use zkguard::ops::{Operation, Stamp};
+use zkguard::servers::OsmemServer;
+use zkguard::{LockError, LockRequest, LockType};
+
+use guarded_support::{eventually, locks, settings, settings_for, shared, source, store, tag};
+
+/// A lock held longer than the whole retry budget: the background operation is tried
+/// `elastic.request.retry.count` times and parked with everything needed to replay it; a
+/// foreground operation fails at once with the lock error. After the holder lets go, the replay
+/// applies the parked operation once and removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_held_past_the_retry_budget_parks_then_replay_applies() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings_for(servers, dir.path());
+    settings.zookeeper.foreground_timeout = Duration::from_millis(300);
+    settings.zookeeper.background_timeout = Duration::from_millis(300);
+    let es = store(&settings);
+    let index = format!("bg-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    let writer = GuardedWriter::new(l, es.clone());
+    writer
+        .on("bg-1")
+        .index(&index, "1", json!({"n": 0}))
+        .await
+        .unwrap();
+    let sink: Arc<dyn DeadLetterSink> = Arc::new(FileSink::new(&settings.retry.file_path));
+    let exec = BackgroundExecutor::from_settings(writer.clone(), sink.clone(), &settings);
+
+    let (_hs, holder_locks) = locks(&settings).await;
+    let held = holder_locks
+        .acquire(LockRequest::new("bg-1", "long job"))
+        .await
+        .unwrap();
+
+    // Foreground: one attempt, the lock error goes straight back, nothing is parked.
+    let fg = exec
+        .run_foreground(Operation::increment("bg-1", &index, "1", "n", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            fg,
+            GuardedError::Lock(LockError::Timeout {
+                lock_type: LockType::Foreground,
+                ..
+            })
+        ),
+        "{fg}"
+    );
+
+    // Background: 3 attempts, then parked.
+    let started = SystemTime::now();
+    let op = Operation::increment("bg-1", &index, "1", "n", 1).with_info("Bulk Propagation");
+    let outcome = exec.run(op.clone()).await;
+    match &outcome {
+        Outcome::Parked {
+            op_id,
+            attempts,
+            reason,
+            error,
+        } => {
+            assert_eq!(*op_id, op.id);
+            assert_eq!(*attempts, 3);
+            assert_eq!(*reason, ParkReason::RetriesExhausted);
+            assert!(error.contains("not acquired within"), "{error}");
+        }
+        other => panic!("expected parked, got {other:?}"),
+    }
+    let stats = exec.stats();
+    assert_eq!(
+        (stats.submitted, stats.retried, stats.parked, stats.applied),
+        (1, 2, 1, 0),
+        "{stats:?}"
+    );
+    assert_eq!((stats.foreground_failed, stats.foreground_applied), (1, 0));
+
+    let parked = sink.list().await.unwrap();
+    assert_eq!(parked.len(), 1, "only the background operation is parked");
+    let letter = &parked[0];
+    assert_eq!(letter.id, op.id);
+    assert_eq!(letter.monitor, "bg-1");
+    assert_eq!(letter.attempts, 3);
+    assert_eq!(letter.error_kind, "lock_timeout");
+    assert!(letter.last_error.contains("bg-1"), "{}", letter.last_error);
+    assert_eq!(letter.operation, op.clone().with_type(LockType::Background));
+    let ms = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    };
+    assert!(ms(started) <= ms(letter.first_attempt));
+    assert!(letter.first_attempt <= letter.last_attempt && letter.last_attempt <= letter.parked_at);
+    // Durable: the file holds the full entry as one JSON line.
+    let text = std::fs::read_to_string(&settings.retry.file_path).unwrap();
+    let line: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        line["operation"]["kind"]["change"],
+        json!({"type": "increment", "field": "n", "by": 1})
+    );
+    assert_eq!(
+        source(es.as_ref(), &index, "1").await["n"],
+        0,
+        "nothing was applied"
+    );
+
+    // While the lock is still held, a replay keeps the entry and counts the attempt.
+    let still = replay(&writer, sink.as_ref(), ReplaySelection::All)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            still[0].result,
+            ReplayResult::StillParked {
+                transient: true,
+                ..
+            }
+        ),
+        "{still:?}"
+    );
+    assert_eq!(sink.list().await.unwrap()[0].attempts, 4);
+
+    held.unlock().await.unwrap();
+    let replayed = replay(&writer, sink.as_ref(), ReplaySelection::Id(op.id))
+        .await
+        .unwrap();
+    assert_eq!(replayed.len(), 1);
+    assert_eq!(replayed[0].result, ReplayResult::Applied);
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 1);
+    assert!(sink.list().await.unwrap().is_empty());
+    let err = replay(&writer, sink.as_ref(), ReplaySelection::Id(op.id))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DeadLetterError::NoSuchEntry { .. }), "{err}");
+}
+
+/// Failures that retrying cannot fix are parked at once (fenced) or rejected (malformed), and
+/// nothing is lost either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_operations_are_parked_at_once_and_malformed_ones_rejected() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let es = store(&settings);
+    let index = format!("fenced-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    let writer = GuardedWriter::new(l, es.clone());
+    let sink: Arc<dyn DeadLetterSink> = Arc::new(FileSink::new(&settings.retry.file_path));
+    let exec = BackgroundExecutor::from_settings(writer, sink.clone(), &settings);
+
+    // A document whose version is beyond any ZooKeeper token (written with a far-future
+    // external version by some other writer).
+    es.index(
+        &index,
+        "1",
+        &json!({"n": 5}),
+        WriteCondition::ExternalGte(1 << 62),
+        Refresh::No,
+    )
+    .await
+    .unwrap();
+    let op = Operation::increment("fenced-1", &index, "1", "n", 1);
+    match exec.run(op.clone()).await {
+        Outcome::Parked {
+            attempts: 1,
+            reason: ParkReason::NotRetryable,
+            error,
+            ..
+        } => {
+            assert!(error.contains("newer lock holder"), "{error}")
+        }
+        other => panic!("expected parked after one attempt, got {other:?}"),
+    }
+    let letter = &sink.list().await.unwrap()[0];
+    assert_eq!((letter.id, letter.error_kind.as_str()), (op.id, "fenced"));
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 5);
+
+    let bad = Operation::index("fenced-1", &index, "2", json!({"zkguard": "mine"}));
+    match exec.run(bad).await {
+        Outcome::Rejected { reason, .. } => {
+            assert!(reason.contains("reserved field `zkguard`"), "{reason}")
+        }
+        other => panic!("expected rejected, got {other:?}"),
+    }
+    let stats = exec.stats();
+    assert_eq!(
+        (stats.fenced, stats.retried, stats.parked, stats.rejected),
+        (1, 0, 1, 1),
+        "{stats:?}"
+    );
+    assert_eq!(sink.list().await.unwrap().len(), 1);
+}
+
+/// A sink whose next `remove` fails: a replay that "crashes" after applying an operation and
+/// before removing its entry.
+struct CrashBeforeRemove {
+    inner: FileSink,
+    crash: AtomicBool,
+}
+
+#[async_trait]
+impl DeadLetterSink for CrashBeforeRemove {
+    async fn park(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
+        self.inner.park(letter).await
+    }
+    async fn list(&self) -> Result<Vec<DeadLetter>, DeadLetterError> {
+        self.inner.list().await
+    }
+    async fn remove(&self, id: Uuid) -> Result<bool, DeadLetterError> {
+        if self.crash.swap(false, Ordering::SeqCst) {
+            return Err(DeadLetterError::Io {
+                action: "rewrite",
+                path: self.inner.path().to_path_buf(),
+                source: std::io::Error::other("injected crash"),
+            });
+        }
+        self.inner.remove(id).await
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+/// Replay stops between applying and removing; the next replay finds the operation recorded in
+/// the document, applies nothing and removes the entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_interrupted_between_apply_and_remove_applies_once() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let es = store(&settings);
+    let index = format!("replay-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    let writer = GuardedWriter::new(l, es.clone());
+    writer
+        .on("r-1")
+        .index(&index, "1", json!({"n": 10}))
+        .await
+        .unwrap();
+    let sink = CrashBeforeRemove {
+        inner: FileSink::new(&settings.retry.file_path),
+        crash: AtomicBool::new(true),
+    };
+    let ops: Vec<Operation> = (0..3)
+        .map(|_| Operation::increment("r-1", &index, "1", "n", 1).with_type(LockType::Background))
+        .collect();
+    let err = GuardedError::Lock(LockError::Timeout {
+        monitor: "r-1".into(),
+        lock_type: LockType::Background,
+        waited: Duration::from_millis(1),
+    });
+    for op in &ops {
+        let now = SystemTime::now();
+        sink.park(&DeadLetter::new(op, 3, &err, now, now))
+            .await
+            .unwrap();
+    }
+
+    let first = replay(&writer, &sink, ReplaySelection::All).await.unwrap();
+    assert!(
+        matches!(first[0].result, ReplayResult::NotRemoved { .. }),
+        "{first:?}"
+    );
+    assert_eq!(first[1].result, ReplayResult::Applied);
+    assert_eq!(first[2].result, ReplayResult::Applied);
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 13);
+    let left = sink.list().await.unwrap();
+    assert_eq!(
+        left.iter().map(|l| l.id).collect::<Vec<_>>(),
+        vec![ops[0].id]
+    );
+
+    let second = replay(&writer, &sink, ReplaySelection::All).await.unwrap();
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].result, ReplayResult::AlreadyApplied);
+    assert_eq!(
+        source(es.as_ref(), &index, "1").await["n"],
+        13,
+        "not applied twice"
+    );
+    assert!(sink.list().await.unwrap().is_empty());
+}
+
+/// Elasticsearch freezes (SIGSTOP) while background increments run on four documents: the
+/// operations in flight and those after it are retried and parked; once it continues, a replay
+/// applies the parked ones. Every document ends with exactly its number of increments, and every
+/// operation id is recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn elasticsearch_stopped_mid_run_parks_and_replay_loses_and_doubles_nothing() {
+    const DOCS: usize = 4;
+    const PER_DOC: usize = 6;
+    let zk = &shared().zk;
+    let es_server = OsmemServer::start().expect("start osmem-server");
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(&zk.connect_string(), es_server.url(), dir.path());
+    settings.zookeeper.background_timeout = Duration::from_secs(2);
+    // Seeding, replay and checks use the normal client; the executor gives up after 300 ms.
+    let es = store(&settings);
+    let mut short = settings.clone();
+    short.elasticsearch.request_timeout = Duration::from_millis(300);
+    let index = format!("stop-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    let writer = GuardedWriter::new(l.clone(), es.clone());
+    for d in 0..DOCS {
+        writer
+            .on(format!("doc-{d}"))
+            .index(&index, &d.to_string(), json!({"n": 0}))
+            .await
+            .unwrap();
+    }
+    let sink: Arc<dyn DeadLetterSink> = Arc::new(FileSink::new(&settings.retry.file_path));
+    let exec_writer = GuardedWriter::new(l, store(&short));
+    let exec = BackgroundExecutor::builder(exec_writer, sink.clone())
+        .retry(&settings.retry)
+        .concurrency(DOCS)
+        .build();
+
+    let mut ops = Vec::new();
+    for i in 0..DOCS * PER_DOC {
+        let d = i % DOCS;
+        ops.push(Operation::increment(
+            format!("doc-{d}"),
+            &index,
+            d.to_string(),
+            "n",
+            1,
+        ));
+    }
+    let mut handles = Vec::new();
+    let submitter = {
+        let exec = exec.clone();
+        let ops = ops.clone();
+        tokio::spawn(async move {
+            let mut hs = Vec::new();
+            for op in ops {
+                hs.push(exec.submit(op).await);
+            }
+            hs
+        })
+    };
+    eventually(
+        Duration::from_secs(20),
+        "a few operations applied",
+        || async { exec.stats().applied >= 5 },
+    )
+    .await;
+    es_server.pause();
+    handles.extend(submitter.await.unwrap());
+    let mut outcomes = Vec::new();
+    for h in handles {
+        outcomes.push(h.await.unwrap());
+    }
+    es_server.resume();
+
+    let applied = outcomes.iter().filter(|o| o.is_applied()).count();
+    let parked = outcomes.iter().filter(|o| o.is_parked()).count();
+    assert_eq!(
+        applied + parked,
+        ops.len(),
+        "every operation ends applied or parked: {outcomes:?}"
+    );
+    assert!(parked > 0, "the freeze must have parked operations");
+    let letters = sink.list().await.unwrap();
+    assert_eq!(letters.len(), parked);
+    assert!(
+        letters
+            .iter()
+            .all(|l| l.reason == ParkReason::RetriesExhausted && l.attempts == 3),
+        "{letters:?}"
+    );
+
+    let results = replay(&writer, sink.as_ref(), ReplaySelection::All)
+        .await
+        .unwrap();
+    let already = results
+        .iter()
+        .filter(|r| r.result == ReplayResult::AlreadyApplied)
+        .count();
+    eprintln!("applied {applied}, parked {parked} (of which already in the document: {already}), stats {:?}", exec.stats());
+    assert_eq!(results.len(), parked);
+    assert!(
+        results.iter().all(|r| matches!(
+            r.result,
+            ReplayResult::Applied | ReplayResult::AlreadyApplied
+        )),
+        "{results:?}"
+    );
+    assert!(sink.list().await.unwrap().is_empty());
+
+    let mut seen: HashMap<Uuid, usize> = HashMap::new();
+    for d in 0..DOCS {
+        let s = source(es.as_ref(), &index, &d.to_string()).await;
+        assert_eq!(
+            s["n"],
+            json!(PER_DOC),
+            "doc {d}: lost or doubled increments: {s}"
+        );
+        for id in Stamp::of(&s).unwrap().ops {
+            *seen.entry(Uuid::parse_str(&id).unwrap()).or_default() += 1;
+        }
+    }
+    for op in &ops {
+        assert_eq!(
+            seen.get(&op.id),
+            Some(&1),
+            "operation {} recorded once",
+            op.id
+        );
+    }
+}
+
+/// Elasticsearch killed (connection refused) and started again empty: operations are parked
+/// quickly; after the restart the test re-seeds the documents and the replay applies them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elasticsearch_killed_and_restarted_replay_applies_parked_operations() {
+    let zk = &shared().zk;
+    let es_server = OsmemServer::start().expect("start osmem-server");
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings(&zk.connect_string(), es_server.url(), dir.path());
+    let es = store(&settings);
+    let index = format!("restart-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    let writer = GuardedWriter::new(l, es.clone());
+    let sink: Arc<dyn DeadLetterSink> = Arc::new(FileSink::new(&settings.retry.file_path));
+    let exec = BackgroundExecutor::from_settings(writer.clone(), sink.clone(), &settings);
+
+    es_server.kill();
+    let ops: Vec<Operation> = (0..3)
+        .map(|_| Operation::increment("k-1", &index, "1", "n", 2))
+        .collect();
+    for op in &ops {
+        match exec.run(op.clone()).await {
+            Outcome::Parked {
+                attempts: 3,
+                reason: ParkReason::RetriesExhausted,
+                ..
+            } => {}
+            other => panic!("expected parked, got {other:?}"),
+        }
+    }
+    let letters = sink.list().await.unwrap();
+    assert!(
+        letters.iter().all(|l| l.error_kind == "es_unavailable"),
+        "{letters:?}"
+    );
+
+    es_server.start_again().expect("restart osmem-server");
+    writer
+        .on("k-1")
+        .index(&index, "1", json!({"n": 100}))
+        .await
+        .unwrap();
+    let results = replay(&writer, sink.as_ref(), ReplaySelection::All)
+        .await
+        .unwrap();
+    assert!(
+        results.iter().all(|r| r.result == ReplayResult::Applied),
+        "{results:?}"
+    );
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 106);
+    assert!(sink.list().await.unwrap().is_empty());
+}

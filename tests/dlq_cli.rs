@@ -1,0 +1,347 @@
+//! `zkguard dlq list` and `zkguard dlq replay`, run as processes against a real ZooKeeper and
+//! osmem-server, including a replay killed between applying an operation and removing its entry.
+
+mod guarded_support;
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde_json::{json, Value};
+use zkguard::config::{DeadLetterSinkKind, Settings};
+use zkguard::deadletter::{DeadLetter, DeadLetterSink, EsSink, FileSink};
+use zkguard::guarded::{GuardedError, GuardedWriter};
+use zkguard::ops::Operation;
+use zkguard::{LockError, LockType};
+
+use guarded_support::{eventually, locks, settings_for, shared, source, store, tag};
+
+/// A properties file for the CLI with the test's servers, lock root and dead-letter sink.
+fn write_config(dir: &Path, s: &Settings) -> PathBuf {
+    let path = dir.join("zkguard.properties");
+    let sink = match s.retry.sink {
+        DeadLetterSinkKind::File => "file",
+        DeadLetterSinkKind::Elasticsearch => "elasticsearch",
+    };
+    let text = format!(
+        "zookeeper.servers={}\nzookeeper.lock.root={}\nzookeeper.session.timeout=2000\n\
+         zookeeper.background.task.timeout=5000\nelasticsearch.url={}\ndeadletter.sink={sink}\n\
+         deadletter.file.path={}\ndeadletter.index={}\n",
+        s.zookeeper.servers,
+        s.zookeeper.lock_root,
+        s.elasticsearch.urls[0],
+        s.retry.file_path.display(),
+        s.retry.index,
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn zkguard(config: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run zkguard")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn status(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+/// Parks increments of `index/id` field `n` by each amount, as the background executor would.
+async fn park_increments(
+    sink: &dyn DeadLetterSink,
+    monitor: &str,
+    index: &str,
+    id: &str,
+    by: &[i64],
+) -> Vec<Operation> {
+    let mut ops = Vec::new();
+    for b in by {
+        let op = Operation::increment(monitor, index, id, "n", *b).with_type(LockType::Background);
+        let err = GuardedError::Lock(LockError::Timeout {
+            monitor: monitor.into(),
+            lock_type: LockType::Background,
+            waited: Duration::from_millis(300),
+        });
+        let now = SystemTime::now();
+        sink.park(&DeadLetter::new(&op, 3, &err, now, now))
+            .await
+            .unwrap();
+        ops.push(op);
+    }
+    ops
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_replay_with_exit_statuses() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let config = write_config(dir.path(), &settings);
+    let es = store(&settings);
+    let index = format!("cli-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    GuardedWriter::new(l, es.clone())
+        .on("cli-1")
+        .index(&index, "1", json!({"n": 0}))
+        .await
+        .unwrap();
+
+    let empty = zkguard(&config, &["dlq", "list"]);
+    assert_eq!(status(&empty), 0);
+    assert!(
+        stdout(&empty).contains("no parked operations in file"),
+        "{}",
+        stdout(&empty)
+    );
+
+    let sink = FileSink::new(&settings.retry.file_path);
+    let ops = park_increments(&sink, "cli-1", &index, "1", &[1, 10, 100]).await;
+
+    let listed = zkguard(&config, &["dlq", "list", "--json"]);
+    assert_eq!(status(&listed), 0, "{listed:?}");
+    let entries: Vec<Value> = serde_json::from_slice(&listed.stdout).expect("a JSON array");
+    assert_eq!(entries.len(), 3);
+    for (e, op) in entries.iter().zip(&ops) {
+        assert_eq!(e["id"], op.id.to_string());
+        assert_eq!(e["monitor"], "cli-1");
+        assert_eq!(e["attempts"], 3);
+        assert_eq!(e["error_kind"], "lock_timeout");
+        assert_eq!(e["operation"]["kind"]["type"], "update");
+        assert!(e["parked_at"].as_str().unwrap().ends_with('Z'));
+    }
+    let table = zkguard(&config, &["dlq", "list"]);
+    let text = stdout(&table);
+    assert!(
+        ops.iter().all(|o| text.contains(&o.id.to_string())),
+        "{text}"
+    );
+    assert!(
+        text.contains("increment") && text.contains("3 parked operation(s)"),
+        "{text}"
+    );
+
+    // Usage errors: 64.
+    assert_eq!(status(&zkguard(&config, &["dlq", "replay"])), 64);
+    assert_eq!(
+        status(&zkguard(&config, &["dlq", "replay", "--id", "not-an-id"])),
+        64
+    );
+    let unknown = zkguard(
+        &config,
+        &["dlq", "replay", "--id", &uuid::Uuid::new_v4().to_string()],
+    );
+    assert_eq!(status(&unknown), 64);
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("no parked operation has id"),
+        "{unknown:?}"
+    );
+
+    let one = zkguard(&config, &["dlq", "replay", "--id", &ops[1].id.to_string()]);
+    assert_eq!(status(&one), 0, "{one:?}");
+    assert!(
+        stdout(&one).contains(&format!("applied          {}", ops[1].id)),
+        "{}",
+        stdout(&one)
+    );
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 10);
+    assert_eq!(sink.list().await.unwrap().len(), 2);
+
+    let all = zkguard(&config, &["dlq", "replay", "--all"]);
+    assert_eq!(status(&all), 0, "{all:?}");
+    assert!(
+        stdout(&all).contains("replayed 2: 2 applied"),
+        "{}",
+        stdout(&all)
+    );
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 111);
+    assert!(sink.list().await.unwrap().is_empty());
+
+    // An entry that cannot be applied stays parked: 75, with the attempt recorded.
+    let missing = park_increments(&sink, "cli-1", &index, "no-such-doc", &[1]).await;
+    let failed = zkguard(&config, &["dlq", "replay", "--all"]);
+    assert_eq!(status(&failed), 75, "{failed:?}");
+    assert!(
+        stdout(&failed).contains("still parked"),
+        "{}",
+        stdout(&failed)
+    );
+    let left = sink.list().await.unwrap();
+    assert_eq!(
+        (left.len(), left[0].id, left[0].attempts),
+        (1, missing[0].id, 4)
+    );
+    assert_eq!(left[0].error_kind, "not_found");
+}
+
+/// `zkguard dlq replay --all` is killed after applying the first operation and before removing
+/// its entry (the test holds the dead-letter file's lock, so the removal waits). The next replay
+/// recognises the applied operation, removes its entry without writing, and applies the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_killed_between_apply_and_remove_does_not_apply_twice() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let config = write_config(dir.path(), &settings);
+    let es = store(&settings);
+    let index = format!("crash-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    GuardedWriter::new(l, es.clone())
+        .on("crash-1")
+        .index(&index, "1", json!({"n": 0}))
+        .await
+        .unwrap();
+    let sink = FileSink::new(&settings.retry.file_path);
+    let ops = park_increments(&sink, "crash-1", &index, "1", &[1, 10]).await;
+
+    let lock_file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(sink.lock_path())
+        .unwrap();
+    let mut file_lock = fd_lock::RwLock::new(lock_file);
+    let held = file_lock.write().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .arg("--config")
+        .arg(&config)
+        .args(["dlq", "replay", "--all"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let es2 = es.clone();
+    let index2 = index.clone();
+    eventually(
+        Duration::from_secs(30),
+        "the first operation applied by the replay",
+        move || {
+            let es = es2.clone();
+            let index = index2.clone();
+            async move {
+                es.get(&index, "1")
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|d| d.source["n"] == 1)
+            }
+        },
+    )
+    .await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the replay waits to remove the entry"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(held);
+
+    assert_eq!(
+        sink.list().await.unwrap().len(),
+        2,
+        "the killed replay removed nothing"
+    );
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 1);
+
+    let again = zkguard(&config, &["dlq", "replay", "--all"]);
+    assert_eq!(status(&again), 0, "{again:?}");
+    let text = stdout(&again);
+    assert!(
+        text.contains(&format!("already applied  {}", ops[0].id)),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("applied          {}", ops[1].id)),
+        "{text}"
+    );
+    assert_eq!(
+        source(es.as_ref(), &index, "1").await["n"],
+        11,
+        "applied once each"
+    );
+    assert!(sink.list().await.unwrap().is_empty());
+}
+
+/// The Elasticsearch sink: the CLI lists and replays entries parked in `deadletter.index`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elasticsearch_sink_through_the_cli() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings_for(servers, dir.path());
+    settings.retry.sink = DeadLetterSinkKind::Elasticsearch;
+    settings.retry.index = format!("dl-{}", tag());
+    let config = write_config(dir.path(), &settings);
+    let es = store(&settings);
+    let index = format!("esdl-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    GuardedWriter::new(l, es.clone())
+        .on("esdl-1")
+        .index(&index, "1", json!({"n": 0}))
+        .await
+        .unwrap();
+    let sink: Arc<dyn DeadLetterSink> =
+        zkguard::deadletter::sink_from_settings(&settings.retry, Some(es.clone())).unwrap();
+    assert_eq!(sink.describe(), format!("index {}", settings.retry.index));
+    // Different document shapes in the payload must not clash in the sink's mappings.
+    let other_index = format!("{index}-other");
+    let odd = Operation::index("esdl-1", &other_index, "2", json!({"n": "text"}))
+        .with_type(LockType::Background);
+    let now = SystemTime::now();
+    let timeout = GuardedError::Lock(LockError::Timeout {
+        monitor: "esdl-1".into(),
+        lock_type: LockType::Background,
+        waited: Duration::from_millis(1),
+    });
+    sink.park(&DeadLetter::new(&odd, 1, &timeout, now, now))
+        .await
+        .unwrap();
+    let ops = park_increments(sink.as_ref(), "esdl-1", &index, "1", &[5, 7]).await;
+    let plain =
+        Operation::index("esdl-1", &index, "3", json!({"n": 5})).with_type(LockType::Background);
+    sink.park(&DeadLetter::new(&plain, 1, &timeout, now, now))
+        .await
+        .unwrap();
+    assert_eq!(
+        sink.list()
+            .await
+            .unwrap()
+            .iter()
+            .map(|l| l.id)
+            .collect::<Vec<_>>(),
+        vec![odd.id, ops[0].id, ops[1].id, plain.id],
+        "oldest first"
+    );
+    let paged = EsSink::new(es.clone(), settings.retry.index.clone()).with_page_size(3);
+    assert_eq!(
+        paged.list().await.unwrap(),
+        sink.list().await.unwrap(),
+        "pages of 3 give the same list"
+    );
+    let listed = zkguard(&config, &["dlq", "list", "--json"]);
+    assert_eq!(status(&listed), 0, "{listed:?}");
+    let entries: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(entries.len(), 4);
+    assert_eq!(
+        entries[1]["operation"],
+        serde_json::to_value(&ops[0]).unwrap()
+    );
+
+    let all = zkguard(&config, &["dlq", "replay", "--all"]);
+    assert_eq!(status(&all), 0, "{all:?}");
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 12);
+    assert_eq!(source(es.as_ref(), &index, "3").await["n"], 5);
+    assert_eq!(source(es.as_ref(), &other_index, "2").await["n"], "text");
+    assert!(sink.list().await.unwrap().is_empty());
+    let direct = EsSink::new(es.clone(), settings.retry.index.clone());
+    assert!(!direct.remove(ops[0].id).await.unwrap());
+}
