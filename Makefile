@@ -1,9 +1,24 @@
-.PHONY: bench deps
+.PHONY: demo test bench deps check
+
+# The main job: installs ZooKeeper and osmem-server if missing, starts them on free loopback
+# ports, runs the demo and stops them.
+demo: deps
+	cargo run --release --bin zkguard -- demo
+
+# The whole test suite against real servers started by the test harness.
+test: deps
+	cargo test
+	cargo test --features docker --test docker_guarded
 
 # Benchmarks zkguard against Apache Curator and kazoo on one local ZooKeeper.
-bench:
+bench: deps
 	scripts/bench.sh
 
-# Installs ZooKeeper, the benchmark peers and osmem-server (Debian/Ubuntu).
+# Installs ZooKeeper, the benchmark peers and osmem-server (Debian/Ubuntu), only what is missing.
 deps:
 	scripts/install-deps.sh
+
+# Formatting and lints.
+check:
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings

@@ -1239,7 +1239,7 @@ fn retry_budget(settings: &Settings, lock_timeout: Duration) -> Duration {
 }
 
 /// How many times the stalled writer's session is expired (and the lock awaited) at most.
-const STALL_ROUNDS: usize = 5;
+const STALL_ROUNDS: usize = 8;
 
 /// The stalled writer: lock `article` through a session of its own, stall before the write,
 /// expire the session, let another writer save the article, send the stale write.
@@ -1281,22 +1281,16 @@ async fn stalled_writer(
     let scenario = async {
         stalling.reached.notified().await;
         // Expire the stalled writer's session and take the lock as the next writer. The lock
-        // comes free once ZooKeeper has deleted the expired session's nodes; if it does not
-        // within a round (the expiry did not take, or others queue first), expire again while
-        // the stalled writer still believes it holds the lock.
-        let round = env
-            .settings
-            .zookeeper
-            .session_timeout
-            .max(Duration::from_secs(2));
+        // comes free once ZooKeeper has deleted the expired session's nodes. An expiry can fail
+        // to take (the stalled writer's client may re-attach the session first), so each round
+        // that does not get the lock expires the session again.
+        let round = Duration::from_millis(1500);
         let mut next_guard = None;
         let mut last_error = None;
         for _ in 0..STALL_ROUNDS {
-            if guard.loss().is_none() {
-                if let Err(e) = session.expire_session_for_testing().await {
-                    last_error = Some(e);
-                    break;
-                }
+            if let Err(e) = session.expire_session_for_testing().await {
+                last_error = Some(e);
+                break;
             }
             let request =
                 LockRequest::new(&monitor, "Save Content (after the stall)").with_timeout(round);

@@ -34,6 +34,7 @@
 
 pub mod background;
 pub mod backoff;
+pub mod bench;
 pub mod config;
 pub mod deadletter;
 pub mod demo;

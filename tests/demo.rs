@@ -344,7 +344,7 @@ fn zkguard_demo_runs_end_to_end_with_local_servers() {
         .is_empty());
     assert_eq!(report["foreground"]["operations"], json!(2 * 4 + 1 + 2));
     assert_eq!(report["background"]["operations"], json!(2 * 3));
-    assert_eq!(report["fenced"], json!(1));
+    assert_eq!(report["fenced"], json!(1), "{}", report["stalled_writer"]);
     assert_eq!(report["backend"], json!("zookeeper"));
     // A local run leaves nothing in the working directory.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);

@@ -780,7 +780,6 @@ fn exec_command(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs lock.backend=elasticsearch in `zkguard exec` (src/cli/mod.rs lock_service)"]
 async fn exclusion_across_zkguard_exec_processes() {
     let idx = index("exec");
     let dir = tempfile::tempdir().unwrap();
@@ -842,7 +841,6 @@ async fn exclusion_across_zkguard_exec_processes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs lock.backend=elasticsearch in `zkguard exec` (src/cli/mod.rs lock_service)"]
 async fn killed_foreground_exec_does_not_block_background_forever() {
     let idx = index("exec-crash");
     let monitor = "shared";

@@ -92,10 +92,11 @@ pub async fn lock_service(settings: &Settings) -> Result<std::sync::Arc<dyn zkgu
             let session = zkguard::ZkSession::connect(&settings.zookeeper).await?;
             Ok(std::sync::Arc::new(zkguard::ZkLockService::new(session)))
         }
-        LockBackendKind::Elasticsearch => Err(CliError::new(
-            EX_CONFIG,
-            "lock.backend=elasticsearch is not available in this build; use lock.backend=zookeeper",
-        )),
+        LockBackendKind::Elasticsearch => {
+            let store = zkguard::es::EsStore::new(&settings.elasticsearch)?;
+            let service = zkguard::eslock::EsLockService::from_settings(settings, std::sync::Arc::new(store))?;
+            Ok(std::sync::Arc::new(service))
+        }
     }
 }
 

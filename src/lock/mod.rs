@@ -13,19 +13,16 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 /// The class of a contender: foreground work goes before background work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LockType {
     /// A person or a synchronous call is waiting ("Save Content"). The default.
+    #[default]
     Foreground,
     /// Bulk propagation, searchable updates, KPI jobs.
     Background,
-}
-
-impl Default for LockType {
-    fn default() -> Self {
-        Self::Foreground
-    }
 }
 
 impl fmt::Display for LockType {

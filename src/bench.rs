@@ -1,0 +1,698 @@
+//! Lock benchmarks: the figures behind `zkguard bench` and `make bench`.
+//!
+//! The figures are defined exactly as in the benchmark peers shipped with zkguard
+//! (`bench/curator/CuratorBench.java` for Apache Curator's `InterProcessMutex`,
+//! `bench/kazoo/kazoo_bench.py` for kazoo's `Lock`), so that the ratios between them mean
+//! something:
+//!
+//! - **uncontended**: one client (one ZooKeeper session, or one Elasticsearch client) runs a
+//!   warm-up ([`BenchPlan::warmup`] cycles, by default `max(50, iterations / 5)`), then
+//!   `iterations` acquire+release cycles on one reused monitor object. The latency of a whole
+//!   cycle is recorded; p50 and p99 are nearest-rank percentiles (rank `ceil(q * n)`).
+//! - **requests per cycle**: on ZooKeeper, the growth of the server's own request count
+//!   (`zk_packets_received` of the `mntr` four-letter word, read from the first host of
+//!   `zookeeper.servers`) over those cycles, divided by `iterations`. On Elasticsearch, the
+//!   number of requests the lock sent through its document store over those cycles (every store
+//!   call is one HTTP request), divided by `iterations`.
+//! - **contended**: `contenders` clients, each with its own session (ZooKeeper) or its own
+//!   client and connection pool (Elasticsearch), run concurrently (one task each) and acquire
+//!   and release ONE monitor object until `iterations` acquisitions happened in total; the
+//!   figure is acquisitions (hand-offs) per second. A short warm-up (`min(warmup,
+//!   20 * contenders)` acquisitions) runs first, untimed.
+//! - **throughput**: the same clients over `monitors` monitor objects, each cycle on a monitor
+//!   picked at random, until `iterations` cycles happened in total; cycles per second. Same
+//!   warm-up.
+//!
+//! Every acquisition waits at most [`BenchPlan::lock_timeout`] (60 s by default, as the peers),
+//! instead of the configured per-type timeouts, so that a slow machine yields slow figures
+//! rather than errors.
+//!
+//! The monitors are named `zkguard-bench-<epoch ms>-…`, fresh for every run. On ZooKeeper they
+//! are container nodes that the server reaps once empty; on Elasticsearch their lock documents
+//! stay in `elasticsearch.lock.index` (lock documents are never deleted, see
+//! [`crate::eslock`]).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use zkguard::bench::{self, BenchPlan, NoProgress};
+//! use zkguard::config::{LockBackendKind, Settings};
+//!
+//! let settings = Settings::load(None)?;
+//! let plan = BenchPlan::new(1000, 4, 8);
+//! let report = bench::run(&settings, LockBackendKind::ZooKeeper, &plan, Arc::new(NoProgress)).await?;
+//! println!("{}", report.to_json());
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use rand::Rng;
+use serde_json::{json, Value};
+use tracing::{info, warn, Instrument};
+
+use crate::config::{LockBackendKind, Settings};
+use crate::es::{BulkAction, Doc, DocMeta, DocStore, EsError, EsStore, Refresh, WriteCondition};
+use crate::eslock::EsLockService;
+use crate::lock::{LockError, LockRequest, LockService};
+use crate::zk::{ZkLockService, ZkSession};
+
+/// The lock info written by benchmark acquisitions (shown by `zkguard locks`).
+pub const LOCK_INFO: &str = "zkguard bench";
+
+/// How long one benchmark acquisition may wait, as in the peers.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What to measure: counts and limits of one benchmark run. Make one with [`BenchPlan::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct BenchPlan {
+    /// Measured cycles of each figure (uncontended cycles, contended hand-offs, throughput
+    /// cycles).
+    pub iterations: u32,
+    /// Concurrent clients (separate sessions) of the contended and throughput figures.
+    pub contenders: u32,
+    /// Monitor objects of the throughput figure.
+    pub monitors: u32,
+    /// Uncontended warm-up cycles; `None` means `max(50, iterations / 5)`, as the peers.
+    pub warmup: Option<u32>,
+    /// How long one acquisition may wait before the run fails.
+    pub lock_timeout: Duration,
+}
+
+impl BenchPlan {
+    /// A plan with the default warm-up and lock timeout.
+    pub fn new(iterations: u32, contenders: u32, monitors: u32) -> Self {
+        Self { iterations, contenders, monitors, warmup: None, lock_timeout: DEFAULT_LOCK_TIMEOUT }
+    }
+
+    /// Sets the number of uncontended warm-up cycles.
+    pub fn with_warmup(mut self, warmup: u32) -> Self {
+        self.warmup = Some(warmup);
+        self
+    }
+
+    /// Sets how long one acquisition may wait.
+    pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// Uncontended warm-up cycles: the explicit value, or `max(50, iterations / 5)`.
+    pub fn warmup(&self) -> u32 {
+        self.warmup.unwrap_or_else(|| (self.iterations / 5).max(50))
+    }
+
+    /// Warm-up acquisitions before the contended and the throughput figures:
+    /// `min(warmup, 20 * contenders)`.
+    pub fn shared_warmup(&self) -> u32 {
+        self.warmup().min(self.contenders.saturating_mul(20))
+    }
+
+    /// Checks that every count is at least 1.
+    ///
+    /// # Errors
+    /// [`BenchError::InvalidPlan`] naming the count.
+    pub fn validate(&self) -> Result<(), BenchError> {
+        for (name, value) in
+            [("iterations", self.iterations), ("contenders", self.contenders), ("monitors", self.monitors)]
+        {
+            if value == 0 {
+                return Err(BenchError::InvalidPlan(format!("{name} must be at least 1, got 0")));
+            }
+        }
+        if self.lock_timeout.is_zero() {
+            return Err(BenchError::InvalidPlan("the lock timeout must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+/// The figures of one run. [`BenchReport::to_json`] gives the flat JSON object of
+/// `zkguard bench --json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchReport {
+    /// `"zookeeper"` or `"elasticsearch"`.
+    pub backend: &'static str,
+    /// Measured cycles of each figure.
+    pub iterations: u32,
+    /// Concurrent clients.
+    pub contenders: u32,
+    /// Monitor objects of the throughput figure.
+    pub monitors: u32,
+    /// Uncontended warm-up cycles that ran.
+    pub warmup: u32,
+    /// Median uncontended acquire+release latency, in milliseconds.
+    pub uncontended_p50_ms: f64,
+    /// 99th-percentile uncontended acquire+release latency, in milliseconds.
+    pub uncontended_p99_ms: f64,
+    /// Requests per uncontended cycle, when they could be counted (see the module docs).
+    pub requests_per_cycle: Option<f64>,
+    /// Contended acquisitions (hand-offs) per second on one monitor.
+    pub handoffs_per_sec: f64,
+    /// Acquire+release cycles per second over all monitors.
+    pub ops_per_sec: f64,
+}
+
+fn round(value: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (value * scale).round() / scale
+}
+
+impl BenchReport {
+    /// One flat JSON object whose keys name each figure and its unit:
+    /// `backend`, `iterations`, `contenders`, `monitors`, `warmup`, `uncontended.p50_ms`,
+    /// `uncontended.p99_ms`, `uncontended.requests_per_cycle` (`null` when not counted),
+    /// `contended.handoffs_per_sec`, `throughput.ops_per_sec`. Latencies are rounded to 0.1 µs,
+    /// requests to 0.01, rates to 0.1 (as the peers print them).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "backend": self.backend,
+            "iterations": self.iterations,
+            "contenders": self.contenders,
+            "monitors": self.monitors,
+            "warmup": self.warmup,
+            "uncontended.p50_ms": round(self.uncontended_p50_ms, 4),
+            "uncontended.p99_ms": round(self.uncontended_p99_ms, 4),
+            "uncontended.requests_per_cycle": self.requests_per_cycle.map(|r| round(r, 2)),
+            "contended.handoffs_per_sec": round(self.handoffs_per_sec, 1),
+            "throughput.ops_per_sec": round(self.ops_per_sec, 1),
+        })
+    }
+}
+
+/// The stages of a run, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Connecting the clients.
+    Connecting,
+    /// Uncontended warm-up cycles.
+    UncontendedWarmup,
+    /// Measured uncontended cycles.
+    Uncontended,
+    /// Contended warm-up.
+    ContendedWarmup,
+    /// Measured contended hand-offs.
+    Contended,
+    /// Throughput warm-up.
+    ThroughputWarmup,
+    /// Measured throughput cycles.
+    Throughput,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Connecting => "connecting",
+            Self::UncontendedWarmup => "uncontended warm-up",
+            Self::Uncontended => "uncontended",
+            Self::ContendedWarmup => "contended warm-up",
+            Self::Contended => "contended",
+            Self::ThroughputWarmup => "throughput warm-up",
+            Self::Throughput => "throughput",
+        })
+    }
+}
+
+/// Receives progress reports of a run (the CLI draws progress bars with them).
+///
+/// [`advance`](Self::advance) is called once per completed cycle, outside the timed part of an
+/// uncontended cycle; keep it cheap.
+pub trait BenchProgress: Send + Sync {
+    /// A phase starts; `total` cycles (clients, for [`Phase::Connecting`]) are planned.
+    fn start(&self, phase: Phase, total: u64);
+    /// `n` more cycles of the current phase completed.
+    fn advance(&self, n: u64);
+    /// The current phase ended.
+    fn finish(&self, phase: Phase);
+}
+
+/// A [`BenchProgress`] that ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoProgress;
+
+impl BenchProgress for NoProgress {
+    fn start(&self, _phase: Phase, _total: u64) {}
+    fn advance(&self, _n: u64) {}
+    fn finish(&self, _phase: Phase) {}
+}
+
+/// Why a benchmark run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The lock service could not be reached at the start.
+    #[error("{backend} is unreachable at {at}: {detail}")]
+    Unreachable {
+        /// `ZooKeeper` or `Elasticsearch`.
+        backend: &'static str,
+        /// The configured endpoint.
+        at: String,
+        /// What went wrong and what to do.
+        detail: String,
+    },
+    /// The lock service could not be built from the configuration.
+    #[error("cannot set up the {backend} lock service: {detail}")]
+    Setup {
+        /// `ZooKeeper` or `Elasticsearch`.
+        backend: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A lock operation failed during the run.
+    #[error("the benchmark failed during the {phase} phase: {source}")]
+    Lock {
+        /// The phase that failed.
+        phase: Phase,
+        /// The lock error.
+        #[source]
+        source: LockError,
+    },
+    /// The plan has a count of zero.
+    #[error("invalid benchmark plan: {0}")]
+    InvalidPlan(String),
+}
+
+impl BenchError {
+    fn lock(phase: Phase) -> impl FnOnce(LockError) -> Self {
+        move |source| Self::Lock { phase, source }
+    }
+}
+
+/// A [`DocStore`] that counts the calls it forwards: every call of [`EsStore`] sends one HTTP
+/// request (a retry on another node happens only when the connection was refused, so the
+/// server never saw the first attempt).
+struct CountingStore {
+    inner: EsStore,
+    calls: Arc<AtomicU64>,
+}
+
+impl CountingStore {
+    fn tick(&self) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[async_trait]
+impl DocStore for CountingStore {
+    async fn get(&self, index: &str, id: &str) -> Result<Option<Doc>, EsError> {
+        self.tick();
+        self.inner.get(index, id).await
+    }
+    async fn index(
+        &self,
+        index: &str,
+        id: &str,
+        source: &Value,
+        condition: WriteCondition,
+        refresh: Refresh,
+    ) -> Result<DocMeta, EsError> {
+        self.tick();
+        self.inner.index(index, id, source, condition, refresh).await
+    }
+    async fn delete(
+        &self,
+        index: &str,
+        id: &str,
+        condition: WriteCondition,
+        refresh: Refresh,
+    ) -> Result<Option<DocMeta>, EsError> {
+        self.tick();
+        self.inner.delete(index, id, condition, refresh).await
+    }
+    async fn search(&self, index: &str, body: &Value) -> Result<Vec<Doc>, EsError> {
+        self.tick();
+        self.inner.search(index, body).await
+    }
+    async fn bulk(&self, actions: &[BulkAction], refresh: Refresh) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
+        self.tick();
+        self.inner.bulk(actions, refresh).await
+    }
+    async fn ensure_index(&self, index: &str, mappings: &Value) -> Result<(), EsError> {
+        self.tick();
+        self.inner.ensure_index(index, mappings).await
+    }
+    async fn refresh(&self, index: &str) -> Result<(), EsError> {
+        self.tick();
+        self.inner.refresh(index).await
+    }
+}
+
+/// How the requests of the uncontended cycles are counted.
+enum RequestCounter {
+    /// `zk_packets_received` of this `host:port`.
+    Mntr(String),
+    /// Calls of the uncontended client's document store.
+    Store(Arc<AtomicU64>),
+}
+
+impl RequestCounter {
+    async fn read(&self) -> Option<u64> {
+        match self {
+            Self::Mntr(addr) => {
+                let addr = addr.clone();
+                let result =
+                    tokio::task::spawn_blocking(move || crate::servers::packets_received_at(addr.as_str())).await;
+                match result {
+                    Ok(Ok(n)) => Some(n),
+                    Ok(Err(e)) => {
+                        warn!(error = %e, "cannot read zk_packets_received (four-letter word mntr); requests per cycle not counted");
+                        None
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "cannot read zk_packets_received");
+                        None
+                    }
+                }
+            }
+            Self::Store(calls) => Some(calls.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// One benchmark client: a lock service over its own session or connection pool.
+struct Client {
+    service: Arc<dyn LockService>,
+    zk: Option<ZkSession>,
+    store_calls: Option<Arc<AtomicU64>>,
+}
+
+impl Client {
+    fn close(&self) {
+        if let Some(zk) = &self.zk {
+            zk.close();
+        }
+    }
+}
+
+/// The first `host:port` of a ZooKeeper connect string (`h1:2181,h2:2181/chroot`); the port
+/// defaults to 2181.
+pub fn first_zk_host(connect: &str) -> String {
+    let first = connect.split(',').next().unwrap_or("").trim();
+    let first = first.split('/').next().unwrap_or("");
+    match first.rfind(':') {
+        // `[v6]:port` or `host:port`.
+        Some(i) if (first.starts_with('[') && first[..i].ends_with(']')) || !first[..i].contains(':') => {
+            first.to_string()
+        }
+        // A bare IPv6 address.
+        Some(_) => format!("[{first}]:2181"),
+        None => format!("{first}:2181"),
+    }
+}
+
+async fn connect(settings: &Settings, backend: LockBackendKind) -> Result<Client, BenchError> {
+    match backend {
+        LockBackendKind::ZooKeeper => {
+            let session = ZkSession::connect(&settings.zookeeper).await.map_err(|e| BenchError::Unreachable {
+                backend: "ZooKeeper",
+                at: settings.zookeeper.servers.clone(),
+                detail: e.to_string(),
+            })?;
+            Ok(Client {
+                service: Arc::new(ZkLockService::new(session.clone())),
+                zk: Some(session),
+                store_calls: None,
+            })
+        }
+        LockBackendKind::Elasticsearch => {
+            let setup = |e: &dyn fmt::Display| BenchError::Setup { backend: "Elasticsearch", detail: e.to_string() };
+            let store = EsStore::new(&settings.elasticsearch).map_err(|e| setup(&e))?;
+            let calls = Arc::new(AtomicU64::new(0));
+            let store = Arc::new(CountingStore { inner: store, calls: calls.clone() });
+            let service = EsLockService::from_settings(settings, store).map_err(|e| setup(&e))?;
+            Ok(Client { service: Arc::new(service), zk: None, store_calls: Some(calls) })
+        }
+    }
+}
+
+/// Fails fast when Elasticsearch cannot be reached (the lease lock itself retries transport
+/// errors until the lock timeout).
+async fn probe_es(settings: &Settings) -> Result<(), BenchError> {
+    let urls = settings.elasticsearch.urls.iter().map(|u| u.as_str()).collect::<Vec<_>>().join(",");
+    let store = EsStore::new(&settings.elasticsearch)
+        .map_err(|e| BenchError::Setup { backend: "Elasticsearch", detail: e.to_string() })?;
+    match store.get(&settings.es_lock.index, "zkguard-bench-probe").await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(BenchError::Unreachable {
+            backend: "Elasticsearch",
+            at: urls,
+            detail: format!("{e}; check elasticsearch.url (or --es) and that the server is running"),
+        }),
+    }
+}
+
+async fn cycle(service: &dyn LockService, monitor: &str, timeout: Duration) -> Result<(), LockError> {
+    let guard = service.acquire(LockRequest::new(monitor, LOCK_INFO).with_timeout(timeout)).await?;
+    guard.unlock().await
+}
+
+/// Nearest-rank percentile of sorted values (rank `ceil(q * n)`, clamped), as the peers.
+pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.saturating_sub(1).min(sorted.len() - 1)]
+}
+
+/// Every client runs in its own task, acquiring and releasing one of `monitors` (picked at
+/// random per cycle when there are several) until `total` cycles completed in all. Returns
+/// cycles per second.
+async fn run_shared(
+    clients: &[Client],
+    monitors: &Arc<Vec<String>>,
+    total: u32,
+    timeout: Duration,
+    phase: Phase,
+    progress: &Arc<dyn BenchProgress>,
+) -> Result<f64, BenchError> {
+    progress.start(phase, total.into());
+    let remaining = Arc::new(AtomicI64::new(total.into()));
+    let barrier = Arc::new(tokio::sync::Barrier::new(clients.len() + 1));
+    let mut tasks = tokio::task::JoinSet::new();
+    for client in clients {
+        let (service, monitors, remaining, barrier, progress) =
+            (client.service.clone(), monitors.clone(), remaining.clone(), barrier.clone(), progress.clone());
+        tasks.spawn(async move {
+            barrier.wait().await;
+            while remaining.fetch_sub(1, Ordering::AcqRel) > 0 {
+                let monitor = if monitors.len() == 1 {
+                    &monitors[0]
+                } else {
+                    &monitors[rand::thread_rng().gen_range(0..monitors.len())]
+                };
+                if let Err(e) = cycle(service.as_ref(), monitor, timeout).await {
+                    remaining.store(0, Ordering::Release);
+                    return Err(e);
+                }
+                progress.advance(1);
+            }
+            Ok(())
+        });
+    }
+    barrier.wait().await;
+    let started = Instant::now();
+    let mut failure = None;
+    while let Some(joined) = tasks.join_next().await {
+        let result = joined.unwrap_or_else(|e| {
+            Err(LockError::Backend { context: format!("{phase} contender"), detail: e.to_string() })
+        });
+        if let Err(e) = result {
+            failure.get_or_insert(e);
+        }
+    }
+    let elapsed = started.elapsed();
+    progress.finish(phase);
+    match failure {
+        Some(e) => Err(BenchError::Lock { phase, source: e }),
+        None => Ok(f64::from(total) / elapsed.as_secs_f64()),
+    }
+}
+
+/// Runs the benchmark against the lock service `backend` configured by `settings`.
+///
+/// Progress goes to `progress`; the run's own clients are closed before this returns.
+///
+/// # Errors
+/// [`BenchError::Unreachable`] when the service cannot be reached at the start,
+/// [`BenchError::Setup`] for unusable settings, [`BenchError::Lock`] when a lock operation
+/// failed during the run, [`BenchError::InvalidPlan`] for a count of zero.
+///
+/// # Cancellation safety
+/// Dropping the future abandons the run: held locks are released in the background by their
+/// guards, and the ZooKeeper sessions end when their last user is gone.
+pub async fn run(
+    settings: &Settings,
+    backend: LockBackendKind,
+    plan: &BenchPlan,
+    progress: Arc<dyn BenchProgress>,
+) -> Result<BenchReport, BenchError> {
+    plan.validate()?;
+    let base = format!(
+        "zkguard-bench-{}",
+        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
+    );
+    let span = tracing::info_span!("bench", backend = ?backend, %base);
+    run_inner(settings, backend, plan, progress, base).instrument(span).await
+}
+
+async fn run_inner(
+    settings: &Settings,
+    backend: LockBackendKind,
+    plan: &BenchPlan,
+    progress: Arc<dyn BenchProgress>,
+    base: String,
+) -> Result<BenchReport, BenchError> {
+    if backend == LockBackendKind::Elasticsearch {
+        probe_es(settings).await?;
+    }
+    let timeout = plan.lock_timeout;
+
+    // --- uncontended ---
+    progress.start(Phase::Connecting, 1);
+    let solo = connect(settings, backend).await?;
+    progress.finish(Phase::Connecting);
+    let counter = match &solo.store_calls {
+        Some(calls) => RequestCounter::Store(calls.clone()),
+        None => RequestCounter::Mntr(first_zk_host(&settings.zookeeper.servers)),
+    };
+    let monitor = format!("{base}-uncontended");
+    let warmup = plan.warmup();
+    let result = async {
+        progress.start(Phase::UncontendedWarmup, warmup.into());
+        for _ in 0..warmup {
+            cycle(solo.service.as_ref(), &monitor, timeout).await.map_err(BenchError::lock(Phase::UncontendedWarmup))?;
+            progress.advance(1);
+        }
+        progress.finish(Phase::UncontendedWarmup);
+        progress.start(Phase::Uncontended, plan.iterations.into());
+        let mut samples = Vec::with_capacity(plan.iterations as usize);
+        let before = counter.read().await;
+        for _ in 0..plan.iterations {
+            let t0 = Instant::now();
+            cycle(solo.service.as_ref(), &monitor, timeout).await.map_err(BenchError::lock(Phase::Uncontended))?;
+            samples.push(t0.elapsed());
+            progress.advance(1);
+        }
+        let after = counter.read().await;
+        progress.finish(Phase::Uncontended);
+        samples.sort_unstable();
+        let requests = match (before, after) {
+            (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / f64::from(plan.iterations)),
+            _ => None,
+        };
+        Ok::<_, BenchError>((samples, requests))
+    }
+    .await;
+    solo.close();
+    let (samples, requests_per_cycle) = result?;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let p50 = ms(percentile(&samples, 0.50));
+    let p99 = ms(percentile(&samples, 0.99));
+    info!(p50_ms = p50, p99_ms = p99, requests_per_cycle, "uncontended figures");
+
+    // --- contended and throughput ---
+    progress.start(Phase::Connecting, plan.contenders.into());
+    let mut clients = Vec::with_capacity(plan.contenders as usize);
+    for _ in 0..plan.contenders {
+        match connect(settings, backend).await {
+            Ok(c) => clients.push(c),
+            Err(e) => {
+                clients.iter().for_each(Client::close);
+                return Err(e);
+            }
+        }
+        progress.advance(1);
+    }
+    progress.finish(Phase::Connecting);
+    let result = async {
+        let contended = Arc::new(vec![format!("{base}-contended")]);
+        let spread = Arc::new((0..plan.monitors).map(|p| format!("{base}-t{p}")).collect::<Vec<_>>());
+        let short = plan.shared_warmup();
+        run_shared(&clients, &contended, short, timeout, Phase::ContendedWarmup, &progress).await?;
+        let handoffs = run_shared(&clients, &contended, plan.iterations, timeout, Phase::Contended, &progress).await?;
+        run_shared(&clients, &spread, short, timeout, Phase::ThroughputWarmup, &progress).await?;
+        let ops = run_shared(&clients, &spread, plan.iterations, timeout, Phase::Throughput, &progress).await?;
+        Ok::<_, BenchError>((handoffs, ops))
+    }
+    .await;
+    clients.iter().for_each(Client::close);
+    let (handoffs_per_sec, ops_per_sec) = result?;
+    info!(handoffs_per_sec, ops_per_sec, "contended figures");
+
+    Ok(BenchReport {
+        backend: match backend {
+            LockBackendKind::ZooKeeper => "zookeeper",
+            LockBackendKind::Elasticsearch => "elasticsearch",
+        },
+        iterations: plan.iterations,
+        contenders: plan.contenders,
+        monitors: plan.monitors,
+        warmup,
+        uncontended_p50_ms: p50,
+        uncontended_p99_ms: p99,
+        requests_per_cycle,
+        handoffs_per_sec,
+        ops_per_sec,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles_match_the_peers() {
+        let v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&v, 0.50), Duration::from_millis(50));
+        assert_eq!(percentile(&v, 0.99), Duration::from_millis(99));
+        let v: Vec<Duration> = (1..=50).map(Duration::from_millis).collect();
+        // ceil(0.99 * 50) = 50 -> the largest; ceil(0.5 * 50) = 25.
+        assert_eq!(percentile(&v, 0.99), Duration::from_millis(50));
+        assert_eq!(percentile(&v, 0.50), Duration::from_millis(25));
+        assert_eq!(percentile(&v[..1], 0.5), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn warmups_follow_the_peers() {
+        assert_eq!(BenchPlan::new(1000, 4, 8).warmup(), 200);
+        assert_eq!(BenchPlan::new(50, 2, 2).warmup(), 50);
+        assert_eq!(BenchPlan::new(1000, 4, 8).shared_warmup(), 80);
+        assert_eq!(BenchPlan::new(1000, 4, 8).with_warmup(10).shared_warmup(), 10);
+        assert!(BenchPlan::new(0, 1, 1).validate().is_err());
+    }
+
+    #[test]
+    fn first_host_of_a_connect_string() {
+        assert_eq!(first_zk_host("127.0.0.1:2182,b:2183/chroot"), "127.0.0.1:2182");
+        assert_eq!(first_zk_host("zk1/chroot"), "zk1:2181");
+        assert_eq!(first_zk_host("[::1]:2190"), "[::1]:2190");
+        assert_eq!(first_zk_host("localhost"), "localhost:2181");
+        assert_eq!(first_zk_host("::1"), "[::1]:2181");
+    }
+
+    #[test]
+    fn json_keys_name_figure_and_unit() {
+        let r = BenchReport {
+            backend: "zookeeper",
+            iterations: 10,
+            contenders: 2,
+            monitors: 3,
+            warmup: 50,
+            uncontended_p50_ms: 1.234_56,
+            uncontended_p99_ms: 2.0,
+            requests_per_cycle: None,
+            handoffs_per_sec: 100.04,
+            ops_per_sec: 200.0,
+        };
+        let j = r.to_json();
+        assert_eq!(j["uncontended.p50_ms"], 1.2346);
+        assert!(j["uncontended.requests_per_cycle"].is_null());
+        assert_eq!(j["contended.handoffs_per_sec"], 100.0);
+        assert_eq!(j["backend"], "zookeeper");
+    }
+}
