@@ -17,7 +17,11 @@ pub struct Backoff {
 impl Backoff {
     /// A backoff starting at `initial`, capped at `max`.
     pub fn new(initial: Duration, max: Duration) -> Self {
-        Self { initial, max: max.max(initial), attempt: 0 }
+        Self {
+            initial,
+            max: max.max(initial),
+            attempt: 0,
+        }
     }
 
     /// How many delays were handed out.
@@ -37,7 +41,11 @@ impl Backoff {
         self.attempt = self.attempt.saturating_add(1);
         let half = ceiling / 2;
         let nanos = (ceiling - half).as_nanos().min(u64::MAX as u128) as u64;
-        half + Duration::from_nanos(if nanos == 0 { 0 } else { rand::thread_rng().gen_range(0..=nanos) })
+        half + Duration::from_nanos(if nanos == 0 {
+            0
+        } else {
+            rand::thread_rng().gen_range(0..=nanos)
+        })
     }
 
     /// Starts over.

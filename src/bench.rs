@@ -87,7 +87,13 @@ pub struct BenchPlan {
 impl BenchPlan {
     /// A plan with the default warm-up and lock timeout.
     pub fn new(iterations: u32, contenders: u32, monitors: u32) -> Self {
-        Self { iterations, contenders, monitors, warmup: None, lock_timeout: DEFAULT_LOCK_TIMEOUT }
+        Self {
+            iterations,
+            contenders,
+            monitors,
+            warmup: None,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+        }
     }
 
     /// Sets the number of uncontended warm-up cycles.
@@ -118,15 +124,21 @@ impl BenchPlan {
     /// # Errors
     /// [`BenchError::InvalidPlan`] naming the count.
     pub fn validate(&self) -> Result<(), BenchError> {
-        for (name, value) in
-            [("iterations", self.iterations), ("contenders", self.contenders), ("monitors", self.monitors)]
-        {
+        for (name, value) in [
+            ("iterations", self.iterations),
+            ("contenders", self.contenders),
+            ("monitors", self.monitors),
+        ] {
             if value == 0 {
-                return Err(BenchError::InvalidPlan(format!("{name} must be at least 1, got 0")));
+                return Err(BenchError::InvalidPlan(format!(
+                    "{name} must be at least 1, got 0"
+                )));
             }
         }
         if self.lock_timeout.is_zero() {
-            return Err(BenchError::InvalidPlan("the lock timeout must be positive".into()));
+            return Err(BenchError::InvalidPlan(
+                "the lock timeout must be positive".into(),
+            ));
         }
         Ok(())
     }
@@ -311,7 +323,9 @@ impl DocStore for CountingStore {
         refresh: Refresh,
     ) -> Result<DocMeta, EsError> {
         self.tick();
-        self.inner.index(index, id, source, condition, refresh).await
+        self.inner
+            .index(index, id, source, condition, refresh)
+            .await
     }
     async fn delete(
         &self,
@@ -327,7 +341,11 @@ impl DocStore for CountingStore {
         self.tick();
         self.inner.search(index, body).await
     }
-    async fn bulk(&self, actions: &[BulkAction], refresh: Refresh) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
+    async fn bulk(
+        &self,
+        actions: &[BulkAction],
+        refresh: Refresh,
+    ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
         self.tick();
         self.inner.bulk(actions, refresh).await
     }
@@ -354,8 +372,10 @@ impl RequestCounter {
         match self {
             Self::Mntr(addr) => {
                 let addr = addr.clone();
-                let result =
-                    tokio::task::spawn_blocking(move || crate::servers::packets_received_at(addr.as_str())).await;
+                let result = tokio::task::spawn_blocking(move || {
+                    crate::servers::packets_received_at(addr.as_str())
+                })
+                .await;
                 match result {
                     Ok(Ok(n)) => Some(n),
                     Ok(Err(e)) => {
@@ -395,7 +415,10 @@ pub fn first_zk_host(connect: &str) -> String {
     let first = first.split('/').next().unwrap_or("");
     match first.rfind(':') {
         // `[v6]:port` or `host:port`.
-        Some(i) if (first.starts_with('[') && first[..i].ends_with(']')) || !first[..i].contains(':') => {
+        Some(i)
+            if (first.starts_with('[') && first[..i].ends_with(']'))
+                || !first[..i].contains(':') =>
+        {
             first.to_string()
         }
         // A bare IPv6 address.
@@ -407,10 +430,12 @@ pub fn first_zk_host(connect: &str) -> String {
 async fn connect(settings: &Settings, backend: LockBackendKind) -> Result<Client, BenchError> {
     match backend {
         LockBackendKind::ZooKeeper => {
-            let session = ZkSession::connect(&settings.zookeeper).await.map_err(|e| BenchError::Unreachable {
-                backend: "ZooKeeper",
-                at: settings.zookeeper.servers.clone(),
-                detail: e.to_string(),
+            let session = ZkSession::connect(&settings.zookeeper).await.map_err(|e| {
+                BenchError::Unreachable {
+                    backend: "ZooKeeper",
+                    at: settings.zookeeper.servers.clone(),
+                    detail: e.to_string(),
+                }
             })?;
             Ok(Client {
                 service: Arc::new(ZkLockService::new(session.clone())),
@@ -419,12 +444,22 @@ async fn connect(settings: &Settings, backend: LockBackendKind) -> Result<Client
             })
         }
         LockBackendKind::Elasticsearch => {
-            let setup = |e: &dyn fmt::Display| BenchError::Setup { backend: "Elasticsearch", detail: e.to_string() };
+            let setup = |e: &dyn fmt::Display| BenchError::Setup {
+                backend: "Elasticsearch",
+                detail: e.to_string(),
+            };
             let store = EsStore::new(&settings.elasticsearch).map_err(|e| setup(&e))?;
             let calls = Arc::new(AtomicU64::new(0));
-            let store = Arc::new(CountingStore { inner: store, calls: calls.clone() });
+            let store = Arc::new(CountingStore {
+                inner: store,
+                calls: calls.clone(),
+            });
             let service = EsLockService::from_settings(settings, store).map_err(|e| setup(&e))?;
-            Ok(Client { service: Arc::new(service), zk: None, store_calls: Some(calls) })
+            Ok(Client {
+                service: Arc::new(service),
+                zk: None,
+                store_calls: Some(calls),
+            })
         }
     }
 }
@@ -432,21 +467,40 @@ async fn connect(settings: &Settings, backend: LockBackendKind) -> Result<Client
 /// Fails fast when Elasticsearch cannot be reached (the lease lock itself retries transport
 /// errors until the lock timeout).
 async fn probe_es(settings: &Settings) -> Result<(), BenchError> {
-    let urls = settings.elasticsearch.urls.iter().map(|u| u.as_str()).collect::<Vec<_>>().join(",");
-    let store = EsStore::new(&settings.elasticsearch)
-        .map_err(|e| BenchError::Setup { backend: "Elasticsearch", detail: e.to_string() })?;
-    match store.get(&settings.es_lock.index, "zkguard-bench-probe").await {
+    let urls = settings
+        .elasticsearch
+        .urls
+        .iter()
+        .map(|u| u.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let store = EsStore::new(&settings.elasticsearch).map_err(|e| BenchError::Setup {
+        backend: "Elasticsearch",
+        detail: e.to_string(),
+    })?;
+    match store
+        .get(&settings.es_lock.index, "zkguard-bench-probe")
+        .await
+    {
         Ok(_) => Ok(()),
         Err(e) => Err(BenchError::Unreachable {
             backend: "Elasticsearch",
             at: urls,
-            detail: format!("{e}; check elasticsearch.url (or --es) and that the server is running"),
+            detail: format!(
+                "{e}; check elasticsearch.url (or --es) and that the server is running"
+            ),
         }),
     }
 }
 
-async fn cycle(service: &dyn LockService, monitor: &str, timeout: Duration) -> Result<(), LockError> {
-    let guard = service.acquire(LockRequest::new(monitor, LOCK_INFO).with_timeout(timeout)).await?;
+async fn cycle(
+    service: &dyn LockService,
+    monitor: &str,
+    timeout: Duration,
+) -> Result<(), LockError> {
+    let guard = service
+        .acquire(LockRequest::new(monitor, LOCK_INFO).with_timeout(timeout))
+        .await?;
     guard.unlock().await
 }
 
@@ -475,8 +529,13 @@ async fn run_shared(
     let barrier = Arc::new(tokio::sync::Barrier::new(clients.len() + 1));
     let mut tasks = tokio::task::JoinSet::new();
     for client in clients {
-        let (service, monitors, remaining, barrier, progress) =
-            (client.service.clone(), monitors.clone(), remaining.clone(), barrier.clone(), progress.clone());
+        let (service, monitors, remaining, barrier, progress) = (
+            client.service.clone(),
+            monitors.clone(),
+            remaining.clone(),
+            barrier.clone(),
+            progress.clone(),
+        );
         tasks.spawn(async move {
             barrier.wait().await;
             while remaining.fetch_sub(1, Ordering::AcqRel) > 0 {
@@ -499,7 +558,10 @@ async fn run_shared(
     let mut failure = None;
     while let Some(joined) = tasks.join_next().await {
         let result = joined.unwrap_or_else(|e| {
-            Err(LockError::Backend { context: format!("{phase} contender"), detail: e.to_string() })
+            Err(LockError::Backend {
+                context: format!("{phase} contender"),
+                detail: e.to_string(),
+            })
         });
         if let Err(e) = result {
             failure.get_or_insert(e);
@@ -534,10 +596,15 @@ pub async fn run(
     plan.validate()?;
     let base = format!(
         "zkguard-bench-{}",
-        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0)
     );
     let span = tracing::info_span!("bench", backend = ?backend, %base);
-    run_inner(settings, backend, plan, progress, base).instrument(span).await
+    run_inner(settings, backend, plan, progress, base)
+        .instrument(span)
+        .await
 }
 
 async fn run_inner(
@@ -565,7 +632,9 @@ async fn run_inner(
     let result = async {
         progress.start(Phase::UncontendedWarmup, warmup.into());
         for _ in 0..warmup {
-            cycle(solo.service.as_ref(), &monitor, timeout).await.map_err(BenchError::lock(Phase::UncontendedWarmup))?;
+            cycle(solo.service.as_ref(), &monitor, timeout)
+                .await
+                .map_err(BenchError::lock(Phase::UncontendedWarmup))?;
             progress.advance(1);
         }
         progress.finish(Phase::UncontendedWarmup);
@@ -574,7 +643,9 @@ async fn run_inner(
         let before = counter.read().await;
         for _ in 0..plan.iterations {
             let t0 = Instant::now();
-            cycle(solo.service.as_ref(), &monitor, timeout).await.map_err(BenchError::lock(Phase::Uncontended))?;
+            cycle(solo.service.as_ref(), &monitor, timeout)
+                .await
+                .map_err(BenchError::lock(Phase::Uncontended))?;
             samples.push(t0.elapsed());
             progress.advance(1);
         }
@@ -593,7 +664,12 @@ async fn run_inner(
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let p50 = ms(percentile(&samples, 0.50));
     let p99 = ms(percentile(&samples, 0.99));
-    info!(p50_ms = p50, p99_ms = p99, requests_per_cycle, "uncontended figures");
+    info!(
+        p50_ms = p50,
+        p99_ms = p99,
+        requests_per_cycle,
+        "uncontended figures"
+    );
 
     // --- contended and throughput ---
     progress.start(Phase::Connecting, plan.contenders.into());
@@ -611,12 +687,48 @@ async fn run_inner(
     progress.finish(Phase::Connecting);
     let result = async {
         let contended = Arc::new(vec![format!("{base}-contended")]);
-        let spread = Arc::new((0..plan.monitors).map(|p| format!("{base}-t{p}")).collect::<Vec<_>>());
+        let spread = Arc::new(
+            (0..plan.monitors)
+                .map(|p| format!("{base}-t{p}"))
+                .collect::<Vec<_>>(),
+        );
         let short = plan.shared_warmup();
-        run_shared(&clients, &contended, short, timeout, Phase::ContendedWarmup, &progress).await?;
-        let handoffs = run_shared(&clients, &contended, plan.iterations, timeout, Phase::Contended, &progress).await?;
-        run_shared(&clients, &spread, short, timeout, Phase::ThroughputWarmup, &progress).await?;
-        let ops = run_shared(&clients, &spread, plan.iterations, timeout, Phase::Throughput, &progress).await?;
+        run_shared(
+            &clients,
+            &contended,
+            short,
+            timeout,
+            Phase::ContendedWarmup,
+            &progress,
+        )
+        .await?;
+        let handoffs = run_shared(
+            &clients,
+            &contended,
+            plan.iterations,
+            timeout,
+            Phase::Contended,
+            &progress,
+        )
+        .await?;
+        run_shared(
+            &clients,
+            &spread,
+            short,
+            timeout,
+            Phase::ThroughputWarmup,
+            &progress,
+        )
+        .await?;
+        let ops = run_shared(
+            &clients,
+            &spread,
+            plan.iterations,
+            timeout,
+            Phase::Throughput,
+            &progress,
+        )
+        .await?;
         Ok::<_, BenchError>((handoffs, ops))
     }
     .await;
@@ -662,13 +774,19 @@ mod tests {
         assert_eq!(BenchPlan::new(1000, 4, 8).warmup(), 200);
         assert_eq!(BenchPlan::new(50, 2, 2).warmup(), 50);
         assert_eq!(BenchPlan::new(1000, 4, 8).shared_warmup(), 80);
-        assert_eq!(BenchPlan::new(1000, 4, 8).with_warmup(10).shared_warmup(), 10);
+        assert_eq!(
+            BenchPlan::new(1000, 4, 8).with_warmup(10).shared_warmup(),
+            10
+        );
         assert!(BenchPlan::new(0, 1, 1).validate().is_err());
     }
 
     #[test]
     fn first_host_of_a_connect_string() {
-        assert_eq!(first_zk_host("127.0.0.1:2182,b:2183/chroot"), "127.0.0.1:2182");
+        assert_eq!(
+            first_zk_host("127.0.0.1:2182,b:2183/chroot"),
+            "127.0.0.1:2182"
+        );
         assert_eq!(first_zk_host("zk1/chroot"), "zk1:2181");
         assert_eq!(first_zk_host("[::1]:2190"), "[::1]:2190");
         assert_eq!(first_zk_host("localhost"), "localhost:2181");

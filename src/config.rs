@@ -45,7 +45,9 @@ pub enum ConfigError {
         reason: String,
     },
     /// A key in a zkguard namespace that zkguard does not know (most likely a typo).
-    #[error("unknown key `{key}` in {origin}{hint}; see conf/zkguard.properties for the list of keys")]
+    #[error(
+        "unknown key `{key}` in {origin}{hint}; see conf/zkguard.properties for the list of keys"
+    )]
     UnknownKey {
         /// The unknown key.
         key: String,
@@ -57,7 +59,14 @@ pub enum ConfigError {
 }
 
 /// Namespaces whose keys zkguard owns: an unknown key in one of them is reported as an error.
-const OWNED_NAMESPACES: &[&str] = &["zookeeper.", "elasticsearch.", "elastic.", "deadletter.", "lock.", "txn."];
+const OWNED_NAMESPACES: &[&str] = &[
+    "zookeeper.",
+    "elasticsearch.",
+    "elastic.",
+    "deadletter.",
+    "lock.",
+    "txn.",
+];
 
 /// Every configuration key with its default value and a one-line description.
 ///
@@ -245,8 +254,10 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        let raw: HashMap<String, (String, String)> =
-            KEYS.iter().map(|(k, v, _)| (k.to_string(), (v.to_string(), "defaults".to_string()))).collect();
+        let raw: HashMap<String, (String, String)> = KEYS
+            .iter()
+            .map(|(k, v, _)| (k.to_string(), (v.to_string(), "defaults".to_string())))
+            .collect();
         Self::from_raw(&raw, None).expect("built-in defaults are valid")
     }
 }
@@ -262,7 +273,8 @@ impl Format for PropertiesFormat {
         text: &str,
     ) -> Result<Map<String, Value>, Box<dyn std::error::Error + Send + Sync>> {
         let mut map = Map::new();
-        let mut iter = java_properties::PropertiesIter::new_with_encoding(text.as_bytes(), encoding_rs::UTF_8);
+        let mut iter =
+            java_properties::PropertiesIter::new_with_encoding(text.as_bytes(), encoding_rs::UTF_8);
         iter.read_into(|k, v| {
             // Keys are stored flat: dotted property names are not nested tables.
             map.insert(k.trim().to_string(), Value::new(uri, ValueKind::String(v)));
@@ -279,7 +291,10 @@ impl config::FileStoredFormat for PropertiesFormat {
 
 /// The environment variable that overrides `key`.
 pub fn env_var_for(key: &str) -> String {
-    format!("ZKGUARD_{}", key.to_ascii_uppercase().replace(['.', '-'], "_"))
+    format!(
+        "ZKGUARD_{}",
+        key.to_ascii_uppercase().replace(['.', '-'], "_")
+    )
 }
 
 impl Settings {
@@ -295,9 +310,14 @@ impl Settings {
     ///
     /// # Errors
     /// See [`Settings::load`].
-    pub fn load_with_env(path: Option<&Path>, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let mut raw: HashMap<String, (String, String)> =
-            KEYS.iter().map(|(k, v, _)| (k.to_string(), (v.to_string(), "defaults".to_string()))).collect();
+    pub fn load_with_env(
+        path: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut raw: HashMap<String, (String, String)> = KEYS
+            .iter()
+            .map(|(k, v, _)| (k.to_string(), (v.to_string(), "defaults".to_string())))
+            .collect();
         if let Some(path) = path {
             if !path.is_file() {
                 return Err(ConfigError::File {
@@ -306,34 +326,48 @@ impl Settings {
                 });
             }
             let file = config::File::new(&path.to_string_lossy(), PropertiesFormat).required(true);
-            let cfg = Config::builder()
-                .add_source(file)
-                .build()
-                .map_err(|e| ConfigError::File { path: path.to_path_buf(), reason: e.to_string() })?;
-            let table: Map<String, Value> = cfg
-                .try_deserialize()
-                .map_err(|e| ConfigError::File { path: path.to_path_buf(), reason: e.to_string() })?;
+            let cfg =
+                Config::builder()
+                    .add_source(file)
+                    .build()
+                    .map_err(|e| ConfigError::File {
+                        path: path.to_path_buf(),
+                        reason: e.to_string(),
+                    })?;
+            let table: Map<String, Value> =
+                cfg.try_deserialize().map_err(|e| ConfigError::File {
+                    path: path.to_path_buf(),
+                    reason: e.to_string(),
+                })?;
             let origin = path.display().to_string();
             let mut flat = Vec::new();
             flatten(String::new(), table, &mut flat);
             for (key, value) in flat {
                 if !raw.contains_key(&key) {
                     if OWNED_NAMESPACES.iter().any(|ns| key.starts_with(ns)) {
-                        return Err(ConfigError::UnknownKey { hint: did_you_mean(&key), key, origin });
+                        return Err(ConfigError::UnknownKey {
+                            hint: did_you_mean(&key),
+                            key,
+                            origin,
+                        });
                     }
                     tracing::debug!(%key, "ignoring a key outside zkguard's namespaces");
                     continue;
                 }
-                let text = value
-                    .into_string()
-                    .map_err(|e| ConfigError::File { path: path.to_path_buf(), reason: e.to_string() })?;
+                let text = value.into_string().map_err(|e| ConfigError::File {
+                    path: path.to_path_buf(),
+                    reason: e.to_string(),
+                })?;
                 raw.insert(key, (text.trim().to_string(), origin.clone()));
             }
         }
         for (key, _, _) in KEYS {
             let var = env_var_for(key);
             if let Some(v) = env(&var) {
-                raw.insert(key.to_string(), (v.trim().to_string(), format!("environment variable {var}")));
+                raw.insert(
+                    key.to_string(),
+                    (v.trim().to_string(), format!("environment variable {var}")),
+                );
             }
         }
         let mut settings = Self::from_raw(&raw, path)?;
@@ -341,11 +375,15 @@ impl Settings {
         Ok(settings)
     }
 
-    fn from_raw(raw: &HashMap<String, (String, String)>, _path: Option<&Path>) -> Result<Self, ConfigError> {
+    fn from_raw(
+        raw: &HashMap<String, (String, String)>,
+        _path: Option<&Path>,
+    ) -> Result<Self, ConfigError> {
         let r = Reader { raw };
         let zookeeper = ZkSettings {
             servers: r.non_empty("zookeeper.servers")?,
-            session_timeout: r.duration_min("zookeeper.session.timeout", Duration::from_millis(1))?,
+            session_timeout: r
+                .duration_min("zookeeper.session.timeout", Duration::from_millis(1))?,
             connection_retry: r.int::<u32>("zookeeper.connection.retry", 1)?,
             connection_delay: r.duration("zookeeper.connection.delay")?,
             foreground_prefix: r.prefix("zookeeper.foreground.lock.prefix")?,
@@ -369,7 +407,8 @@ impl Settings {
             urls: r.urls("elasticsearch.url")?,
             username: r.optional_string("elasticsearch.username"),
             password: r.optional_string("elasticsearch.password"),
-            request_timeout: r.duration_min("elasticsearch.request.timeout", Duration::from_millis(1))?,
+            request_timeout: r
+                .duration_min("elasticsearch.request.timeout", Duration::from_millis(1))?,
         };
         let retry = RetrySettings {
             retry_count: r.int::<u32>("elastic.request.retry.count", 1)?,
@@ -406,7 +445,15 @@ impl Settings {
             recovery_after: r.duration("txn.recovery.after")?,
             allow_overdraft: r.boolean("txn.allow.overdraft")?,
         };
-        Ok(Self { zookeeper, elasticsearch, retry, backend, es_lock, txn, source: None })
+        Ok(Self {
+            zookeeper,
+            elasticsearch,
+            retry,
+            backend,
+            es_lock,
+            txn,
+            source: None,
+        })
     }
 }
 
@@ -416,7 +463,10 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn get(&self, key: &str) -> (&str, &str) {
-        let (v, o) = self.raw.get(key).unwrap_or_else(|| panic!("key {key} is missing from KEYS"));
+        let (v, o) = self
+            .raw
+            .get(key)
+            .unwrap_or_else(|| panic!("key {key} is missing from KEYS"));
         (v.as_str(), o.as_str())
     }
 
@@ -457,7 +507,12 @@ impl Reader<'_> {
 
     fn duration(&self, key: &str) -> Result<Duration, ConfigError> {
         let (v, _) = self.get(key);
-        parse_duration(v).ok_or_else(|| self.err(key, "a duration in milliseconds (e.g. 2000) or with a unit (e.g. 2s)"))
+        parse_duration(v).ok_or_else(|| {
+            self.err(
+                key,
+                "a duration in milliseconds (e.g. 2000) or with a unit (e.g. 2s)",
+            )
+        })
     }
 
     fn duration_min(&self, key: &str, min: Duration) -> Result<Duration, ConfigError> {
@@ -492,7 +547,8 @@ impl Reader<'_> {
 
     fn prefix(&self, key: &str) -> Result<String, ConfigError> {
         let (v, _) = self.get(key);
-        if v.is_empty() || v.len() > 32 || !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        if v.is_empty() || v.len() > 32 || !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
             return Err(self.err(key, "1 to 32 ASCII letters, digits or underscores (e.g. A)"));
         }
         Ok(v.to_string())
@@ -503,9 +559,14 @@ impl Reader<'_> {
         let ok = v.starts_with('/')
             && v.len() > 1
             && !v.ends_with('/')
-            && v[1..].split('/').all(|seg| !seg.is_empty() && seg != "." && seg != ".." && seg != "zookeeper");
+            && v[1..]
+                .split('/')
+                .all(|seg| !seg.is_empty() && seg != "." && seg != ".." && seg != "zookeeper");
         if !ok {
-            return Err(self.err(key, "an absolute znode path without a trailing slash, e.g. /zkguard/locks"));
+            return Err(self.err(
+                key,
+                "an absolute znode path without a trailing slash, e.g. /zkguard/locks",
+            ));
         }
         Ok(v.to_string())
     }
@@ -517,9 +578,13 @@ impl Reader<'_> {
             && !v.starts_with(['-', '_', '+'])
             && v != "."
             && v != ".."
-            && v.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c));
+            && v.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c));
         if !ok {
-            return Err(self.err(key, "a lowercase Elasticsearch index name (letters, digits, - _ .)"));
+            return Err(self.err(
+                key,
+                "a lowercase Elasticsearch index name (letters, digits, - _ .)",
+            ));
         }
         Ok(v.to_string())
     }
@@ -543,7 +608,11 @@ impl Reader<'_> {
 /// `config` nests dotted keys into tables; zkguard's keys are flat property names again.
 fn flatten(prefix: String, table: Map<String, Value>, out: &mut Vec<(String, Value)>) {
     for (k, v) in table {
-        let key = if prefix.is_empty() { k } else { format!("{prefix}.{k}") };
+        let key = if prefix.is_empty() {
+            k
+        } else {
+            format!("{prefix}.{k}")
+        };
         match v.kind {
             ValueKind::Table(t) => flatten(key, t, out),
             _ => out.push((key, v)),
@@ -579,7 +648,9 @@ fn strsim(a: &str, b: &str) -> usize {
     for (i, ca) in a.chars().enumerate() {
         let mut cur = vec![i + 1; b.len() + 1];
         for (j, cb) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
         }
         prev = cur;
     }
@@ -591,7 +662,10 @@ mod tests {
     use super::*;
 
     fn write(text: &str) -> tempfile::NamedTempFile {
-        let mut f = tempfile::Builder::new().suffix(".properties").tempfile().unwrap();
+        let mut f = tempfile::Builder::new()
+            .suffix(".properties")
+            .tempfile()
+            .unwrap();
         std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
         f
     }
@@ -630,7 +704,9 @@ mod tests {
     #[test]
     fn bad_value_names_key_value_and_file() {
         let f = write("zookeeper.session.timeout=abc\n");
-        let err = Settings::load_with_env(Some(f.path()), |_| None).unwrap_err().to_string();
+        let err = Settings::load_with_env(Some(f.path()), |_| None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("zookeeper.session.timeout"), "{err}");
         assert!(err.contains("abc"), "{err}");
         assert!(err.contains(&f.path().display().to_string()), "{err}");
@@ -643,21 +719,34 @@ mod tests {
         })
         .unwrap_err()
         .to_string();
-        assert!(err.contains("ZKGUARD_ZOOKEEPER_BACKGROUND_TASK_TIMEOUT"), "{err}");
+        assert!(
+            err.contains("ZKGUARD_ZOOKEEPER_BACKGROUND_TASK_TIMEOUT"),
+            "{err}"
+        );
     }
 
     #[test]
     fn typo_gets_a_hint() {
         let f = write("zookeeper.sesion.timeout=3000\n");
-        let err = Settings::load_with_env(Some(f.path()), |_| None).unwrap_err().to_string();
-        assert!(err.contains("did you mean `zookeeper.session.timeout`"), "{err}");
+        let err = Settings::load_with_env(Some(f.path()), |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("did you mean `zookeeper.session.timeout`"),
+            "{err}"
+        );
     }
 
     #[test]
     fn equal_prefixes_are_rejected() {
         let f = write("zookeeper.background.lock.prefix=A\n");
-        let err = Settings::load_with_env(Some(f.path()), |_| None).unwrap_err().to_string();
-        assert!(err.contains("different from zookeeper.foreground.lock.prefix"), "{err}");
+        let err = Settings::load_with_env(Some(f.path()), |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("different from zookeeper.foreground.lock.prefix"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -671,9 +760,17 @@ mod tests {
             })
             .unwrap();
         for (k, default, _) in KEYS {
-            assert_eq!(found.get(*k).map(String::as_str), Some(*default), "conf/zkguard.properties: {k}");
+            assert_eq!(
+                found.get(*k).map(String::as_str),
+                Some(*default),
+                "conf/zkguard.properties: {k}"
+            );
         }
-        assert_eq!(found.len(), KEYS.len(), "conf/zkguard.properties has keys zkguard does not know");
+        assert_eq!(
+            found.len(),
+            KEYS.len(),
+            "conf/zkguard.properties has keys zkguard does not know"
+        );
         Settings::load_with_env(Some(&path), |_| None).unwrap();
     }
 }

@@ -53,7 +53,10 @@ fn main() -> ExitCode {
         }
     };
     cli::init_tracing(cli.verbose);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("zkguard: cannot start the async runtime: {e}");

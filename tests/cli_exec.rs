@@ -39,7 +39,10 @@ fn stderr(o: &Output) -> String {
 }
 
 async fn wait_for_file(path: &Path, limit: Duration) {
-    eventually(limit, &format!("{} exists", path.display()), || async { path.exists() }).await;
+    eventually(limit, &format!("{} exists", path.display()), || async {
+        path.exists()
+    })
+    .await;
 }
 
 #[test]
@@ -59,12 +62,22 @@ fn bad_usage_bad_monitor_bad_config() {
     let zk = shared();
     let r = root("bad");
     // Missing --monitor: usage error.
-    let o = zkguard(&zk.connect_string(), &r).args(["exec", "--", "true"]).output().unwrap();
+    let o = zkguard(&zk.connect_string(), &r)
+        .args(["exec", "--", "true"])
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
     // Invalid monitor name.
-    let o = zkguard(&zk.connect_string(), &r).args(["exec", "--monitor", "a/b", "--", "true"]).output().unwrap();
+    let o = zkguard(&zk.connect_string(), &r)
+        .args(["exec", "--monitor", "a/b", "--", "true"])
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
-    assert!(stderr(&o).contains("invalid monitor object name"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("invalid monitor object name"),
+        "{}",
+        stderr(&o)
+    );
     // A wrong value in the properties file names key, value and file.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.properties");
@@ -77,7 +90,12 @@ fn bad_usage_bad_monitor_bad_config() {
         .unwrap();
     assert_eq!(o.status.code(), Some(78));
     let err = stderr(&o);
-    assert!(err.contains("zookeeper.session.timeout") && err.contains("abc") && err.contains("bad.properties"), "{err}");
+    assert!(
+        err.contains("zookeeper.session.timeout")
+            && err.contains("abc")
+            && err.contains("bad.properties"),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     // A wrong value in the environment names the variable.
     let o = zkguard(&zk.connect_string(), &r)
@@ -86,7 +104,11 @@ fn bad_usage_bad_monitor_bad_config() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(78));
-    assert!(stderr(&o).contains("ZKGUARD_ZOOKEEPER_CONNECTION_RETRY"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("ZKGUARD_ZOOKEEPER_CONNECTION_RETRY"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -97,7 +119,11 @@ fn unreachable_zookeeper_exits_69() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
-    assert!(stderr(&o).contains(&format!("127.0.0.1:{port}")), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("127.0.0.1:{port}")),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,21 +133,43 @@ async fn lock_timeout_exits_75_and_locks_shows_holder_and_queue() {
     let mut settings = zk_settings(&zk.connect_string(), "unused");
     settings.lock_root = r.clone();
     let s = session(&settings).await;
-    let g = zkguard::ZkBlockingWriteLock::new("Save Content", &s, "article-1").unwrap().lock_with_timeout().await.unwrap();
+    let g = zkguard::ZkBlockingWriteLock::new("Save Content", &s, "article-1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
 
     // A queued background waiter, visible in `zkguard locks`.
     let mut waiter = zkguard(&zk.connect_string(), &r)
-        .args(["exec", "--monitor", "article-1", "--type", "background", "--info", "Bulk Propagation", "--timeout", "20s", "--", "true"])
+        .args([
+            "exec",
+            "--monitor",
+            "article-1",
+            "--type",
+            "background",
+            "--info",
+            "Bulk Propagation",
+            "--timeout",
+            "20s",
+            "--",
+            "true",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let servers = zk.connect_string();
     eventually(Duration::from_secs(10), "waiter queued", || async {
-        children(&servers, &format!("{r}/article-1")).await.iter().any(|c| c.starts_with("B-"))
+        children(&servers, &format!("{r}/article-1"))
+            .await
+            .iter()
+            .any(|c| c.starts_with("B-"))
     })
     .await;
-    let o = zkguard(&servers, &r).args(["locks", "--json"]).output().unwrap();
+    let o = zkguard(&servers, &r)
+        .args(["locks", "--json"])
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let m = &v[0];
@@ -134,7 +182,18 @@ async fn lock_timeout_exits_75_and_locks_shows_holder_and_queue() {
     let table = zkguard(&servers, &r).args(["locks"]).output().unwrap();
     assert!(String::from_utf8_lossy(&table.stdout).contains("[holder]"));
 
-    let o = zkguard(&servers, &r).args(["exec", "--monitor", "article-1", "--timeout", "300ms", "--", "true"]).output().unwrap();
+    let o = zkguard(&servers, &r)
+        .args([
+            "exec",
+            "--monitor",
+            "article-1",
+            "--timeout",
+            "300ms",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
     assert!(stderr(&o).contains("not acquired within"), "{}", stderr(&o));
 
@@ -158,10 +217,24 @@ fn processes_exclude_each_other_and_tokens_increase() {
             let (servers, r, script) = (servers.clone(), r.clone(), script.clone());
             std::thread::spawn(move || {
                 for _ in 0..3 {
-                    let kind = if i % 2 == 0 { "foreground" } else { "background" };
+                    let kind = if i % 2 == 0 {
+                        "foreground"
+                    } else {
+                        "background"
+                    };
                     let o = zkguard(&servers, &r)
                         .env("ZKGUARD_ZOOKEEPER_BACKGROUND_TASK_TIMEOUT", "30000")
-                        .args(["exec", "--monitor", "shared", "--type", kind, "--", "sh", "-c", &script])
+                        .args([
+                            "exec",
+                            "--monitor",
+                            "shared",
+                            "--type",
+                            kind,
+                            "--",
+                            "sh",
+                            "-c",
+                            &script,
+                        ])
                         .output()
                         .unwrap();
                     assert_eq!(o.status.code(), Some(0), "worker {i}: {}", stderr(&o));
@@ -172,10 +245,16 @@ fn processes_exclude_each_other_and_tokens_increase() {
     for w in workers {
         w.join().unwrap();
     }
-    let tokens: Vec<u64> =
-        std::fs::read_to_string(dir.path().join("tokens")).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let tokens: Vec<u64> = std::fs::read_to_string(dir.path().join("tokens"))
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
     assert_eq!(tokens.len(), 18);
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens in critical-section order: {tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens in critical-section order: {tokens:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,7 +265,11 @@ async fn killed_holder_is_replaced_within_the_session_timeout() {
     let held = dir.path().join("held");
     let mut holder = zkguard(&zk.connect_string(), &r)
         .args(["exec", "--monitor", "m", "--", "sh", "-c"])
-        .arg(format!("echo $$ > {d}/pid; touch {}; exec sleep 30", held.display(), d = dir.path().display()))
+        .arg(format!(
+            "echo $$ > {d}/pid; touch {}; exec sleep 30",
+            held.display(),
+            d = dir.path().display()
+        ))
         .spawn()
         .unwrap();
     wait_for_file(&held, Duration::from_secs(10)).await;
@@ -199,8 +282,15 @@ async fn killed_holder_is_replaced_within_the_session_timeout() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     // The orphaned command (its zkguard was killed) is ours to stop.
-    let pid: i32 = std::fs::read_to_string(dir.path().join("pid")).unwrap().trim().parse().unwrap();
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    let pid: i32 = std::fs::read_to_string(dir.path().join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,7 +305,17 @@ async fn stopped_holder_loses_the_lock_and_its_command_is_terminated() {
         h = held.display()
     );
     let holder = zkguard(&zk.connect_string(), &r)
-        .args(["exec", "--monitor", "m", "--kill-after", "5s", "--", "sh", "-c", &script])
+        .args([
+            "exec",
+            "--monitor",
+            "m",
+            "--kill-after",
+            "5s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

@@ -14,10 +14,11 @@ use zkguard::{LockError, ZkBlockingWriteLock};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_kill_keeps_exclusion_and_token_order() {
     init_tracing();
-    let ensemble = tokio::task::spawn_blocking(|| ZkEnsemble::builder().size(3).tick_time(500).start())
-        .await
-        .unwrap()
-        .expect("start a 3-node ensemble (run scripts/install-deps.sh)");
+    let ensemble =
+        tokio::task::spawn_blocking(|| ZkEnsemble::builder().size(3).tick_time(500).start())
+            .await
+            .unwrap()
+            .expect("start a 3-node ensemble (run scripts/install-deps.sh)");
     let mut settings = zk_settings(&ensemble.connect_string(), "ensemble");
     // Longer than an election, so sessions survive the leader change.
     settings.session_timeout = Duration::from_millis(10_000);
@@ -30,11 +31,20 @@ async fn leader_kill_keeps_exclusion_and_token_order() {
     let mut workers = Vec::new();
     for w in 0..3 {
         let s = session(&settings).await;
-        let (inside, sections, tokens, stop) = (inside.clone(), sections.clone(), tokens.clone(), stop.clone());
+        let (inside, sections, tokens, stop) = (
+            inside.clone(),
+            sections.clone(),
+            tokens.clone(),
+            stop.clone(),
+        );
         workers.push(tokio::spawn(async move {
             let mut errors = Vec::new();
             while !stop.load(Ordering::Acquire) {
-                match ZkBlockingWriteLock::new(format!("worker {w}"), &s, "shared").unwrap().lock_with_timeout().await {
+                match ZkBlockingWriteLock::new(format!("worker {w}"), &s, "shared")
+                    .unwrap()
+                    .lock_with_timeout()
+                    .await
+                {
                     Ok(g) => {
                         assert!(!inside.swap(true, Ordering::AcqRel), "two holders at once");
                         tokens.lock().unwrap().push(g.fencing_token());
@@ -69,14 +79,28 @@ async fn leader_kill_keeps_exclusion_and_token_order() {
     let killed_at = Instant::now();
     ensemble.kill(leader).unwrap();
     wait_sections(20, "lock cycles after the leader was killed").await;
-    eprintln!("20 lock cycles after killing leader {leader} within {:?}", killed_at.elapsed());
-    assert!(ensemble.leader().is_some_and(|l| l != leader), "a new leader");
+    eprintln!(
+        "20 lock cycles after killing leader {leader} within {:?}",
+        killed_at.elapsed()
+    );
+    assert!(
+        ensemble.leader().is_some_and(|l| l != leader),
+        "a new leader"
+    );
     stop.store(true, Ordering::Release);
     for w in workers {
         let errors = w.await.unwrap();
         // A release interrupted by the election may report the lock gone; never a panic.
-        assert!(errors.iter().all(|e| e.contains("no longer exists") || e.contains("connection")), "{errors:?}");
+        assert!(
+            errors
+                .iter()
+                .all(|e| e.contains("no longer exists") || e.contains("connection")),
+            "{errors:?}"
+        );
     }
     let tokens = tokens.lock().unwrap();
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens strictly increase: {tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens strictly increase: {tokens:?}"
+    );
 }

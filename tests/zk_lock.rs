@@ -22,18 +22,30 @@ async fn scenario_1_two_foreground_clients_take_turns() {
     let zk = shared();
     let settings = zk_settings(&zk.connect_string(), "s1");
     let (c1, c2) = (session(&settings).await, session(&settings).await);
-    let g1 = ZkBlockingWriteLock::new("Save Content", &c1, "P1").unwrap().lock_with_timeout().await.unwrap();
+    let g1 = ZkBlockingWriteLock::new("Save Content", &c1, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
     let monitor = format!("{}/P1", settings.lock_root);
     let kids = children(&zk.connect_string(), &monitor).await;
     assert_eq!(kids.len(), 2, "{kids:?}");
     assert!(kids.iter().any(|k| k == "privateLock"), "{kids:?}");
-    assert!(kids.iter().any(|k| k.starts_with("A-") && k.len() == 12), "{kids:?}");
+    assert!(
+        kids.iter().any(|k| k.starts_with("A-") && k.len() == 12),
+        "{kids:?}"
+    );
 
     let lock2 = ZkBlockingWriteLock::new("Save Content", &c2, "P1").unwrap();
     let waiter = tokio::spawn(async move { lock2.lock_with_timeout().await });
     // Client2 queues behind Client1 with a second A- node.
     eventually(Duration::from_secs(5), "client2 queued", || async {
-        children(&zk.connect_string(), &monitor).await.iter().filter(|k| k.starts_with("A-")).count() == 2
+        children(&zk.connect_string(), &monitor)
+            .await
+            .iter()
+            .filter(|k| k.starts_with("A-"))
+            .count()
+            == 2
     })
     .await;
     assert!(!waiter.is_finished());
@@ -50,13 +62,22 @@ async fn scenario_2_background_uses_b_nodes() {
     let zk = shared();
     let settings = zk_settings(&zk.connect_string(), "s2");
     let (c1, c2) = (session(&settings).await, session(&settings).await);
-    let bg = |s| ZkBlockingWriteLock::new("Bulk Propagation", s, "P1").unwrap().with_type(LockType::Background);
+    let bg = |s| {
+        ZkBlockingWriteLock::new("Bulk Propagation", s, "P1")
+            .unwrap()
+            .with_type(LockType::Background)
+    };
     let g1 = bg(&c1).lock_with_timeout().await.unwrap();
     let monitor = format!("{}/P1", settings.lock_root);
     let l2 = bg(&c2);
     let waiter = tokio::spawn(async move { l2.lock_with_timeout().await });
     eventually(Duration::from_secs(5), "two B- nodes", || async {
-        children(&zk.connect_string(), &monitor).await.iter().filter(|k| k.starts_with("B-")).count() == 2
+        children(&zk.connect_string(), &monitor)
+            .await
+            .iter()
+            .filter(|k| k.starts_with("B-"))
+            .count()
+            == 2
     })
     .await;
     g1.unlock().await.unwrap();
@@ -67,13 +88,23 @@ async fn scenario_2_background_uses_b_nodes() {
 async fn scenario_3_foreground_overtakes_queued_background() {
     let zk = shared();
     let settings = zk_settings(&zk.connect_string(), "s3");
-    let (c1, c2, c3) = (session(&settings).await, session(&settings).await, session(&settings).await);
+    let (c1, c2, c3) = (
+        session(&settings).await,
+        session(&settings).await,
+        session(&settings).await,
+    );
     let monitor = format!("{}/P1", settings.lock_root);
     let order = Arc::new(Mutex::new(Vec::new()));
 
-    let g1 = ZkBlockingWriteLock::new("Save Content", &c1, "P1").unwrap().lock_with_timeout().await.unwrap();
+    let g1 = ZkBlockingWriteLock::new("Save Content", &c1, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
     // Client2: background, queued first.
-    let l2 = ZkBlockingWriteLock::new("Bulk Propagation", &c2, "P1").unwrap().with_type(LockType::Background);
+    let l2 = ZkBlockingWriteLock::new("Bulk Propagation", &c2, "P1")
+        .unwrap()
+        .with_type(LockType::Background);
     let o2 = order.clone();
     let w2 = tokio::spawn(async move {
         let g = l2.lock_with_timeout().await.unwrap();
@@ -81,7 +112,10 @@ async fn scenario_3_foreground_overtakes_queued_background() {
         g.unlock().await.unwrap();
     });
     eventually(Duration::from_secs(5), "background queued", || async {
-        children(&zk.connect_string(), &monitor).await.iter().any(|k| k.starts_with("B-"))
+        children(&zk.connect_string(), &monitor)
+            .await
+            .iter()
+            .any(|k| k.starts_with("B-"))
     })
     .await;
     // Client3: foreground, arrives later.
@@ -92,15 +126,27 @@ async fn scenario_3_foreground_overtakes_queued_background() {
         o3.lock().unwrap().push("client3-foreground");
         g.unlock().await.unwrap();
     });
-    eventually(Duration::from_secs(5), "second foreground queued", || async {
-        children(&zk.connect_string(), &monitor).await.iter().filter(|k| k.starts_with("A-")).count() == 2
-    })
+    eventually(
+        Duration::from_secs(5),
+        "second foreground queued",
+        || async {
+            children(&zk.connect_string(), &monitor)
+                .await
+                .iter()
+                .filter(|k| k.starts_with("A-"))
+                .count()
+                == 2
+        },
+    )
     .await;
     // The B- node has the lower sequence number, the A- node the higher: priority decides.
     g1.unlock().await.unwrap();
     w3.await.unwrap();
     w2.await.unwrap();
-    assert_eq!(*order.lock().unwrap(), ["client3-foreground", "client2-background"]);
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["client3-foreground", "client2-background"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,8 +158,16 @@ async fn fencing_tokens_strictly_increase_across_monitors_and_sessions() {
     for i in 0..30 {
         let s = &sessions[i % 2];
         let monitor = format!("m{}", i % 3);
-        let g = ZkBlockingWriteLock::new("t", s, monitor).unwrap().lock_with_timeout().await.unwrap();
-        assert!(g.fencing_token() > last, "token {} after {last}", g.fencing_token());
+        let g = ZkBlockingWriteLock::new("t", s, monitor)
+            .unwrap()
+            .lock_with_timeout()
+            .await
+            .unwrap();
+        assert!(
+            g.fencing_token() > last,
+            "token {} after {last}",
+            g.fencing_token()
+        );
         last = g.fencing_token();
         g.unlock().await.unwrap();
     }
@@ -124,7 +178,11 @@ async fn timeout_leaves_no_waiter_node() {
     let zk = shared();
     let settings = zk_settings(&zk.connect_string(), "timeout");
     let (c1, c2) = (session(&settings).await, session(&settings).await);
-    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1").unwrap().lock_with_timeout().await.unwrap();
+    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
     let err = ZkBlockingWriteLock::new("waiter", &c2, "P1")
         .unwrap()
         .with_type(LockType::Background)
@@ -132,11 +190,24 @@ async fn timeout_leaves_no_waiter_node() {
         .lock_with_timeout()
         .await
         .unwrap_err();
-    assert!(matches!(err, LockError::Timeout { lock_type: LockType::Background, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            LockError::Timeout {
+                lock_type: LockType::Background,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("not acquired within"), "{err}");
     // Removed before the error was returned.
     let kids = children(&zk.connect_string(), &format!("{}/P1", settings.lock_root)).await;
-    assert_eq!(kids.iter().filter(|k| k.starts_with("B-")).count(), 0, "{kids:?}");
+    assert_eq!(
+        kids.iter().filter(|k| k.starts_with("B-")).count(),
+        0,
+        "{kids:?}"
+    );
     g1.unlock().await.unwrap();
 }
 
@@ -146,17 +217,35 @@ async fn cancelled_waiter_removes_its_node() {
     let settings = zk_settings(&zk.connect_string(), "cancel");
     let (c1, c2) = (session(&settings).await, session(&settings).await);
     let monitor = format!("{}/P1", settings.lock_root);
-    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1").unwrap().lock_with_timeout().await.unwrap();
+    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
     let l2 = ZkBlockingWriteLock::new("waiter", &c2, "P1").unwrap();
     let waiter = tokio::spawn(async move { l2.lock_with_timeout().await });
     eventually(Duration::from_secs(5), "waiter queued", || async {
-        children(&zk.connect_string(), &monitor).await.iter().filter(|k| k.starts_with("A-")).count() == 2
+        children(&zk.connect_string(), &monitor)
+            .await
+            .iter()
+            .filter(|k| k.starts_with("A-"))
+            .count()
+            == 2
     })
     .await;
     waiter.abort();
-    eventually(Duration::from_secs(5), "cancelled waiter's node removed", || async {
-        children(&zk.connect_string(), &monitor).await.iter().filter(|k| k.starts_with("A-")).count() == 1
-    })
+    eventually(
+        Duration::from_secs(5),
+        "cancelled waiter's node removed",
+        || async {
+            children(&zk.connect_string(), &monitor)
+                .await
+                .iter()
+                .filter(|k| k.starts_with("A-"))
+                .count()
+                == 1
+        },
+    )
     .await;
     g1.unlock().await.unwrap();
 }
@@ -166,7 +255,11 @@ async fn dropped_guard_releases_in_the_background() {
     let zk = shared();
     let settings = zk_settings(&zk.connect_string(), "drop");
     let c1 = session(&settings).await;
-    let g = ZkBlockingWriteLock::new("x", &c1, "P1").unwrap().lock_with_timeout().await.unwrap();
+    let g = ZkBlockingWriteLock::new("x", &c1, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
     drop(g);
     let g2 = ZkBlockingWriteLock::new("y", &c1, "P1")
         .unwrap()
@@ -187,18 +280,32 @@ async fn uncontended_cycle_needs_at_most_three_requests() {
     let c = session(&settings).await;
     // Warm up: creates the root, the monitor node and the mutex watch.
     for _ in 0..3 {
-        ZkBlockingWriteLock::new("w", &c, "P1").unwrap().lock_with_timeout().await.unwrap().unlock().await.unwrap();
+        ZkBlockingWriteLock::new("w", &c, "P1")
+            .unwrap()
+            .lock_with_timeout()
+            .await
+            .unwrap()
+            .unlock()
+            .await
+            .unwrap();
     }
     let cycles = 200u64;
     let before = zk.packets_received().unwrap();
     for _ in 0..cycles {
-        let g = ZkBlockingWriteLock::new("w", &c, "P1").unwrap().lock_with_timeout().await.unwrap();
+        let g = ZkBlockingWriteLock::new("w", &c, "P1")
+            .unwrap()
+            .lock_with_timeout()
+            .await
+            .unwrap();
         g.unlock().await.unwrap();
     }
     let after = zk.packets_received().unwrap();
     // Pings and the mntr connection itself add a handful of packets.
     let per_cycle = (after - before) as f64 / cycles as f64;
-    assert!(per_cycle <= 3.05, "{per_cycle} requests per acquire+release");
+    assert!(
+        per_cycle <= 3.05,
+        "{per_cycle} requests per acquire+release"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,12 +313,24 @@ async fn expired_session_reports_loss_and_the_next_holder_gets_a_higher_token() 
     let zk = shared();
     let settings = zk_settings(&zk.connect_string(), "expire");
     let (c1, c2) = (session(&settings).await, session(&settings).await);
-    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1").unwrap().lock_with_timeout().await.unwrap();
+    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
     let l2 = ZkBlockingWriteLock::new("next", &c2, "P1").unwrap();
     let waiter = tokio::spawn(async move { l2.lock_with_timeout().await });
     c1.expire_session_for_testing().await.unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(15), g1.lost()).await.expect("loss reported");
-    assert!(matches!(reason, LossReason::SessionExpired | LossReason::MutexDeleted), "{reason}");
+    let reason = tokio::time::timeout(Duration::from_secs(15), g1.lost())
+        .await
+        .expect("loss reported");
+    assert!(
+        matches!(
+            reason,
+            LossReason::SessionExpired | LossReason::MutexDeleted
+        ),
+        "{reason}"
+    );
     assert!(!g1.is_held());
     let g2 = waiter.await.unwrap().expect("the waiter gets the lock");
     assert!(g2.fencing_token() > g1.fencing_token());
@@ -220,7 +339,11 @@ async fn expired_session_reports_loss_and_the_next_holder_gets_a_higher_token() 
     assert!(g2.is_held());
     // The expired session's owner connects a new session for its next lock.
     g2.unlock().await.unwrap();
-    let g3 = ZkBlockingWriteLock::new("again", &c1, "P1").unwrap().lock_with_timeout().await.unwrap();
+    let g3 = ZkBlockingWriteLock::new("again", &c1, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
     g3.unlock().await.unwrap();
 }
 
@@ -229,10 +352,21 @@ async fn deleted_mutex_is_reported_as_loss() {
     let zk = shared();
     let settings = zk_settings(&zk.connect_string(), "mutexdel");
     let c1 = session(&settings).await;
-    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1").unwrap().lock_with_timeout().await.unwrap();
-    let admin = zookeeper_client::Client::connect(&zk.connect_string()).await.unwrap();
-    admin.delete(&format!("{}/P1/privateLock", settings.lock_root), None).await.unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(10), g1.lost()).await.expect("loss reported");
+    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    let admin = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    admin
+        .delete(&format!("{}/P1/privateLock", settings.lock_root), None)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(10), g1.lost())
+        .await
+        .expect("loss reported");
     assert_eq!(reason, LossReason::MutexDeleted);
     assert!(matches!(g1.unlock().await, Err(LockError::NoNode { .. })));
 }
@@ -243,11 +377,23 @@ async fn paused_server_makes_the_holder_report_loss_after_the_grace() {
     let mut settings = zk_settings(&zk.connect_string(), "pause");
     settings.session_timeout = Duration::from_millis(2000);
     let c1 = session(&settings).await;
-    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1").unwrap().lock_with_timeout().await.unwrap();
+    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
     zk.pause();
-    let reason = tokio::time::timeout(Duration::from_secs(10), g1.lost()).await.expect("loss reported");
+    let reason = tokio::time::timeout(Duration::from_secs(10), g1.lost())
+        .await
+        .expect("loss reported");
     zk.resume();
-    assert!(matches!(reason, LossReason::Disconnected { .. } | LossReason::SessionExpired), "{reason}");
+    assert!(
+        matches!(
+            reason,
+            LossReason::Disconnected { .. } | LossReason::SessionExpired
+        ),
+        "{reason}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,14 +405,29 @@ async fn connection_loss_during_create_leaves_no_ghost() {
     let monitor = format!("{}/P1", settings.lock_root);
     let c1 = session(&settings).await;
     // Warm up the root and the monitor node.
-    ZkBlockingWriteLock::new("w", &c1, "P1").unwrap().lock_with_timeout().await.unwrap().unlock().await.unwrap();
+    ZkBlockingWriteLock::new("w", &c1, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap()
+        .unlock()
+        .await
+        .unwrap();
 
     // 1. Fast path (multi) cut after the server applied it.
     proxy.cut_after(OP_MULTI);
-    let g = ZkBlockingWriteLock::new("x", &c1, "P1").unwrap().lock_with_timeout().await.unwrap();
+    let g = ZkBlockingWriteLock::new("x", &c1, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
     assert_eq!(proxy.cuts(), 1);
     let kids = children(&direct.servers, &monitor).await;
-    assert_eq!(kids.iter().filter(|k| k.starts_with("A-")).count(), 1, "one queue node, no ghost: {kids:?}");
+    assert_eq!(
+        kids.iter().filter(|k| k.starts_with("A-")).count(),
+        1,
+        "one queue node, no ghost: {kids:?}"
+    );
     g.unlock().await.unwrap();
     assert!(children(&direct.servers, &monitor).await.is_empty());
 
@@ -275,20 +436,37 @@ async fn connection_loss_during_create_leaves_no_ghost() {
     let mut s2 = settings.clone();
     s2.servers = zk.connect_string();
     let holder_session = session(&s2).await;
-    let holder = ZkBlockingWriteLock::new("h", &holder_session, "P1").unwrap().lock_with_timeout().await.unwrap();
+    let holder = ZkBlockingWriteLock::new("h", &holder_session, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
     drop(c2);
     proxy.cut_after(OP_CREATE2);
     let waiter_lock = ZkBlockingWriteLock::new("w", &c1, "P1").unwrap();
     let waiter = tokio::spawn(async move { waiter_lock.lock_with_timeout().await });
-    eventually(Duration::from_secs(10), "the cut happened and the waiter is queued once", || async {
-        proxy.cuts() == 2
-            && children(&direct.servers, &monitor).await.iter().filter(|k| k.starts_with("A-")).count() == 2
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the cut happened and the waiter is queued once",
+        || async {
+            proxy.cuts() == 2
+                && children(&direct.servers, &monitor)
+                    .await
+                    .iter()
+                    .filter(|k| k.starts_with("A-"))
+                    .count()
+                    == 2
+        },
+    )
     .await;
     holder.unlock().await.unwrap();
     let g = waiter.await.unwrap().unwrap();
     let kids = children(&direct.servers, &monitor).await;
-    assert_eq!(kids.iter().filter(|k| k.starts_with("A-")).count(), 1, "{kids:?}");
+    assert_eq!(
+        kids.iter().filter(|k| k.starts_with("A-")).count(),
+        1,
+        "{kids:?}"
+    );
     g.unlock().await.unwrap();
     eventually(Duration::from_secs(5), "nothing left behind", || async {
         children(&direct.servers, &monitor).await.is_empty()
@@ -303,7 +481,10 @@ async fn invalid_monitor_names_are_rejected_before_any_request() {
     let c = session(&settings).await;
     for bad in ["", "a/b", "..", "x\u{7}"] {
         let err = ZkBlockingWriteLock::new("x", &c, bad).unwrap_err();
-        assert!(matches!(err, LockError::InvalidMonitor { .. }), "{bad:?}: {err}");
+        assert!(
+            matches!(err, LockError::InvalidMonitor { .. }),
+            "{bad:?}: {err}"
+        );
     }
 }
 
@@ -315,7 +496,10 @@ async fn unreachable_zookeeper_is_a_connection_error_naming_the_servers() {
     settings.connection_delay = Duration::from_millis(50);
     let err = zkguard::ZkSession::connect(&settings).await.unwrap_err();
     assert!(matches!(err, LockError::ConnectionLoss { .. }), "{err}");
-    assert!(err.to_string().contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(
+        err.to_string().contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -336,10 +520,15 @@ async fn head_waiter_sees_the_release_after_its_connection_was_cut() {
         .lock_with_timeout()
         .await
         .unwrap();
-    let l = ZkBlockingWriteLock::new("w", &waiter_session, "P1").unwrap().with_timeout(Duration::from_secs(20));
+    let l = ZkBlockingWriteLock::new("w", &waiter_session, "P1")
+        .unwrap()
+        .with_timeout(Duration::from_secs(20));
     let waiter = tokio::spawn(async move { l.lock_with_timeout().await });
     eventually(Duration::from_secs(5), "waiter queued", || async {
-        children(&zk.connect_string(), &monitor).await.iter().any(|k| k.starts_with("A-"))
+        children(&zk.connect_string(), &monitor)
+            .await
+            .iter()
+            .any(|k| k.starts_with("A-"))
     })
     .await;
     // Cut the waiter's connection on its next request (a ping will do) and let it reconnect.
@@ -350,12 +539,89 @@ async fn head_waiter_sees_the_release_after_its_connection_was_cut() {
         let mut lines = dump.lines().skip_while(|l| l.trim() != mutex).skip(1);
         lines.any(|l| l.trim() == waiter_id)
     };
-    assert!(watched_by_waiter(), "the waiter watches the mutex before the cut");
+    assert!(
+        watched_by_waiter(),
+        "the waiter watches the mutex before the cut"
+    );
     proxy.cut_after(11);
-    eventually(Duration::from_secs(10), "the waiter's connection was cut", || async { proxy.cuts() == 1 }).await;
+    eventually(
+        Duration::from_secs(10),
+        "the waiter's connection was cut",
+        || async { proxy.cuts() == 1 },
+    )
+    .await;
     // Once reconnected, the waiter watches the mutex again; only then does the holder release.
-    eventually(Duration::from_secs(10), "the waiter watches the mutex again", || async { watched_by_waiter() }).await;
+    eventually(
+        Duration::from_secs(10),
+        "the waiter watches the mutex again",
+        || async { watched_by_waiter() },
+    )
+    .await;
     holder.unlock().await.unwrap();
-    let g = waiter.await.unwrap().expect("the waiter gets the lock after reconnecting");
+    let g = waiter
+        .await
+        .unwrap()
+        .expect("the waiter gets the lock after reconnecting");
     g.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starving_background_waiter_is_promoted_ahead_of_later_foreground() {
+    let zk = shared();
+    let mut settings = zk_settings(&zk.connect_string(), "starve");
+    settings.background_max_wait = Some(Duration::from_millis(300));
+    let (c1, c2, c3) = (
+        session(&settings).await,
+        session(&settings).await,
+        session(&settings).await,
+    );
+    let monitor = format!("{}/P1", settings.lock_root);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let holder = ZkBlockingWriteLock::new("holder", &c1, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+
+    let lb = ZkBlockingWriteLock::new("starving job", &c2, "P1")
+        .unwrap()
+        .with_type(LockType::Background);
+    let ob = order.clone();
+    let wb = tokio::spawn(async move {
+        let g = lb.lock_with_timeout().await.unwrap();
+        ob.lock().unwrap().push("background");
+        g.unlock().await.unwrap();
+    });
+    // After zookeeper.background.max.wait the background waiter's node is a foreground node.
+    eventually(
+        Duration::from_secs(10),
+        "background waiter promoted",
+        || async {
+            let kids = children(&zk.connect_string(), &monitor).await;
+            kids.iter().filter(|k| k.starts_with("A-")).count() == 2
+                && !kids.iter().any(|k| k.starts_with("B-"))
+        },
+    )
+    .await;
+    // A foreground request arriving after the promotion queues behind it.
+    let lf = ZkBlockingWriteLock::new("late save", &c3, "P1").unwrap();
+    let of = order.clone();
+    let wf = tokio::spawn(async move {
+        let g = lf.lock_with_timeout().await.unwrap();
+        of.lock().unwrap().push("foreground");
+        g.unlock().await.unwrap();
+    });
+    eventually(Duration::from_secs(5), "late foreground queued", || async {
+        children(&zk.connect_string(), &monitor)
+            .await
+            .iter()
+            .filter(|k| k.starts_with("A-"))
+            .count()
+            == 3
+    })
+    .await;
+    holder.unlock().await.unwrap();
+    wb.await.unwrap();
+    wf.await.unwrap();
+    assert_eq!(*order.lock().unwrap(), ["background", "foreground"]);
 }

@@ -1,14 +1,440 @@
-//! `zkguard bench` (under construction).
+//! `zkguard bench`: lock latency and throughput (the figures are defined in [`zkguard::bench`]).
+//!
+//! Where the servers come from: `--local` starts a ZooKeeper (tickTime 2000, fsync on, as a
+//! default production setup) or an `osmem-server` on a free loopback port and stops it at the
+//! end; otherwise the configured `zookeeper.servers` / `elasticsearch.url` are used, overridden
+//! by `--zk` / `--es`.
+//!
+//! Output: a table, or with `--json` one flat JSON object on stdout (see
+//! [`zkguard::bench::BenchReport::to_json`]). Progress goes to stderr: bars on a terminal
+//! (without `--json`), plain lines otherwise.
+//!
+//! Exit status: 0; 64 bad usage; 69 server unreachable (or a local one could not start);
+//! 75 a benchmark acquisition timed out; 78 bad configuration.
 
-use zkguard::config::Settings;
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::CliError;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use zkguard::bench::{BenchError, BenchPlan, BenchProgress, BenchReport, Phase};
+use zkguard::config::{LockBackendKind, Settings};
+use zkguard::servers::{OsmemServer, ServerError, ZkServer};
+
+use super::{CliError, EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};
+
+/// The lock backend to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    /// The ZooKeeper priority lock.
+    Zookeeper,
+    /// The Elasticsearch lease lock.
+    Elasticsearch,
+}
+
+/// The async runtime the benchmark runs on (a diagnostic switch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RuntimeArg {
+    /// A single-threaded runtime on a thread of its own: the client's I/O tasks and the lock
+    /// calls share one thread, so no answer has to wake another thread.
+    CurrentThread,
+    /// The command's multi-threaded runtime, the benchmark in a worker task.
+    MultiThread,
+}
 
 /// Arguments of `zkguard bench`.
 #[derive(Debug, clap::Args)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    /// Print one JSON object (flat keys naming each figure and its unit) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Measured cycles of each figure (uncontended cycles, contended hand-offs, throughput
+    /// cycles).
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub iterations: u32,
+    /// Concurrent clients (separate sessions) of the contended and throughput figures.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub contenders: u32,
+    /// Monitor objects of the throughput figure.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub monitors: u32,
+    /// Uncontended warm-up cycles (default max(50, iterations / 5), as the peers).
+    #[arg(long, value_name = "N")]
+    pub warmup: Option<u32>,
+    /// Lock backend to measure (default: `lock.backend` of the configuration).
+    #[arg(long, value_enum, value_name = "zookeeper|elasticsearch")]
+    pub backend: Option<BackendArg>,
+    /// ZooKeeper connect string (overrides `zookeeper.servers`).
+    #[arg(long, value_name = "CONNECT", conflicts_with = "local")]
+    pub zk: Option<String>,
+    /// Elasticsearch URL(s), comma-separated (overrides `elasticsearch.url`).
+    #[arg(long, value_name = "URL", conflicts_with = "local")]
+    pub es: Option<String>,
+    /// Start a local server (ZooKeeper with tickTime 2000, or osmem-server) for the run and stop
+    /// it at the end.
+    #[arg(long)]
+    pub local: bool,
+    /// Async runtime of the benchmark (diagnostics).
+    #[arg(long, value_enum, default_value_t = RuntimeArg::CurrentThread, hide = true)]
+    pub runtime: RuntimeArg,
+}
+
+/// Local servers started for `--local`; stopped by [`LocalServer::stop`].
+enum LocalServer {
+    Zk(ZkServer),
+    Es(OsmemServer),
+}
+
+impl LocalServer {
+    async fn stop(self) {
+        let _ = tokio::task::spawn_blocking(move || match self {
+            Self::Zk(zk) => zk.stop(),
+            Self::Es(es) => es.stop(),
+        })
+        .await;
+    }
+}
+
+fn server_error(what: &str, e: ServerError) -> CliError {
+    let text = match &e {
+        // The log tail would not fit on one line; its path goes with the handle.
+        ServerError::StartFailed { what, reason, .. } => {
+            format!("{what} failed to start: {reason}")
+        }
+        other => other.to_string(),
+    };
+    CliError::new(
+        EX_UNAVAILABLE,
+        format!("cannot start a local {what} for the benchmark: {text}"),
+    )
+}
+
+async fn start_local(
+    settings: &mut Settings,
+    backend: LockBackendKind,
+) -> Result<LocalServer, CliError> {
+    let joined = |e: tokio::task::JoinError| CliError::new(EX_SOFTWARE, e);
+    match backend {
+        LockBackendKind::ZooKeeper => {
+            let zk = tokio::task::spawn_blocking(|| ZkServer::builder().tick_time(2000).start())
+                .await
+                .map_err(joined)?
+                .map_err(|e| server_error("ZooKeeper", e))?;
+            settings.zookeeper.servers = zk.connect_string();
+            Ok(LocalServer::Zk(zk))
+        }
+        LockBackendKind::Elasticsearch => {
+            let es = tokio::task::spawn_blocking(OsmemServer::start)
+                .await
+                .map_err(joined)?
+                .map_err(|e| server_error("osmem-server", e))?;
+            settings.elasticsearch.urls = vec![es
+                .url()
+                .parse()
+                .map_err(|e| CliError::new(EX_SOFTWARE, format!("osmem-server URL: {e}")))?];
+            Ok(LocalServer::Es(es))
+        }
+    }
+}
+
+fn parse_es_urls(text: &str) -> Result<Vec<url::Url>, CliError> {
+    let mut urls = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match url::Url::parse(part) {
+            Ok(u) if u.scheme() == "http" || u.scheme() == "https" => urls.push(u),
+            _ => {
+                return Err(CliError::usage(format!(
+                    "--es `{part}` is not an http:// or https:// URL (e.g. http://localhost:9200)"
+                )))
+            }
+        }
+    }
+    if urls.is_empty() {
+        return Err(CliError::usage(
+            "--es needs at least one http:// or https:// URL",
+        ));
+    }
+    Ok(urls)
+}
+
+fn check_zk(text: &str) -> Result<String, CliError> {
+    let t = text.trim();
+    if t.is_empty() || t.starts_with('/') || t.chars().any(char::is_whitespace) {
+        return Err(CliError::usage(format!(
+            "--zk `{text}` is not a ZooKeeper connect string: use host:port[,host:port...][/chroot]"
+        )));
+    }
+    Ok(t.to_string())
+}
+
+/// Progress bars on a terminal.
+struct Bars {
+    bar: ProgressBar,
+    started: std::sync::Mutex<Instant>,
+}
+
+impl BenchProgress for Bars {
+    fn start(&self, phase: Phase, total: u64) {
+        *self.started.lock().expect("progress clock") = Instant::now();
+        self.bar.reset();
+        self.bar.set_length(total);
+        self.bar.set_position(0);
+        self.bar.set_message(phase.to_string());
+    }
+    fn advance(&self, n: u64) {
+        self.bar.inc(n);
+    }
+    fn finish(&self, phase: Phase) {
+        let secs = self
+            .started
+            .lock()
+            .expect("progress clock")
+            .elapsed()
+            .as_secs_f64();
+        self.bar
+            .println(format!("  {phase}: {} in {secs:.2} s", self.bar.position()));
+    }
+}
+
+/// Plain progress lines on stderr.
+struct Lines {
+    started: std::sync::Mutex<(Instant, u64)>,
+}
+
+impl BenchProgress for Lines {
+    fn start(&self, phase: Phase, total: u64) {
+        *self.started.lock().expect("progress clock") = (Instant::now(), total);
+        let unit = if phase == Phase::Connecting {
+            "clients"
+        } else {
+            "cycles"
+        };
+        eprintln!("zkguard bench: {phase}: {total} {unit} ...");
+    }
+    fn advance(&self, _n: u64) {}
+    fn finish(&self, phase: Phase) {
+        let (t0, total) = *self.started.lock().expect("progress clock");
+        let secs = t0.elapsed().as_secs_f64();
+        eprintln!("zkguard bench: {phase}: {total} done in {secs:.2} s");
+    }
+}
+
+fn progress(json: bool) -> (Arc<dyn BenchProgress>, Option<ProgressBar>) {
+    if !json && std::io::stderr().is_terminal() {
+        let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template("{msg:>20} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        let handle = bar.clone();
+        (
+            Arc::new(Bars {
+                bar,
+                started: std::sync::Mutex::new(Instant::now()),
+            }),
+            Some(handle),
+        )
+    } else {
+        (
+            Arc::new(Lines {
+                started: std::sync::Mutex::new((Instant::now(), 0)),
+            }),
+            None,
+        )
+    }
+}
+
+fn bench_error(e: BenchError) -> CliError {
+    match e {
+        BenchError::Unreachable { .. } => CliError::new(EX_UNAVAILABLE, e),
+        BenchError::Setup { .. } => CliError::new(EX_CONFIG, e),
+        BenchError::InvalidPlan(_) => CliError::new(EX_USAGE, e),
+        BenchError::Lock { ref source, .. } => {
+            let code = match source {
+                zkguard::LockError::Timeout { .. } => EX_TEMPFAIL,
+                _ => EX_UNAVAILABLE,
+            };
+            CliError::new(code, e)
+        }
+    }
+}
+
+/// Runs the benchmark on the chosen runtime.
+async fn measure(
+    settings: Settings,
+    backend: LockBackendKind,
+    plan: BenchPlan,
+    progress: Arc<dyn BenchProgress>,
+    runtime: RuntimeArg,
+) -> Result<BenchReport, CliError> {
+    match runtime {
+        RuntimeArg::CurrentThread => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            std::thread::Builder::new()
+                .name("zkguard-bench".into())
+                .spawn(move || {
+                    let result = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt
+                            .block_on(zkguard::bench::run(&settings, backend, &plan, progress))
+                            .map_err(bench_error),
+                        Err(e) => Err(CliError::new(
+                            EX_SOFTWARE,
+                            format!("cannot start the benchmark runtime: {e}"),
+                        )),
+                    };
+                    let _ = tx.send(result);
+                })
+                .map_err(|e| {
+                    CliError::new(
+                        EX_SOFTWARE,
+                        format!("cannot start the benchmark thread: {e}"),
+                    )
+                })?;
+            rx.await.map_err(|_| {
+                CliError::new(EX_SOFTWARE, "the benchmark thread ended without a result")
+            })?
+        }
+        RuntimeArg::MultiThread => {
+            tokio::spawn(
+                async move { zkguard::bench::run(&settings, backend, &plan, progress).await },
+            )
+            .await
+            .map_err(|e| CliError::new(EX_SOFTWARE, e))?
+            .map_err(bench_error)
+        }
+    }
+}
+
+fn endpoint(settings: &Settings, backend: LockBackendKind) -> String {
+    match backend {
+        LockBackendKind::ZooKeeper => settings.zookeeper.servers.clone(),
+        LockBackendKind::Elasticsearch => settings
+            .elasticsearch
+            .urls
+            .iter()
+            .map(|u| u.as_str().trim_end_matches('/'))
+            .collect::<Vec<_>>()
+            .join(","),
+    }
+}
+
+fn print_table(report: &BenchReport, at: &str, local: bool) {
+    let backend = match report.backend {
+        "zookeeper" => "ZooKeeper",
+        "elasticsearch" => "Elasticsearch",
+        other => other,
+    };
+    println!(
+        "zkguard bench: {backend} lock at {at}{}; {} iterations after {} warm-up cycles, {} contenders, {} monitors",
+        if local { " (started for this run)" } else { "" },
+        report.iterations,
+        report.warmup,
+        report.contenders,
+        report.monitors
+    );
+    println!();
+    let requests = report
+        .requests_per_cycle
+        .map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}"));
+    let rows = [
+        (
+            "uncontended acquire+release p50".to_string(),
+            format!("{:.3} ms", report.uncontended_p50_ms),
+        ),
+        (
+            "uncontended acquire+release p99".to_string(),
+            format!("{:.3} ms", report.uncontended_p99_ms),
+        ),
+        ("requests per uncontended cycle".to_string(), requests),
+        (
+            format!(
+                "contended hand-offs ({} sessions, 1 monitor)",
+                report.contenders
+            ),
+            format!("{:.1} /s", report.handoffs_per_sec),
+        ),
+        (
+            format!(
+                "throughput ({} sessions, {} monitors)",
+                report.contenders, report.monitors
+            ),
+            format!("{:.1} ops/s", report.ops_per_sec),
+        ),
+    ];
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let vwidth = rows.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+    println!("{:<width$}  {:>vwidth$}", "figure", "value");
+    println!("{}  {}", "-".repeat(width), "-".repeat(vwidth));
+    for (k, v) in rows {
+        println!("{k:<width$}  {v:>vwidth$}");
+    }
+}
 
 /// Runs `zkguard bench`.
-pub async fn run(_settings: Settings, _args: BenchArgs) -> Result<u8, CliError> {
-    Err(CliError::new(super::EX_SOFTWARE, "`zkguard bench` is not available in this build yet"))
+pub async fn run(mut settings: Settings, args: BenchArgs) -> Result<u8, CliError> {
+    let backend = match args.backend {
+        Some(BackendArg::Zookeeper) => LockBackendKind::ZooKeeper,
+        Some(BackendArg::Elasticsearch) => LockBackendKind::Elasticsearch,
+        None => settings.backend,
+    };
+    if let Some(zk) = &args.zk {
+        settings.zookeeper.servers = check_zk(zk)?;
+    }
+    if let Some(es) = &args.es {
+        settings.elasticsearch.urls = parse_es_urls(es)?;
+    }
+    let mut plan = BenchPlan::new(args.iterations, args.contenders, args.monitors);
+    if let Some(w) = args.warmup {
+        plan = plan.with_warmup(w);
+    }
+    let local = if args.local {
+        Some(start_local(&mut settings, backend).await?)
+    } else {
+        None
+    };
+    let at = endpoint(&settings, backend);
+    if !args.json {
+        eprintln!(
+            "zkguard bench: measuring the {} lock at {at} ...",
+            if backend == LockBackendKind::ZooKeeper {
+                "ZooKeeper"
+            } else {
+                "Elasticsearch"
+            }
+        );
+    }
+    let (progress, bar) = progress(args.json);
+    let result = measure(settings, backend, plan, progress, args.runtime).await;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if let Some(server) = local {
+        server.stop().await;
+    }
+    let report = result?;
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        print_table(&report, &at, args.local);
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_arguments_are_checked() {
+        assert!(check_zk("127.0.0.1:2181,b:2182/chroot").is_ok());
+        assert_eq!(check_zk("").unwrap_err().code, EX_USAGE);
+        assert_eq!(check_zk("a b").unwrap_err().code, EX_USAGE);
+        assert_eq!(parse_es_urls("http://a:9200, https://b").unwrap().len(), 2);
+        assert_eq!(parse_es_urls("ftp://a").unwrap_err().code, EX_USAGE);
+        assert_eq!(parse_es_urls(" , ").unwrap_err().code, EX_USAGE);
+    }
 }

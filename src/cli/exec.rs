@@ -19,7 +19,11 @@ pub struct ExecArgs {
     #[arg(long, value_name = "ID")]
     pub monitor: String,
     /// Lock type.
-    #[arg(long = "type", value_name = "foreground|background", default_value = "foreground")]
+    #[arg(
+        long = "type",
+        value_name = "foreground|background",
+        default_value = "foreground"
+    )]
     pub lock_type: LockType,
     /// How long to wait for the lock (e.g. 500ms, 2s, or milliseconds); default from the
     /// configuration of the lock type.
@@ -38,7 +42,9 @@ pub struct ExecArgs {
 
 /// Parses a CLI duration: milliseconds or a humantime string.
 pub fn parse_cli_duration(s: &str) -> Result<Duration, String> {
-    parse_duration(s).ok_or_else(|| format!("`{s}` is not a duration: use milliseconds (500) or a unit (500ms, 2s)"))
+    parse_duration(s).ok_or_else(|| {
+        format!("`{s}` is not a duration: use milliseconds (500) or a unit (500ms, 2s)")
+    })
 }
 
 /// Runs `zkguard exec`.
@@ -66,8 +72,15 @@ pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
         Ok(c) => c,
         Err(e) => {
             let _ = guard.unlock().await;
-            let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
-            return Err(CliError::new(code, format!("cannot run `{}`: {e}", args.command[0])));
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return Err(CliError::new(
+                code,
+                format!("cannot run `{}`: {e}", args.command[0]),
+            ));
         }
     };
     let pid = child.id().map(|p| Pid::from_raw(p as i32));
@@ -94,7 +107,8 @@ pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
     if let Err(e) = release {
         eprintln!("zkguard: warning: {e}");
     }
-    let status = status.map_err(|e| CliError::new(EX_SOFTWARE, format!("waiting for the command: {e}")))?;
+    let status =
+        status.map_err(|e| CliError::new(EX_SOFTWARE, format!("waiting for the command: {e}")))?;
     use std::os::unix::process::ExitStatusExt;
     Ok(match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
@@ -111,7 +125,10 @@ fn forward(pid: Option<Pid>, sig: Signal) {
 
 async fn terminate(pid: Option<Pid>, child: &mut tokio::process::Child, kill_after: Duration) {
     forward(pid, Signal::SIGTERM);
-    if tokio::time::timeout(kill_after, child.wait()).await.is_err() {
+    if tokio::time::timeout(kill_after, child.wait())
+        .await
+        .is_err()
+    {
         let _ = child.start_kill();
     }
 }

@@ -19,10 +19,16 @@ pub struct LocksArgs {
 
 /// Runs `zkguard locks`.
 pub async fn run(settings: Settings, args: LocksArgs) -> Result<u8, CliError> {
+    if settings.backend == zkguard::config::LockBackendKind::Elasticsearch {
+        return run_es(&settings, &args).await;
+    }
     let session = ZkSession::connect(&settings.zookeeper).await?;
     let states = list_locks(&session, args.monitor.as_deref()).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&states).expect("serializable"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&states).expect("serializable")
+        );
     } else {
         print_table(&states);
     }
@@ -40,7 +46,10 @@ fn print_table(states: &[MonitorState]) {
         });
         let token = s.token.map_or(String::new(), |t| format!(", token {t}"));
         println!("{}: holder {holder}{token}", s.monitor);
-        println!("  {:<3} {:<14} {:>6} {:>9}  {:<36} INFO", "POS", "NODE", "CLASS", "AGE", "OWNER");
+        println!(
+            "  {:<3} {:<14} {:>6} {:>9}  {:<36} INFO",
+            "POS", "NODE", "CLASS", "AGE", "OWNER"
+        );
         for (i, c) in s.queue.iter().enumerate() {
             println!(
                 "  {:<3} {:<14} {:>6} {:>8.1}s  {:<36} {}{}",
@@ -54,4 +63,64 @@ fn print_table(states: &[MonitorState]) {
             );
         }
     }
+}
+
+/// `zkguard locks` with `lock.backend=elasticsearch`: the lease documents.
+async fn run_es(settings: &Settings, args: &LocksArgs) -> Result<u8, CliError> {
+    use zkguard::eslock::EsLockService;
+    let store = zkguard::es::EsStore::new(&settings.elasticsearch)?;
+    let service = EsLockService::from_settings(settings, std::sync::Arc::new(store))?;
+    let statuses = match &args.monitor {
+        Some(m) => service.status(m).await?.into_iter().collect(),
+        None => service.list().await?,
+    };
+    let mut rows = Vec::new();
+    for s in &statuses {
+        let r = &s.record;
+        let waiters = service.foreground_waiters(&r.monitor).await?.len();
+        rows.push(serde_json::json!({
+            "monitor": r.monitor,
+            "state": format!("{:?}", r.state).to_lowercase(),
+            "owner": r.owner,
+            "info": r.info,
+            "lock_type": r.lock_type,
+            "token": r.token,
+            "acquired_ms": r.acquired,
+            "expires_ms": r.expires,
+            "takeable": s.takeable,
+            "foreground_waiters": waiters,
+        }));
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).expect("serializable")
+        );
+    } else if rows.is_empty() {
+        println!("no locks held or queued");
+    } else {
+        println!(
+            "{:<24} {:<6} {:<11} {:>18} {:>8}  {:<32} INFO",
+            "MONITOR", "STATE", "TYPE", "TOKEN", "WAITING", "OWNER"
+        );
+        for r in &rows {
+            let text = |k: &str| r[k].as_str().unwrap_or("").to_string();
+            println!(
+                "{:<24} {:<6} {:<11} {:>18} {:>8}  {:<32} {}{}",
+                text("monitor"),
+                text("state"),
+                text("lock_type"),
+                r["token"],
+                r["foreground_waiters"],
+                text("owner"),
+                text("info"),
+                if r["takeable"].as_bool() == Some(true) {
+                    "  [takeable]"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    Ok(0)
 }

@@ -35,7 +35,10 @@ pub struct CliError {
 impl CliError {
     /// An error with a status.
     pub fn new(code: u8, message: impl std::fmt::Display) -> Self {
-        Self { code, message: message.to_string().replace('\n', " ") }
+        Self {
+            code,
+            message: message.to_string().replace('\n', " "),
+        }
     }
     /// Bad usage.
     pub fn usage(message: impl std::fmt::Display) -> Self {
@@ -76,7 +79,10 @@ pub fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// Loads the configuration named by `--config`.
@@ -85,7 +91,9 @@ pub fn settings(cli: &Cli) -> Result<Settings, CliError> {
 }
 
 /// Connects the lock service selected by `lock.backend`.
-pub async fn lock_service(settings: &Settings) -> Result<std::sync::Arc<dyn zkguard::LockService>, CliError> {
+pub async fn lock_service(
+    settings: &Settings,
+) -> Result<std::sync::Arc<dyn zkguard::LockService>, CliError> {
     use zkguard::config::LockBackendKind;
     match settings.backend {
         LockBackendKind::ZooKeeper => {
@@ -94,7 +102,10 @@ pub async fn lock_service(settings: &Settings) -> Result<std::sync::Arc<dyn zkgu
         }
         LockBackendKind::Elasticsearch => {
             let store = zkguard::es::EsStore::new(&settings.elasticsearch)?;
-            let service = zkguard::eslock::EsLockService::from_settings(settings, std::sync::Arc::new(store))?;
+            let service = zkguard::eslock::EsLockService::from_settings(
+                settings,
+                std::sync::Arc::new(store),
+            )?;
             Ok(std::sync::Arc::new(service))
         }
     }

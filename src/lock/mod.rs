@@ -14,7 +14,17 @@ use tokio::sync::watch;
 
 /// The class of a contender: foreground work goes before background work.
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum LockType {
@@ -40,7 +50,9 @@ impl std::str::FromStr for LockType {
         match s.to_ascii_lowercase().as_str() {
             "foreground" | "fg" => Ok(Self::Foreground),
             "background" | "bg" => Ok(Self::Background),
-            other => Err(format!("unknown lock type `{other}`: use foreground or background")),
+            other => Err(format!(
+                "unknown lock type `{other}`: use foreground or background"
+            )),
         }
     }
 }
@@ -103,7 +115,9 @@ pub enum LockError {
         detail: String,
     },
     /// The design's `NoNodeException`: `unlock()` of a lock that no longer exists.
-    #[error("unlock of `{monitor}`: the lock no longer exists ({detail}); it was lost before release")]
+    #[error(
+        "unlock of `{monitor}`: the lock no longer exists ({detail}); it was lost before release"
+    )]
     NoNode {
         /// Monitor object.
         monitor: String,
@@ -155,7 +169,10 @@ impl LockError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Self::Timeout { .. } | Self::SessionExpired { .. } | Self::ConnectionLoss { .. } | Self::Lost { .. }
+            Self::Timeout { .. }
+                | Self::SessionExpired { .. }
+                | Self::ConnectionLoss { .. }
+                | Self::Lost { .. }
         )
     }
 }
@@ -177,7 +194,12 @@ pub struct LockRequest {
 impl LockRequest {
     /// A foreground request with the configured timeout.
     pub fn new(monitor: impl Into<String>, info: impl Into<String>) -> Self {
-        Self { monitor: monitor.into(), lock_type: LockType::Foreground, info: info.into(), timeout: None }
+        Self {
+            monitor: monitor.into(),
+            lock_type: LockType::Foreground,
+            info: info.into(),
+            timeout: None,
+        }
     }
 
     /// Sets the lock type.
@@ -251,7 +273,9 @@ impl Default for LossSignal {
 impl LossSignal {
     /// A signal that has not fired.
     pub fn new() -> Self {
-        Self { tx: Arc::new(watch::channel(None).0) }
+        Self {
+            tx: Arc::new(watch::channel(None).0),
+        }
     }
 
     /// Marks the lock lost (the first reason wins). Returns whether this call fired it.
@@ -299,12 +323,20 @@ pub const MAX_MONITOR_LEN: usize = 200;
 /// # Errors
 /// [`LockError::InvalidMonitor`] saying what is wrong.
 pub fn validate_monitor(name: &str) -> Result<(), LockError> {
-    let bad = |reason: &str| Err(LockError::InvalidMonitor { name: name.to_string(), reason: reason.to_string() });
+    let bad = |reason: &str| {
+        Err(LockError::InvalidMonitor {
+            name: name.to_string(),
+            reason: reason.to_string(),
+        })
+    };
     if name.is_empty() {
         return bad("it is empty; pass the id of the object to lock, e.g. article-42");
     }
     if name.len() > MAX_MONITOR_LEN {
-        return bad(&format!("it is {} bytes long; the limit is {MAX_MONITOR_LEN}", name.len()));
+        return bad(&format!(
+            "it is {} bytes long; the limit is {MAX_MONITOR_LEN}",
+            name.len()
+        ));
     }
     if name == "." || name == ".." {
         return bad("`.` and `..` are not allowed as names");
@@ -316,9 +348,14 @@ pub fn validate_monitor(name: &str) -> Result<(), LockError> {
         return bad("it contains `/`; replace it (e.g. with `:`) since each monitor is one znode");
     }
     if let Some(c) = name.chars().find(|c| {
-        c.is_control() || ('\u{e000}'..='\u{f8ff}').contains(c) || ('\u{fff0}'..='\u{ffff}').contains(c)
+        c.is_control()
+            || ('\u{e000}'..='\u{f8ff}').contains(c)
+            || ('\u{fff0}'..='\u{ffff}').contains(c)
     }) {
-        return bad(&format!("it contains the character U+{:04X}, which is not allowed", c as u32));
+        return bad(&format!(
+            "it contains the character U+{:04X}, which is not allowed",
+            c as u32
+        ));
     }
     Ok(())
 }
@@ -329,7 +366,14 @@ mod tests {
 
     #[test]
     fn monitor_names() {
-        for ok in ["a", "article-42", "P1", "tenant:7:doc", "ünïcode", "x".repeat(200).as_str()] {
+        for ok in [
+            "a",
+            "article-42",
+            "P1",
+            "tenant:7:doc",
+            "ünïcode",
+            "x".repeat(200).as_str(),
+        ] {
             validate_monitor(ok).unwrap();
         }
         for (bad, needle) in [

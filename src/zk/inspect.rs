@@ -47,7 +47,10 @@ pub struct MonitorState {
 }
 
 fn age(ctime_ms: i64) -> u64 {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
     (now - ctime_ms).max(0) as u64
 }
 
@@ -58,7 +61,10 @@ fn age(ctime_ms: i64) -> u64 {
 ///
 /// # Cancellation safety
 /// Cancel-safe: it only reads.
-pub async fn list_locks(session: &ZkSession, monitor: Option<&str>) -> Result<Vec<MonitorState>, LockError> {
+pub async fn list_locks(
+    session: &ZkSession,
+    monitor: Option<&str>,
+) -> Result<Vec<MonitorState>, LockError> {
     let slot = session.slot().await?;
     let client = &slot.client;
     let root = &session.settings().lock_root;
@@ -86,7 +92,10 @@ pub async fn list_locks(session: &ZkSession, monitor: Option<&str>) -> Result<Ve
         };
         let queue = Queue::from_children(&children);
         let (mutex, token) = match client.get_data(&format!("{path}/{MUTEX_NODE}")).await {
-            Ok((bytes, stat)) => (serde_json::from_slice::<NodeData>(&bytes).ok(), Some(stat.czxid as u64)),
+            Ok((bytes, stat)) => (
+                serde_json::from_slice::<NodeData>(&bytes).ok(),
+                Some(stat.czxid as u64),
+            ),
             Err(ZkError::NoNode) => (None, None),
             Err(e) => return Err(map_zk(e, "reading the mutex")),
         };
@@ -98,7 +107,10 @@ pub async fn list_locks(session: &ZkSession, monitor: Option<&str>) -> Result<Ve
                 Err(e) => return Err(map_zk(e, "reading a contender")),
             };
             let data = serde_json::from_slice::<NodeData>(&bytes).ok();
-            let holder = mutex.as_ref().zip(data.as_ref()).is_some_and(|(m, d)| m.attempt == d.attempt);
+            let holder = mutex
+                .as_ref()
+                .zip(data.as_ref())
+                .is_some_and(|(m, d)| m.attempt == d.attempt);
             contenders.push(Contender {
                 node: n.name.clone(),
                 class: n.prefix.clone(),
@@ -115,7 +127,12 @@ pub async fn list_locks(session: &ZkSession, monitor: Option<&str>) -> Result<Ve
         if contenders.is_empty() && token.is_none() {
             continue;
         }
-        out.push(MonitorState { monitor: m, holder, token: token.filter(|_| mutex.is_some()).or(token), queue: contenders });
+        out.push(MonitorState {
+            monitor: m,
+            holder,
+            token: token.filter(|_| mutex.is_some()).or(token),
+            queue: contenders,
+        });
     }
     Ok(out)
 }

@@ -29,11 +29,22 @@ use zookeeper_client::Error as ZkError;
 /// Maps a client error to the lock layer's error.
 pub(crate) fn map_zk(e: ZkError, context: &str) -> LockError {
     match e {
-        ZkError::SessionExpired => LockError::SessionExpired { context: context.to_string() },
+        ZkError::SessionExpired => LockError::SessionExpired {
+            context: context.to_string(),
+        },
         ZkError::ConnectionLoss | ZkError::Timeout | ZkError::NoHosts => {
-            LockError::ConnectionLoss { context: context.to_string(), detail: e.to_string() }
+            LockError::ConnectionLoss {
+                context: context.to_string(),
+                detail: e.to_string(),
+            }
         }
-        ZkError::NoNode => LockError::NoNode { monitor: String::new(), detail: context.to_string() },
-        other => LockError::Backend { context: context.to_string(), detail: other.to_string() },
+        ZkError::NoNode => LockError::NoNode {
+            monitor: String::new(),
+            detail: context.to_string(),
+        },
+        other => LockError::Backend {
+            context: context.to_string(),
+            detail: other.to_string(),
+        },
     }
 }

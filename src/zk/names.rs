@@ -28,12 +28,18 @@ impl QueueNode {
         if prefix.is_empty() || seq.len() < 10 || !seq.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
-        Some(Self { name: name.to_string(), prefix: prefix.to_string(), sequence: seq.parse().ok()? })
+        Some(Self {
+            name: name.to_string(),
+            prefix: prefix.to_string(),
+            sequence: seq.parse().ok()?,
+        })
     }
 
     /// Queue order: prefix first, then sequence.
     pub fn order(&self, other: &Self) -> Ordering {
-        self.prefix.cmp(&other.prefix).then(self.sequence.cmp(&other.sequence))
+        self.prefix
+            .cmp(&other.prefix)
+            .then(self.sequence.cmp(&other.sequence))
     }
 }
 
@@ -49,10 +55,16 @@ pub struct Queue {
 impl Queue {
     /// Parses and sorts a child list.
     pub fn from_children<S: AsRef<str>>(children: &[S]) -> Self {
-        let mut nodes: Vec<QueueNode> = children.iter().filter_map(|c| QueueNode::parse(c.as_ref())).collect();
+        let mut nodes: Vec<QueueNode> = children
+            .iter()
+            .filter_map(|c| QueueNode::parse(c.as_ref()))
+            .collect();
         nodes.sort_by(QueueNode::order);
         let mutex_present = children.iter().any(|c| c.as_ref() == MUTEX_NODE);
-        Self { nodes, mutex_present }
+        Self {
+            nodes,
+            mutex_present,
+        }
     }
 
     /// Position of `name` in lock order.
@@ -86,7 +98,12 @@ mod tests {
     #[test]
     fn scenario_three_order() {
         // Client1 holds A-1, Client2 queued B-2, Client3 arrives with A-3: A-3 goes before B-2.
-        let q = Queue::from_children(&["B-0000000002", "privateLock", "A-0000000003", "A-0000000001"]);
+        let q = Queue::from_children(&[
+            "B-0000000002",
+            "privateLock",
+            "A-0000000003",
+            "A-0000000001",
+        ]);
         let names: Vec<_> = q.nodes.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, ["A-0000000001", "A-0000000003", "B-0000000002"]);
         assert!(q.mutex_present);
@@ -95,7 +112,10 @@ mod tests {
     }
 
     fn node() -> impl Strategy<Value = (String, u64)> {
-        (prop::sample::select(vec!["A", "B", "C", "AA"]).prop_map(String::from), 0u64..10_000_000_000)
+        (
+            prop::sample::select(vec!["A", "B", "C", "AA"]).prop_map(String::from),
+            0u64..10_000_000_000,
+        )
     }
 
     proptest! {

@@ -10,14 +10,19 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::{debug, info, instrument, warn, Instrument};
-use zookeeper_client::{Acls, Client, CreateMode, CreateOptions, Error as ZkError, MultiWriteError, MultiWriteResult};
+use zookeeper_client::{
+    Acls, Client, CreateMode, CreateOptions, Error as ZkError, MultiWriteError, MultiWriteResult,
+};
 
+use super::map_zk;
 use super::names::{Queue, MUTEX_NODE};
 use super::session::{Health, Reap, Slot, ZkSession};
-use super::map_zk;
-use crate::lock::{validate_monitor, Guard, LockError, LockRequest, LockService, LockType, LossReason, LossSignal};
+use crate::lock::{
+    validate_monitor, Guard, LockError, LockRequest, LockService, LockType, LossReason, LossSignal,
+};
 
-const EPHEMERAL_SEQ: CreateOptions<'static> = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+const EPHEMERAL_SEQ: CreateOptions<'static> =
+    CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
 const EPHEMERAL: CreateOptions<'static> = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
 const CONTAINER: CreateOptions<'static> = CreateMode::Container.with_acls(Acls::anyone_all());
 const PERSISTENT: CreateOptions<'static> = CreateMode::Persistent.with_acls(Acls::anyone_all());
@@ -49,7 +54,10 @@ pub struct NodeData {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// A lock on one monitor object, in the shape of the design's `ZkBlockingWriteLock`.
@@ -78,10 +86,17 @@ impl ZkBlockingWriteLock {
     /// # Errors
     /// [`LockError::InvalidMonitor`] when the name cannot be a znode (see
     /// [`crate::lock::validate_monitor`]).
-    pub fn new(lock_info: impl Into<String>, zk: &ZkSession, monitor_object: impl Into<String>) -> Result<Self, LockError> {
+    pub fn new(
+        lock_info: impl Into<String>,
+        zk: &ZkSession,
+        monitor_object: impl Into<String>,
+    ) -> Result<Self, LockError> {
         let request = LockRequest::new(monitor_object, lock_info);
         validate_monitor(&request.monitor)?;
-        Ok(Self { session: zk.clone(), request })
+        Ok(Self {
+            session: zk.clone(),
+            request,
+        })
     }
 
     /// Sets the lock type (default foreground).
@@ -113,18 +128,27 @@ impl ZkBlockingWriteLock {
 
 /// Deletes a queue node and/or the mutex node (one multi when both), retrying on connection
 /// loss until done, until they are gone, or until the session ends (which removes them).
-pub(crate) async fn delete_nodes(client: &Client, queue_node: Option<&str>, mutex: Option<&str>) -> Result<(), ZkError> {
+pub(crate) async fn delete_nodes(
+    client: &Client,
+    queue_node: Option<&str>,
+    mutex: Option<&str>,
+) -> Result<(), ZkError> {
     let mut backoff = crate::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
     let mut ambiguous = false;
     loop {
         let result = match (queue_node, mutex) {
             (Some(q), Some(m)) => {
                 let mut multi = client.new_multi_writer();
-                multi.add_delete(m, None).and_then(|_| multi.add_delete(q, None))?;
+                multi
+                    .add_delete(m, None)
+                    .and_then(|_| multi.add_delete(q, None))?;
                 match multi.commit().await {
                     Ok(_) => Ok(()),
                     // One of them is gone: delete the other on its own.
-                    Err(MultiWriteError::OperationFailed { source: ZkError::NoNode, .. }) => {
+                    Err(MultiWriteError::OperationFailed {
+                        source: ZkError::NoNode,
+                        ..
+                    }) => {
                         let a = ignore_no_node(client.delete(m, None).await);
                         let b = ignore_no_node(client.delete(q, None).await);
                         match a.and(b) {
@@ -173,7 +197,8 @@ pub(crate) async fn delete_by_attempt(client: &Client, monitor: &str, attempt: &
             match client.get_data(&path).await {
                 Ok((bytes, stat)) => {
                     if stat.ephemeral_owner == me
-                        && serde_json::from_slice::<NodeData>(&bytes).is_ok_and(|d| d.attempt == attempt)
+                        && serde_json::from_slice::<NodeData>(&bytes)
+                            .is_ok_and(|d| d.attempt == attempt)
                     {
                         debug!(node = %path, "removing a node of an abandoned acquisition");
                         let _ = delete_nodes(client, Some(&path), None).await;
@@ -236,7 +261,11 @@ impl Drop for Pending {
     fn drop(&mut self) {
         if self.armed && (self.node.is_some() || self.holds_mutex || self.in_flight) {
             debug!(node = ?self.node, holds_mutex = self.holds_mutex, in_flight = self.in_flight, "acquisition abandoned; removing its nodes");
-            let monitor = self.mutex_path.rsplit_once('/').map_or("", |(m, _)| m).to_string();
+            let monitor = self
+                .mutex_path
+                .rsplit_once('/')
+                .map_or("", |(m, _)| m)
+                .to_string();
             self.slot.reap(Reap {
                 queue_node: self.node_path(),
                 mutex: self.holds_mutex.then(|| self.mutex_path.clone()),
@@ -256,7 +285,9 @@ enum Step {
 async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard, LockError> {
     validate_monitor(&request.monitor)?;
     let settings = session.settings().clone();
-    let timeout = request.timeout.unwrap_or_else(|| settings.timeout(request.lock_type));
+    let timeout = request
+        .timeout
+        .unwrap_or_else(|| settings.timeout(request.lock_type));
     let started = Instant::now();
     let deadline = started + timeout;
     let slot = session.slot().await?;
@@ -298,9 +329,20 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
         if Instant::now() >= deadline && pending.node.is_none() {
             return Err(timeout_error(&request, started));
         }
-        match fast_path(client, &paths, &prefix, &mut data, &mut pending, &mut mutex_rx).await {
+        match fast_path(
+            client,
+            &paths,
+            &prefix,
+            &mut data,
+            &mut pending,
+            &mut mutex_rx,
+        )
+        .await
+        {
             Ok(step) => break step,
-            Err(ZkError::NoNode) => ensure_monitor(client, &settings.lock_root, &paths.monitor).await?,
+            Err(ZkError::NoNode) => {
+                ensure_monitor(client, &settings.lock_root, &paths.monitor).await?
+            }
             Err(e @ (ZkError::ConnectionLoss | ZkError::Timeout)) => {
                 debug!(error = %e, "connection loss while queueing; looking for our own node");
                 loop {
@@ -326,13 +368,25 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
                 pending.armed = false;
                 let node = pending.node.clone().expect("acquired with a node");
                 info!(node = %node, token, waited_ms = started.elapsed().as_millis() as u64, "lock acquired");
-                return Ok(LockGuard::start(slot.clone(), paths, node, data.attempt.clone(), request, token, mutex_rx));
+                return Ok(LockGuard::start(
+                    slot.clone(),
+                    paths,
+                    node,
+                    data.attempt.clone(),
+                    request,
+                    token,
+                    mutex_rx,
+                ));
             }
             Step::Wait(queue) => queue,
         };
         let node = pending.node.clone().expect("waiting with a node");
         // An empty queue means "not read yet".
-        let queue = if queue.nodes.is_empty() { read_queue(client, &paths, &slot, deadline).await? } else { queue };
+        let queue = if queue.nodes.is_empty() {
+            read_queue(client, &paths, &slot, deadline).await?
+        } else {
+            queue
+        };
         let Some(pos) = queue.position(&node) else {
             // Our node is gone while our session lives: someone deleted it. Queue again.
             warn!(node = %node, "our queue node disappeared; queueing again");
@@ -340,7 +394,9 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
             step = loop {
                 match plain_create(client, &paths, &prefix, &data, &mut pending).await {
                     Ok(s) => break s,
-                    Err(ZkError::NoNode) => ensure_monitor(client, &settings.lock_root, &paths.monitor).await?,
+                    Err(ZkError::NoNode) => {
+                        ensure_monitor(client, &settings.lock_root, &paths.monitor).await?
+                    }
                     Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
                         wait_connected(&slot, deadline).await?;
                         recover_own(client, &paths, &data, &mut pending).await?;
@@ -360,16 +416,34 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
             return Err(give_up(&mut pending, &request, started).await);
         }
         if promote_at.is_some_and(|at| now >= at && prefix != settings.foreground_prefix) {
-            step = promote(client, &paths, &settings.foreground_prefix, &mut data, &mut pending).await?;
+            step = promote(
+                client,
+                &paths,
+                &settings.foreground_prefix,
+                &mut data,
+                &mut pending,
+            )
+            .await?;
             prefix = settings.foreground_prefix.clone();
             continue;
         }
-        let wake_at = promote_at.filter(|_| prefix != settings.foreground_prefix).map_or(deadline, |p| p.min(deadline));
+        let wake_at = promote_at
+            .filter(|_| prefix != settings.foreground_prefix)
+            .map_or(deadline, |p| p.min(deadline));
         let mut health = slot.health_watch();
         if pos == 0 {
             if !queue.mutex_present {
                 // We are first and the mutex is free: take it (we just read the queue).
-                step = take_mutex(client, &paths, &data, &node, &mut pending, &mut mutex_rx, false).await?;
+                step = take_mutex(
+                    client,
+                    &paths,
+                    &data,
+                    &node,
+                    &mut pending,
+                    &mut mutex_rx,
+                    false,
+                )
+                .await?;
                 continue;
             }
             // First in line; the mutex is held (by a lower class or a yielding contender).
@@ -378,7 +452,16 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
                 _ = tokio::time::sleep_until(wake_at.into()) => { step = Step::Wait(Queue::default()); continue; }
                 r = health_failure(&mut health) => return Err(abandon(&mut pending, r).await),
             }
-            step = take_mutex(client, &paths, &data, &node, &mut pending, &mut mutex_rx, true).await?;
+            step = take_mutex(
+                client,
+                &paths,
+                &data,
+                &node,
+                &mut pending,
+                &mut mutex_rx,
+                true,
+            )
+            .await?;
         } else {
             let pred = queue.predecessor(&node).expect("pos > 0").name.clone();
             let was_second = pos == 1;
@@ -403,7 +486,16 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
             // The node just ahead left; if it was the head we are most likely first now, so try
             // the mutex right away with the queue read pipelined (the verification).
             step = if was_second {
-                take_mutex(client, &paths, &data, &node, &mut pending, &mut mutex_rx, true).await?
+                take_mutex(
+                    client,
+                    &paths,
+                    &data,
+                    &node,
+                    &mut pending,
+                    &mut mutex_rx,
+                    true,
+                )
+                .await?
             } else {
                 Step::Wait(Queue::default())
             };
@@ -412,7 +504,11 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
 }
 
 fn timeout_error(request: &LockRequest, started: Instant) -> LockError {
-    LockError::Timeout { monitor: request.monitor.clone(), lock_type: request.lock_type, waited: started.elapsed() }
+    LockError::Timeout {
+        monitor: request.monitor.clone(),
+        lock_type: request.lock_type,
+        waited: started.elapsed(),
+    }
 }
 
 /// Timeout: remove our node now (retrying on connection loss), then report.
@@ -422,7 +518,10 @@ async fn give_up(pending: &mut Pending, request: &LockRequest, started: Instant)
     let mutex = pending.holds_mutex.then(|| pending.mutex_path.clone());
     pending.holds_mutex = false;
     if let Err(e) = delete_nodes(&pending.slot.client, node.as_deref(), mutex.as_deref()).await {
-        if !matches!(e, ZkError::NoNode | ZkError::SessionExpired | ZkError::ClientClosed) {
+        if !matches!(
+            e,
+            ZkError::NoNode | ZkError::SessionExpired | ZkError::ClientClosed
+        ) {
             warn!(error = %e, "could not remove the queue node after a timeout; the session's end will");
         }
     }
@@ -440,14 +539,23 @@ async fn abandon(pending: &mut Pending, err: LockError) -> LockError {
 async fn health_failure(health: &mut watch::Receiver<Health>) -> LockError {
     loop {
         match *health.borrow_and_update() {
-            Health::Expired => return LockError::SessionExpired { context: "waiting for the lock".into() },
+            Health::Expired => {
+                return LockError::SessionExpired {
+                    context: "waiting for the lock".into(),
+                }
+            }
             Health::Closed => {
-                return LockError::Backend { context: "waiting for the lock".into(), detail: "session closed".into() }
+                return LockError::Backend {
+                    context: "waiting for the lock".into(),
+                    detail: "session closed".into(),
+                }
             }
             _ => {}
         }
         if health.changed().await.is_err() {
-            return LockError::SessionExpired { context: "waiting for the lock".into() };
+            return LockError::SessionExpired {
+                context: "waiting for the lock".into(),
+            };
         }
     }
 }
@@ -458,9 +566,16 @@ async fn wait_connected(slot: &Slot, deadline: Instant) -> Result<(), LockError>
     loop {
         match *health.borrow_and_update() {
             Health::Connected => return Ok(()),
-            Health::Expired => return Err(LockError::SessionExpired { context: "waiting to reconnect".into() }),
+            Health::Expired => {
+                return Err(LockError::SessionExpired {
+                    context: "waiting to reconnect".into(),
+                })
+            }
             Health::Closed => {
-                return Err(LockError::Backend { context: "waiting to reconnect".into(), detail: "session closed".into() })
+                return Err(LockError::Backend {
+                    context: "waiting to reconnect".into(),
+                    detail: "session closed".into(),
+                })
             }
             Health::Disconnected { .. } => {}
         }
@@ -508,17 +623,25 @@ async fn fast_path(
     // `recover_own` has looked, so that an abandoned attempt is searched for and removed.
     pending.in_flight = matches!(
         committed,
-        Err(MultiWriteError::RequestFailed { source: ZkError::ConnectionLoss | ZkError::Timeout })
+        Err(MultiWriteError::RequestFailed {
+            source: ZkError::ConnectionLoss | ZkError::Timeout
+        })
     );
     match committed {
         Ok(results) => {
             let mut created = results.into_iter();
             let Some(MultiWriteResult::Create { path, .. }) = created.next() else {
-                return Err(ZkError::UnexpectedError("multi returned no create result".into()));
+                return Err(ZkError::UnexpectedError(
+                    "multi returned no create result".into(),
+                ));
             };
             let mutex_stat = match created.next() {
                 Some(MultiWriteResult::Create { stat, .. }) => stat,
-                _ => return Err(ZkError::UnexpectedError("multi returned no mutex result".into())),
+                _ => {
+                    return Err(ZkError::UnexpectedError(
+                        "multi returned no mutex result".into(),
+                    ))
+                }
             };
             let name = child_name(&path);
             pending.node = Some(name.clone());
@@ -537,14 +660,23 @@ async fn fast_path(
                 // ZOOKEEPER-4026); otherwise the monitor's pzxid, read right after our multi in
                 // our session's order: not smaller than the multi's zxid and smaller than any later
                 // transaction's, so tokens still increase strictly.
-                let token = if mutex_stat.is_invalid() { parent.pzxid } else { mutex_stat.czxid };
-                Ok(Step::Acquired { token: token as u64 })
+                let token = if mutex_stat.is_invalid() {
+                    parent.pzxid
+                } else {
+                    mutex_stat.czxid
+                };
+                Ok(Step::Acquired {
+                    token: token as u64,
+                })
             } else {
                 yield_mutex(client, paths, pending).await?;
                 Ok(Step::Wait(queue))
             }
         }
-        Err(MultiWriteError::OperationFailed { index: 1, source: ZkError::NodeExists }) => {
+        Err(MultiWriteError::OperationFailed {
+            index: 1,
+            source: ZkError::NodeExists,
+        }) => {
             // Mutex held: queue normally.
             plain_create(client, paths, prefix, data, pending).await
         }
@@ -571,7 +703,11 @@ async fn plain_create(
     pending.in_flight = matches!(created, Err(ZkError::ConnectionLoss | ZkError::Timeout));
     let (_, seq) = created?;
     pending.node = Some(format!("{prefix}-{seq}"));
-    Ok(Step::Wait(children.map(|(c, _)| Queue::from_children(&c)).unwrap_or_default()))
+    Ok(Step::Wait(
+        children
+            .map(|(c, _)| Queue::from_children(&c))
+            .unwrap_or_default(),
+    ))
 }
 
 /// Re-queues a starving background waiter in the foreground class: new node first, then the old
@@ -586,10 +722,12 @@ async fn promote(
     let old = pending.node.clone();
     data.promoted = true;
     data.attempt = uuid::Uuid::new_v4().simple().to_string();
-    let step = plain_create(client, paths, fg_prefix, data, pending).await.map_err(|e| {
-        pending.node = old.clone();
-        map_zk(e, "re-queueing a starving background waiter")
-    })?;
+    let step = plain_create(client, paths, fg_prefix, data, pending)
+        .await
+        .map_err(|e| {
+            pending.node = old.clone();
+            map_zk(e, "re-queueing a starving background waiter")
+        })?;
     info!(old = ?old, new = ?pending.node, "background waiter re-queued as foreground after zookeeper.background.max.wait");
     if let Some(old) = old {
         let _ = delete_nodes(client, Some(&paths.child(&old)), None).await;
@@ -637,12 +775,16 @@ async fn take_mutex(
                         Ok(Step::Acquired { token })
                     } else {
                         debug!("took the mutex but someone of higher priority is first: giving it back");
-                        yield_mutex(client, paths, pending).await.map_err(|e| map_zk(e, "giving the mutex back"))?;
+                        yield_mutex(client, paths, pending)
+                            .await
+                            .map_err(|e| map_zk(e, "giving the mutex back"))?;
                         Ok(Step::Wait(queue))
                     }
                 }
                 Some(Err(_)) => {
-                    yield_mutex(client, paths, pending).await.map_err(|e| map_zk(e, "giving the mutex back"))?;
+                    yield_mutex(client, paths, pending)
+                        .await
+                        .map_err(|e| map_zk(e, "giving the mutex back"))?;
                     Ok(Step::Wait(Queue::default()))
                 }
             }
@@ -659,14 +801,23 @@ async fn take_mutex(
             pending.in_flight = false;
             if ours {
                 pending.holds_mutex = true;
-                let (_, stat) = client.get_data(&paths.mutex).await.map_err(|e| map_zk(e, "reading the mutex"))?;
+                let (_, stat) = client
+                    .get_data(&paths.mutex)
+                    .await
+                    .map_err(|e| map_zk(e, "reading the mutex"))?;
                 // Verify order as usual.
-                let (children, _) =
-                    client.get_children(&paths.monitor).await.map_err(|e| map_zk(e, "reading the queue"))?;
+                let (children, _) = client
+                    .get_children(&paths.monitor)
+                    .await
+                    .map_err(|e| map_zk(e, "reading the queue"))?;
                 if Queue::from_children(&children).position(node) == Some(0) {
-                    return Ok(Step::Acquired { token: stat.czxid as u64 });
+                    return Ok(Step::Acquired {
+                        token: stat.czxid as u64,
+                    });
                 }
-                yield_mutex(client, paths, pending).await.map_err(|e| map_zk(e, "giving the mutex back"))?;
+                yield_mutex(client, paths, pending)
+                    .await
+                    .map_err(|e| map_zk(e, "giving the mutex back"))?;
             }
             Ok(Step::Wait(Queue::default()))
         }
@@ -687,7 +838,9 @@ async fn yield_mutex(client: &Client, paths: &Paths, pending: &mut Pending) -> R
 async fn mutex_is_ours(client: &Client, mutex: &str, attempt: &str) -> Result<bool, LockError> {
     match client.get_data(mutex).await {
         Ok((bytes, stat)) => Ok(stat.ephemeral_owner == client.session_id().0
-            && serde_json::from_slice::<NodeData>(&bytes).map(|d| d.attempt == attempt).unwrap_or(false)),
+            && serde_json::from_slice::<NodeData>(&bytes)
+                .map(|d| d.attempt == attempt)
+                .unwrap_or(false)),
         Err(ZkError::NoNode) => Ok(false),
         Err(e) => Err(map_zk(e, "reading the mutex")),
     }
@@ -695,17 +848,29 @@ async fn mutex_is_ours(client: &Client, mutex: &str, attempt: &str) -> Result<bo
 
 /// After a connection loss during a create: find our queue node (and mutex) by session and
 /// attempt id instead of creating a second one.
-async fn recover_own(client: &Client, paths: &Paths, data: &NodeData, pending: &mut Pending) -> Result<(), LockError> {
+async fn recover_own(
+    client: &Client,
+    paths: &Paths,
+    data: &NodeData,
+    pending: &mut Pending,
+) -> Result<(), LockError> {
     let children = match client.get_children(&paths.monitor).await {
         Ok((c, _)) => c,
         Err(ZkError::NoNode) => return Ok(()),
         Err(e) => return Err(map_zk(e, "looking for our queue node")),
     };
     let me = client.session_id().0;
-    for name in Queue::from_children(&children).nodes.iter().map(|n| &n.name) {
+    for name in Queue::from_children(&children)
+        .nodes
+        .iter()
+        .map(|n| &n.name)
+    {
         match client.get_data(&paths.child(name)).await {
             Ok((bytes, stat)) if stat.ephemeral_owner == me => {
-                if serde_json::from_slice::<NodeData>(&bytes).map(|d| d.attempt == data.attempt).unwrap_or(false) {
+                if serde_json::from_slice::<NodeData>(&bytes)
+                    .map(|d| d.attempt == data.attempt)
+                    .unwrap_or(false)
+                {
                     info!(node = %name, "found our queue node after a connection loss");
                     pending.node = Some(name.clone());
                 }
@@ -718,19 +883,30 @@ async fn recover_own(client: &Client, paths: &Paths, data: &NodeData, pending: &
         pending.holds_mutex = true;
         if pending.node.is_some() {
             // Re-verify the order on the next step; give the mutex back to keep it simple.
-            yield_mutex(client, paths, pending).await.map_err(|e| map_zk(e, "giving the mutex back"))?;
+            yield_mutex(client, paths, pending)
+                .await
+                .map_err(|e| map_zk(e, "giving the mutex back"))?;
         } else {
-            yield_mutex(client, paths, pending).await.map_err(|e| map_zk(e, "removing a stray mutex"))?;
+            yield_mutex(client, paths, pending)
+                .await
+                .map_err(|e| map_zk(e, "removing a stray mutex"))?;
         }
     }
     Ok(())
 }
 
-async fn read_queue(client: &Client, paths: &Paths, slot: &Slot, deadline: Instant) -> Result<Queue, LockError> {
+async fn read_queue(
+    client: &Client,
+    paths: &Paths,
+    slot: &Slot,
+    deadline: Instant,
+) -> Result<Queue, LockError> {
     loop {
         match client.get_children(&paths.monitor).await {
             Ok((children, _)) => return Ok(Queue::from_children(&children)),
-            Err(ZkError::ConnectionLoss | ZkError::Timeout) => wait_connected(slot, deadline).await?,
+            Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
+                wait_connected(slot, deadline).await?
+            }
             Err(ZkError::NoNode) => return Ok(Queue::default()),
             Err(e) => return Err(map_zk(e, "reading the queue")),
         }
@@ -803,7 +979,9 @@ impl LockGuard {
         };
         let span = tracing::info_span!("zk_lock_held", monitor = %request.monitor, token);
         debug!(node = %node, "watching the held lock");
-        tokio::spawn(watch_for_loss(slot, paths.mutex, attempt, mutex_rx, loss, stop_rx).instrument(span));
+        tokio::spawn(
+            watch_for_loss(slot, paths.mutex, attempt, mutex_rx, loss, stop_rx).instrument(span),
+        );
         guard
     }
 
@@ -856,7 +1034,11 @@ impl LockGuard {
         let node = self.node_path.clone();
         let slot = self.slot.clone();
         // Hand the work to the reaper if this future is dropped midway.
-        let mut reap = Some(Reap { queue_node: Some(node.clone()), mutex: mutex.clone(), search: None });
+        let mut reap = Some(Reap {
+            queue_node: Some(node.clone()),
+            mutex: mutex.clone(),
+            search: None,
+        });
         struct ReapOnDrop<'a>(&'a Slot, &'a mut Option<Reap>);
         impl Drop for ReapOnDrop<'_> {
             fn drop(&mut self) {
@@ -883,7 +1065,9 @@ impl LockGuard {
                 detail: format!("{node} or its mutex node was already gone"),
             }),
             Err(ZkError::SessionExpired | ZkError::ClientClosed) => {
-                Err(LockError::SessionExpired { context: format!("releasing `{}`", self.monitor) })
+                Err(LockError::SessionExpired {
+                    context: format!("releasing `{}`", self.monitor),
+                })
             }
             Err(e) => Err(map_zk(e, "releasing the lock")),
         }
@@ -925,7 +1109,9 @@ async fn watch_for_loss(
                 Ok((bytes, stat)) => {
                     debug!("verifying the mutex after a deletion event");
                     let ours = stat.ephemeral_owner == slot.session_id
-                        && serde_json::from_slice::<NodeData>(&bytes).map(|d| d.attempt == attempt).unwrap_or(false);
+                        && serde_json::from_slice::<NodeData>(&bytes)
+                            .map(|d| d.attempt == attempt)
+                            .unwrap_or(false);
                     if !ours {
                         warn!("the mutex node now belongs to someone else: lock lost");
                         loss.fire(LossReason::MutexDeleted);

@@ -5,11 +5,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, RwLock};
 use std::time::{Duration, Instant};
 
+use std::future::Future;
 use tokio::sync::{mpsc, watch, Mutex};
 use tracing::{debug, info, warn};
-use std::future::Future;
 
-use zookeeper_client::{AddWatchMode, Client, EventType, PersistentWatcher, SessionState, WatchedEvent};
+use zookeeper_client::{
+    AddWatchMode, Client, EventType, PersistentWatcher, SessionState, WatchedEvent,
+};
 
 use crate::config::ZkSettings;
 use crate::lock::LockError;
@@ -60,7 +62,10 @@ struct WatchState {
 
 impl WatchState {
     /// Takes one ready event (never waits).
-    fn poll_event(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<WatchedEvent>> {
+    fn poll_event(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<WatchedEvent>> {
         if self.done {
             return std::task::Poll::Ready(None);
         }
@@ -83,7 +88,8 @@ impl WatchState {
 fn forward(event: &WatchedEvent, tx: &watch::Sender<u64>) {
     let relevant = match event.event_type {
         EventType::Session => {
-            event.session_state.is_terminated() || event.session_state == SessionState::SyncConnected
+            event.session_state.is_terminated()
+                || event.session_state == SessionState::SyncConnected
         }
         EventType::NodeDeleted => true,
         _ => false,
@@ -106,7 +112,9 @@ pub(crate) struct Slot {
 
 impl std::fmt::Debug for Slot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Slot").field("session_id", &format_args!("{:#x}", self.session_id)).finish()
+        f.debug_struct("Slot")
+            .field("session_id", &format_args!("{:#x}", self.session_id))
+            .finish()
     }
 }
 
@@ -150,8 +158,11 @@ impl Slot {
             w.last_used = tick;
             return Ok(w.tx.subscribe());
         }
-        let watcher =
-            self.client.watch(path, AddWatchMode::Persistent).await.map_err(|e| map_zk(e, "watching the mutex node"))?;
+        let watcher = self
+            .client
+            .watch(path, AddWatchMode::Persistent)
+            .await
+            .map_err(|e| map_zk(e, "watching the mutex node"))?;
         let mut map = self.watches.lock().expect("watch map");
         if let Some(w) = map.get_mut(path) {
             // Someone registered it meanwhile: keep theirs, drop ours.
@@ -159,8 +170,17 @@ impl Slot {
             return Ok(w.tx.subscribe());
         }
         let (tx, rx) = watch::channel(0u64);
-        let events = Arc::new(StdMutex::new(WatchState { watcher, done: false, task_waker: None }));
-        let (fwd, shared, client, watch_path) = (tx.clone(), events.clone(), self.client.clone(), path.to_string());
+        let events = Arc::new(StdMutex::new(WatchState {
+            watcher,
+            done: false,
+            task_waker: None,
+        }));
+        let (fwd, shared, client, watch_path) = (
+            tx.clone(),
+            events.clone(),
+            self.client.clone(),
+            path.to_string(),
+        );
         let task = tokio::spawn(async move {
             let mut disconnected = false;
             loop {
@@ -181,11 +201,16 @@ impl Slot {
                             // telling anyone to re-check, so no later deletion goes unseen.
                             match client.watch(&watch_path, AddWatchMode::Persistent).await {
                                 Ok(fresh) => {
-                                    let old = std::mem::replace(&mut shared.lock().expect("watch state").watcher, fresh);
+                                    let old = std::mem::replace(
+                                        &mut shared.lock().expect("watch state").watcher,
+                                        fresh,
+                                    );
                                     drop(old);
                                     debug!(path = %watch_path, "mutex watch registered again after reconnection");
                                 }
-                                Err(e) => debug!(path = %watch_path, error = %e, "could not register the mutex watch again"),
+                                Err(e) => {
+                                    debug!(path = %watch_path, error = %e, "could not register the mutex watch again")
+                                }
                             }
                         }
                         _ => {}
@@ -195,13 +220,25 @@ impl Slot {
             }
         });
         if map.len() >= MUTEX_WATCH_CAPACITY {
-            if let Some(oldest) = map.iter().min_by_key(|(_, w)| w.last_used).map(|(k, _)| k.clone()) {
+            if let Some(oldest) = map
+                .iter()
+                .min_by_key(|(_, w)| w.last_used)
+                .map(|(k, _)| k.clone())
+            {
                 if let Some(w) = map.remove(&oldest) {
                     w.task.abort();
                 }
             }
         }
-        map.insert(path.to_string(), MutexWatch { tx, events, task, last_used: tick });
+        map.insert(
+            path.to_string(),
+            MutexWatch {
+                tx,
+                events,
+                task,
+                last_used: tick,
+            },
+        );
         Ok(rx)
     }
 }
@@ -215,7 +252,10 @@ impl Slot {
         let map = self.watches.lock().expect("watch map");
         let Some(w) = map.get(path) else { return };
         let mut state = w.events.lock().expect("watch state");
-        let waker = state.task_waker.clone().unwrap_or_else(futures::task::noop_waker);
+        let waker = state
+            .task_waker
+            .clone()
+            .unwrap_or_else(futures::task::noop_waker);
         let mut cx = std::task::Context::from_waker(&waker);
         while let std::task::Poll::Ready(Some(event)) = state.poll_event(&mut cx) {
             forward(&event, &w.tx);
@@ -262,8 +302,14 @@ impl ZkSession {
     /// # Cancellation safety
     /// Cancel-safe: nothing is left behind.
     pub async fn connect(settings: &ZkSettings) -> Result<Self, LockError> {
-        let host = hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "unknown".into());
-        let owner = format!("{host}:{}:{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let host = hostname::get()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "unknown".into());
+        let owner = format!(
+            "{host}:{}:{}",
+            std::process::id(),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
         let session = Self {
             inner: Arc::new(Inner {
                 settings: settings.clone(),
@@ -295,13 +341,21 @@ impl ZkSession {
 
     /// The current ZooKeeper session id, if connected.
     pub fn session_id(&self) -> Option<i64> {
-        self.inner.current.read().expect("slot lock").as_ref().map(|s| s.session_id)
+        self.inner
+            .current
+            .read()
+            .expect("slot lock")
+            .as_ref()
+            .map(|s| s.session_id)
     }
 
     /// The live session, connecting a new one if the previous expired.
     pub(crate) async fn slot(&self) -> Result<Arc<Slot>, LockError> {
         if self.inner.closed.load(Ordering::Acquire) {
-            return Err(LockError::Backend { context: String::new(), detail: "the ZooKeeper session was closed".into() });
+            return Err(LockError::Backend {
+                context: String::new(),
+                detail: "the ZooKeeper session was closed".into(),
+            });
         }
         if let Some(slot) = self.live_slot() {
             return Ok(slot);
@@ -317,7 +371,9 @@ impl ZkSession {
 
     fn live_slot(&self) -> Option<Arc<Slot>> {
         let cur = self.inner.current.read().expect("slot lock");
-        cur.as_ref().filter(|s| !matches!(s.health(), Health::Expired | Health::Closed)).cloned()
+        cur.as_ref()
+            .filter(|s| !matches!(s.health(), Health::Expired | Health::Closed))
+            .cloned()
     }
 
     async fn connect_slot(&self) -> Result<Slot, LockError> {
@@ -325,8 +381,15 @@ impl ZkSession {
         let attempts = s.connection_retry.max(1);
         let mut last = String::new();
         for attempt in 1..=attempts {
-            let connector = Client::connector().with_session_timeout(s.session_timeout).with_fail_eagerly();
-            match tokio::time::timeout(s.session_timeout.max(Duration::from_secs(2)), connector.connect(&s.servers)).await {
+            let connector = Client::connector()
+                .with_session_timeout(s.session_timeout)
+                .with_fail_eagerly();
+            match tokio::time::timeout(
+                s.session_timeout.max(Duration::from_secs(2)),
+                connector.connect(&s.servers),
+            )
+            .await
+            {
                 Ok(Ok(client)) => return Ok(self.start_slot(client)),
                 Ok(Err(e)) => last = e.to_string(),
                 Err(_) => last = "timed out".into(),
@@ -348,15 +411,23 @@ impl ZkSession {
         let session_id = client.session_id().0;
         let negotiated = client.session_timeout();
         let grace = self.inner.settings.loss_grace.unwrap_or(negotiated / 4);
-        info!(session_id = format!("{session_id:#x}"), timeout_ms = negotiated.as_millis() as u64, "ZooKeeper session established");
+        info!(
+            session_id = format!("{session_id:#x}"),
+            timeout_ms = negotiated.as_millis() as u64,
+            "ZooKeeper session established"
+        );
         let (health_tx, health_rx) = watch::channel(Health::Connected);
         let mut states = client.state_watcher();
         tokio::spawn(async move {
             loop {
                 let state = states.changed().await;
                 let health = match state {
-                    SessionState::SyncConnected | SessionState::ConnectedReadOnly => Health::Connected,
-                    SessionState::Disconnected => Health::Disconnected { since: Instant::now() },
+                    SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
+                        Health::Connected
+                    }
+                    SessionState::Disconnected => Health::Disconnected {
+                        since: Instant::now(),
+                    },
                     SessionState::Expired | SessionState::AuthFailed => Health::Expired,
                     SessionState::Closed => Health::Closed,
                 };
@@ -371,7 +442,12 @@ impl ZkSession {
         let reap_client = client.clone();
         tokio::spawn(async move {
             while let Some(job) = reap_rx.recv().await {
-                let _ = super::recipe::delete_nodes(&reap_client, job.queue_node.as_deref(), job.mutex.as_deref()).await;
+                let _ = super::recipe::delete_nodes(
+                    &reap_client,
+                    job.queue_node.as_deref(),
+                    job.mutex.as_deref(),
+                )
+                .await;
                 if let Some((monitor, attempt)) = job.search {
                     super::recipe::delete_by_attempt(&reap_client, &monitor, &attempt).await;
                 }
@@ -422,7 +498,10 @@ impl ZkSession {
             }
         }
         let Some(twin) = twin else {
-            return Err(map_zk(last.expect("an error"), "attaching to the session to expire it"));
+            return Err(map_zk(
+                last.expect("an error"),
+                "attaching to the session to expire it",
+            ));
         };
         // Dropping the only instance closes the twin connection's session, which is ours.
         drop(twin);

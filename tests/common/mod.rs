@@ -12,7 +12,10 @@ pub mod proxy;
 
 /// A standalone ZooKeeper (tickTime 500 ms, so 1 s sessions are allowed).
 pub fn zk_server() -> ZkServer {
-    ZkServer::builder().tick_time(500).start().expect("start ZooKeeper (run scripts/install-deps.sh)")
+    ZkServer::builder()
+        .tick_time(500)
+        .start()
+        .expect("start ZooKeeper (run scripts/install-deps.sh)")
 }
 
 /// Settings for `servers`, with a lock root of its own so tests sharing a server do not meet.
@@ -41,7 +44,9 @@ fn rand_u32() -> u32 {
 }
 
 pub async fn session(settings: &ZkSettings) -> ZkSession {
-    ZkSession::connect(settings).await.expect("connect to ZooKeeper")
+    ZkSession::connect(settings)
+        .await
+        .expect("connect to ZooKeeper")
 }
 
 /// Waits until `cond` holds, polling; panics with `what` after `limit`.
@@ -55,14 +60,19 @@ where
         if cond().await {
             return;
         }
-        assert!(Instant::now() < end, "condition not reached within {limit:?}: {what}");
+        assert!(
+            Instant::now() < end,
+            "condition not reached within {limit:?}: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 /// Children of a znode (sorted), through a raw client.
 pub async fn children(servers: &str, path: &str) -> Vec<String> {
-    let client = zookeeper_client::Client::connect(servers).await.expect("connect");
+    let client = zookeeper_client::Client::connect(servers)
+        .await
+        .expect("connect");
     match client.list_children(path).await {
         Ok(mut c) => {
             c.sort();

@@ -82,7 +82,9 @@ fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
 }
 
 fn relay(mut client: TcpStream, st: Arc<State>) {
-    let Ok(mut server) = TcpStream::connect(&st.upstream) else { return };
+    let Ok(mut server) = TcpStream::connect(&st.upstream) else {
+        return;
+    };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let drop_xid = Arc::new(AtomicI32::new(i32::MIN));
@@ -119,7 +121,13 @@ fn relay(mut client: TcpStream, st: Arc<State>) {
             let xid = i32::from_be_bytes(frame[4..8].try_into().unwrap());
             let op = i32::from_be_bytes(frame[8..12].try_into().unwrap());
             let armed = st.armed_op.load(Ordering::Acquire);
-            if armed != 0 && op == armed && st.armed_op.compare_exchange(armed, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if armed != 0
+                && op == armed
+                && st
+                    .armed_op
+                    .compare_exchange(armed, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
                 drop_xid.store(xid, Ordering::Release);
             }
         }
