@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Benchmarks zkguard's ZooKeeper lock against Apache Curator's InterProcessMutex and kazoo's Lock,
 # all three against ONE local ZooKeeper started here (tickTime 2000, forceSync on, as in a default
-# production setup), with the same counts. Prints one table and writes the combined JSON to
-# target/bench/results.json.
+# production setup), with the same counts, and zkguard's Elasticsearch lease lock against a local
+# osmem-server (its own column: the peers are ZooKeeper-only). Prints one table and writes the
+# combined JSON to target/bench/results.json.
 #
 # Usage: scripts/bench.sh [--iterations N] [--contenders N] [--monitors N] [--no-build]
 #        (or ITERATIONS=, CONTENDERS=, MONITORS= in the environment)
@@ -20,7 +21,7 @@ while [ $# -gt 0 ]; do
         --contenders) CONTENDERS="$2"; shift 2 ;;
         --monitors) MONITORS="$2"; shift 2 ;;
         --no-build) BUILD=0; shift ;;
-        -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
@@ -154,8 +155,10 @@ if "$PY" -c 'import kazoo' 2>/dev/null; then
         --contenders "$CONTENDERS" --monitors "$MONITORS" >/dev/null 2>&1 || true
 fi
 
+# zkguard's own configuration must not redirect the run (lock.backend, a config file).
+ZKGUARD_ENV=(env -u ZKGUARD_CONFIG -u ZKGUARD_LOCK_BACKEND -u RUST_LOG)
 if [ -x "$ZKGUARD" ]; then
-    run_peer zkguard "$ZKGUARD" bench --json --zk "$ZK" "${COUNTS[@]}"
+    run_peer zkguard "${ZKGUARD_ENV[@]}" "$ZKGUARD" bench --backend zookeeper --json --zk "$ZK" "${COUNTS[@]}"
 else
     : >"$OUT/zkguard.json"
     echo "  zkguard: $ZKGUARD not built; n/a" >&2
@@ -171,6 +174,12 @@ else
     : >"$OUT/kazoo.json"
     echo "  kazoo: python3-kazoo missing (run scripts/install-deps.sh); n/a" >&2
 fi
+# The Elasticsearch lease lock, against an osmem-server that zkguard starts and stops (--local).
+if [ -x "$ZKGUARD" ]; then
+    run_peer zkguard-es "${ZKGUARD_ENV[@]}" "$ZKGUARD" bench --backend elasticsearch --local --json "${COUNTS[@]}"
+else
+    : >"$OUT/zkguard-es.json"
+fi
 
 # --- table and combined JSON -----------------------------------------------------------------
 "$PY" - "$OUT" "$ZK" "$ITERATIONS" "$CONTENDERS" "$MONITORS" <<'EOF'
@@ -182,9 +191,13 @@ FIGURES = [
     ("uncontended.p99_ms", "uncontended p99 (ms, lower is better)"),
     ("uncontended.requests_per_cycle", "requests per cycle (lower is better)"),
     ("contended.handoffs_per_sec", "contended hand-offs/s (higher is better)"),
+    ("contended.owner_changes_per_sec", "  of which to another session/s"),
+    ("contended.requests_per_handoff", "  requests per hand-off (lower is better)"),
     ("throughput.ops_per_sec", "throughput ops/s (higher is better)"),
 ]
 PEERS = [("zkguard", "zkguard"), ("curator", "Curator"), ("kazoo", "kazoo")]
+# zkguard's Elasticsearch lease lock: its own column, no ratios (the peers are ZooKeeper-only).
+EXTRA = [("zkguard-es", "zkguard ES")]
 
 
 def load(name):
@@ -219,23 +232,33 @@ def fmt(v, digits=3):
     return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
-results = {name: load(name) for name, _ in PEERS}
+results = {name: load(name) for name, _ in PEERS + EXTRA}
 rows = []
 table = {}
 for key, label in FIGURES:
-    vals = {name: figure(results[name], key) for name, _ in PEERS}
+    vals = {name: figure(results[name], key) for name, _ in PEERS + EXTRA}
     r_cur = ratio(vals["zkguard"], vals["curator"])
     r_kaz = ratio(vals["zkguard"], vals["kazoo"])
     table[key] = {**vals, "zkguard/curator": r_cur, "zkguard/kazoo": r_kaz}
-    rows.append([label] + [fmt(vals[n], 4) for n, _ in PEERS] + [fmt(r_cur), fmt(r_kaz)])
+    rows.append(
+        [label]
+        + [fmt(vals[n], 4) for n, _ in PEERS]
+        + [fmt(r_cur), fmt(r_kaz)]
+        + [fmt(vals[n], 4) for n, _ in EXTRA]
+    )
 
 header = ["figure"] + [title for _, title in PEERS] + ["zkguard/Curator", "zkguard/kazoo"]
+header += [title for _, title in EXTRA]
 widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
 line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 print(line(header))
 print(line(["-" * w for w in widths]))
 for r in rows:
     print(line(r))
+print(
+    f"\nZooKeeper {zk} (tickTime 2000, forceSync on); zkguard ES: osmem-server started by zkguard; "
+    f"{iterations} iterations, {contenders} contenders, {monitors} monitors"
+)
 
 combined = {
     "zookeeper": {"connect": zk, "tick_time_ms": 2000, "force_sync": True},

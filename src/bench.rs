@@ -18,7 +18,12 @@
 //!   client and connection pool (Elasticsearch), run concurrently (one task each) and acquire
 //!   and release ONE monitor object until `iterations` acquisitions happened in total; the
 //!   figure is acquisitions (hand-offs) per second. A short warm-up (`min(warmup,
-//!   20 * contenders)` acquisitions) runs first, untimed.
+//!   20 * contenders)` acquisitions) runs first, untimed. A second figure counts only the
+//!   acquisitions by another client than the previous holder (owner changes per second): a
+//!   lock without a queue, like the Elasticsearch lease lock, lets a releasing holder take it
+//!   again at once, and this figure shows how often the lock really changed hands. The
+//!   requests of all clients during the measured hand-offs are counted as for the uncontended
+//!   cycles (requests per hand-off).
 //! - **throughput**: the same clients over `monitors` monitor objects, each cycle on a monitor
 //!   picked at random, until `iterations` cycles happened in total; cycles per second. Same
 //!   warm-up.
@@ -46,7 +51,7 @@
 //! ```
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -166,6 +171,12 @@ pub struct BenchReport {
     pub requests_per_cycle: Option<f64>,
     /// Contended acquisitions (hand-offs) per second on one monitor.
     pub handoffs_per_sec: f64,
+    /// Of those, acquisitions per second by another session than the previous holder: a lock
+    /// that lets its releasing holder take it again at once (no queue) scores less here.
+    pub owner_changes_per_sec: f64,
+    /// Requests per contended acquisition (all clients' requests, counted as for
+    /// [`requests_per_cycle`](Self::requests_per_cycle)).
+    pub requests_per_handoff: Option<f64>,
     /// Acquire+release cycles per second over all monitors.
     pub ops_per_sec: f64,
 }
@@ -179,8 +190,9 @@ impl BenchReport {
     /// One flat JSON object whose keys name each figure and its unit:
     /// `backend`, `iterations`, `contenders`, `monitors`, `warmup`, `uncontended.p50_ms`,
     /// `uncontended.p99_ms`, `uncontended.requests_per_cycle` (`null` when not counted),
-    /// `contended.handoffs_per_sec`, `throughput.ops_per_sec`. Latencies are rounded to 0.1 µs,
-    /// requests to 0.01, rates to 0.1 (as the peers print them).
+    /// `contended.handoffs_per_sec`, `contended.owner_changes_per_sec`,
+    /// `contended.requests_per_handoff` (`null` when not counted), `throughput.ops_per_sec`. Latencies are rounded to 0.1 µs, requests to 0.01, rates to 0.1
+    /// (as the peers print them).
     pub fn to_json(&self) -> Value {
         json!({
             "backend": self.backend,
@@ -192,6 +204,8 @@ impl BenchReport {
             "uncontended.p99_ms": round(self.uncontended_p99_ms, 4),
             "uncontended.requests_per_cycle": self.requests_per_cycle.map(|r| round(r, 2)),
             "contended.handoffs_per_sec": round(self.handoffs_per_sec, 1),
+            "contended.owner_changes_per_sec": round(self.owner_changes_per_sec, 1),
+            "contended.requests_per_handoff": self.requests_per_handoff.map(|r| round(r, 2)),
             "throughput.ops_per_sec": round(self.ops_per_sec, 1),
         })
     }
@@ -363,11 +377,30 @@ impl DocStore for CountingStore {
 enum RequestCounter {
     /// `zk_packets_received` of this `host:port`.
     Mntr(String),
-    /// Calls of the uncontended client's document store.
-    Store(Arc<AtomicU64>),
+    /// Calls of these clients' document stores.
+    Store(Vec<Arc<AtomicU64>>),
 }
 
 impl RequestCounter {
+    fn new(settings: &Settings, clients: &[Client]) -> Self {
+        match clients
+            .iter()
+            .map(|c| c.store_calls.clone())
+            .collect::<Option<Vec<_>>>()
+        {
+            Some(calls) => Self::Store(calls),
+            None => Self::Mntr(first_zk_host(&settings.zookeeper.servers)),
+        }
+    }
+
+    /// Requests per cycle between two readings.
+    fn per_cycle(before: Option<u64>, after: Option<u64>, cycles: u32) -> Option<f64> {
+        match (before, after) {
+            (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / f64::from(cycles)),
+            _ => None,
+        }
+    }
+
     async fn read(&self) -> Option<u64> {
         match self {
             Self::Mntr(addr) => {
@@ -388,7 +421,7 @@ impl RequestCounter {
                     }
                 }
             }
-            Self::Store(calls) => Some(calls.load(Ordering::Relaxed)),
+            Self::Store(calls) => Some(calls.iter().map(|c| c.load(Ordering::Relaxed)).sum()),
         }
     }
 }
@@ -513,9 +546,16 @@ pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
     sorted[rank.saturating_sub(1).min(sorted.len() - 1)]
 }
 
+/// The outcome of [`run_shared`].
+struct SharedRun {
+    /// Cycles per second.
+    per_sec: f64,
+    /// Acquisitions per second by another client than the previous holder of the same monitor.
+    owner_changes_per_sec: f64,
+}
+
 /// Every client runs in its own task, acquiring and releasing one of `monitors` (picked at
-/// random per cycle when there are several) until `total` cycles completed in all. Returns
-/// cycles per second.
+/// random per cycle when there are several) until `total` cycles completed in all.
 async fn run_shared(
     clients: &[Client],
     monitors: &Arc<Vec<String>>,
@@ -523,28 +563,49 @@ async fn run_shared(
     timeout: Duration,
     phase: Phase,
     progress: &Arc<dyn BenchProgress>,
-) -> Result<f64, BenchError> {
+) -> Result<SharedRun, BenchError> {
     progress.start(phase, total.into());
     let remaining = Arc::new(AtomicI64::new(total.into()));
+    // Per monitor, the id (index + 1) of the client that acquired it last; 0 = nobody yet.
+    let holders = Arc::new(
+        (0..monitors.len())
+            .map(|_| AtomicUsize::new(0))
+            .collect::<Vec<_>>(),
+    );
+    let changes = Arc::new(AtomicU64::new(0));
     let barrier = Arc::new(tokio::sync::Barrier::new(clients.len() + 1));
     let mut tasks = tokio::task::JoinSet::new();
-    for client in clients {
-        let (service, monitors, remaining, barrier, progress) = (
+    for (index, client) in clients.iter().enumerate() {
+        let (service, monitors, remaining, barrier, progress, holders, changes) = (
             client.service.clone(),
             monitors.clone(),
             remaining.clone(),
             barrier.clone(),
             progress.clone(),
+            holders.clone(),
+            changes.clone(),
         );
+        let me = index + 1;
         tasks.spawn(async move {
             barrier.wait().await;
             while remaining.fetch_sub(1, Ordering::AcqRel) > 0 {
-                let monitor = if monitors.len() == 1 {
-                    &monitors[0]
+                let m = if monitors.len() == 1 {
+                    0
                 } else {
-                    &monitors[rand::thread_rng().gen_range(0..monitors.len())]
+                    rand::thread_rng().gen_range(0..monitors.len())
                 };
-                if let Err(e) = cycle(service.as_ref(), monitor, timeout).await {
+                let request = LockRequest::new(&monitors[m], LOCK_INFO).with_timeout(timeout);
+                let outcome = match service.acquire(request).await {
+                    Ok(guard) => {
+                        // Holders of one monitor are mutually exclusive: these swaps are ordered.
+                        if holders[m].swap(me, Ordering::AcqRel) != me {
+                            changes.fetch_add(1, Ordering::Relaxed);
+                        }
+                        guard.unlock().await
+                    }
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = outcome {
                     remaining.store(0, Ordering::Release);
                     return Err(e);
                 }
@@ -571,7 +632,10 @@ async fn run_shared(
     progress.finish(phase);
     match failure {
         Some(e) => Err(BenchError::Lock { phase, source: e }),
-        None => Ok(f64::from(total) / elapsed.as_secs_f64()),
+        None => Ok(SharedRun {
+            per_sec: f64::from(total) / elapsed.as_secs_f64(),
+            owner_changes_per_sec: changes.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
+        }),
     }
 }
 
@@ -623,10 +687,7 @@ async fn run_inner(
     progress.start(Phase::Connecting, 1);
     let solo = connect(settings, backend).await?;
     progress.finish(Phase::Connecting);
-    let counter = match &solo.store_calls {
-        Some(calls) => RequestCounter::Store(calls.clone()),
-        None => RequestCounter::Mntr(first_zk_host(&settings.zookeeper.servers)),
-    };
+    let counter = RequestCounter::new(settings, std::slice::from_ref(&solo));
     let monitor = format!("{base}-uncontended");
     let warmup = plan.warmup();
     let result = async {
@@ -652,10 +713,7 @@ async fn run_inner(
         let after = counter.read().await;
         progress.finish(Phase::Uncontended);
         samples.sort_unstable();
-        let requests = match (before, after) {
-            (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / f64::from(plan.iterations)),
-            _ => None,
-        };
+        let requests = RequestCounter::per_cycle(before, after, plan.iterations);
         Ok::<_, BenchError>((samples, requests))
     }
     .await;
@@ -702,6 +760,8 @@ async fn run_inner(
             &progress,
         )
         .await?;
+        let counter = RequestCounter::new(settings, &clients);
+        let before = counter.read().await;
         let handoffs = run_shared(
             &clients,
             &contended,
@@ -711,6 +771,7 @@ async fn run_inner(
             &progress,
         )
         .await?;
+        let requests = RequestCounter::per_cycle(before, counter.read().await, plan.iterations);
         run_shared(
             &clients,
             &spread,
@@ -729,12 +790,20 @@ async fn run_inner(
             &progress,
         )
         .await?;
-        Ok::<_, BenchError>((handoffs, ops))
+        Ok::<_, BenchError>((handoffs, requests, ops))
     }
     .await;
     clients.iter().for_each(Client::close);
-    let (handoffs_per_sec, ops_per_sec) = result?;
-    info!(handoffs_per_sec, ops_per_sec, "contended figures");
+    let (handoffs, requests_per_handoff, ops) = result?;
+    let (handoffs_per_sec, owner_changes_per_sec, ops_per_sec) = (
+        handoffs.per_sec,
+        handoffs.owner_changes_per_sec,
+        ops.per_sec,
+    );
+    info!(
+        handoffs_per_sec,
+        owner_changes_per_sec, ops_per_sec, "contended figures"
+    );
 
     Ok(BenchReport {
         backend: match backend {
@@ -749,6 +818,8 @@ async fn run_inner(
         uncontended_p99_ms: p99,
         requests_per_cycle,
         handoffs_per_sec,
+        owner_changes_per_sec,
+        requests_per_handoff,
         ops_per_sec,
     })
 }
@@ -805,6 +876,8 @@ mod tests {
             uncontended_p99_ms: 2.0,
             requests_per_cycle: None,
             handoffs_per_sec: 100.04,
+            owner_changes_per_sec: 99.0,
+            requests_per_handoff: Some(7.123),
             ops_per_sec: 200.0,
         };
         let j = r.to_json();

@@ -1103,7 +1103,7 @@ pub async fn run(
     let stalled = if plan.stalled_writer && env.settings.backend == LockBackendKind::ZooKeeper {
         let result =
             stalled_writer(env, plan, &writer, &observed, &stalled_article, ops_window).await;
-        let summary = match result {
+        match result {
             Ok((records, summary)) => {
                 for r in records {
                     if matches!(&r.status, OpStatus::Rejected { kind, .. } if kind == "fenced") {
@@ -1118,8 +1118,7 @@ pub async fn run(
                 progress.foreground_done.fetch_add(2, Ordering::Relaxed);
                 summary
             }
-        };
-        summary
+        }
     } else if plan.stalled_writer {
         progress.foreground_done.fetch_add(2, Ordering::Relaxed);
         "not run: it needs lock.backend=zookeeper (a ZooKeeper session to expire)".to_string()
@@ -1238,11 +1237,9 @@ fn retry_budget(settings: &Settings, lock_timeout: Duration) -> Duration {
     total
 }
 
-/// How many times the stalled writer's session is expired (and the lock awaited) at most.
-const STALL_ROUNDS: usize = 8;
-
-/// The stalled writer: lock `article` through a session of its own, stall before the write,
-/// expire the session, let another writer save the article, send the stale write.
+/// The stalled writer: lock `article` through a session of its own (behind a [`Partition`]),
+/// stall before the write, cut the session off until ZooKeeper expires it, let another writer
+/// save the article, send the stale write.
 async fn stalled_writer(
     env: &DemoEnv,
     plan: &DemoPlan,
@@ -1252,7 +1249,14 @@ async fn stalled_writer(
     ops_window: usize,
 ) -> Result<(Vec<OpRecord>, String), String> {
     let monitor = plan.monitor(article);
-    let session = ZkSession::connect(&env.settings.zookeeper)
+    let partition = crate::servers::Partition::start(&env.settings.zookeeper.servers)
+        .map_err(|e| format!("not run: cannot start the network partition proxy: {e}"))?;
+    let mut own_settings = env.settings.zookeeper.clone();
+    own_settings.servers = partition.connect_string().to_string();
+    // The shortest session ZooKeeper grants (it raises this to 2 x tickTime), so the stall
+    // outlives it quickly.
+    own_settings.session_timeout = Duration::from_millis(1000);
+    let session = ZkSession::connect(&own_settings)
         .await
         .map_err(|e| format!("not run: cannot open a second ZooKeeper session: {e}"))?;
     let own_locks: Arc<dyn LockService> =
@@ -1280,41 +1284,26 @@ async fn stalled_writer(
     let stale_write = stale_writer.write_under(guard.as_ref(), &stale_op);
     let scenario = async {
         stalling.reached.notified().await;
-        // Expire the stalled writer's session and take the lock as the next writer. The lock
-        // comes free once ZooKeeper has deleted the expired session's nodes. An expiry can fail
-        // to take (the stalled writer's client may re-attach the session first), so each round
-        // that does not get the lock expires the session again.
-        let round = Duration::from_millis(1500);
-        let mut next_guard = None;
-        let mut last_error = None;
-        for _ in 0..STALL_ROUNDS {
-            if let Err(e) = session.expire_session_for_testing().await {
-                last_error = Some(e);
-                break;
-            }
-            let request =
-                LockRequest::new(&monitor, "Save Content (after the stall)").with_timeout(round);
-            match env.locks.acquire(request).await {
-                Ok(g) => {
-                    next_guard = Some(g);
-                    break;
-                }
-                Err(e @ LockError::Timeout { .. }) => last_error = Some(e),
-                Err(e) => {
-                    last_error = Some(e);
-                    break;
-                }
-            }
-        }
+        // The stalled writer is cut off from ZooKeeper (a long pause or a network partition):
+        // ZooKeeper expires its session after the session timeout and deletes its nodes, and
+        // the next writer gets the lock.
+        partition.cut();
+        let wait = env
+            .settings
+            .zookeeper
+            .session_timeout
+            .max(Duration::from_secs(5))
+            * 4;
+        let request =
+            LockRequest::new(&monitor, "Save Content (after the stall)").with_timeout(wait);
+        let next_guard = env.locks.acquire(request).await;
         let result = match next_guard {
-            Some(g) => {
+            Ok(g) => {
                 let result = writer.write_under(g.as_ref(), &new_op).await;
                 let _ = g.unlock().await;
                 result
             }
-            None => Err(GuardedError::Lock(
-                last_error.expect("an error ended the rounds"),
-            )),
+            Err(e) => Err(GuardedError::Lock(e)),
         };
         stalling.open.notify_one();
         result

@@ -1586,3 +1586,129 @@ fn launch_osmem(
     }
     Attempt::Ready((proc, url))
 }
+
+/// A network partition on demand: TCP proxies between clients and the servers of a connect
+/// string (`host:port,host:port[/chroot]`). Clients that connect through
+/// [`Partition::connect_string`] reach the servers until [`Partition::cut`], which drops every
+/// connection and refuses new ones, until [`Partition::heal`].
+///
+/// This is how tests (and the demo) make ZooKeeper expire a session for real: a client cut off
+/// for longer than its session timeout loses its session on the server, exactly as after a long
+/// GC pause or a network failure, and finds it expired when it comes back.
+#[derive(Debug)]
+pub struct Partition {
+    connect_string: String,
+    state: std::sync::Arc<PartitionState>,
+    ports: Vec<u16>,
+}
+
+#[derive(Debug, Default)]
+struct PartitionState {
+    cut: std::sync::atomic::AtomicBool,
+    stopped: std::sync::atomic::AtomicBool,
+    open: Mutex<Vec<TcpStream>>,
+}
+
+impl PartitionState {
+    fn drop_all(&self) {
+        for s in self.open.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Partition {
+    /// Starts one proxy per server of `servers`.
+    ///
+    /// # Errors
+    /// When a listener cannot be bound on `127.0.0.1`.
+    pub fn start(servers: &str) -> io::Result<Self> {
+        let (hosts, chroot) = match servers.find('/') {
+            Some(i) => servers.split_at(i),
+            None => (servers, ""),
+        };
+        let state = std::sync::Arc::new(PartitionState::default());
+        let mut local = Vec::new();
+        let mut ports = Vec::new();
+        for upstream in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+            let listener = TcpListener::bind("127.0.0.1:0")?;
+            let port = listener.local_addr()?.port();
+            local.push(format!("127.0.0.1:{port}"));
+            ports.push(port);
+            let (upstream, state) = (upstream.to_string(), state.clone());
+            thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if state.stopped.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let Ok(client) = conn else { continue };
+                    if state.cut.load(Ordering::Acquire) {
+                        let _ = client.shutdown(Shutdown::Both);
+                        continue;
+                    }
+                    let Ok(server) = TcpStream::connect(&upstream) else {
+                        let _ = client.shutdown(Shutdown::Both);
+                        continue;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    {
+                        let mut open = state.open.lock().unwrap_or_else(|e| e.into_inner());
+                        open.retain(|s| s.peer_addr().is_ok());
+                        for s in [&client, &server] {
+                            if let Ok(c) = s.try_clone() {
+                                open.push(c);
+                            }
+                        }
+                    }
+                    for (mut from, mut to) in [
+                        (client.try_clone(), server.try_clone()),
+                        (server.try_clone(), client.try_clone()),
+                    ]
+                    .into_iter()
+                    .filter_map(|(a, b)| Some((a.ok()?, b.ok()?)))
+                    {
+                        thread::spawn(move || {
+                            let _ = io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(Shutdown::Both);
+                            let _ = from.shutdown(Shutdown::Both);
+                        });
+                    }
+                }
+            });
+        }
+        Ok(Self { connect_string: format!("{}{chroot}", local.join(",")), state, ports })
+    }
+
+    /// The connect string clients use to go through the proxies.
+    pub fn connect_string(&self) -> &str {
+        &self.connect_string
+    }
+
+    /// Cuts every client off: open connections are dropped, new ones closed at once.
+    pub fn cut(&self) {
+        self.state.cut.store(true, Ordering::Release);
+        self.state.drop_all();
+    }
+
+    /// Lets clients through again.
+    pub fn heal(&self) {
+        self.state.cut.store(false, Ordering::Release);
+    }
+
+    /// Whether the partition is cut.
+    pub fn is_cut(&self) -> bool {
+        self.state.cut.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        self.state.stopped.store(true, Ordering::Release);
+        self.state.drop_all();
+        for port in &self.ports {
+            // Wakes the accept loop so it sees `stopped`.
+            let _ = TcpStream::connect(("127.0.0.1", *port));
+        }
+    }
+}

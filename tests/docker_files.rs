@@ -51,6 +51,21 @@ fn demo_properties_are_complete_and_valid() {
             "docker/zkguard.properties lacks `{key}`"
         );
     }
+    // The same keys as the shipped conf/zkguard.properties.
+    let conf = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/zkguard.properties"),
+    )
+    .unwrap();
+    let mut conf_keys = std::collections::HashSet::new();
+    java_properties::PropertiesIter::new_with_encoding(conf.as_bytes(), encoding_rs::UTF_8)
+        .read_into(|k, _| {
+            conf_keys.insert(k);
+        })
+        .unwrap();
+    assert_eq!(
+        found, conf_keys,
+        "docker/zkguard.properties and conf/zkguard.properties list different keys"
+    );
     assert_eq!(settings.zookeeper.servers, "zk1:2181,zk2:2181,zk3:2181");
     assert_eq!(settings.elasticsearch.urls.len(), 1);
     assert_eq!(

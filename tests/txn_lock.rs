@@ -81,7 +81,12 @@ async fn recovery_skips_locked_transactions_and_takes_over_from_dead_workers() {
 
     // 3. A worker whose session dies while it holds the lock: recovery takes over, and when the
     //    worker wakes up its remaining steps find the work done and apply nothing twice.
-    let dying = ZkSession::connect(&zs).await.unwrap();
+    // The dying worker reaches ZooKeeper through a partition that the test cuts, so that
+    // ZooKeeper expires its session for real.
+    let partition = zkguard::servers::Partition::start(&zs.servers).unwrap();
+    let mut dying_settings = zs.clone();
+    dying_settings.servers = partition.connect_string().to_string();
+    let dying = ZkSession::connect(&dying_settings).await.unwrap();
     let pause = PauseAt::new(HookPoint::After(Step::MarkPending));
     let worker = Arc::new(
         coordinator(store.clone(), &s)
@@ -97,7 +102,7 @@ async fn recovery_skips_locked_transactions_and_takes_over_from_dead_workers() {
         }
     });
     pause.reached.notified().await;
-    dying.expire_session_for_testing().await.unwrap();
+    partition.cut();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let report = recovery.recover_once().await.unwrap();

@@ -310,37 +310,36 @@ async fn uncontended_cycle_needs_at_most_three_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_session_reports_loss_and_the_next_holder_gets_a_higher_token() {
+    init_tracing();
     let zk = shared();
     let settings = zk_settings(&zk.connect_string(), "expire");
-    let (c1, c2) = (session(&settings).await, session(&settings).await);
-    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1")
-        .unwrap()
-        .lock_with_timeout()
-        .await
-        .unwrap();
+    // The holder reaches ZooKeeper through a partition that the test cuts: ZooKeeper expires
+    // its session for real, as after a long GC pause or a network failure.
+    let partition = zkguard::servers::Partition::start(&settings.servers).unwrap();
+    let mut cut_off = settings.clone();
+    cut_off.servers = partition.connect_string().to_string();
+    let (c1, c2) = (session(&cut_off).await, session(&settings).await);
+    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1").unwrap().lock_with_timeout().await.unwrap();
     let l2 = ZkBlockingWriteLock::new("next", &c2, "P1").unwrap();
     let waiter = tokio::spawn(async move { l2.lock_with_timeout().await });
-    c1.expire_session_for_testing().await.unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(15), g1.lost())
-        .await
-        .expect("loss reported");
-    assert!(
-        matches!(
-            reason,
-            LossReason::SessionExpired | LossReason::MutexDeleted
-        ),
-        "{reason}"
-    );
+    partition.cut();
+    // The holder counts its lock lost after the grace, well before the server expires it.
+    let reason = tokio::time::timeout(Duration::from_secs(15), g1.lost()).await.expect("loss reported");
+    assert!(matches!(reason, LossReason::Disconnected { .. }), "{reason}");
     assert!(!g1.is_held());
+    // ZooKeeper expires the session (4 s) and hands the lock on.
     let g2 = waiter.await.unwrap().expect("the waiter gets the lock");
     assert!(g2.fencing_token() > g1.fencing_token());
-    // The old guard's unlock reports that its lock is gone, and does not touch the new holder's.
+    partition.heal();
+    // The old guard's unlock reports that its session is gone, and does not touch the new
+    // holder's nodes.
     assert!(g1.unlock().await.is_err());
     assert!(g2.is_held());
     // The expired session's owner connects a new session for its next lock.
     g2.unlock().await.unwrap();
     let g3 = ZkBlockingWriteLock::new("again", &c1, "P1")
         .unwrap()
+        .with_timeout(Duration::from_secs(10))
         .lock_with_timeout()
         .await
         .unwrap();

@@ -314,7 +314,19 @@ pub async fn run(mut settings: Settings, args: DemoArgs) -> Result<u8, CliError>
 
 async fn run_with(settings: &Settings, plan: &DemoPlan, json: bool) -> Result<u8, CliError> {
     let store: Arc<dyn DocStore> = Arc::new(EsStore::new(&settings.elasticsearch)?);
-    let locks = super::lock_service(settings).await?;
+    // The ZooKeeper session is kept to close it at the end (so that local servers stop after
+    // the client said goodbye).
+    let (locks, session): (Arc<dyn zkguard::LockService>, Option<zkguard::ZkSession>) =
+        match settings.backend {
+            LockBackendKind::ZooKeeper => {
+                let session = zkguard::ZkSession::connect(&settings.zookeeper).await?;
+                (
+                    Arc::new(zkguard::ZkLockService::new(session.clone())),
+                    Some(session),
+                )
+            }
+            LockBackendKind::Elasticsearch => (super::lock_service(settings).await?, None),
+        };
     let sink = sink_from_settings(&settings.retry, Some(store.clone()))
         .map_err(|e| CliError::new(super::EX_CONFIG, e))?;
     let env = DemoEnv {
@@ -328,6 +340,10 @@ async fn run_with(settings: &Settings, plan: &DemoPlan, json: bool) -> Result<u8
     let result = zkguard::demo::run(&env, plan, &progress).await;
     let _ = stop.send(true);
     let _ = ticker.await;
+    drop(env);
+    if let Some(session) = session {
+        session.close();
+    }
     let report = result.map_err(|e| match &e {
         DemoError::Store { source, .. }
         | DemoError::Seed {

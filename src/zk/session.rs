@@ -471,40 +471,4 @@ impl ZkSession {
         self.inner.closed.store(true, Ordering::Release);
         self.inner.current.write().expect("slot lock").take();
     }
-
-    /// Fault injection: makes ZooKeeper expire this session now, as it would after a long
-    /// pause, by attaching a second connection with the same credentials and closing it (the
-    /// technique of Curator's `KillSession`). For testing applications built on zkguard.
-    ///
-    /// # Errors
-    /// [`LockError::ConnectionLoss`] when ZooKeeper cannot be reached.
-    pub async fn expire_session_for_testing(&self) -> Result<(), LockError> {
-        let slot = self.slot().await?;
-        let info = slot.client.session().clone();
-        let mut last = None;
-        let mut twin = None;
-        for _ in 0..3 {
-            match Client::connector()
-                .with_session(info.clone())
-                .with_session_timeout(self.inner.settings.session_timeout)
-                .connect(&self.inner.settings.servers)
-                .await
-            {
-                Ok(c) => {
-                    twin = Some(c);
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        let Some(twin) = twin else {
-            return Err(map_zk(
-                last.expect("an error"),
-                "attaching to the session to expire it",
-            ));
-        };
-        // Dropping the only instance closes the twin connection's session, which is ours.
-        drop(twin);
-        Ok(())
-    }
 }

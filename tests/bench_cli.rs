@@ -1,0 +1,231 @@
+//! `zkguard bench` as users and `make bench` script it: the JSON contract for both backends
+//! against servers the command starts itself (`--local`), the table, and the exit statuses of
+//! bad usage and unreachable servers. Speed is never asserted here: only that every figure is
+//! a positive number, and that an uncontended ZooKeeper cycle costs about three requests.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const FIGURES: &[&str] = &[
+    "uncontended.p50_ms",
+    "uncontended.p99_ms",
+    "uncontended.requests_per_cycle",
+    "contended.handoffs_per_sec",
+    "contended.owner_changes_per_sec",
+    "contended.requests_per_handoff",
+    "throughput.ops_per_sec",
+];
+
+fn zkguard(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .arg("bench")
+        .args(args)
+        .env_remove("ZKGUARD_CONFIG")
+        .env_remove("RUST_LOG")
+        .env("ZKGUARD_ZOOKEEPER_CONNECTION_RETRY", "1")
+        .env("ZKGUARD_ZOOKEEPER_CONNECTION_DELAY", "100")
+        .output()
+        .expect("run zkguard")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs a small local benchmark with `--json` and returns the object after checking the keys
+/// every backend shares.
+fn local_json(backend: &str) -> serde_json::Map<String, Value> {
+    let out = zkguard(&[
+        "--backend",
+        backend,
+        "--local",
+        "--json",
+        "--iterations",
+        "50",
+        "--contenders",
+        "2",
+        "--monitors",
+        "2",
+    ]);
+    assert!(
+        out.status.success(),
+        "exit {:?}; stderr:\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "--json prints exactly one line on stdout, got:\n{stdout}"
+    );
+    let value: Value =
+        serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+    let obj = value.as_object().expect("a JSON object").clone();
+    assert!(
+        obj.values().all(|v| !v.is_object()),
+        "keys are flat: {obj:?}"
+    );
+    assert_eq!(obj["backend"], backend);
+    assert_eq!(obj["iterations"], 50);
+    assert_eq!(obj["contenders"], 2);
+    assert_eq!(obj["monitors"], 2);
+    for key in FIGURES {
+        let v = obj
+            .get(*key)
+            .unwrap_or_else(|| panic!("missing key {key} in {obj:?}"));
+        let n = v
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} is not a number: {v}"));
+        assert!(
+            n > 0.0 && n.is_finite(),
+            "{key} = {n} is not a positive number"
+        );
+    }
+    let p50 = obj["uncontended.p50_ms"].as_f64().unwrap();
+    let p99 = obj["uncontended.p99_ms"].as_f64().unwrap();
+    assert!(p50 <= p99, "p50 {p50} > p99 {p99}");
+    let handoffs = obj["contended.handoffs_per_sec"].as_f64().unwrap();
+    let changes = obj["contended.owner_changes_per_sec"].as_f64().unwrap();
+    assert!(
+        changes <= handoffs * 1.001,
+        "owner changes {changes} > hand-offs {handoffs}"
+    );
+    obj
+}
+
+#[test]
+fn zookeeper_json_has_every_figure_and_three_requests_per_cycle() {
+    let obj = local_json("zookeeper");
+    let requests = obj["uncontended.requests_per_cycle"].as_f64().unwrap();
+    assert!(
+        (2.5..=3.5).contains(&requests),
+        "requests per uncontended cycle: {requests}, expected about 3"
+    );
+}
+
+#[test]
+fn elasticsearch_json_has_every_figure() {
+    let obj = local_json("elasticsearch");
+    // Every store call is one HTTP request: at least the grant and the release.
+    let requests = obj["uncontended.requests_per_cycle"].as_f64().unwrap();
+    assert!(
+        requests >= 2.0,
+        "requests per uncontended cycle: {requests}"
+    );
+}
+
+#[test]
+fn table_names_every_figure() {
+    let out = zkguard(&[
+        "--backend",
+        "elasticsearch",
+        "--local",
+        "--iterations",
+        "20",
+        "--warmup",
+        "5",
+        "--contenders",
+        "2",
+        "--monitors",
+        "2",
+    ]);
+    assert!(out.status.success(), "stderr:\n{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for needle in [
+        "Elasticsearch lock at http://127.0.0.1:",
+        "uncontended acquire+release p50",
+        "uncontended acquire+release p99",
+        "requests per uncontended cycle",
+        "contended hand-offs (2 sessions, 1 monitor)",
+        "of which to another session",
+        "requests per hand-off",
+        "throughput (2 sessions, 2 monitors)",
+    ] {
+        assert!(stdout.contains(needle), "missing {needle:?} in:\n{stdout}");
+    }
+    // Not a terminal: plain progress lines, no bars.
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("zkguard bench: uncontended: 20 done"),
+        "stderr:\n{stderr}"
+    );
+}
+
+fn closed_port() -> u16 {
+    // Bound, then closed: nothing listens there any more.
+    zkguard::servers::free_port().expect("a free port")
+}
+
+fn assert_one_line_error(out: &Output, code: i32, needle: &str) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stderr:\n{}",
+        text(&out.stderr)
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "nothing on stdout, got {}",
+        text(&out.stdout)
+    );
+    let stderr = text(&out.stderr);
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("zkguard: "))
+        .collect();
+    assert_eq!(errors.len(), 1, "one error line, got:\n{stderr}");
+    assert!(
+        errors[0].contains(needle),
+        "{needle:?} not in {:?}",
+        errors[0]
+    );
+}
+
+#[test]
+fn unreachable_zookeeper_exits_69() {
+    let zk = format!("127.0.0.1:{}", closed_port());
+    let out = zkguard(&["--json", "--zk", &zk, "--iterations", "5"]);
+    assert_one_line_error(&out, 69, &zk);
+}
+
+#[test]
+fn unreachable_elasticsearch_exits_69() {
+    let es = format!("http://127.0.0.1:{}", closed_port());
+    let out = zkguard(&[
+        "--backend",
+        "elasticsearch",
+        "--es",
+        &es,
+        "--iterations",
+        "5",
+    ]);
+    assert_one_line_error(&out, 69, "Elasticsearch is unreachable");
+}
+
+#[test]
+fn bad_arguments_exit_64() {
+    for args in [
+        &["--iterations", "0"][..],
+        &["--contenders", "x"],
+        &["--backend", "redis"],
+        &["--local", "--zk", "127.0.0.1:2181"],
+        &["--es", "ftp://example.org"],
+        &["--zk", ""],
+    ] {
+        let out = zkguard(args);
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{args:?}: stderr:\n{}",
+            text(&out.stderr)
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: stdout {}",
+            text(&out.stdout)
+        );
+    }
+}
