@@ -52,7 +52,9 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    cli::init_tracing(cli.verbose);
+    // The demo expects faults (parked operations, a fenced writer): keep its screen to the report.
+    let quiet = matches!(cli.command, Command::Demo(_));
+    cli::init_tracing(cli.verbose, quiet);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

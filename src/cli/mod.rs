@@ -70,8 +70,9 @@ impl From<zkguard::es::EsError> for CliError {
 }
 
 /// Logging to stderr; `-v` raises the level, `RUST_LOG` overrides.
-pub fn init_tracing(verbose: u8) {
+pub fn init_tracing(verbose: u8, quiet: bool) {
     let default = match verbose {
+        0 if quiet => "error",
         0 => "warn",
         1 => "info,zkguard=info",
         2 => "info,zkguard=debug",

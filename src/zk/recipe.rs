@@ -324,21 +324,20 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
     };
     let client = &slot.client;
 
-    // Fast path: queue node and mutex node in one multi, the child list pipelined behind it.
+    // Fast path: queue node and mutex node in one multi, the child list pipelined behind it;
+    // skipped on a monitor that was contended last time.
+    let contended_before = slot.contended(&paths.mutex);
+    let mut others_seen = false;
     let mut step = loop {
         if Instant::now() >= deadline && pending.node.is_none() {
             return Err(timeout_error(&request, started));
         }
-        match fast_path(
-            client,
-            &paths,
-            &prefix,
-            &mut data,
-            &mut pending,
-            &mut mutex_rx,
-        )
-        .await
-        {
+        let attempt = if contended_before {
+            plain_create(client, &paths, &prefix, &data, &mut pending).await
+        } else {
+            fast_path(client, &paths, &prefix, &mut data, &mut pending, &mut mutex_rx).await
+        };
+        match attempt {
             Ok(step) => break step,
             Err(ZkError::NoNode) => {
                 ensure_monitor(client, &settings.lock_root, &paths.monitor).await?
@@ -366,6 +365,7 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
         let queue = match step {
             Step::Acquired { token } => {
                 pending.armed = false;
+                slot.set_contended(&paths.mutex, others_seen);
                 let node = pending.node.clone().expect("acquired with a node");
                 info!(node = %node, token, waited_ms = started.elapsed().as_millis() as u64, "lock acquired");
                 return Ok(LockGuard::start(
@@ -387,6 +387,7 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
         } else {
             queue
         };
+        others_seen |= queue.nodes.len() > 1 || queue.mutex_present;
         let Some(pos) = queue.position(&node) else {
             // Our node is gone while our session lives: someone deleted it. Queue again.
             warn!(node = %node, "our queue node disappeared; queueing again");

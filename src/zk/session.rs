@@ -50,6 +50,8 @@ struct MutexWatch {
     events: Arc<StdMutex<WatchState>>,
     task: tokio::task::JoinHandle<()>,
     last_used: u64,
+    /// Whether this session's last acquisition of the monitor met other contenders.
+    contended: bool,
 }
 
 /// A persistent watcher shared by its forwarding task and by [`Slot::flush_mutex_events`].
@@ -237,6 +239,7 @@ impl Slot {
                 events,
                 task,
                 last_used: tick,
+                contended: false,
             },
         );
         Ok(rx)
@@ -244,6 +247,20 @@ impl Slot {
 }
 
 impl Slot {
+    /// Whether this session's last acquisition of the monitor whose mutex is `path` met other
+    /// contenders: then the next one queues without trying the fast path, whose speculative
+    /// grab of the mutex would only collide with the rightful next holder.
+    pub fn contended(&self, path: &str) -> bool {
+        self.watches.lock().expect("watch map").get(path).is_some_and(|w| w.contended)
+    }
+
+    /// Records what the last acquisition of the monitor met (see [`Slot::contended`]).
+    pub fn set_contended(&self, path: &str, contended: bool) {
+        if let Some(w) = self.watches.lock().expect("watch map").get_mut(path) {
+            w.contended = contended;
+        }
+    }
+
     /// Forwards every mutex event ZooKeeper has already delivered for `path`, so that a
     /// following `borrow_and_update` on a receiver of it consumes all of them. Events are
     /// delivered before the answers of later requests, so after this, no event of a change
