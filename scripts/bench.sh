@@ -5,8 +5,9 @@
 # osmem-server (its own column: the peers are ZooKeeper-only). Prints one table and writes the
 # combined JSON to target/bench/results.json.
 #
-# Usage: scripts/bench.sh [--iterations N] [--contenders N] [--monitors N] [--no-build]
-#        (or ITERATIONS=, CONTENDERS=, MONITORS= in the environment)
+# Usage: scripts/bench.sh [--iterations N] [--contenders N] [--monitors N] [--rounds N] [--no-build]
+#        (or ITERATIONS=, CONTENDERS=, MONITORS=, ROUNDS= in the environment; 3 rounds by default,
+#        interleaved, the table shows medians)
 # Needs: cargo, java + javac, the Debian packages of scripts/install-deps.sh.
 set -euo pipefail
 
@@ -14,18 +15,20 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ITERATIONS="${ITERATIONS:-1000}"
 CONTENDERS="${CONTENDERS:-4}"
 MONITORS="${MONITORS:-8}"
+ROUNDS="${ROUNDS:-3}"
 BUILD=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --iterations) ITERATIONS="$2"; shift 2 ;;
         --contenders) CONTENDERS="$2"; shift 2 ;;
         --monitors) MONITORS="$2"; shift 2 ;;
+        --rounds) ROUNDS="$2"; shift 2 ;;
         --no-build) BUILD=0; shift ;;
-        -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
-for n in "$ITERATIONS" "$CONTENDERS" "$MONITORS"; do
+for n in "$ITERATIONS" "$CONTENDERS" "$MONITORS" "$ROUNDS"; do
     [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "bench.sh: counts must be positive integers, got '$n'" >&2; exit 64; }
 done
 
@@ -129,63 +132,76 @@ ZK="127.0.0.1:$PORT"
 echo "ZooKeeper ready at $ZK (tickTime 2000, forceSync on); $ITERATIONS iterations, $CONTENDERS contenders, $MONITORS monitors" >&2
 
 COUNTS=(--iterations "$ITERATIONS" --contenders "$CONTENDERS" --monitors "$MONITORS")
-# Runs one bench; keeps the last JSON-object line of its output in $OUT/<name>.json (empty on
-# failure) and its stderr in $OUT/<name>.log.
+# Runs one bench; keeps the last JSON-object line of its output in $OUT/<name>-<round>.json
+# (empty on failure) and its stderr in $OUT/<name>-<round>.log.
 run_peer() {
-    local name="$1"
-    shift
-    echo "running $name ..." >&2
+    local name="$1" round="$2"
+    shift 2
+    echo "round $round: running $name ..." >&2
     local start=$SECONDS
     local rc=0
-    timeout 600 "$@" >"$OUT/$name.out" 2>"$OUT/$name.log" || rc=$?
+    timeout 600 "$@" >"$OUT/$name-$round.out" 2>"$OUT/$name-$round.log" || rc=$?
     if [ "$rc" = 0 ]; then
-        grep '^{' "$OUT/$name.out" | tail -n 1 >"$OUT/$name.json" || true
+        grep '^{' "$OUT/$name-$round.out" | tail -n 1 >"$OUT/$name-$round.json" || true
         echo "  $name: done in $((SECONDS - start)) s" >&2
     else
-        : >"$OUT/$name.json"
-        echo "  $name: failed (exit $rc); see $OUT/$name.log" >&2
-        tail -n 5 "$OUT/$name.log" | sed 's/^/    /' >&2
+        : >"$OUT/$name-$round.json"
+        echo "  $name: failed (exit $rc); see $OUT/$name-$round.log" >&2
+        tail -n 5 "$OUT/$name-$round.log" | sed 's/^/    /' >&2
     fi
 }
 
 # Warm the server's JIT and disk first, so the first measured bench is not penalised.
-if "$PY" -c 'import kazoo' 2>/dev/null; then
+HAVE_KAZOO=0
+"$PY" -c 'import kazoo' 2>/dev/null && HAVE_KAZOO=1
+if [ "$HAVE_KAZOO" = 1 ]; then
     echo "warming up the server ..." >&2
     timeout 120 "$PY" "$ROOT/bench/kazoo/kazoo_bench.py" --zk "$ZK" --iterations 300 \
         --contenders "$CONTENDERS" --monitors "$MONITORS" >/dev/null 2>&1 || true
 fi
+[ -x "$ZKGUARD" ] || echo "  zkguard: $ZKGUARD not built; n/a" >&2
+[ "$HAVE_KAZOO" = 1 ] || echo "  kazoo: python3-kazoo missing (run scripts/install-deps.sh); n/a" >&2
 
 # zkguard's own configuration must not redirect the run (lock.backend, a config file).
 ZKGUARD_ENV=(env -u ZKGUARD_CONFIG -u ZKGUARD_LOCK_BACKEND -u RUST_LOG)
-if [ -x "$ZKGUARD" ]; then
-    run_peer zkguard "${ZKGUARD_ENV[@]}" "$ZKGUARD" bench --backend zookeeper --json --zk "$ZK" "${COUNTS[@]}"
-else
-    : >"$OUT/zkguard.json"
-    echo "  zkguard: $ZKGUARD not built; n/a" >&2
-fi
-if [ "$CURATOR_OK" = 1 ]; then
-    run_peer curator java -XX:+UseSerialGC -cp "$CURATOR_BUILD:$CURATOR_CP" CuratorBench --json --zk "$ZK" "${COUNTS[@]}"
-else
-    : >"$OUT/curator.json"
-fi
-if "$PY" -c 'import kazoo' 2>/dev/null; then
-    run_peer kazoo "$PY" "$ROOT/bench/kazoo/kazoo_bench.py" --json --zk "$ZK" "${COUNTS[@]}"
-else
-    : >"$OUT/kazoo.json"
-    echo "  kazoo: python3-kazoo missing (run scripts/install-deps.sh); n/a" >&2
-fi
-# The Elasticsearch lease lock, against an osmem-server that zkguard starts and stops (--local).
-if [ -x "$ZKGUARD" ]; then
-    run_peer zkguard-es "${ZKGUARD_ENV[@]}" "$ZKGUARD" bench --backend elasticsearch --local --json "${COUNTS[@]}"
-else
-    : >"$OUT/zkguard-es.json"
-fi
+run_one() {
+    local name="$1" round="$2"
+    case "$name" in
+        zkguard)
+            [ -x "$ZKGUARD" ] || { : >"$OUT/$name-$round.json"; return; }
+            run_peer "$name" "$round" "${ZKGUARD_ENV[@]}" "$ZKGUARD" bench --backend zookeeper --json \
+                --zk "$ZK" "${COUNTS[@]}" ;;
+        curator)
+            [ "$CURATOR_OK" = 1 ] || { : >"$OUT/$name-$round.json"; return; }
+            run_peer "$name" "$round" java -XX:+UseSerialGC -cp "$CURATOR_BUILD:$CURATOR_CP" CuratorBench \
+                --json --zk "$ZK" "${COUNTS[@]}" ;;
+        kazoo)
+            [ "$HAVE_KAZOO" = 1 ] || { : >"$OUT/$name-$round.json"; return; }
+            run_peer "$name" "$round" "$PY" "$ROOT/bench/kazoo/kazoo_bench.py" --json --zk "$ZK" "${COUNTS[@]}" ;;
+        zkguard-es)
+            # The Elasticsearch lease lock, against an osmem-server that zkguard starts and stops.
+            [ -x "$ZKGUARD" ] || { : >"$OUT/$name-$round.json"; return; }
+            run_peer "$name" "$round" "${ZKGUARD_ENV[@]}" "$ZKGUARD" bench --backend elasticsearch --local \
+                --json "${COUNTS[@]}" ;;
+    esac
+}
+# Rounds interleave the peers, each round in a rotated order, so that neither a slow start nor
+# a burst of load on the machine favours one of them; the table shows each figure's median.
+rm -f "$OUT"/{zkguard,curator,kazoo,zkguard-es}{,-[0-9]*}.{json,out,log}
+ORDER=(zkguard curator kazoo)
+for round in $(seq 1 "$ROUNDS"); do
+    for i in 0 1 2; do
+        run_one "${ORDER[$(((i + round - 1) % 3))]}" "$round"
+    done
+    run_one zkguard-es "$round"
+done
 
 # --- table and combined JSON -----------------------------------------------------------------
-"$PY" - "$OUT" "$ZK" "$ITERATIONS" "$CONTENDERS" "$MONITORS" <<'EOF'
-import json, os, sys
+"$PY" - "$OUT" "$ZK" "$ITERATIONS" "$CONTENDERS" "$MONITORS" "$ROUNDS" <<'EOF'
+import json, os, statistics, sys
 
-out, zk, iterations, contenders, monitors = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+out, zk = sys.argv[1], sys.argv[2]
+iterations, contenders, monitors, rounds = map(int, sys.argv[3:7])
 FIGURES = [
     ("uncontended.p50_ms", "uncontended p50 (ms, lower is better)"),
     ("uncontended.p99_ms", "uncontended p99 (ms, lower is better)"),
@@ -200,9 +216,9 @@ PEERS = [("zkguard", "zkguard"), ("curator", "Curator"), ("kazoo", "kazoo")]
 EXTRA = [("zkguard-es", "zkguard ES")]
 
 
-def load(name):
+def load(name, round_):
     try:
-        with open(os.path.join(out, name + ".json")) as f:
+        with open(os.path.join(out, "%s-%d.json" % (name, round_))) as f:
             text = f.read().strip()
         return json.loads(text) if text else None
     except (OSError, ValueError):
@@ -232,11 +248,16 @@ def fmt(v, digits=3):
     return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
-results = {name: load(name) for name, _ in PEERS + EXTRA}
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+results = {name: [load(name, r) for r in range(1, rounds + 1)] for name, _ in PEERS + EXTRA}
 rows = []
 table = {}
 for key, label in FIGURES:
-    vals = {name: figure(results[name], key) for name, _ in PEERS + EXTRA}
+    vals = {name: median(figure(res, key) for res in results[name]) for name, _ in PEERS + EXTRA}
     r_cur = ratio(vals["zkguard"], vals["curator"])
     r_kaz = ratio(vals["zkguard"], vals["kazoo"])
     table[key] = {**vals, "zkguard/curator": r_cur, "zkguard/kazoo": r_kaz}
@@ -256,8 +277,9 @@ print(line(["-" * w for w in widths]))
 for r in rows:
     print(line(r))
 print(
-    f"\nZooKeeper {zk} (tickTime 2000, forceSync on); zkguard ES: osmem-server started by zkguard; "
-    f"{iterations} iterations, {contenders} contenders, {monitors} monitors"
+    f"\nmedians of {rounds} interleaved rounds; ZooKeeper {zk} (tickTime 2000, forceSync on); "
+    f"zkguard ES: osmem-server started by zkguard; {iterations} iterations, {contenders} contenders, "
+    f"{monitors} monitors"
 )
 
 combined = {
@@ -265,6 +287,7 @@ combined = {
     "iterations": iterations,
     "contenders": contenders,
     "monitors": monitors,
+    "rounds": rounds,
     "results": results,
     "table": table,
 }

@@ -1611,7 +1611,12 @@ struct PartitionState {
 
 impl PartitionState {
     fn drop_all(&self) {
-        for s in self.open.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for s in self
+            .open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
             let _ = s.shutdown(Shutdown::Both);
         }
     }
@@ -1677,7 +1682,11 @@ impl Partition {
                 }
             });
         }
-        Ok(Self { connect_string: format!("{}{chroot}", local.join(",")), state, ports })
+        Ok(Self {
+            connect_string: format!("{}{chroot}", local.join(",")),
+            state,
+            ports,
+        })
     }
 
     /// The connect string clients use to go through the proxies.

@@ -297,7 +297,10 @@ async fn stale_holder_is_fenced(settings: &zkguard::config::ZkSettings, es: &Arc
         .await
         .expect("A notices the loss");
     assert!(
-        matches!(reason, LossReason::Disconnected { .. } | LossReason::SessionExpired),
+        matches!(
+            reason,
+            LossReason::Disconnected { .. } | LossReason::SessionExpired
+        ),
         "{reason:?}"
     );
     partition.heal();

@@ -228,7 +228,10 @@ async fn stale_holder_is_fenced_after_its_session_is_killed() {
         .await
         .expect("A notices the loss");
     assert!(
-        matches!(reason, LossReason::Disconnected { .. } | LossReason::SessionExpired),
+        matches!(
+            reason,
+            LossReason::Disconnected { .. } | LossReason::SessionExpired
+        ),
         "{reason:?}"
     );
     partition.heal();

@@ -319,13 +319,22 @@ async fn expired_session_reports_loss_and_the_next_holder_gets_a_higher_token() 
     let mut cut_off = settings.clone();
     cut_off.servers = partition.connect_string().to_string();
     let (c1, c2) = (session(&cut_off).await, session(&settings).await);
-    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1").unwrap().lock_with_timeout().await.unwrap();
+    let g1 = ZkBlockingWriteLock::new("holder", &c1, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
     let l2 = ZkBlockingWriteLock::new("next", &c2, "P1").unwrap();
     let waiter = tokio::spawn(async move { l2.lock_with_timeout().await });
     partition.cut();
     // The holder counts its lock lost after the grace, well before the server expires it.
-    let reason = tokio::time::timeout(Duration::from_secs(15), g1.lost()).await.expect("loss reported");
-    assert!(matches!(reason, LossReason::Disconnected { .. }), "{reason}");
+    let reason = tokio::time::timeout(Duration::from_secs(15), g1.lost())
+        .await
+        .expect("loss reported");
+    assert!(
+        matches!(reason, LossReason::Disconnected { .. }),
+        "{reason}"
+    );
     assert!(!g1.is_held());
     // ZooKeeper expires the session (4 s) and hands the lock on.
     let g2 = waiter.await.unwrap().expect("the waiter gets the lock");
@@ -623,4 +632,52 @@ async fn starving_background_waiter_is_promoted_ahead_of_later_foreground() {
     wb.await.unwrap();
     wf.await.unwrap();
     assert_eq!(*order.lock().unwrap(), ["background", "foreground"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_retried_after_a_lost_answer_leaves_the_next_holders_mutex_alone() {
+    let zk = shared();
+    let proxy = ZkProxy::start(&zk.connect_string());
+    let direct = zk_settings(&zk.connect_string(), "release-retry");
+    let mut via_proxy = direct.clone();
+    via_proxy.servers = proxy.connect_string();
+    let old_session = session(&via_proxy).await;
+    let next_session = session(&direct).await;
+    let mutex = format!("{}/P1/privateLock", direct.lock_root);
+    let old = ZkBlockingWriteLock::new("old", &old_session, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    let l = ZkBlockingWriteLock::new("next", &next_session, "P1").unwrap();
+    let waiter = tokio::spawn(async move { l.lock_with_timeout().await });
+    eventually(Duration::from_secs(5), "next queued", || async {
+        children(&zk.connect_string(), &format!("{}/P1", direct.lock_root))
+            .await
+            .len()
+            == 3
+    })
+    .await;
+    // The release multi is applied, but its answer is lost and the old holder cannot reconnect
+    // until the next holder has taken the lock.
+    proxy.cut_after_and_block(OP_MULTI);
+    let release = tokio::spawn(async move { old.unlock().await });
+    let next = waiter
+        .await
+        .unwrap()
+        .expect("the next holder gets the lock");
+    proxy.unblock();
+    // The retried release must not delete the next holder's mutex.
+    let _ = release.await.unwrap();
+    assert!(next.is_held());
+    let admin = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    let (data, stat) = admin
+        .get_data(&mutex)
+        .await
+        .expect("the next holder's mutex still exists");
+    assert_eq!(stat.ephemeral_owner, next_session.session_id().unwrap());
+    assert!(String::from_utf8_lossy(&data).contains("\"next\""));
+    next.unlock().await.unwrap();
 }

@@ -70,7 +70,10 @@ pub enum EsError {
 impl EsError {
     /// Whether a retry later may succeed (429, 5xx, transport errors).
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::TooManyRequests { .. } | Self::Server { .. } | Self::Transport { .. })
+        matches!(
+            self,
+            Self::TooManyRequests { .. } | Self::Server { .. } | Self::Transport { .. }
+        )
     }
 }
 
@@ -208,7 +211,11 @@ pub trait DocStore: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`EsError`] only when the request as a whole failed.
-    async fn bulk(&self, actions: &[BulkAction], refresh: Refresh) -> Result<Vec<Result<DocMeta, EsError>>, EsError>;
+    async fn bulk(
+        &self,
+        actions: &[BulkAction],
+        refresh: Refresh,
+    ) -> Result<Vec<Result<DocMeta, EsError>>, EsError>;
 
     /// Creates an index with explicit mappings unless it exists.
     ///

@@ -126,54 +126,77 @@ impl ZkBlockingWriteLock {
     }
 }
 
-/// Deletes a queue node and/or the mutex node (one multi when both), retrying on connection
-/// loss until done, until they are gone, or until the session ends (which removes them).
+/// Deletes a queue node and/or the mutex node of attempt `attempt` (one multi when both).
+///
+/// The first try deletes them blindly: the caller knows they are its own. When that is no
+/// longer certain (one of them was already gone, or a connection loss left it unknown whether
+/// the delete happened), each is deleted only if it still belongs to this session, and the mutex
+/// only if it also carries `attempt`: by then the mutex may be the next holder's. Retries on
+/// connection loss until done or until the session ends (which removes them anyway).
+///
+/// Returns `Err(NoNode)` when one of them was already gone before this call.
 pub(crate) async fn delete_nodes(
     client: &Client,
     queue_node: Option<&str>,
     mutex: Option<&str>,
+    attempt: &str,
 ) -> Result<(), ZkError> {
-    let mut backoff = crate::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
-    let mut ambiguous = false;
-    loop {
-        let result = match (queue_node, mutex) {
-            (Some(q), Some(m)) => {
-                let mut multi = client.new_multi_writer();
-                multi
-                    .add_delete(m, None)
-                    .and_then(|_| multi.add_delete(q, None))?;
-                match multi.commit().await {
-                    Ok(_) => Ok(()),
-                    // One of them is gone: delete the other on its own.
-                    Err(MultiWriteError::OperationFailed {
-                        source: ZkError::NoNode,
-                        ..
-                    }) => {
-                        let a = ignore_no_node(client.delete(m, None).await);
-                        let b = ignore_no_node(client.delete(q, None).await);
-                        match a.and(b) {
-                            Ok(()) if ambiguous => Ok(()),
-                            Ok(()) => Err(ZkError::NoNode),
-                            Err(e) => Err(e),
-                        }
-                    }
-                    Err(e) => Err(e.into()),
-                }
-            }
-            (Some(p), None) | (None, Some(p)) => match client.delete(p, None).await {
-                Err(ZkError::NoNode) if ambiguous => Ok(()),
-                other => other,
-            },
-            (None, None) => Ok(()),
-        };
-        match result {
-            Err(ZkError::ConnectionLoss) | Err(ZkError::Timeout) => {
-                // The delete may or may not have happened: a NoNode on the retry means it did.
-                ambiguous = true;
-                tokio::time::sleep(backoff.next_delay()).await;
-            }
-            other => return other,
+    let first = match (queue_node, mutex) {
+        (Some(q), Some(m)) => {
+            let mut multi = client.new_multi_writer();
+            multi
+                .add_delete(m, None)
+                .and_then(|_| multi.add_delete(q, None))?;
+            multi.commit().await.map(|_| ()).map_err(ZkError::from)
         }
+        (Some(p), None) | (None, Some(p)) => client.delete(p, None).await,
+        (None, None) => return Ok(()),
+    };
+    let gone_before = match first {
+        Ok(()) => return Ok(()),
+        Err(ZkError::NoNode) => true,
+        Err(ZkError::ConnectionLoss | ZkError::Timeout) => false,
+        Err(e) => return Err(e),
+    };
+    let mut backoff = crate::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+    loop {
+        let mut result = Ok(());
+        if let Some(m) = mutex {
+            result = delete_if_ours(client, m, Some(attempt)).await;
+        }
+        if let (Ok(()), Some(q)) = (&result, queue_node) {
+            result = delete_if_ours(client, q, None).await;
+        }
+        match result {
+            Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
+                tokio::time::sleep(backoff.next_delay()).await
+            }
+            Err(e) => return Err(e),
+            Ok(()) if gone_before => return Err(ZkError::NoNode),
+            Ok(()) => return Ok(()),
+        }
+    }
+}
+
+/// Deletes `path` if it is an ephemeral node of this session (and, with `attempt`, carries that
+/// attempt id); leaves anyone else's node alone.
+async fn delete_if_ours(client: &Client, path: &str, attempt: Option<&str>) -> Result<(), ZkError> {
+    let (bytes, stat) = match client.get_data(path).await {
+        Ok(x) => x,
+        Err(ZkError::NoNode) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let ours = stat.ephemeral_owner == client.session_id().0
+        && attempt.is_none_or(|a| {
+            serde_json::from_slice::<NodeData>(&bytes).is_ok_and(|d| d.attempt == a)
+        });
+    if !ours {
+        debug!(path, "not deleting a node that is no longer ours");
+        return Ok(());
+    }
+    match client.delete(path, Some(stat.version)).await {
+        Err(ZkError::NoNode | ZkError::BadVersion) => Ok(()),
+        other => other,
     }
 }
 
@@ -201,7 +224,7 @@ pub(crate) async fn delete_by_attempt(client: &Client, monitor: &str, attempt: &
                             .is_ok_and(|d| d.attempt == attempt)
                     {
                         debug!(node = %path, "removing a node of an abandoned acquisition");
-                        let _ = delete_nodes(client, Some(&path), None).await;
+                        let _ = delete_nodes(client, Some(&path), None, attempt).await;
                     }
                 }
                 Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
@@ -212,13 +235,6 @@ pub(crate) async fn delete_by_attempt(client: &Client, monitor: &str, attempt: &
             }
         }
         return;
-    }
-}
-
-fn ignore_no_node(r: Result<(), ZkError>) -> Result<(), ZkError> {
-    match r {
-        Err(ZkError::NoNode) => Ok(()),
-        other => other,
     }
 }
 
@@ -270,6 +286,7 @@ impl Drop for Pending {
                 queue_node: self.node_path(),
                 mutex: self.holds_mutex.then(|| self.mutex_path.clone()),
                 search: self.in_flight.then(|| (monitor, self.attempt.clone())),
+                attempt: self.attempt.clone(),
             });
         }
     }
@@ -335,7 +352,15 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
         let attempt = if contended_before {
             plain_create(client, &paths, &prefix, &data, &mut pending).await
         } else {
-            fast_path(client, &paths, &prefix, &mut data, &mut pending, &mut mutex_rx).await
+            fast_path(
+                client,
+                &paths,
+                &prefix,
+                &mut data,
+                &mut pending,
+                &mut mutex_rx,
+            )
+            .await
         };
         match attempt {
             Ok(step) => break step,
@@ -518,7 +543,14 @@ async fn give_up(pending: &mut Pending, request: &LockRequest, started: Instant)
     pending.node = None;
     let mutex = pending.holds_mutex.then(|| pending.mutex_path.clone());
     pending.holds_mutex = false;
-    if let Err(e) = delete_nodes(&pending.slot.client, node.as_deref(), mutex.as_deref()).await {
+    if let Err(e) = delete_nodes(
+        &pending.slot.client,
+        node.as_deref(),
+        mutex.as_deref(),
+        &pending.attempt,
+    )
+    .await
+    {
         if !matches!(
             e,
             ZkError::NoNode | ZkError::SessionExpired | ZkError::ClientClosed
@@ -731,7 +763,7 @@ async fn promote(
         })?;
     info!(old = ?old, new = ?pending.node, "background waiter re-queued as foreground after zookeeper.background.max.wait");
     if let Some(old) = old {
-        let _ = delete_nodes(client, Some(&paths.child(&old)), None).await;
+        let _ = delete_nodes(client, Some(&paths.child(&old)), None, &data.attempt).await;
     }
     Ok(step)
 }
@@ -827,7 +859,7 @@ async fn take_mutex(
 }
 
 async fn yield_mutex(client: &Client, paths: &Paths, pending: &mut Pending) -> Result<(), ZkError> {
-    match delete_nodes(client, None, Some(&paths.mutex)).await {
+    match delete_nodes(client, None, Some(&paths.mutex), &pending.attempt).await {
         Ok(()) | Err(ZkError::NoNode) => {
             pending.holds_mutex = false;
             Ok(())
@@ -947,6 +979,7 @@ pub struct LockGuard {
     lock_type: LockType,
     node_path: String,
     mutex_path: String,
+    attempt: String,
     token: u64,
     loss: LossSignal,
     released: Arc<AtomicBool>,
@@ -973,6 +1006,7 @@ impl LockGuard {
             lock_type: request.lock_type,
             node_path,
             mutex_path: paths.mutex.clone(),
+            attempt: attempt.clone(),
             token,
             loss: loss.clone(),
             released,
@@ -1039,6 +1073,7 @@ impl LockGuard {
             queue_node: Some(node.clone()),
             mutex: mutex.clone(),
             search: None,
+            attempt: self.attempt.clone(),
         });
         struct ReapOnDrop<'a>(&'a Slot, &'a mut Option<Reap>);
         impl Drop for ReapOnDrop<'_> {
@@ -1049,7 +1084,7 @@ impl LockGuard {
             }
         }
         let on_drop = ReapOnDrop(&slot, &mut reap);
-        let result = delete_nodes(&slot.client, Some(&node), mutex.as_deref()).await;
+        let result = delete_nodes(&slot.client, Some(&node), mutex.as_deref(), &self.attempt).await;
         on_drop.1.take();
         drop(on_drop);
         match result {
@@ -1085,6 +1120,7 @@ impl Drop for LockGuard {
                     queue_node: Some(self.node_path.clone()),
                     mutex: (!mutex_deleted).then(|| self.mutex_path.clone()),
                     search: None,
+                    attempt: self.attempt.clone(),
                 });
             }
         }
@@ -1106,6 +1142,13 @@ async fn watch_for_loss(
     loop {
         if verify {
             verify = false;
+            // Released meanwhile: the deletion seen may be our own release.
+            if !matches!(
+                stop.try_recv(),
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+            ) {
+                return;
+            }
             match slot.client.get_data(&mutex_path).await {
                 Ok((bytes, stat)) => {
                     debug!("verifying the mutex after a deletion event");
@@ -1114,12 +1157,24 @@ async fn watch_for_loss(
                             .map(|d| d.attempt == attempt)
                             .unwrap_or(false);
                     if !ours {
+                        if !matches!(
+                            stop.try_recv(),
+                            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+                        ) {
+                            return;
+                        }
                         warn!("the mutex node now belongs to someone else: lock lost");
                         loss.fire(LossReason::MutexDeleted);
                         return;
                     }
                 }
                 Err(ZkError::NoNode) => {
+                    if !matches!(
+                        stop.try_recv(),
+                        Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+                    ) {
+                        return;
+                    }
                     warn!("the mutex node was deleted: lock lost");
                     loss.fire(LossReason::MutexDeleted);
                     return;
@@ -1142,21 +1197,23 @@ async fn watch_for_loss(
             Health::Disconnected { since } => {
                 let until = since + slot.grace;
                 tokio::select! {
-                    _ = &mut stop => return,
-                    _ = tokio::time::sleep_until(until.into()) => {
-                        if matches!(*health.borrow(), Health::Disconnected { .. }) {
-                            warn!(grace_ms = slot.grace.as_millis() as u64, "disconnected longer than the grace: lock counts as lost");
-                            loss.fire(LossReason::Disconnected { grace: slot.grace });
-                            return;
+                biased;
+                        _ = &mut stop => return,
+                        _ = tokio::time::sleep_until(until.into()) => {
+                            if matches!(*health.borrow(), Health::Disconnected { .. }) {
+                                warn!(grace_ms = slot.grace.as_millis() as u64, "disconnected longer than the grace: lock counts as lost");
+                                loss.fire(LossReason::Disconnected { grace: slot.grace });
+                                return;
+                            }
                         }
+                        r = health.changed() => if r.is_err() { loss.fire(LossReason::SessionExpired); return; },
                     }
-                    r = health.changed() => if r.is_err() { loss.fire(LossReason::SessionExpired); return; },
-                }
                 continue;
             }
             Health::Connected => {}
         }
         tokio::select! {
+            biased;
             _ = &mut stop => return,
             r = mutex_rx.changed() => {
                 if r.is_err() { loss.fire(LossReason::SessionExpired); return; }

@@ -43,6 +43,8 @@ pub(crate) struct Reap {
     /// A create was in flight when the waiter went away: find what it made under this monitor
     /// path by session and attempt id, and delete it.
     pub search: Option<(String, String)>,
+    /// The attempt id carried by the mutex node, checked before deleting it when in doubt.
+    pub attempt: String,
 }
 
 struct MutexWatch {
@@ -251,7 +253,11 @@ impl Slot {
     /// contenders: then the next one queues without trying the fast path, whose speculative
     /// grab of the mutex would only collide with the rightful next holder.
     pub fn contended(&self, path: &str) -> bool {
-        self.watches.lock().expect("watch map").get(path).is_some_and(|w| w.contended)
+        self.watches
+            .lock()
+            .expect("watch map")
+            .get(path)
+            .is_some_and(|w| w.contended)
     }
 
     /// Records what the last acquisition of the monitor met (see [`Slot::contended`]).
@@ -463,6 +469,7 @@ impl ZkSession {
                     &reap_client,
                     job.queue_node.as_deref(),
                     job.mutex.as_deref(),
+                    &job.attempt,
                 )
                 .await;
                 if let Some((monitor, attempt)) = job.search {

@@ -24,6 +24,9 @@ struct State {
     /// How many cuts happened.
     cuts: AtomicUsize,
     stopped: AtomicBool,
+    /// After a cut, refuse reconnections until `unblock`.
+    block_after_cut: AtomicBool,
+    blocked: AtomicBool,
 }
 
 impl ZkProxy {
@@ -35,6 +38,8 @@ impl ZkProxy {
             armed_op: AtomicI32::new(0),
             cuts: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
+            block_after_cut: AtomicBool::new(false),
+            blocked: AtomicBool::new(false),
         });
         let st = state.clone();
         thread::spawn(move || {
@@ -43,6 +48,10 @@ impl ZkProxy {
                     break;
                 }
                 let Ok(client) = conn else { continue };
+                if st.blocked.load(Ordering::Acquire) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
                 let st = st.clone();
                 thread::spawn(move || relay(client, st));
             }
@@ -57,6 +66,17 @@ impl ZkProxy {
     /// Cut the next connection that sends a request with `op` once the server has answered it.
     pub fn cut_after(&self, op: i32) {
         self.state.armed_op.store(op, Ordering::Release);
+    }
+
+    /// Like `cut_after`, and refuses reconnections after the cut until `unblock`.
+    pub fn cut_after_and_block(&self, op: i32) {
+        self.state.block_after_cut.store(true, Ordering::Release);
+        self.cut_after(op);
+    }
+
+    pub fn unblock(&self) {
+        self.state.block_after_cut.store(false, Ordering::Release);
+        self.state.blocked.store(false, Ordering::Release);
     }
 
     pub fn cuts(&self) -> usize {
@@ -100,6 +120,9 @@ fn relay(mut client: TcpStream, st: Arc<State>) {
                 if !first && frame.len() >= 8 {
                     let xid = i32::from_be_bytes(frame[4..8].try_into().unwrap());
                     if xid == drop_xid.load(Ordering::Acquire) {
+                        if st.block_after_cut.load(Ordering::Acquire) {
+                            st.blocked.store(true, Ordering::Release);
+                        }
                         st.cuts.fetch_add(1, Ordering::AcqRel);
                         let _ = c.shutdown(Shutdown::Both);
                         let _ = s.shutdown(Shutdown::Both);
