@@ -332,7 +332,7 @@ impl FileSink {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), true)),
             Err(e) => return Err(self.io("read")(e)),
         };
-        let complete = bytes.last().map_or(true, |b| *b == b'\n');
+        let complete = bytes.last().is_none_or(|b| *b == b'\n');
         let text = String::from_utf8_lossy(&bytes);
         Ok((text.lines().map(str::to_string).collect(), complete))
     }

@@ -263,7 +263,7 @@ impl Proc {
                         stat.rsplit_once(')')
                             .map(|(_, rest)| rest.trim_start().starts_with('T'))
                     })
-                    .map_or(true, |is_stopped| is_stopped == stopped)
+                    .is_none_or(|is_stopped| is_stopped == stopped)
             });
             if all_match {
                 return;

@@ -842,7 +842,7 @@ impl EsLockService {
                     },
                 });
             }
-            if foreground && next_refresh.map_or(true, |due| now >= due) {
+            if foreground && next_refresh.is_none_or(|due| now >= due) {
                 let registered = match inner.ensure_index().await {
                     Ok(()) => cx.register().await,
                     Err(e) => Err(e),
