@@ -61,7 +61,7 @@ use serde_json::{json, Value};
 use tracing::{info, warn, Instrument};
 
 use crate::config::{LockBackendKind, Settings};
-use crate::es::{BulkAction, Doc, DocMeta, DocStore, EsError, EsStore, Refresh, WriteCondition};
+use crate::es::{DocStore, EsError, EsStore, HookedStore, StoreCall, StoreHook};
 use crate::eslock::EsLockService;
 use crate::lock::{LockError, LockRequest, LockService};
 use crate::zk::{ZkLockService, ZkSession};
@@ -308,68 +308,16 @@ impl BenchError {
     }
 }
 
-/// A [`DocStore`] that counts the calls it forwards: every call of [`EsStore`] sends one HTTP
+/// A [`StoreHook`] that counts the calls of a store: every call of [`EsStore`] sends one HTTP
 /// request (a retry on another node happens only when the connection was refused, so the
 /// server never saw the first attempt).
-struct CountingStore {
-    inner: EsStore,
-    calls: Arc<AtomicU64>,
-}
-
-impl CountingStore {
-    fn tick(&self) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-    }
-}
+struct CountCalls(Arc<AtomicU64>);
 
 #[async_trait]
-impl DocStore for CountingStore {
-    async fn get(&self, index: &str, id: &str) -> Result<Option<Doc>, EsError> {
-        self.tick();
-        self.inner.get(index, id).await
-    }
-    async fn index(
-        &self,
-        index: &str,
-        id: &str,
-        source: &Value,
-        condition: WriteCondition,
-        refresh: Refresh,
-    ) -> Result<DocMeta, EsError> {
-        self.tick();
-        self.inner
-            .index(index, id, source, condition, refresh)
-            .await
-    }
-    async fn delete(
-        &self,
-        index: &str,
-        id: &str,
-        condition: WriteCondition,
-        refresh: Refresh,
-    ) -> Result<Option<DocMeta>, EsError> {
-        self.tick();
-        self.inner.delete(index, id, condition, refresh).await
-    }
-    async fn search(&self, index: &str, body: &Value) -> Result<Vec<Doc>, EsError> {
-        self.tick();
-        self.inner.search(index, body).await
-    }
-    async fn bulk(
-        &self,
-        actions: &[BulkAction],
-        refresh: Refresh,
-    ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
-        self.tick();
-        self.inner.bulk(actions, refresh).await
-    }
-    async fn ensure_index(&self, index: &str, mappings: &Value) -> Result<(), EsError> {
-        self.tick();
-        self.inner.ensure_index(index, mappings).await
-    }
-    async fn refresh(&self, index: &str) -> Result<(), EsError> {
-        self.tick();
-        self.inner.refresh(index).await
+impl StoreHook for CountCalls {
+    async fn before(&self, _call: &StoreCall<'_>) -> Result<(), EsError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -483,10 +431,7 @@ async fn connect(settings: &Settings, backend: LockBackendKind) -> Result<Client
             };
             let store = EsStore::new(&settings.elasticsearch).map_err(|e| setup(&e))?;
             let calls = Arc::new(AtomicU64::new(0));
-            let store = Arc::new(CountingStore {
-                inner: store,
-                calls: calls.clone(),
-            });
+            let store = Arc::new(HookedStore::new(Arc::new(store), CountCalls(calls.clone())));
             let service = EsLockService::from_settings(settings, store).map_err(|e| setup(&e))?;
             Ok(Client {
                 service: Arc::new(service),

@@ -42,7 +42,7 @@ use uuid::Uuid;
 use crate::background::{BackgroundExecutor, Outcome};
 use crate::config::{LockBackendKind, Settings};
 use crate::deadletter::{DeadLetterError, DeadLetterSink, ReplayResult, ReplaySelection};
-use crate::es::{BulkAction, Doc, DocMeta, DocStore, EsError, Refresh, WriteCondition};
+use crate::es::{DocStore, EsError, HookedStore, IndexGate};
 use crate::guarded::{GuardedError, GuardedWriter};
 use crate::lock::{Guard, LockError, LockRequest, LockService, LockType, LossReason};
 use crate::ops::{Operation, Stamp};
@@ -737,63 +737,6 @@ impl Guard for ObservedGuard {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The stalled writer's store
-
-/// Holds back `index` calls until opened: the stall of a writer between its last lock check and
-/// its request reaching Elasticsearch.
-struct StallingStore {
-    inner: Arc<dyn DocStore>,
-    reached: Notify,
-    open: Notify,
-}
-
-#[async_trait]
-impl DocStore for StallingStore {
-    async fn get(&self, index: &str, id: &str) -> Result<Option<Doc>, EsError> {
-        self.inner.get(index, id).await
-    }
-    async fn index(
-        &self,
-        index: &str,
-        id: &str,
-        source: &Value,
-        condition: WriteCondition,
-        refresh: Refresh,
-    ) -> Result<DocMeta, EsError> {
-        self.reached.notify_one();
-        self.open.notified().await;
-        self.inner
-            .index(index, id, source, condition, refresh)
-            .await
-    }
-    async fn delete(
-        &self,
-        index: &str,
-        id: &str,
-        condition: WriteCondition,
-        refresh: Refresh,
-    ) -> Result<Option<DocMeta>, EsError> {
-        self.inner.delete(index, id, condition, refresh).await
-    }
-    async fn search(&self, index: &str, body: &Value) -> Result<Vec<Doc>, EsError> {
-        self.inner.search(index, body).await
-    }
-    async fn bulk(
-        &self,
-        actions: &[BulkAction],
-        refresh: Refresh,
-    ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
-        self.inner.bulk(actions, refresh).await
-    }
-    async fn ensure_index(&self, index: &str, mappings: &Value) -> Result<(), EsError> {
-        self.inner.ensure_index(index, mappings).await
-    }
-    async fn refresh(&self, index: &str) -> Result<(), EsError> {
-        self.inner.refresh(index).await
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // The run
 
 /// The mappings of the articles' index.
@@ -1261,11 +1204,9 @@ async fn stalled_writer(
         .map_err(|e| format!("not run: cannot open a second ZooKeeper session: {e}"))?;
     let own_locks: Arc<dyn LockService> =
         Arc::new(observed.sharing_stats(Arc::new(ZkLockService::new(session.clone()))));
-    let stalling = Arc::new(StallingStore {
-        inner: env.store.clone(),
-        reached: Notify::new(),
-        open: Notify::new(),
-    });
+    // Holds back the stale writer's `index` call until let through: the stall of a writer
+    // between its last lock check and its request reaching Elasticsearch.
+    let stalling = Arc::new(HookedStore::new(env.store.clone(), IndexGate::new()));
     let stale_writer =
         GuardedWriter::new(own_locks.clone(), stalling.clone()).with_ops_window(ops_window);
     let request = LockRequest::new(&monitor, "Save Content (stalled writer)");
@@ -1283,7 +1224,7 @@ async fn stalled_writer(
         .with_info("Save Content (after the stall)");
     let stale_write = stale_writer.write_under(guard.as_ref(), &stale_op);
     let scenario = async {
-        stalling.reached.notified().await;
+        stalling.hook().reached().await;
         // The stalled writer is cut off from ZooKeeper (a long pause or a network partition):
         // ZooKeeper expires its session after the session timeout and deletes its nodes, and
         // the next writer gets the lock.
@@ -1305,7 +1246,7 @@ async fn stalled_writer(
             }
             Err(e) => Err(GuardedError::Lock(e)),
         };
-        stalling.open.notify_one();
+        stalling.hook().let_through();
         result
     };
     let (stale_result, new_result) = tokio::join!(stale_write, scenario);

@@ -4,7 +4,7 @@
 //! Every server runs as a child process with its own temporary directory (configuration, data and
 //! a log file) and its own ports on `127.0.0.1`. The handles are synchronous (plain `std`), `Send`
 //! and `Sync`: every method takes `&self`, so a handle can be shared between threads or kept in a
-//! `static` [`OnceLock`](std::sync::OnceLock). Dropping a handle kills its processes and removes
+//! `static` [`std::sync::OnceLock`]. Dropping a handle kills its processes and removes
 //! its directory. If the whole program dies first (a killed test binary, say), a watchdog kills the
 //! server and removes its directory, so no server outlives the program that started it.
 //!

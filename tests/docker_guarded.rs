@@ -9,16 +9,14 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use serde_json::{json, Value};
+use serde_json::json;
 use testcontainers_modules::elastic_search::ElasticSearch;
 use testcontainers_modules::testcontainers::core::{Healthcheck, WaitFor};
 use testcontainers_modules::testcontainers::runners::AsyncRunner;
 use testcontainers_modules::testcontainers::{ContainerAsync, ImageExt};
 use testcontainers_modules::zookeeper::Zookeeper;
-use tokio::sync::Notify;
 use zkguard::config::Settings;
-use zkguard::es::{BulkAction, Doc, DocMeta, DocStore, EsError, EsStore, Refresh, WriteCondition};
+use zkguard::es::{DocStore, EsStore, HookedStore, IndexGate};
 use zkguard::guarded::{GuardedError, GuardedWriter};
 use zkguard::ops::{Operation, Stamp};
 use zkguard::{LockRequest, LockService, LossReason, ZkLockService, ZkSession};
@@ -164,60 +162,6 @@ async fn locks(settings: &zkguard::config::ZkSettings) -> (ZkSession, Arc<dyn Lo
     (session, locks)
 }
 
-/// A document store that holds back `index` calls until the test opens the gate: the "pause" of
-/// a holder between its last lock check and its request reaching Elasticsearch.
-struct PausedStore {
-    inner: Arc<dyn DocStore>,
-    reached: Notify,
-    open: Notify,
-}
-
-#[async_trait]
-impl DocStore for PausedStore {
-    async fn get(&self, index: &str, id: &str) -> Result<Option<Doc>, EsError> {
-        self.inner.get(index, id).await
-    }
-    async fn index(
-        &self,
-        index: &str,
-        id: &str,
-        source: &Value,
-        condition: WriteCondition,
-        refresh: Refresh,
-    ) -> Result<DocMeta, EsError> {
-        self.reached.notify_one();
-        self.open.notified().await;
-        self.inner
-            .index(index, id, source, condition, refresh)
-            .await
-    }
-    async fn delete(
-        &self,
-        index: &str,
-        id: &str,
-        condition: WriteCondition,
-        refresh: Refresh,
-    ) -> Result<Option<DocMeta>, EsError> {
-        self.inner.delete(index, id, condition, refresh).await
-    }
-    async fn search(&self, index: &str, body: &Value) -> Result<Vec<Doc>, EsError> {
-        self.inner.search(index, body).await
-    }
-    async fn bulk(
-        &self,
-        actions: &[BulkAction],
-        refresh: Refresh,
-    ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
-        self.inner.bulk(actions, refresh).await
-    }
-    async fn ensure_index(&self, index: &str, mappings: &Value) -> Result<(), EsError> {
-        self.inner.ensure_index(index, mappings).await
-    }
-    async fn refresh(&self, index: &str) -> Result<(), EsError> {
-        self.inner.refresh(index).await
-    }
-}
-
 /// Both guarded-write scenarios of the osmem suite (`tests/guarded.rs`) against the real images:
 /// one container pair, the scenarios in turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -250,11 +194,9 @@ async fn stale_holder_is_fenced(settings: &zkguard::config::ZkSettings, es: &Arc
     let mut settings_a = settings.clone();
     settings_a.servers = partition.connect_string().to_string();
     let (_session_a, locks_a) = locks(&settings_a).await;
-    let paused = Arc::new(PausedStore {
-        inner: es.clone(),
-        reached: Notify::new(),
-        open: Notify::new(),
-    });
+    // Holds back A's `index` call until the test lets it through: the "pause" of a holder
+    // between its last lock check and its request reaching Elasticsearch.
+    let paused = Arc::new(HookedStore::new(es.clone(), IndexGate::new()));
     let writer_a = GuardedWriter::new(locks_a.clone(), paused.clone());
     let guard_a = locks_a
         .acquire(LockRequest::new(monitor, "holder A"))
@@ -267,7 +209,7 @@ async fn stale_holder_is_fenced(settings: &zkguard::config::ZkSettings, es: &Arc
 
     let a_write = writer_a.write_under(guard_a.as_ref(), &op_a);
     let scenario = async {
-        paused.reached.notified().await;
+        paused.hook().reached().await;
         assert!(guard_a.is_held());
         partition.cut();
         let written_b = writer_b
@@ -281,7 +223,7 @@ async fn stale_holder_is_fenced(settings: &zkguard::config::ZkSettings, es: &Arc
             "B's token {} must exceed A's {token_a}",
             written_b.token
         );
-        paused.open.notify_one();
+        paused.hook().let_through();
         written_b
     };
     let (a_result, written_b) = tokio::join!(a_write, scenario);

@@ -5,10 +5,8 @@ mod guarded_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use serde_json::{json, Value};
-use tokio::sync::Notify;
-use zkguard::es::{BulkAction, Doc, DocMeta, DocStore, EsError, Refresh, WriteCondition};
+use serde_json::json;
+use zkguard::es::{EsError, HookedStore, IndexGate, Refresh, WriteCondition};
 use zkguard::guarded::{GuardedError, GuardedWriter};
 use zkguard::ops::{DeleteMode, Operation, Stamp};
 use zkguard::{LockRequest, LossReason};
@@ -87,60 +85,6 @@ async fn concurrent_increments_through_separate_sessions_lose_nothing() {
     );
 }
 
-/// A document store that holds back `index` calls until the test opens the gate: the "pause"
-/// of a holder between its last `is_held` check and its request reaching Elasticsearch.
-struct PausedStore {
-    inner: Arc<dyn DocStore>,
-    reached: Notify,
-    open: Notify,
-}
-
-#[async_trait]
-impl DocStore for PausedStore {
-    async fn get(&self, index: &str, id: &str) -> Result<Option<Doc>, EsError> {
-        self.inner.get(index, id).await
-    }
-    async fn index(
-        &self,
-        index: &str,
-        id: &str,
-        source: &Value,
-        condition: WriteCondition,
-        refresh: Refresh,
-    ) -> Result<DocMeta, EsError> {
-        self.reached.notify_one();
-        self.open.notified().await;
-        self.inner
-            .index(index, id, source, condition, refresh)
-            .await
-    }
-    async fn delete(
-        &self,
-        index: &str,
-        id: &str,
-        condition: WriteCondition,
-        refresh: Refresh,
-    ) -> Result<Option<DocMeta>, EsError> {
-        self.inner.delete(index, id, condition, refresh).await
-    }
-    async fn search(&self, index: &str, body: &Value) -> Result<Vec<Doc>, EsError> {
-        self.inner.search(index, body).await
-    }
-    async fn bulk(
-        &self,
-        actions: &[BulkAction],
-        refresh: Refresh,
-    ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
-        self.inner.bulk(actions, refresh).await
-    }
-    async fn ensure_index(&self, index: &str, mappings: &Value) -> Result<(), EsError> {
-        self.inner.ensure_index(index, mappings).await
-    }
-    async fn refresh(&self, index: &str) -> Result<(), EsError> {
-        self.inner.refresh(index).await
-    }
-}
-
 /// Holder A is paused after checking its lock and before its write reaches Elasticsearch; its
 /// session is killed on the server; holder B acquires and writes. When A's write goes out it must
 /// be rejected as `Fenced`, and the document keeps B's content. Afterwards A's guard reports the
@@ -167,11 +111,9 @@ async fn stale_holder_is_fenced_after_its_session_is_killed() {
     let mut settings_a = settings.clone();
     settings_a.zookeeper.servers = partition.connect_string().to_string();
     let (_session_a, locks_a) = locks(&settings_a).await;
-    let paused = Arc::new(PausedStore {
-        inner: es.clone(),
-        reached: Notify::new(),
-        open: Notify::new(),
-    });
+    // Holds back A's `index` call until the test lets it through: the "pause" of a holder
+    // between its last lock check and its request reaching Elasticsearch.
+    let paused = Arc::new(HookedStore::new(es.clone(), IndexGate::new()));
     let writer_a = GuardedWriter::new(locks_a.clone(), paused.clone());
     let guard_a = locks_a
         .acquire(LockRequest::new(monitor, "holder A"))
@@ -186,7 +128,7 @@ async fn stale_holder_is_fenced_after_its_session_is_killed() {
     let a_write = writer_a.write_under(guard_a.as_ref(), &op_a);
     let scenario = async {
         // A checked its lock, read the document and is about to send: pause it there.
-        paused.reached.notified().await;
+        paused.hook().reached().await;
         assert!(guard_a.is_held());
         partition.cut();
         // B gets the lock only once ZooKeeper expired A's session and deleted A's nodes.
@@ -202,7 +144,7 @@ async fn stale_holder_is_fenced_after_its_session_is_killed() {
             written_b.token
         );
         // A resumes and its write goes out.
-        paused.open.notify_one();
+        paused.hook().let_through();
         written_b
     };
     let (a_result, written_b) = tokio::join!(a_write, scenario);

@@ -515,7 +515,7 @@ async fn a_create_whose_reply_was_lost_is_recognised_on_replay() {
     let txn_index = s.transactions_index.clone();
 
     // The coordinator's own retry of the create meets the document its first attempt created.
-    let lossy = LossyStore::new(store.clone(), move |_, index, cond| {
+    let lossy = lossy_store(store.clone(), move |_, index, cond| {
         index == txn_index && cond == WriteCondition::Create
     });
     let c = coordinator(lossy.clone(), &s);
@@ -524,7 +524,7 @@ async fn a_create_whose_reply_was_lost_is_recognised_on_replay() {
         .await
         .unwrap();
     assert_eq!(t.state, TxnState::Finished);
-    assert_eq!(lossy.lost.load(Ordering::SeqCst), 1);
+    assert_eq!(lossy.hook().lost.load(Ordering::SeqCst), 1);
     assert_eq!(balance(&plain, "B").await, 1100);
 
     // Without retries the caller sees the failure and replays the request itself.
@@ -564,7 +564,7 @@ async fn a_create_whose_reply_was_lost_is_recognised_on_replay() {
     }
 
     // Lost replies on every kind of write: each step re-runs after its reply is lost.
-    let every_third = LossyStore::new(store.clone(), |n, _, _| n % 3 == 0);
+    let every_third = lossy_store(store.clone(), |n, _, _| n % 3 == 0);
     let c = coordinator(every_third.clone(), &s);
     for i in 0..15 {
         let (from, to) = if i % 2 == 0 { ("A", "B") } else { ("B", "A") };
@@ -583,7 +583,7 @@ async fn a_create_whose_reply_was_lost_is_recognised_on_replay() {
     )
     .await
     .unwrap();
-    assert!(every_third.lost.load(Ordering::SeqCst) >= 30);
+    assert!(every_third.hook().lost.load(Ordering::SeqCst) >= 30);
     assert_books(&store, &plain, &s, &initial(&["A", "B"], 1000)).await;
 }
 
@@ -616,7 +616,7 @@ async fn bank_of_concurrent_transfers_with_crashes_and_recovery() {
     });
     let mut workers = Vec::new();
     for w in 0..4u64 {
-        let lossy = LossyStore::new(store.clone(), move |n, _, _| (n + w) % 11 == 0);
+        let lossy = lossy_store(store.clone(), move |n, _, _| (n + w) % 11 == 0);
         let worker = coordinator(lossy, &s).with_hook(crashes.clone());
         workers.push(tokio::spawn(async move {
             let mut tally = BTreeMap::<&'static str, u32>::new();

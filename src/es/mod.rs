@@ -4,12 +4,17 @@
 //! [`EsStore`] implements it with the official `elasticsearch` crate. Every call is a plain
 //! document API call (no painless scripts, no ingest pipelines), so it runs on Elasticsearch,
 //! OpenSearch and compatible servers alike.
+//!
+//! [`HookedStore`] wraps any store to run a [`StoreHook`] around its calls (metrics, fault
+//! injection, staged races in tests); [`IndexGate`] is a ready hook that holds back `index` calls.
 
 use async_trait::async_trait;
 use serde_json::Value;
 
 mod client;
+mod hook;
 pub use client::EsStore;
+pub use hook::{HookedStore, IndexGate, StoreCall, StoreHook};
 
 /// Errors of the document-store layer. Each HTTP failure class maps to its own variant.
 #[derive(Debug, thiserror::Error)]

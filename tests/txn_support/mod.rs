@@ -8,10 +8,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::sync::Notify;
 use zkguard::config::{Settings, TxnSettings};
-use zkguard::es::{BulkAction, Doc, DocMeta, DocStore, EsError, EsStore, Refresh, WriteCondition};
+use zkguard::es::{DocStore, EsError, EsStore, HookedStore, StoreCall, StoreHook, WriteCondition};
 use zkguard::servers::OsmemServer;
 use zkguard::txn::{Coordinator, HookAction, HookPoint, StepHook, TxnState};
 
@@ -235,80 +235,48 @@ impl StepHook for RandomCrashes {
 /// Decides from (write number, index, condition) whether a write's reply is lost.
 pub type LosePolicy = Box<dyn Fn(u64, &str, WriteCondition) -> bool + Send + Sync>;
 
-/// A store that performs writes and then loses the reply: the `n`-th `index` call (1-based,
+/// A hook that lets writes happen and then loses the reply: the `n`-th `index` call (1-based,
 /// counted per store) for which `lose(n, index, condition)` holds is applied and answered with a
 /// transport error, as when a connection drops after the server acted.
-pub struct LossyStore {
-    pub inner: Arc<dyn DocStore>,
+pub struct LoseReplies {
     pub writes: AtomicU64,
     pub lost: AtomicU64,
     pub lose: LosePolicy,
 }
 
-impl LossyStore {
-    pub fn new(
-        inner: Arc<dyn DocStore>,
-        lose: impl Fn(u64, &str, WriteCondition) -> bool + Send + Sync + 'static,
-    ) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
-            writes: AtomicU64::new(0),
-            lost: AtomicU64::new(0),
-            lose: Box::new(lose),
-        })
-    }
-}
-
 #[async_trait]
-impl DocStore for LossyStore {
-    async fn get(&self, index: &str, id: &str) -> Result<Option<Doc>, EsError> {
-        self.inner.get(index, id).await
-    }
-    async fn index(
-        &self,
-        index: &str,
-        id: &str,
-        source: &Value,
-        condition: WriteCondition,
-        refresh: Refresh,
-    ) -> Result<DocMeta, EsError> {
-        let result = self
-            .inner
-            .index(index, id, source, condition, refresh)
-            .await;
+impl StoreHook for LoseReplies {
+    async fn after(&self, call: &StoreCall<'_>, outcome: Result<(), &EsError>) -> Option<EsError> {
+        let StoreCall::Index {
+            index, condition, ..
+        } = *call
+        else {
+            return None;
+        };
         let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
-        if result.is_ok() && (self.lose)(n, index, condition) {
+        if outcome.is_ok() && (self.lose)(n, index, condition) {
             self.lost.fetch_add(1, Ordering::SeqCst);
-            return Err(EsError::Transport {
+            return Some(EsError::Transport {
                 url: "lossy".into(),
                 reason: "reply lost (injected)".into(),
             });
         }
-        result
+        None
     }
-    async fn delete(
-        &self,
-        index: &str,
-        id: &str,
-        condition: WriteCondition,
-        refresh: Refresh,
-    ) -> Result<Option<DocMeta>, EsError> {
-        self.inner.delete(index, id, condition, refresh).await
-    }
-    async fn search(&self, index: &str, body: &Value) -> Result<Vec<Doc>, EsError> {
-        self.inner.search(index, body).await
-    }
-    async fn bulk(
-        &self,
-        actions: &[BulkAction],
-        refresh: Refresh,
-    ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
-        self.inner.bulk(actions, refresh).await
-    }
-    async fn ensure_index(&self, index: &str, mappings: &Value) -> Result<(), EsError> {
-        self.inner.ensure_index(index, mappings).await
-    }
-    async fn refresh(&self, index: &str) -> Result<(), EsError> {
-        self.inner.refresh(index).await
-    }
+}
+
+/// A store that performs writes and then loses the reply (see [`LoseReplies`]).
+pub type LossyStore = HookedStore<LoseReplies>;
+
+/// `inner` with its replies lost as `lose` decides (see [`LoseReplies`]).
+pub fn lossy_store(
+    inner: Arc<dyn DocStore>,
+    lose: impl Fn(u64, &str, WriteCondition) -> bool + Send + Sync + 'static,
+) -> Arc<LossyStore> {
+    let hook = LoseReplies {
+        writes: AtomicU64::new(0),
+        lost: AtomicU64::new(0),
+        lose: Box::new(lose),
+    };
+    Arc::new(HookedStore::new(inner, hook))
 }
