@@ -26,13 +26,15 @@ pub use session::ZkSession;
 use crate::lock::LockError;
 use zookeeper_client::Error as ZkError;
 
-/// Maps a client error to the lock layer's error.
+/// Maps a client error to the lock layer's error. The client reports a connection that broke
+/// under a request as `Custom` (an I/O error such as "connection reset by peer"): that is a
+/// connection loss too, with the same doubt about whether the request was applied.
 pub(crate) fn map_zk(e: ZkError, context: &str) -> LockError {
     match e {
         ZkError::SessionExpired => LockError::SessionExpired {
             context: context.to_string(),
         },
-        ZkError::ConnectionLoss | ZkError::Timeout | ZkError::NoHosts => {
+        ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_) | ZkError::NoHosts => {
             LockError::ConnectionLoss {
                 context: context.to_string(),
                 detail: e.to_string(),

@@ -155,7 +155,7 @@ pub(crate) async fn delete_nodes(
     let gone_before = match first {
         Ok(()) => return Ok(()),
         Err(ZkError::NoNode) => true,
-        Err(ZkError::ConnectionLoss | ZkError::Timeout) => false,
+        Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => false,
         Err(e) => return Err(e),
     };
     let mut backoff = crate::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
@@ -168,7 +168,7 @@ pub(crate) async fn delete_nodes(
             result = delete_if_ours(client, q, None).await;
         }
         match result {
-            Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
+            Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
                 tokio::time::sleep(backoff.next_delay()).await
             }
             Err(e) => return Err(e),
@@ -209,7 +209,7 @@ pub(crate) async fn delete_by_attempt(client: &Client, monitor: &str, attempt: &
     'scan: loop {
         let children = match client.get_children(monitor).await {
             Ok((c, _)) => c,
-            Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
+            Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
                 tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }
@@ -227,7 +227,7 @@ pub(crate) async fn delete_by_attempt(client: &Client, monitor: &str, attempt: &
                         let _ = delete_nodes(client, Some(&path), None, attempt).await;
                     }
                 }
-                Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
+                Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
                     tokio::time::sleep(backoff.next_delay()).await;
                     continue 'scan;
                 }
@@ -367,7 +367,7 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
             Err(ZkError::NoNode) => {
                 ensure_monitor(client, &settings.lock_root, &paths.monitor).await?
             }
-            Err(e @ (ZkError::ConnectionLoss | ZkError::Timeout)) => {
+            Err(e @ (ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_))) => {
                 debug!(error = %e, "connection loss while queueing; looking for our own node");
                 loop {
                     wait_connected(&slot, deadline).await?;
@@ -423,7 +423,7 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
                     Err(ZkError::NoNode) => {
                         ensure_monitor(client, &settings.lock_root, &paths.monitor).await?
                     }
-                    Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
+                    Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
                         wait_connected(&slot, deadline).await?;
                         recover_own(client, &paths, &data, &mut pending).await?;
                         pending.in_flight = false;
@@ -497,7 +497,7 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
                     step = Step::Wait(Queue::default());
                     continue;
                 }
-                Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
+                Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
                     wait_connected(&slot, deadline).await?;
                     step = Step::Wait(Queue::default());
                     continue;
@@ -657,7 +657,7 @@ async fn fast_path(
     pending.in_flight = matches!(
         committed,
         Err(MultiWriteError::RequestFailed {
-            source: ZkError::ConnectionLoss | ZkError::Timeout
+            source: ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)
         })
     );
     match committed {
@@ -733,7 +733,10 @@ async fn plain_create(
     pending.attempt = data.attempt.clone();
     pending.in_flight = true;
     let (created, children) = tokio::join!(create, children);
-    pending.in_flight = matches!(created, Err(ZkError::ConnectionLoss | ZkError::Timeout));
+    pending.in_flight = matches!(
+        created,
+        Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_))
+    );
     let (_, seq) = created?;
     pending.node = Some(format!("{prefix}-{seq}"));
     Ok(Step::Wait(
@@ -795,7 +798,10 @@ async fn take_mutex(
     } else {
         (create.await, None)
     };
-    pending.in_flight = matches!(created, Err(ZkError::ConnectionLoss | ZkError::Timeout));
+    pending.in_flight = matches!(
+        created,
+        Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_))
+    );
     match created {
         Ok((stat, _)) => {
             pending.holds_mutex = true;
@@ -826,7 +832,7 @@ async fn take_mutex(
             Some(Ok((c, _))) => Queue::from_children(&c),
             _ => Queue::default(),
         })),
-        Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
+        Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
             debug!("connection loss while taking the mutex; checking whether it is ours");
             // Did our create happen? Read the mutex and compare the attempt id.
             wait_connected(&pending.slot, Instant::now() + Duration::from_secs(3600)).await?;
@@ -937,7 +943,7 @@ async fn read_queue(
     loop {
         match client.get_children(&paths.monitor).await {
             Ok((children, _)) => return Ok(Queue::from_children(&children)),
-            Err(ZkError::ConnectionLoss | ZkError::Timeout) => {
+            Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
                 wait_connected(slot, deadline).await?
             }
             Err(ZkError::NoNode) => return Ok(Queue::default()),
