@@ -224,8 +224,10 @@ impl Slot {
             }
         });
         if map.len() >= MUTEX_WATCH_CAPACITY {
+            // Only a watch nobody listens to (no waiter, no holder) may go.
             if let Some(oldest) = map
                 .iter()
+                .filter(|(_, w)| w.tx.receiver_count() == 0)
                 .min_by_key(|(_, w)| w.last_used)
                 .map(|(k, _)| k.clone())
             {
