@@ -8,7 +8,7 @@ demo: deps
 # The whole test suite against real servers started by the test harness.
 test: deps
 	cargo test
-	cargo test --features docker --test docker_guarded
+	cargo test --features docker --test docker_guarded -- --nocapture
 
 # Benchmarks zkguard against Apache Curator and kazoo on one local ZooKeeper.
 bench: deps
