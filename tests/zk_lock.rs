@@ -40,12 +40,7 @@ async fn scenario_1_two_foreground_clients_take_turns() {
     let waiter = tokio::spawn(async move { lock2.lock_with_timeout().await });
     // Client2 queues behind Client1 with a second A- node.
     eventually(Duration::from_secs(5), "client2 queued", || async {
-        children(&zk.connect_string(), &monitor)
-            .await
-            .iter()
-            .filter(|k| k.starts_with("A-"))
-            .count()
-            == 2
+        queued(&zk.connect_string(), &monitor, "A-").await == 2
     })
     .await;
     assert!(!waiter.is_finished());
@@ -72,12 +67,7 @@ async fn scenario_2_background_uses_b_nodes() {
     let l2 = bg(&c2);
     let waiter = tokio::spawn(async move { l2.lock_with_timeout().await });
     eventually(Duration::from_secs(5), "two B- nodes", || async {
-        children(&zk.connect_string(), &monitor)
-            .await
-            .iter()
-            .filter(|k| k.starts_with("B-"))
-            .count()
-            == 2
+        queued(&zk.connect_string(), &monitor, "B-").await == 2
     })
     .await;
     g1.unlock().await.unwrap();
@@ -105,12 +95,7 @@ async fn scenario_3_foreground_overtakes_queued_background() {
     let l2 = ZkBlockingWriteLock::new("Bulk Propagation", &c2, "P1")
         .unwrap()
         .with_type(LockType::Background);
-    let o2 = order.clone();
-    let w2 = tokio::spawn(async move {
-        let g = l2.lock_with_timeout().await.unwrap();
-        o2.lock().unwrap().push("client2-background");
-        g.unlock().await.unwrap();
-    });
+    let w2 = take_turn(l2, &order, "client2-background");
     eventually(Duration::from_secs(5), "background queued", || async {
         children(&zk.connect_string(), &monitor)
             .await
@@ -120,23 +105,11 @@ async fn scenario_3_foreground_overtakes_queued_background() {
     .await;
     // Client3: foreground, arrives later.
     let l3 = ZkBlockingWriteLock::new("Save Content", &c3, "P1").unwrap();
-    let o3 = order.clone();
-    let w3 = tokio::spawn(async move {
-        let g = l3.lock_with_timeout().await.unwrap();
-        o3.lock().unwrap().push("client3-foreground");
-        g.unlock().await.unwrap();
-    });
+    let w3 = take_turn(l3, &order, "client3-foreground");
     eventually(
         Duration::from_secs(5),
         "second foreground queued",
-        || async {
-            children(&zk.connect_string(), &monitor)
-                .await
-                .iter()
-                .filter(|k| k.starts_with("A-"))
-                .count()
-                == 2
-        },
+        || async { queued(&zk.connect_string(), &monitor, "A-").await == 2 },
     )
     .await;
     // The B- node has the lower sequence number, the A- node the higher: priority decides.
@@ -225,26 +198,14 @@ async fn cancelled_waiter_removes_its_node() {
     let l2 = ZkBlockingWriteLock::new("waiter", &c2, "P1").unwrap();
     let waiter = tokio::spawn(async move { l2.lock_with_timeout().await });
     eventually(Duration::from_secs(5), "waiter queued", || async {
-        children(&zk.connect_string(), &monitor)
-            .await
-            .iter()
-            .filter(|k| k.starts_with("A-"))
-            .count()
-            == 2
+        queued(&zk.connect_string(), &monitor, "A-").await == 2
     })
     .await;
     waiter.abort();
     eventually(
         Duration::from_secs(5),
         "cancelled waiter's node removed",
-        || async {
-            children(&zk.connect_string(), &monitor)
-                .await
-                .iter()
-                .filter(|k| k.starts_with("A-"))
-                .count()
-                == 1
-        },
+        || async { queued(&zk.connect_string(), &monitor, "A-").await == 1 },
     )
     .await;
     g1.unlock().await.unwrap();
@@ -456,15 +417,7 @@ async fn connection_loss_during_create_leaves_no_ghost() {
     eventually(
         Duration::from_secs(10),
         "the cut happened and the waiter is queued once",
-        || async {
-            proxy.cuts() == 2
-                && children(&direct.servers, &monitor)
-                    .await
-                    .iter()
-                    .filter(|k| k.starts_with("A-"))
-                    .count()
-                    == 2
-        },
+        || async { proxy.cuts() == 2 && queued(&direct.servers, &monitor, "A-").await == 2 },
     )
     .await;
     holder.unlock().await.unwrap();
@@ -594,12 +547,7 @@ async fn starving_background_waiter_is_promoted_ahead_of_later_foreground() {
     let lb = ZkBlockingWriteLock::new("starving job", &c2, "P1")
         .unwrap()
         .with_type(LockType::Background);
-    let ob = order.clone();
-    let wb = tokio::spawn(async move {
-        let g = lb.lock_with_timeout().await.unwrap();
-        ob.lock().unwrap().push("background");
-        g.unlock().await.unwrap();
-    });
+    let wb = take_turn(lb, &order, "background");
     // After zookeeper.background.max.wait the background waiter's node is a foreground node.
     eventually(
         Duration::from_secs(10),
@@ -613,19 +561,9 @@ async fn starving_background_waiter_is_promoted_ahead_of_later_foreground() {
     .await;
     // A foreground request arriving after the promotion queues behind it.
     let lf = ZkBlockingWriteLock::new("late save", &c3, "P1").unwrap();
-    let of = order.clone();
-    let wf = tokio::spawn(async move {
-        let g = lf.lock_with_timeout().await.unwrap();
-        of.lock().unwrap().push("foreground");
-        g.unlock().await.unwrap();
-    });
+    let wf = take_turn(lf, &order, "foreground");
     eventually(Duration::from_secs(5), "late foreground queued", || async {
-        children(&zk.connect_string(), &monitor)
-            .await
-            .iter()
-            .filter(|k| k.starts_with("A-"))
-            .count()
-            == 3
+        queued(&zk.connect_string(), &monitor, "A-").await == 3
     })
     .await;
     holder.unlock().await.unwrap();

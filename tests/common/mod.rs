@@ -83,6 +83,29 @@ pub async fn children(servers: &str, path: &str) -> Vec<String> {
     }
 }
 
+/// How many children of `path` start with `prefix` (e.g. `A-` for foreground queue nodes).
+pub async fn queued(servers: &str, path: &str, prefix: &str) -> usize {
+    children(servers, path)
+        .await
+        .iter()
+        .filter(|k| k.starts_with(prefix))
+        .count()
+}
+
+/// Runs `lock` in a task that records `label` in `order` while it holds the lock.
+pub fn take_turn(
+    lock: zkguard::ZkBlockingWriteLock,
+    order: &std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
+    label: &'static str,
+) -> tokio::task::JoinHandle<()> {
+    let order = order.clone();
+    tokio::spawn(async move {
+        let g = lock.lock_with_timeout().await.unwrap();
+        order.lock().unwrap().push(label);
+        g.unlock().await.unwrap();
+    })
+}
+
 /// Logs to the test output when RUST_LOG is set.
 pub fn init_tracing() {
     if std::env::var_os("RUST_LOG").is_some() {
