@@ -230,15 +230,7 @@ impl Operation {
         id: impl Into<String>,
         patch: Value,
     ) -> Self {
-        Self::new(
-            monitor,
-            OpKind::Update {
-                index: index.into(),
-                id: id.into(),
-                change: Change::Merge { patch },
-                upsert: false,
-            },
-        )
+        Self::update(monitor, index, id, Change::Merge { patch })
     }
 
     /// Adds `by` to the numeric `field` of the existing document `index/id`.
@@ -249,15 +241,31 @@ impl Operation {
         field: impl Into<String>,
         by: i64,
     ) -> Self {
+        Self::update(
+            monitor,
+            index,
+            id,
+            Change::Increment {
+                field: field.into(),
+                by,
+            },
+        )
+    }
+
+    /// Applies `change` to the existing document `index/id` (no upsert; see
+    /// [`Operation::with_upsert`]).
+    fn update(
+        monitor: impl Into<String>,
+        index: impl Into<String>,
+        id: impl Into<String>,
+        change: Change,
+    ) -> Self {
         Self::new(
             monitor,
             OpKind::Update {
                 index: index.into(),
                 id: id.into(),
-                change: Change::Increment {
-                    field: field.into(),
-                    by,
-                },
+                change,
                 upsert: false,
             },
         )

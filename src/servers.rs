@@ -105,6 +105,16 @@ pub enum ServerError {
 }
 
 impl ServerError {
+    /// [`ServerError::StartFailed`] of `what`, with the tail of its `log`.
+    fn start_failed(what: String, log: &Path, reason: String) -> Self {
+        Self::StartFailed {
+            what,
+            reason,
+            log: log.to_owned(),
+            tail: log_tail(log, LOG_TAIL_LINES),
+        }
+    }
+
     fn io(action: impl Into<String>, source: io::Error) -> Self {
         Self::Io {
             action: action.into(),
@@ -545,6 +555,32 @@ enum Attempt<T> {
     Failed(ServerError),
 }
 
+impl<T> Attempt<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Attempt<U> {
+        match self {
+            Attempt::Ready(t) => Attempt::Ready(f(t)),
+            Attempt::PortClash(e) => Attempt::PortClash(e),
+            Attempt::Failed(e) => Attempt::Failed(e),
+        }
+    }
+}
+
+/// Runs `attempt` until it is ready or fails, again after a port clash (on fresh ports) up to
+/// [`PORT_ATTEMPTS`] times in all; then the last clash is the error.
+fn retry_port_clashes<T>(
+    mut attempt: impl FnMut() -> Result<Attempt<T>, ServerError>,
+) -> Result<T, ServerError> {
+    let mut last = None;
+    for _ in 0..PORT_ATTEMPTS {
+        match attempt()? {
+            Attempt::Ready(t) => return Ok(t),
+            Attempt::PortClash(e) => last = Some(e),
+            Attempt::Failed(e) => return Err(e),
+        }
+    }
+    Err(last.expect("at least one attempt ran"))
+}
+
 /// Settings of a [`ZkServer`], made by [`ZkServer::builder`].
 #[derive(Debug, Clone)]
 #[must_use = "call .start() to start the server"]
@@ -613,8 +649,7 @@ impl ZkServerBuilder {
         fs::create_dir_all(&data_dir)
             .map_err(|e| ServerError::io(format!("create {}", data_dir.display()), e))?;
         let mut dir = Some(dir);
-        let mut last = None;
-        for _ in 0..PORT_ATTEMPTS {
+        retry_port_clashes(|| {
             let port = free_port().map_err(|e| ServerError::io("find a free loopback port", e))?;
             let base = dir
                 .take()
@@ -628,21 +663,20 @@ impl ZkServerBuilder {
                 settings: self.clone(),
                 dir: base,
             };
-            match server.launch() {
-                Attempt::Ready(()) => return Ok(server),
+            Ok(match server.launch() {
+                Attempt::Ready(()) => Attempt::Ready(server),
                 Attempt::PortClash(e) => {
                     // Someone else took the port: try a fresh one, in the same directory.
-                    last = Some(e);
                     let ZkServer {
                         proc, dir: base, ..
                     } = server;
                     drop(proc);
                     dir = Some(base);
+                    Attempt::PortClash(e)
                 }
-                Attempt::Failed(e) => return Err(e),
-            }
-        }
-        Err(last.expect("at least one attempt ran"))
+                Attempt::Failed(e) => Attempt::Failed(e),
+            })
+        })
     }
 }
 
@@ -743,12 +777,7 @@ impl ZkServer {
     }
 
     fn start_failed(&self, reason: String) -> ServerError {
-        ServerError::StartFailed {
-            what: self.what(),
-            reason,
-            log: self.log.clone(),
-            tail: log_tail(&self.log, LOG_TAIL_LINES),
-        }
+        ServerError::start_failed(self.what(), &self.log, reason)
     }
 
     /// `127.0.0.1:PORT`, for clients.
@@ -969,19 +998,13 @@ impl ZkEnsembleBuilder {
             ));
         }
         java_command()?;
-        let mut last = None;
-        for _ in 0..PORT_ATTEMPTS {
+        retry_port_clashes(|| {
             let ensemble = ZkEnsemble::prepare(self.clone())?;
             for i in 0..ensemble.members.len() {
                 ensemble.spawn_member(i)?;
             }
-            match ensemble.wait_quorum(self.start_timeout) {
-                Attempt::Ready(()) => return Ok(ensemble),
-                Attempt::PortClash(e) => last = Some(e),
-                Attempt::Failed(e) => return Err(e),
-            }
-        }
-        Err(last.expect("at least one attempt ran"))
+            Ok(ensemble.wait_quorum(self.start_timeout).map(|()| ensemble))
+        })
     }
 }
 
@@ -1013,12 +1036,7 @@ impl Member {
     }
 
     fn start_failed(&self, reason: String) -> ServerError {
-        ServerError::StartFailed {
-            what: self.what(),
-            reason,
-            log: self.log.clone(),
-            tail: log_tail(&self.log, LOG_TAIL_LINES),
-        }
+        ServerError::start_failed(self.what(), &self.log, reason)
     }
 }
 
@@ -1384,25 +1402,18 @@ impl OsmemServer {
         let binary = osmem_binary()?;
         let dir = TempDir::new("osmem")?;
         let log = dir.0.join("osmem.log");
-        let mut last = None;
-        for _ in 0..PORT_ATTEMPTS {
+        let (port, (proc, url)) = retry_port_clashes(|| {
             let port = free_port().map_err(|e| ServerError::io("find a free loopback port", e))?;
-            match launch_osmem(&binary, port, &log, &dir.0, DEFAULT_START_TIMEOUT) {
-                Attempt::Ready((proc, url)) => {
-                    return Ok(Self {
-                        proc: Mutex::new(Some(proc)),
-                        port,
-                        url,
-                        log,
-                        start_timeout: DEFAULT_START_TIMEOUT,
-                        dir,
-                    })
-                }
-                Attempt::PortClash(e) => last = Some(e),
-                Attempt::Failed(e) => return Err(e),
-            }
-        }
-        Err(last.expect("at least one attempt ran"))
+            Ok(launch_osmem(&binary, port, &log, &dir.0, DEFAULT_START_TIMEOUT).map(|r| (port, r)))
+        })?;
+        Ok(Self {
+            proc: Mutex::new(Some(proc)),
+            port,
+            url,
+            log,
+            start_timeout: DEFAULT_START_TIMEOUT,
+            dir,
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Proc>> {
@@ -1503,12 +1514,7 @@ fn launch_osmem(
     timeout: Duration,
 ) -> Attempt<(Proc, String)> {
     let what = format!("osmem-server on 127.0.0.1:{port}");
-    let failed = |reason: String| ServerError::StartFailed {
-        what: what.clone(),
-        reason,
-        log: log.to_owned(),
-        tail: log_tail(log, LOG_TAIL_LINES),
-    };
+    let failed = |reason: String| ServerError::start_failed(what.clone(), log, reason);
     let (mut log_out, log_err) = match open_log(log, &what) {
         Ok(files) => files,
         Err(e) => return Attempt::Failed(e),

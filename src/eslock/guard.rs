@@ -11,7 +11,7 @@ use tracing::Instrument;
 use super::record::{LockRecord, LockState};
 use super::{es_error, Inner};
 use crate::backoff::Backoff;
-use crate::es::{DocMeta, EsError, Refresh, WriteCondition};
+use crate::es::{DocMeta, EsError};
 use crate::lock::{Guard, LockError, LockType, LossReason, LossSignal};
 
 /// How often a conflicting write re-reads and retries while the document is still ours.
@@ -129,21 +129,7 @@ impl GuardShared {
             let mut rec = self.record.clone();
             rec.renewed = now;
             rec.expires = now + svc.cfg.ttl_ms();
-            let cond = WriteCondition::IfMatch {
-                seq_no: meta.seq_no,
-                primary_term: meta.primary_term,
-            };
-            match svc
-                .store
-                .index(
-                    &svc.cfg.index,
-                    &rec.monitor,
-                    &rec.to_json(),
-                    cond,
-                    Refresh::No,
-                )
-                .await
-            {
+            match svc.write_lock_at(&rec, meta).await {
                 Ok(new_meta) => {
                     let mut st = self.state.lock().expect("guard state lock");
                     st.meta = new_meta;
@@ -219,27 +205,7 @@ impl GuardShared {
         };
         let svc = &self.svc;
         for _ in 0..MAX_ADOPT {
-            let now = svc.now_ms();
-            let mut rec = self.record.clone();
-            rec.state = LockState::Free;
-            rec.expires = now;
-            rec.renewed = now;
-            rec.released = Some(now);
-            let cond = WriteCondition::IfMatch {
-                seq_no: meta.seq_no,
-                primary_term: meta.primary_term,
-            };
-            match svc
-                .store
-                .index(
-                    &svc.cfg.index,
-                    &rec.monitor,
-                    &rec.to_json(),
-                    cond,
-                    Refresh::No,
-                )
-                .await
-            {
+            match svc.write_lock_at(&svc.freed(&self.record), meta).await {
                 Ok(_) => {
                     return Ok(match lost {
                         Some(reason) => ReleaseOutcome::ReleasedAfterLoss(reason),

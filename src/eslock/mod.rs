@@ -365,31 +365,44 @@ impl Inner {
 
     /// Marks `rec` free if the document is still at `meta`. `Ok(false)` when it changed.
     async fn free_at(&self, rec: &LockRecord, meta: DocMeta) -> Result<bool, EsError> {
+        match self.write_lock_at(&self.freed(rec), meta).await {
+            Ok(_) => Ok(true),
+            Err(EsError::Conflict { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A copy of `rec` marked free (released and expired) now.
+    pub(crate) fn freed(&self, rec: &LockRecord) -> LockRecord {
         let now = self.now_ms();
         let mut free = rec.clone();
         free.state = LockState::Free;
         free.expires = now;
         free.renewed = now;
         free.released = Some(now);
+        free
+    }
+
+    /// Writes `rec` as its lock document if the document is still at `meta`; returns the new
+    /// version.
+    pub(crate) async fn write_lock_at(
+        &self,
+        rec: &LockRecord,
+        meta: DocMeta,
+    ) -> Result<DocMeta, EsError> {
         let cond = WriteCondition::IfMatch {
             seq_no: meta.seq_no,
             primary_term: meta.primary_term,
         };
-        match self
-            .store
+        self.store
             .index(
                 &self.cfg.index,
                 &rec.monitor,
-                &free.to_json(),
+                &rec.to_json(),
                 cond,
                 Refresh::No,
             )
             .await
-        {
-            Ok(_) => Ok(true),
-            Err(EsError::Conflict { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
     }
 
     /// Frees the lock of `monitor` if it is held by `owner` with `token`.

@@ -752,24 +752,7 @@ impl Coordinator {
         let mut txn = self.must_read_txn(id).await?;
         loop {
             txn = match txn.state {
-                TxnState::Created => {
-                    self.transition(
-                        &txn,
-                        TxnState::RolledBack,
-                        Some(&reason),
-                        Step::MarkRolledBack,
-                    )
-                    .await?
-                }
-                TxnState::Pending => {
-                    self.transition(
-                        &txn,
-                        TxnState::Terminating,
-                        Some(&reason),
-                        Step::MarkTerminating,
-                    )
-                    .await?
-                }
+                TxnState::Created | TxnState::Pending => self.start_rollback(&txn, &reason).await?,
                 TxnState::Terminating => return self.drive(txn).await,
                 TxnState::RolledBack => return Ok(txn),
                 TxnState::Committed => {
@@ -812,14 +795,7 @@ impl Coordinator {
             .await?
         {
             info!(txn = %txn.id, %reason, "rolling back a created transaction that fails its checks");
-            return self
-                .transition(
-                    &txn,
-                    TxnState::RolledBack,
-                    Some(&reason.to_string()),
-                    Step::MarkRolledBack,
-                )
-                .await;
+            return self.start_rollback(&txn, &reason.to_string()).await;
         }
         self.transition(&txn, TxnState::Pending, None, Step::MarkPending)
             .await
@@ -838,14 +814,7 @@ impl Coordinator {
                 Applied::StateChanged(t) => return Ok(t),
                 Applied::Reject(t, reason) => {
                     info!(txn = %t.id, %reason, "rolling back a pending transaction an account refuses");
-                    return self
-                        .transition(
-                            &t,
-                            TxnState::Terminating,
-                            Some(&reason.to_string()),
-                            Step::MarkTerminating,
-                        )
-                        .await;
+                    return self.start_rollback(&t, &reason.to_string()).await;
                 }
             };
         }
@@ -871,6 +840,22 @@ impl Coordinator {
             .await?;
         self.transition(&txn, TxnState::RolledBack, None, Step::MarkRolledBack)
             .await
+    }
+
+    /// Starts rolling back a `created` transaction (to `rolled-back`: nothing was applied yet) or a
+    /// `pending` one (to `terminating`, from where the amounts are given back), recording
+    /// `reason`. A transaction in any other state is returned unchanged.
+    async fn start_rollback(
+        &self,
+        txn: &Transaction,
+        reason: &str,
+    ) -> Result<Transaction, TxnError> {
+        let (to, step) = match txn.state {
+            TxnState::Created => (TxnState::RolledBack, Step::MarkRolledBack),
+            TxnState::Pending => (TxnState::Terminating, Step::MarkTerminating),
+            _ => return Ok(txn.clone()),
+        };
+        self.transition(txn, to, Some(reason), step).await
     }
 
     /// Moves the transaction from its state to `to`, conditionally on the version read. When the
@@ -985,24 +970,13 @@ impl Coordinator {
             }
             acct.balance = balance;
             acct.pending.push(txn.id.clone());
-            self.hook(&txn.id, HookPoint::BeforeWrite(step)).await?;
-            match self.write_account(&acct).await {
-                Ok(_) => {
-                    debug!(txn = %txn.id, account, delta, "applied");
-                    self.hook(&txn.id, HookPoint::After(step)).await?;
-                    return Ok(Applied::Done(current));
-                }
-                Err(EsError::Conflict { .. }) => {
-                    conflicts
-                        .record(&txn.id, step, &self.settings.accounts_index, account)
-                        .await?;
-                }
-                Err(e) => {
-                    return Err(store_err(
-                        format!("step {step} of transaction `{}`", txn.id),
-                        e,
-                    ))
-                }
+            if self
+                .write_account_step(&txn.id, step, &acct, &mut conflicts)
+                .await?
+            {
+                debug!(txn = %txn.id, account, delta, "applied");
+                self.hook(&txn.id, HookPoint::After(step)).await?;
+                return Ok(Applied::Done(current));
             }
         }
     }
@@ -1042,21 +1016,38 @@ impl Coordinator {
                     debug!(txn = %txn.id, account, "not applied here; writing the account unchanged to fence stale applies")
                 }
             }
-            self.hook(&txn.id, HookPoint::BeforeWrite(step)).await?;
-            match self.write_account(&acct).await {
-                Ok(_) => return self.hook(&txn.id, HookPoint::After(step)).await,
-                Err(EsError::Conflict { .. }) => {
-                    conflicts
-                        .record(&txn.id, step, &self.settings.accounts_index, account)
-                        .await?;
-                }
-                Err(e) => {
-                    return Err(store_err(
-                        format!("step {step} of transaction `{}`", txn.id),
-                        e,
-                    ))
-                }
+            if self
+                .write_account_step(&txn.id, step, &acct, &mut conflicts)
+                .await?
+            {
+                return self.hook(&txn.id, HookPoint::After(step)).await;
             }
+        }
+    }
+
+    /// Writes `acct` for `step` of transaction `txn_id`, after the step's `BeforeWrite` hook.
+    /// `Ok(true)` once written; `Ok(false)` when the account changed since it was read (the
+    /// conflict is counted in `conflicts`): read it again and retry.
+    async fn write_account_step(
+        &self,
+        txn_id: &str,
+        step: Step,
+        acct: &AccountDoc,
+        conflicts: &mut Conflicts,
+    ) -> Result<bool, TxnError> {
+        self.hook(txn_id, HookPoint::BeforeWrite(step)).await?;
+        match self.write_account(acct).await {
+            Ok(_) => Ok(true),
+            Err(EsError::Conflict { .. }) => {
+                conflicts
+                    .record(txn_id, step, &self.settings.accounts_index, &acct.id)
+                    .await?;
+                Ok(false)
+            }
+            Err(e) => Err(store_err(
+                format!("step {step} of transaction `{txn_id}`"),
+                e,
+            )),
         }
     }
 

@@ -121,16 +121,24 @@ impl fmt::Display for TxnState {
 impl std::str::FromStr for TxnState {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown transaction state `{s}`: expected one of {}",
-                    Self::ALL.map(TxnState::as_str).join(", ")
-                )
-            })
+        parse_name(Self::ALL, Self::as_str, s, "transaction state")
     }
+}
+
+/// The item of `all` whose `name` is `s`; the error names the `what` that was not understood and
+/// every accepted name.
+fn parse_name<T: Copy, const N: usize>(
+    all: [T; N],
+    name: fn(T) -> &'static str,
+    s: &str,
+    what: &str,
+) -> Result<T, String> {
+    all.into_iter().find(|x| name(*x) == s).ok_or_else(|| {
+        format!(
+            "unknown {what} `{s}`: expected one of {}",
+            all.map(name).join(", ")
+        )
+    })
 }
 
 /// One step of the protocol; [`StepHook`]s are called around each of them.
@@ -208,15 +216,7 @@ impl fmt::Display for Step {
 impl std::str::FromStr for Step {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown step `{s}`: expected one of {}",
-                    Self::ALL.map(Step::as_str).join(", ")
-                )
-            })
+        parse_name(Self::ALL, Self::as_str, s, "step")
     }
 }
 
