@@ -1148,45 +1148,36 @@ async fn watch_for_loss(
     loop {
         if verify {
             verify = false;
+            let released = |stop: &mut tokio::sync::oneshot::Receiver<()>| {
+                !matches!(
+                    stop.try_recv(),
+                    Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+                )
+            };
             // Released meanwhile: the deletion seen may be our own release.
-            if !matches!(
-                stop.try_recv(),
-                Err(tokio::sync::oneshot::error::TryRecvError::Empty)
-            ) {
+            if released(&mut stop) {
                 return;
             }
-            match slot.client.get_data(&mutex_path).await {
+            debug!("verifying the mutex after a deletion event");
+            let lost = match slot.client.get_data(&mutex_path).await {
                 Ok((bytes, stat)) => {
-                    debug!("verifying the mutex after a deletion event");
                     let ours = stat.ephemeral_owner == slot.session_id
                         && serde_json::from_slice::<NodeData>(&bytes)
                             .map(|d| d.attempt == attempt)
                             .unwrap_or(false);
-                    if !ours {
-                        if !matches!(
-                            stop.try_recv(),
-                            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
-                        ) {
-                            return;
-                        }
-                        warn!("the mutex node now belongs to someone else: lock lost");
-                        loss.fire(LossReason::MutexDeleted);
-                        return;
-                    }
+                    (!ours).then_some("the mutex node now belongs to someone else: lock lost")
                 }
-                Err(ZkError::NoNode) => {
-                    if !matches!(
-                        stop.try_recv(),
-                        Err(tokio::sync::oneshot::error::TryRecvError::Empty)
-                    ) {
-                        return;
-                    }
-                    warn!("the mutex node was deleted: lock lost");
-                    loss.fire(LossReason::MutexDeleted);
-                    return;
-                }
+                Err(ZkError::NoNode) => Some("the mutex node was deleted: lock lost"),
                 // Connection trouble: health decides.
-                Err(_) => {}
+                Err(_) => None,
+            };
+            if let Some(what) = lost {
+                // Released while reading: not a loss.
+                if !released(&mut stop) {
+                    warn!("{what}");
+                    loss.fire(LossReason::MutexDeleted);
+                }
+                return;
             }
         }
         let state = *health.borrow_and_update();
