@@ -2,7 +2,6 @@
 //!
 //! One server serves the whole file; every test works in indices of its own.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -41,25 +40,6 @@ fn builder(idx: &str, ttl_ms: u64, skew_ms: u64) -> EsLockServiceBuilder {
         .ttl(Duration::from_millis(ttl_ms))
         .clock_skew(Duration::from_millis(skew_ms))
         .timeouts(Duration::from_secs(10), Duration::from_secs(10))
-}
-
-/// Waits until `cond` holds, polling every 10 ms; panics with `what` after `limit`.
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let end = Instant::now() + limit;
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(
-            Instant::now() < end,
-            "timed out after {limit:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 async fn wait_takeable(svc: &EsLockService, monitor: &str) {
@@ -887,3 +867,7 @@ async fn killed_foreground_exec_does_not_block_background_forever() {
     );
     assert_eq!(status.record.state, LockState::Free);
 }
+
+#[path = "common/wait.rs"]
+mod wait;
+use wait::eventually;

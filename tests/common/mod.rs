@@ -1,7 +1,6 @@
 //! Shared helpers of the ZooKeeper-lock integration tests.
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use zkguard::config::{Settings, ZkSettings};
@@ -9,6 +8,8 @@ use zkguard::servers::ZkServer;
 use zkguard::ZkSession;
 
 pub mod proxy;
+mod wait;
+pub use wait::eventually;
 
 /// A standalone ZooKeeper (tickTime 500 ms, so 1 s sessions are allowed).
 pub fn zk_server() -> ZkServer {
@@ -47,25 +48,6 @@ pub async fn session(settings: &ZkSettings) -> ZkSession {
     ZkSession::connect(settings)
         .await
         .expect("connect to ZooKeeper")
-}
-
-/// Waits until `cond` holds, polling; panics with `what` after `limit`.
-pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let end = Instant::now() + limit;
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(
-            Instant::now() < end,
-            "condition not reached within {limit:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Children of a znode (sorted), through a raw client.

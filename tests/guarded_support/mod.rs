@@ -2,9 +2,8 @@
 //! osmem-server processes, settings pointing at them, and a few polling helpers.
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use zkguard::config::Settings;
@@ -94,21 +93,7 @@ pub async fn source(store: &dyn DocStore, index: &str, id: &str) -> Value {
         .source
 }
 
-/// Waits until `cond` holds, polling every 20 ms; panics with `what` after `limit`.
-pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let end = Instant::now() + limit;
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(
-            Instant::now() < end,
-            "condition not reached within {limit:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+#[path = "../common/wait.rs"]
+mod wait;
+#[allow(unused_imports)] // not every test binary waits
+pub use wait::eventually;
