@@ -445,13 +445,7 @@ async fn connect(settings: &Settings, backend: LockBackendKind) -> Result<Client
 /// Fails fast when Elasticsearch cannot be reached (the lease lock itself retries transport
 /// errors until the lock timeout).
 async fn probe_es(settings: &Settings) -> Result<(), BenchError> {
-    let urls = settings
-        .elasticsearch
-        .urls
-        .iter()
-        .map(|u| u.as_str())
-        .collect::<Vec<_>>()
-        .join(",");
+    let urls = crate::config::display_urls(&settings.elasticsearch.urls);
     let store = EsStore::new(&settings.elasticsearch).map_err(|e| BenchError::Setup {
         backend: "Elasticsearch",
         detail: e.to_string(),
@@ -461,6 +455,12 @@ async fn probe_es(settings: &Settings) -> Result<(), BenchError> {
         .await
     {
         Ok(_) => Ok(()),
+        // A transport error carries its own advice; the others get it here, once.
+        Err(e @ crate::es::EsError::Transport { .. }) => Err(BenchError::Unreachable {
+            backend: "Elasticsearch",
+            at: urls,
+            detail: e.to_string(),
+        }),
         Err(e) => Err(BenchError::Unreachable {
             backend: "Elasticsearch",
             at: urls,

@@ -9,10 +9,24 @@
 //! The variable for a key is `ZKGUARD_` followed by the key in upper case with every `.` replaced by
 //! `_`: `zookeeper.session.timeout` is overridden by `ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT`.
 //!
+//! Any other variable starting with `ZKGUARD_` draws a warning (with a "did you mean" hint), except
+//! zkguard's own variables: `ZKGUARD_CONFIG`, the variables `zkguard exec` sets for its command
+//! (`ZKGUARD_FENCING_TOKEN`, `ZKGUARD_MONITOR`, `ZKGUARD_LOCK_TYPE`, `ZKGUARD_LOCK_BACKEND`), the
+//! test kit's (`ZKGUARD_OSMEM_BIN`, `ZKGUARD_KEEP_SERVER_DIRS`) and any `ZKGUARD_TEST_*`. A
+//! variable that names a key but whose value is not UTF-8 is an error.
+//!
 //! # Durations
-//! Duration keys take milliseconds (`5000`), as in the design, or a unit (`5s`, `250ms`, `2m`).
+//! Duration keys take milliseconds (`5000`), as in the design, or a unit (`5s`, `250ms`, `2m`), up
+//! to [`MAX_DURATION`] (7 days).
+//!
+//! # Elasticsearch credentials
+//! `elasticsearch.url` may carry them (`http://user:password@host:9200`): they are then used as
+//! basic authentication, as if given by `elasticsearch.username` and `elasticsearch.password`
+//! (setting both is refused). Messages, logs and `Debug` output show URLs without their
+//! user-info and never show the password.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -175,10 +189,13 @@ impl Default for ZkSettings {
 }
 
 /// Elasticsearch client settings.
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` output shows the URLs without user-info and hides the password.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct EsSettings {
-    /// One or more base URLs.
+    /// One or more base URLs (credentials found in `elasticsearch.url` are moved to
+    /// `username`/`password` when loading).
     pub urls: Vec<url::Url>,
     /// Basic-auth user.
     pub username: Option<String>,
@@ -186,6 +203,17 @@ pub struct EsSettings {
     pub password: Option<String>,
     /// Per-request timeout.
     pub request_timeout: Duration,
+}
+
+impl fmt::Debug for EsSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EsSettings")
+            .field("urls", &display_urls(&self.urls))
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "(hidden)"))
+            .field("request_timeout", &self.request_timeout)
+            .finish()
+    }
 }
 
 /// Background retry and dead-letter settings.
@@ -250,6 +278,8 @@ pub struct Settings {
     pub txn: TxnSettings,
     /// The file the settings were read from, if any.
     pub source: Option<PathBuf>,
+    /// Warnings found while loading (unknown `ZKGUARD_` variables); the CLI prints them.
+    pub warnings: Vec<String>,
 }
 
 impl Default for Settings {
@@ -289,24 +319,267 @@ impl config::FileStoredFormat for PropertiesFormat {
     }
 }
 
+/// The prefix of zkguard's environment variables.
+const ENV_PREFIX: &str = "ZKGUARD_";
+
+/// zkguard's own environment variables that are not configuration keys: the configuration file,
+/// what `zkguard exec` sets for its command (so a zkguard run inside `exec` stays quiet) and the
+/// test kit's. Any `ZKGUARD_TEST_*` variable is the test kit's too.
+pub const OWN_VARIABLES: &[&str] = &[
+    "ZKGUARD_CONFIG",
+    "ZKGUARD_FENCING_TOKEN",
+    "ZKGUARD_MONITOR",
+    "ZKGUARD_LOCK_TYPE",
+    "ZKGUARD_LOCK_BACKEND",
+    "ZKGUARD_OSMEM_BIN",
+    "ZKGUARD_KEEP_SERVER_DIRS",
+];
+
+fn is_own_variable(name: &str) -> bool {
+    OWN_VARIABLES.contains(&name) || name.starts_with("ZKGUARD_TEST_")
+}
+
 /// The environment variable that overrides `key`.
 pub fn env_var_for(key: &str) -> String {
     format!(
-        "ZKGUARD_{}",
+        "{ENV_PREFIX}{}",
         key.to_ascii_uppercase().replace(['.', '-'], "_")
     )
 }
 
+/// The longest duration any duration setting or option accepts: 7 days.
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Parses a duration like [`parse_duration`] and checks it against [`MAX_DURATION`]; the error
+/// says which (for command-line options and configuration keys alike).
+///
+/// # Errors
+/// A one-line reason when `text` is not a duration or is longer than [`MAX_DURATION`].
+pub fn parse_bounded_duration(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text).ok_or_else(|| {
+        format!(
+            "`{}` is not a duration: use milliseconds (500) or a unit (500ms, 2s)",
+            text.trim()
+        )
+    })?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "`{}` is longer than the maximum of 7d ({} ms)",
+            text.trim(),
+            MAX_DURATION.as_millis()
+        ));
+    }
+    Ok(d)
+}
+
+/// Reads a configuration file, saying precisely why it cannot be read (missing, a directory,
+/// not readable by this user, not UTF-8).
+fn read_config_file(path: &Path) -> Result<String, ConfigError> {
+    use std::io::{ErrorKind, Read};
+    let fail = |reason: String| ConfigError::File {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let io_reason = |e: &std::io::Error| {
+        match e.kind() {
+        ErrorKind::NotFound => {
+            "no such file; pass --config with an existing .properties file".to_string()
+        }
+        ErrorKind::PermissionDenied => {
+            "permission denied: this user may not read it; fix its permissions or run as a user who can"
+                .to_string()
+        }
+        ErrorKind::IsADirectory => {
+            "it is a directory; pass --config the .properties file inside it".to_string()
+        }
+        ErrorKind::InvalidData => "it is not UTF-8 text; save it as UTF-8".to_string(),
+        _ => e.to_string(),
+    }
+    };
+    let mut file = std::fs::File::open(path).map_err(|e| fail(io_reason(&e)))?;
+    // Opening a directory for reading succeeds on Unix; reading it fails with EISDIR, but ask
+    // first so the message does not depend on the platform.
+    if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+        return Err(fail(
+            "it is a directory; pass --config the .properties file inside it".into(),
+        ));
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text)
+        .map_err(|e| fail(io_reason(&e)))?;
+    Ok(text)
+}
+
+/// A URL (or a list of them, or text that does not parse as one) without user-info: what
+/// messages, logs and `Debug` output show of `elasticsearch.url`.
+pub fn redact_urls(text: &str) -> String {
+    text.split(',')
+        .map(|part| {
+            let Some(scheme_end) = part.find("://") else {
+                return part.to_string();
+            };
+            let rest = &part[scheme_end + 3..];
+            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            match rest[..authority_end].rfind('@') {
+                Some(at) => format!("{}{}", &part[..scheme_end + 3], &rest[at + 1..]),
+                None => part.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Parsed URLs shown without user-info, comma-separated and without trailing slashes.
+pub fn display_urls(urls: &[url::Url]) -> String {
+    urls.iter()
+        .map(|u| {
+            let mut u = u.clone();
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.as_str().trim_end_matches('/').to_string()
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Takes the user-info out of `urls` and returns the basic-auth credentials to use: those of
+/// `username`/`password` or those embedded in the URLs (the same in every URL that has some).
+///
+/// # Errors
+/// A one-line reason when the URLs carry different credentials, or when both the URLs and
+/// `username`/`password` give them.
+pub fn split_url_credentials(
+    urls: &mut [url::Url],
+    username: Option<&str>,
+    password: Option<&str>,
+) -> Result<Option<(String, String)>, String> {
+    let mut embedded: Option<(String, String)> = None;
+    for u in urls.iter_mut() {
+        if u.username().is_empty() && u.password().is_none() {
+            continue;
+        }
+        let found = (
+            percent_decode(u.username()),
+            u.password().map(percent_decode).unwrap_or_default(),
+        );
+        match &embedded {
+            Some(first) if *first != found => {
+                return Err(
+                    "the URLs carry different credentials; give them once, with elasticsearch.username and elasticsearch.password"
+                        .into(),
+                )
+            }
+            _ => embedded = Some(found),
+        }
+        let _ = u.set_username("");
+        let _ = u.set_password(None);
+    }
+    let configured = username.is_some() || password.is_some();
+    match embedded {
+        Some(_) if configured => Err(
+            "credentials are given both in the URL and by elasticsearch.username/elasticsearch.password; remove `user:password@` from the URL or unset the two keys"
+                .into(),
+        ),
+        Some(creds) => Ok(Some(creds)),
+        None => Ok(username.map(|u| (u.to_string(), password.unwrap_or_default().to_string()))),
+    }
+}
+
+/// Percent-decodes the user name or password of a URL.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied(),
+            bytes.get(i + 2).copied(),
+        ) {
+            (b'%', Some(h), Some(l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A value as messages show it: URLs without user-info, passwords not at all.
+fn shown_value(key: &str, value: &str) -> String {
+    match key {
+        "elasticsearch.url" => redact_urls(value),
+        "elasticsearch.password" => "(hidden)".into(),
+        _ => value.to_string(),
+    }
+}
+
 impl Settings {
-    /// Loads the defaults, then `path` (if given), then the environment overrides.
+    /// Loads the defaults, then `path` (if given), then the environment overrides read from the
+    /// process environment (see [`Settings::load_with_vars`]).
     ///
     /// # Errors
     /// [`ConfigError`] naming the key, the value and the file or variable it came from.
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
-        Self::load_with_env(path, |name| std::env::var(name).ok())
+        Self::load_with_vars(path, std::env::vars_os())
     }
 
-    /// Like [`Settings::load`], reading overrides through `env` (for tests and embedding).
+    /// Like [`Settings::load`], reading overrides from `vars` (name and value pairs, as
+    /// [`std::env::vars_os`] gives them).
+    ///
+    /// A `ZKGUARD_` variable that names no key and is not one of zkguard's own variables adds a
+    /// warning with a "did you mean" hint to [`Settings::warnings`], for the caller to show (the
+    /// `zkguard` command prints them on stderr).
+    ///
+    /// # Errors
+    /// As [`Settings::load`]; also [`ConfigError::InvalidValue`] when the value of a variable that
+    /// names a key is not UTF-8.
+    pub fn load_with_vars(
+        path: Option<&Path>,
+        vars: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Result<Self, ConfigError> {
+        let key_vars: HashMap<String, &str> =
+            KEYS.iter().map(|(k, _, _)| (env_var_for(k), *k)).collect();
+        let mut values = HashMap::new();
+        let mut warnings = Vec::new();
+        for (name, value) in vars {
+            let Some(name) = name.to_str() else { continue };
+            if !name.starts_with(ENV_PREFIX) {
+                continue;
+            }
+            if let Some(key) = key_vars.get(name) {
+                match value.into_string() {
+                    Ok(v) => {
+                        values.insert(name.to_string(), v);
+                    }
+                    Err(raw) => {
+                        return Err(ConfigError::InvalidValue {
+                            key: key.to_string(),
+                            value: shown_value(key, &raw.to_string_lossy()),
+                            origin: format!("environment variable {name}"),
+                            expected: "UTF-8 text (the value has bytes that are not UTF-8)".into(),
+                        });
+                    }
+                }
+            } else if !is_own_variable(name) {
+                warnings.push(format!(
+                    "environment variable {name} is not a zkguard setting and is ignored{}",
+                    did_you_mean_var(name)
+                ));
+            }
+        }
+        let mut settings = Self::load_with_env(path, |name| values.get(name).cloned())?;
+        settings.warnings = warnings;
+        Ok(settings)
+    }
+
+    /// Like [`Settings::load`], reading overrides through `env` (for tests and embedding). It
+    /// looks up the variable of each key only, so it cannot warn about unknown variables.
     ///
     /// # Errors
     /// See [`Settings::load`].
@@ -319,13 +592,8 @@ impl Settings {
             .map(|(k, v, _)| (k.to_string(), (v.to_string(), "defaults".to_string())))
             .collect();
         if let Some(path) = path {
-            if !path.is_file() {
-                return Err(ConfigError::File {
-                    path: path.to_path_buf(),
-                    reason: "no such file (pass --config with an existing .properties file)".into(),
-                });
-            }
-            let file = config::File::new(&path.to_string_lossy(), PropertiesFormat).required(true);
+            let text = read_config_file(path)?;
+            let file = config::File::from_str(&text, PropertiesFormat);
             let cfg =
                 Config::builder()
                     .add_source(file)
@@ -381,7 +649,7 @@ impl Settings {
     ) -> Result<Self, ConfigError> {
         let r = Reader { raw };
         let zookeeper = ZkSettings {
-            servers: r.non_empty("zookeeper.servers")?,
+            servers: r.zk_servers("zookeeper.servers")?,
             session_timeout: r
                 .duration_min("zookeeper.session.timeout", Duration::from_millis(1))?,
             connection_retry: r.int::<u32>("zookeeper.connection.retry", 1)?,
@@ -394,6 +662,17 @@ impl Settings {
             background_max_wait: r.optional_duration("zookeeper.background.max.wait")?,
             loss_grace: r.optional_duration("zookeeper.lock.loss.grace")?,
         };
+        if let Some(grace) = zookeeper.loss_grace {
+            if grace >= zookeeper.session_timeout {
+                return Err(r.err(
+                    "zookeeper.lock.loss.grace",
+                    format!(
+                        "less than zookeeper.session.timeout ({}ms): by then the server may have expired the session and given the lock to another holder; use 0 for a quarter of the session timeout",
+                        zookeeper.session_timeout.as_millis()
+                    ),
+                ));
+            }
+        }
         if zookeeper.foreground_prefix == zookeeper.background_prefix {
             let (v, origin) = &raw["zookeeper.background.lock.prefix"];
             return Err(ConfigError::InvalidValue {
@@ -403,10 +682,21 @@ impl Settings {
                 expected: "a prefix different from zookeeper.foreground.lock.prefix".into(),
             });
         }
+        let mut urls = r.urls("elasticsearch.url")?;
+        let credentials = split_url_credentials(
+            &mut urls,
+            r.optional_string("elasticsearch.username").as_deref(),
+            r.optional_string("elasticsearch.password").as_deref(),
+        )
+        .map_err(|reason| r.err("elasticsearch.url", reason))?;
+        let (username, password) = match credentials {
+            Some((user, password)) => (Some(user), (!password.is_empty()).then_some(password)),
+            None => (None, r.optional_string("elasticsearch.password")),
+        };
         let elasticsearch = EsSettings {
-            urls: r.urls("elasticsearch.url")?,
-            username: r.optional_string("elasticsearch.username"),
-            password: r.optional_string("elasticsearch.password"),
+            urls,
+            username,
+            password,
             request_timeout: r
                 .duration_min("elasticsearch.request.timeout", Duration::from_millis(1))?,
         };
@@ -453,6 +743,7 @@ impl Settings {
             es_lock,
             txn,
             source: None,
+            warnings: Vec::new(),
         })
     }
 }
@@ -474,7 +765,7 @@ impl Reader<'_> {
         let (value, origin) = self.get(key);
         ConfigError::InvalidValue {
             key: key.to_string(),
-            value: value.to_string(),
+            value: shown_value(key, value),
             origin: origin.to_string(),
             expected: expected.to_string(),
         }
@@ -507,12 +798,19 @@ impl Reader<'_> {
 
     fn duration(&self, key: &str) -> Result<Duration, ConfigError> {
         let (v, _) = self.get(key);
-        parse_duration(v).ok_or_else(|| {
+        let d = parse_duration(v).ok_or_else(|| {
             self.err(
                 key,
                 "a duration in milliseconds (e.g. 2000) or with a unit (e.g. 2s)",
             )
-        })
+        })?;
+        if d > MAX_DURATION {
+            return Err(self.err(
+                key,
+                format!("a duration of at most 7d ({} ms)", MAX_DURATION.as_millis()),
+            ));
+        }
+        Ok(d)
     }
 
     fn duration_min(&self, key: &str, min: Duration) -> Result<Duration, ConfigError> {
@@ -552,6 +850,18 @@ impl Reader<'_> {
             return Err(self.err(key, "1 to 32 ASCII letters, digits or underscores (e.g. A)"));
         }
         Ok(v.to_string())
+    }
+
+    fn zk_servers(&self, key: &str) -> Result<String, ConfigError> {
+        let (v, _) = self.get(key);
+        check_zk_servers(v).map_err(|reason| {
+            self.err(
+                key,
+                format!(
+                    "{reason}; write host:port[,host:port...][/chroot], e.g. zk1:2181,zk2:2181/app"
+                ),
+            )
+        })
     }
 
     fn zk_root(&self, key: &str) -> Result<String, ConfigError> {
@@ -605,6 +915,137 @@ impl Reader<'_> {
     }
 }
 
+/// Checks a ZooKeeper connect string (`host:port,...[/chroot]`, as the client parses it) and
+/// returns it with blanks around the commas removed.
+///
+/// # Errors
+/// What is wrong with it, in a few words.
+pub fn check_zk_servers(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("it is empty".into());
+    }
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    let mut entries = Vec::new();
+    let mut chroot = None;
+    for (i, part) in parts.iter().enumerate() {
+        if part.is_empty() {
+            return Err("it has an empty entry (a stray comma?)".into());
+        }
+        let (scheme, address) = match part.strip_prefix("tcp://") {
+            Some(a) => ("tcp://", a),
+            None if part.contains("://") => {
+                return Err(format!(
+                    "`{part}` has a scheme zkguard cannot use (only tcp://, or none)"
+                ))
+            }
+            None => ("", *part),
+        };
+        let address = match address.find('/') {
+            Some(at) if i + 1 == parts.len() => {
+                chroot = Some(&address[at..]);
+                &address[..at]
+            }
+            Some(_) => {
+                return Err(format!(
+                    "`{part}` has a `/`: the chroot goes after the last host only"
+                ))
+            }
+            None => address,
+        };
+        let (host, port) = if let Some(rest) = address.strip_prefix('[') {
+            let Some((host, after)) = rest.split_once(']') else {
+                return Err(format!("`{part}` opens `[` without closing it"));
+            };
+            match after.strip_prefix(':') {
+                Some(p) => (host, Some(p)),
+                None if after.is_empty() => (host, None),
+                None => return Err(format!("`{part}` has text after `]` that is not `:port`")),
+            }
+        } else {
+            match address.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (address, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(format!("`{part}` has an empty host"));
+        }
+        if host.chars().any(char::is_whitespace) {
+            return Err(format!("`{part}` has a blank inside the host"));
+        }
+        if let Some(port) = port {
+            match port.parse::<u16>() {
+                Ok(p) if p > 0 => {}
+                _ => {
+                    return Err(format!(
+                        "`{part}` has the port `{port}`, which is not a number from 1 to 65535"
+                    ))
+                }
+            }
+        }
+        entries.push(format!("{scheme}{address}"));
+    }
+    if let Some(chroot) = chroot {
+        check_chroot(chroot)?;
+    }
+    Ok(format!("{}{}", entries.join(","), chroot.unwrap_or("")))
+}
+
+/// Splits a connect string into its hosts and its chroot (after the last host), if any.
+pub fn split_zk_chroot(servers: &str) -> (&str, Option<&str>) {
+    let last_start = servers.rfind(',').map_or(0, |i| i + 1);
+    let last = &servers[last_start..];
+    let skip = if last.trim_start().starts_with("tcp://") {
+        last.find("tcp://").map_or(0, |i| i + "tcp://".len())
+    } else {
+        0
+    };
+    match last[skip..].find('/') {
+        Some(i) => {
+            let at = last_start + skip + i;
+            (&servers[..at], Some(&servers[at..]))
+        }
+        None => (servers, None),
+    }
+}
+
+/// Checks a chroot as ZooKeeper does for any node path.
+fn check_chroot(chroot: &str) -> Result<(), String> {
+    if chroot == "/" {
+        return Ok(());
+    }
+    let bad = |why: &str| Err(format!("the chroot `{chroot}` {why}"));
+    if chroot.ends_with('/') {
+        return bad("ends with `/`");
+    }
+    for segment in chroot[1..].split('/') {
+        if segment.is_empty() {
+            return bad("has an empty segment (`//`)");
+        }
+        if segment == "." || segment == ".." {
+            return bad("has a `.` or `..` segment");
+        }
+        if let Some(c) = segment.chars().find(|c| !znode_char(*c)) {
+            return Err(format!(
+                "the chroot `{chroot}` contains the character U+{:04X}, which ZooKeeper does not allow in paths",
+                c as u32
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether ZooKeeper accepts `c` in a node name: not a control character, not in U+D800–U+F8FF
+/// or U+FFF0–U+FFFF, and inside the Basic Multilingual Plane (the server sees a character beyond
+/// it as two surrogates, which it refuses).
+pub(crate) fn znode_char(c: char) -> bool {
+    !(c.is_control()
+        || ('\u{e000}'..='\u{f8ff}').contains(&c)
+        || ('\u{fff0}'..='\u{ffff}').contains(&c)
+        || c > '\u{ffff}')
+}
+
 /// `config` nests dotted keys into tables; zkguard's keys are flat property names again.
 fn flatten(prefix: String, table: Map<String, Value>, out: &mut Vec<(String, Value)>) {
     for (k, v) in table {
@@ -627,6 +1068,21 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         return Some(Duration::from_millis(ms));
     }
     humantime::parse_duration(t).ok()
+}
+
+/// The "did you mean" hint of an unknown `ZKGUARD_` variable: the closest key's variable.
+fn did_you_mean_var(name: &str) -> String {
+    let best = KEYS
+        .iter()
+        .map(|(k, _, _)| env_var_for(k))
+        .chain(OWN_VARIABLES.iter().map(|v| v.to_string()))
+        .map(|v| (strsim(name, &v), v))
+        .min_by_key(|(d, _)| *d)
+        .filter(|(d, _)| *d <= 4);
+    match best {
+        Some((_, v)) => format!(" (did you mean {v}?)"),
+        None => String::new(),
+    }
 }
 
 fn did_you_mean(key: &str) -> String {
@@ -747,6 +1203,216 @@ mod tests {
             err.contains("different from zookeeper.foreground.lock.prefix"),
             "{err}"
         );
+    }
+
+    fn load_env(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        Settings::load_with_vars(
+            None,
+            vars.iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        )
+    }
+
+    #[test]
+    fn durations_are_capped_at_seven_days() {
+        let f = write("zookeeper.foreground.task.timeout=99999999999d\n");
+        let err = Settings::load_with_env(Some(f.path()), |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("zookeeper.foreground.task.timeout"), "{err}");
+        assert!(err.contains("at most 7d"), "{err}");
+        let err = load_env(&[("ZKGUARD_TXN_RECOVERY_AFTER", "18446744073709551615")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at most 7d"), "{err}");
+        let s = load_env(&[("ZKGUARD_ZOOKEEPER_FOREGROUND_TASK_TIMEOUT", "7d")]).unwrap();
+        assert_eq!(s.zookeeper.foreground_timeout, MAX_DURATION);
+        assert!(
+            parse_bounded_duration("0").unwrap().is_zero(),
+            "0 stays valid"
+        );
+        let e = parse_bounded_duration("99999999999d").unwrap_err();
+        assert!(e.contains("maximum of 7d"), "{e}");
+        let e = parse_bounded_duration("soon").unwrap_err();
+        assert!(e.contains("not a duration"), "{e}");
+    }
+
+    #[test]
+    fn zookeeper_servers_are_checked_at_load() {
+        for (bad, needle) in [
+            ("host:notaport", "`notaport`"),
+            ("host:99999", "`99999`"),
+            ("host:0", "`0`"),
+            (":2181", "empty host"),
+            ("h1:2181,", "empty entry"),
+            ("h1:2181,,h2:2181", "empty entry"),
+            ("h1:2181/app/", "ends with `/`"),
+            ("h1:2181/app//x", "empty segment"),
+            ("h1:2181/app/../x", "`..`"),
+            ("h1/app,h2:2181", "after the last host"),
+            ("http://h1:2181", "scheme"),
+            ("[::1:2181", "without closing"),
+        ] {
+            let err = load_env(&[("ZKGUARD_ZOOKEEPER_SERVERS", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("zookeeper.servers"), "{bad}: {err}");
+            assert!(err.contains(needle), "{bad}: {err}");
+        }
+        for (good, stored) in [
+            ("localhost:2181", "localhost:2181"),
+            ("h1:1, h2:2", "h1:1,h2:2"),
+            ("h1", "h1"),
+            (
+                "[::1]:2181,tcp://h2:2182/app/x",
+                "[::1]:2181,tcp://h2:2182/app/x",
+            ),
+            ("h1:2181/", "h1:2181/"),
+        ] {
+            let s = load_env(&[("ZKGUARD_ZOOKEEPER_SERVERS", good)]).unwrap();
+            assert_eq!(s.zookeeper.servers, stored);
+        }
+        assert_eq!(
+            split_zk_chroot("h1:1,tcp://h2:2/app"),
+            ("h1:1,tcp://h2:2", Some("/app"))
+        );
+        assert_eq!(split_zk_chroot("tcp://h2:2"), ("tcp://h2:2", None));
+    }
+
+    #[test]
+    fn loss_grace_must_be_shorter_than_the_session_timeout() {
+        let err = load_env(&[
+            ("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "4000"),
+            ("ZKGUARD_ZOOKEEPER_LOCK_LOSS_GRACE", "4s"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("zookeeper.lock.loss.grace"), "{err}");
+        assert!(
+            err.contains("less than zookeeper.session.timeout (4000ms)"),
+            "{err}"
+        );
+        let s = load_env(&[
+            ("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "4000"),
+            ("ZKGUARD_ZOOKEEPER_LOCK_LOSS_GRACE", "3999"),
+        ])
+        .unwrap();
+        assert_eq!(s.zookeeper.loss_grace, Some(Duration::from_millis(3999)));
+    }
+
+    #[test]
+    fn unknown_zkguard_variables_warn_and_own_ones_do_not() {
+        let s = load_env(&[
+            ("ZKGUARD_ZOOKEEPER_SESION_TIMEOUT", "3000"),
+            ("ZKGUARD_CONFIG", "x"),
+            ("ZKGUARD_FENCING_TOKEN", "7"),
+            ("ZKGUARD_MONITOR", "m"),
+            ("ZKGUARD_LOCK_TYPE", "foreground"),
+            ("ZKGUARD_LOCK_BACKEND", "zookeeper"),
+            ("ZKGUARD_OSMEM_BIN", "/x"),
+            ("ZKGUARD_KEEP_SERVER_DIRS", "1"),
+            ("ZKGUARD_TEST_HOOK", "1"),
+            ("OTHER_ZKGUARD_THING", "1"),
+        ])
+        .unwrap();
+        assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
+        assert!(
+            s.warnings[0].contains("ZKGUARD_ZOOKEEPER_SESION_TIMEOUT")
+                && s.warnings[0].contains("did you mean ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT"),
+            "{:?}",
+            s.warnings
+        );
+        assert_eq!(s.zookeeper.session_timeout, Duration::from_millis(5000));
+    }
+
+    #[test]
+    fn a_non_utf8_value_of_a_key_variable_is_refused() {
+        use std::os::unix::ffi::OsStringExt;
+        let err = Settings::load_with_vars(
+            None,
+            [(
+                OsString::from("ZKGUARD_ZOOKEEPER_SERVERS"),
+                OsString::from_vec(b"h1:\xff2181".to_vec()),
+            )],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("ZKGUARD_ZOOKEEPER_SERVERS"), "{err}");
+        assert!(err.contains("UTF-8"), "{err}");
+    }
+
+    #[test]
+    fn url_credentials_become_basic_auth_and_are_never_shown() {
+        let err = load_env(&[(
+            "ZKGUARD_ELASTICSEARCH_URL",
+            "http://elastic:PASSWORD@127.0.0.1:notaport",
+        )])
+        .unwrap_err();
+        assert!(!err.to_string().contains("PASSWORD"), "{err}");
+        assert!(!format!("{err:?}").contains("PASSWORD"), "{err:?}");
+        assert!(
+            err.to_string().contains("http://127.0.0.1:notaport"),
+            "{err}"
+        );
+
+        let s = load_env(&[(
+            "ZKGUARD_ELASTICSEARCH_URL",
+            "http://elastic:p%40ss@es1:9200,http://elastic:p%40ss@es2:9200",
+        )])
+        .unwrap();
+        assert_eq!(s.elasticsearch.username.as_deref(), Some("elastic"));
+        assert_eq!(s.elasticsearch.password.as_deref(), Some("p@ss"));
+        assert_eq!(
+            display_urls(&s.elasticsearch.urls),
+            "http://es1:9200,http://es2:9200"
+        );
+        assert!(s.elasticsearch.urls.iter().all(|u| u.username().is_empty()));
+        let debug = format!("{s:?}");
+        assert!(
+            !debug.contains("p@ss") && !debug.contains("p%40ss"),
+            "{debug}"
+        );
+
+        for vars in [
+            vec![
+                (
+                    "ZKGUARD_ELASTICSEARCH_URL",
+                    "http://elastic:secret@es1:9200",
+                ),
+                ("ZKGUARD_ELASTICSEARCH_USERNAME", "other"),
+            ],
+            vec![(
+                "ZKGUARD_ELASTICSEARCH_URL",
+                "http://a:secret@es1:9200,http://b:secret@es2:9200",
+            )],
+        ] {
+            let err = load_env(&vars).unwrap_err().to_string();
+            assert!(err.contains("elasticsearch.url"), "{err}");
+            assert!(!err.contains("secret"), "{err}");
+        }
+        let s = load_env(&[
+            ("ZKGUARD_ELASTICSEARCH_USERNAME", "u"),
+            ("ZKGUARD_ELASTICSEARCH_PASSWORD", "secret"),
+        ])
+        .unwrap();
+        assert!(!format!("{s:?}").contains("secret"));
+        assert_eq!(
+            redact_urls("https://u:p@h:1/x?y=@z,http://h2"),
+            "https://h:1/x?y=@z,http://h2"
+        );
+    }
+
+    #[test]
+    fn config_path_errors_say_what_is_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Settings::load_with_env(Some(dir.path()), |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is a directory"), "{err}");
+        let err = Settings::load_with_env(Some(&dir.path().join("missing.properties")), |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no such file"), "{err}");
     }
 
     #[test]

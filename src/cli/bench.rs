@@ -150,7 +150,8 @@ fn parse_es_urls(text: &str) -> Result<Vec<url::Url>, CliError> {
             Ok(u) if u.scheme() == "http" || u.scheme() == "https" => urls.push(u),
             _ => {
                 return Err(CliError::usage(format!(
-                    "--es `{part}` is not an http:// or https:// URL (e.g. http://localhost:9200)"
+                    "--es `{}` is not an http:// or https:// URL (e.g. http://localhost:9200)",
+                    zkguard::config::redact_urls(part)
                 )))
             }
         }
@@ -318,13 +319,9 @@ async fn measure(
 fn endpoint(settings: &Settings, backend: LockBackendKind) -> String {
     match backend {
         LockBackendKind::ZooKeeper => settings.zookeeper.servers.clone(),
-        LockBackendKind::Elasticsearch => settings
-            .elasticsearch
-            .urls
-            .iter()
-            .map(|u| u.as_str().trim_end_matches('/'))
-            .collect::<Vec<_>>()
-            .join(","),
+        LockBackendKind::Elasticsearch => {
+            zkguard::config::display_urls(&settings.elasticsearch.urls)
+        }
     }
 }
 

@@ -86,9 +86,7 @@ pub struct DemoArgs {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    zkguard::config::parse_duration(s).ok_or_else(|| {
-        format!("`{s}` is not a duration: use milliseconds (300) or a unit (300ms, 1s)")
-    })
+    zkguard::config::parse_bounded_duration(s)
 }
 
 impl DemoArgs {

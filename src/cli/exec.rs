@@ -7,7 +7,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::Command;
 use tokio::signal::unix::{signal, SignalKind};
-use zkguard::config::{parse_duration, Settings};
+use zkguard::config::Settings;
 use zkguard::{LockRequest, LockType};
 
 use super::{CliError, EX_SOFTWARE, EX_UNAVAILABLE, EX_USAGE};
@@ -40,11 +40,10 @@ pub struct ExecArgs {
     pub command: Vec<String>,
 }
 
-/// Parses a CLI duration: milliseconds or a humantime string.
+/// Parses a CLI duration: milliseconds or a humantime string, at most
+/// [`zkguard::config::MAX_DURATION`].
 pub fn parse_cli_duration(s: &str) -> Result<Duration, String> {
-    parse_duration(s).ok_or_else(|| {
-        format!("`{s}` is not a duration: use milliseconds (500) or a unit (500ms, 2s)")
-    })
+    zkguard::config::parse_bounded_duration(s)
 }
 
 /// Runs `zkguard exec`.

@@ -57,6 +57,7 @@ impl From<LockError> for CliError {
         let code = match &e {
             LockError::Timeout { .. } => EX_TEMPFAIL,
             LockError::InvalidMonitor { .. } => EX_USAGE,
+            LockError::MissingChroot { .. } => EX_CONFIG,
             _ => EX_UNAVAILABLE,
         };
         Self::new(code, e)
@@ -88,9 +89,13 @@ pub fn init_tracing(verbose: u8, quiet: bool) {
         .try_init();
 }
 
-/// Loads the configuration named by `--config`.
+/// Loads the configuration named by `--config`; prints its warnings on stderr.
 pub fn settings(cli: &Cli) -> Result<Settings, CliError> {
-    Ok(Settings::load(cli.config.as_deref())?)
+    let settings = Settings::load(cli.config.as_deref())?;
+    for w in &settings.warnings {
+        eprintln!("zkguard: warning: {w}");
+    }
+    Ok(settings)
 }
 
 /// Connects the lock service selected by `lock.backend`.

@@ -150,9 +150,12 @@ fn parse_accounts(text: &str) -> Result<Vec<(String, i64)>, String> {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    zkguard::config::parse_duration(text)
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| format!("`{text}` is not a positive duration; write e.g. 5s or 500ms"))
+    match zkguard::config::parse_bounded_duration(text) {
+        Ok(d) if d.is_zero() => Err(format!(
+            "`{text}` is not a positive duration; write e.g. 5s or 500ms"
+        )),
+        other => other,
+    }
 }
 
 /// The exit status for a transaction error.

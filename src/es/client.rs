@@ -67,16 +67,18 @@ impl fmt::Debug for EsStore {
 
 impl EsStore {
     /// Connects to the cluster named by `elasticsearch.url` (one or several comma-separated URLs),
-    /// with basic authentication when `elasticsearch.username` is set (credentials embedded in a URL
-    /// as `http://user:pass@host:9200` are used when no user name is configured) and
-    /// `elasticsearch.request.timeout` as the per-request timeout.
+    /// with basic authentication when `elasticsearch.username` is set or the URLs embed credentials
+    /// as `http://user:pass@host:9200` (not both: see [`crate::config::split_url_credentials`]),
+    /// and `elasticsearch.request.timeout` as the per-request timeout. URLs are never shown with
+    /// their credentials.
     ///
     /// No request is sent: an unreachable cluster shows up as [`EsError::Transport`] on the first
     /// call.
     ///
     /// # Errors
     /// [`EsError::Transport`] when no URL is configured or the HTTP client cannot be built (for
-    /// example, the TLS backend cannot be initialised).
+    /// example, the TLS backend cannot be initialised); [`EsError::BadRequest`] (status 0) when
+    /// credentials are given both in the URLs and by the settings, or differ between URLs.
     pub fn new(settings: &EsSettings) -> Result<Self, EsError> {
         if settings.urls.is_empty() {
             return Err(EsError::Transport {
@@ -85,44 +87,24 @@ impl EsStore {
                     .into(),
             });
         }
-        let mut embedded: Option<Credentials> = None;
-        let urls: Vec<Url> = settings
-            .urls
-            .iter()
-            .map(|u| {
-                let mut u = u.clone();
-                if !u.username().is_empty() {
-                    if embedded.is_none() {
-                        embedded = Some(Credentials::Basic(
-                            decode(u.username()),
-                            u.password().map(decode).unwrap_or_default(),
-                        ));
-                    }
-                    let _ = u.set_username("");
-                    let _ = u.set_password(None);
-                }
-                u
-            })
-            .collect();
-        let shown = urls
-            .iter()
-            .map(|u| u.as_str().trim_end_matches('/'))
-            .collect::<Vec<_>>()
-            .join(",");
+        let mut urls = settings.urls.clone();
+        let credentials = crate::config::split_url_credentials(
+            &mut urls,
+            settings.username.as_deref(),
+            settings.password.as_deref(),
+        )
+        .map_err(|reason| EsError::BadRequest {
+            status: 0,
+            reason: format!("elasticsearch.url: {reason}"),
+        })?;
+        let shown = crate::config::display_urls(&urls);
         let builder = if urls.len() == 1 {
             TransportBuilder::new(SingleNodeConnectionPool::new(urls[0].clone()))
         } else {
             TransportBuilder::new(MultiNodeConnectionPool::round_robin(urls.clone(), None))
         };
-        let credentials = match &settings.username {
-            Some(user) => Some(Credentials::Basic(
-                user.clone(),
-                settings.password.clone().unwrap_or_default(),
-            )),
-            None => embedded,
-        };
         let builder = match credentials {
-            Some(c) => builder.auth(c),
+            Some((user, password)) => builder.auth(Credentials::Basic(user, password)),
             None => builder,
         };
         let transport = builder
@@ -156,7 +138,8 @@ impl EsStore {
                 Url::parse(s).map_err(|e| EsError::BadRequest {
                     status: 0,
                     reason: format!(
-                        "invalid Elasticsearch URL `{s}`: {e}; use e.g. http://localhost:9200"
+                        "invalid Elasticsearch URL `{}`: {e}; use e.g. http://localhost:9200",
+                        crate::config::redact_urls(s)
                     ),
                 })
             })
@@ -208,14 +191,6 @@ impl EsStore {
             reason,
         }
     }
-}
-
-/// Percent-decodes the user name or password of a URL.
-fn decode(s: &str) -> String {
-    url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_else(|| s.to_string())
 }
 
 /// Whether the request failed before anything was sent (connection refused or reset while
@@ -786,7 +761,25 @@ mod tests {
     }
 
     #[test]
-    fn url_credentials_are_decoded() {
-        assert_eq!(decode("p%40ss+word"), "p@ss+word");
+    fn url_credentials_are_decoded_and_never_shown() {
+        let mut settings = crate::config::Settings::default().elasticsearch;
+        settings.urls = vec!["http://elastic:p%40ss+word@127.0.0.1:9200".parse().unwrap()];
+        let store = EsStore::new(&settings).unwrap();
+        assert_eq!(store.urls(), "http://127.0.0.1:9200");
+        assert!(!format!("{store:?}").contains("p%40ss"));
+        let mut urls = settings.urls.clone();
+        assert_eq!(
+            crate::config::split_url_credentials(&mut urls, None, None).unwrap(),
+            Some(("elastic".to_string(), "p@ss+word".to_string()))
+        );
+        // Both in the URL and by the keys: refused, consistently with the configuration.
+        settings.username = Some("other".into());
+        let e = EsStore::new(&settings).unwrap_err().to_string();
+        assert!(e.contains("both in the URL"), "{e}");
+        assert!(!e.contains("p%40ss"), "{e}");
+        let e = EsStore::from_url("http://elastic:secret@127.0.0.1:notaport")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("secret"), "{e}");
     }
 }

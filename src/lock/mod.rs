@@ -107,12 +107,21 @@ pub enum LockError {
         context: String,
     },
     /// The design's `ConnectionLossException`: the service could not be reached.
-    #[error("lost the connection to the lock service{}: {detail}; check that it is running and reachable", ctx(.context))]
+    #[error("no connection to the lock service{}: {detail}", ctx(.context))]
     ConnectionLoss {
         /// What was being done.
         context: String,
-        /// Underlying error.
+        /// Underlying error, ending with the one piece of advice that fits it (for example
+        /// "check zookeeper.servers and that ZooKeeper is running"); the message adds none.
         detail: String,
+    },
+    /// The chroot named at the end of `zookeeper.servers` does not exist on the server.
+    #[error("the chroot `{chroot}` named in zookeeper.servers does not exist on ZooKeeper at {servers}; create it (e.g. `zkCli.sh -server {servers} create {chroot}`) or remove it from zookeeper.servers")]
+    MissingChroot {
+        /// The chroot path.
+        chroot: String,
+        /// The servers, without the chroot.
+        servers: String,
     },
     /// The design's `NoNodeException`: `unlock()` of a lock that no longer exists.
     #[error(
@@ -315,8 +324,10 @@ pub const MAX_MONITOR_LEN: usize = 200;
 /// Checks a monitor object name.
 ///
 /// Allowed: 1 to [`MAX_MONITOR_LEN`] bytes of UTF-8 without `/`, control characters or the
-/// code points ZooKeeper refuses in node names (U+E000–U+F8FF, U+FFF0–U+FFFF); not `.`, `..`,
-/// `zookeeper` or `privateLock`. Names are used as they are (no encoding), so `zkguard locks`
+/// code points ZooKeeper refuses in node names (U+E000–U+F8FF, U+FFF0–U+FFFF, and every character
+/// outside the Basic Multilingual Plane such as emoji, which ZooKeeper sees as surrogate pairs);
+/// not `.`, `..`, `zookeeper` or `privateLock`. The rules are the same for both backends, so a
+/// name that works on one works on the other when `lock.backend` changes. Names are used as they are (no encoding), so `zkguard locks`
 /// shows them as given. Typical ids (`article-42`, `P1`, UUIDs, `tenant:7/…` with the slash
 /// replaced) fit.
 ///
@@ -347,11 +358,13 @@ pub fn validate_monitor(name: &str) -> Result<(), LockError> {
     if name.contains('/') {
         return bad("it contains `/`; replace it (e.g. with `:`) since each monitor is one znode");
     }
-    if let Some(c) = name.chars().find(|c| {
-        c.is_control()
-            || ('\u{e000}'..='\u{f8ff}').contains(c)
-            || ('\u{fff0}'..='\u{ffff}').contains(c)
-    }) {
+    if let Some(c) = name.chars().find(|c| !crate::config::znode_char(*c)) {
+        if c > '\u{ffff}' {
+            return bad(&format!(
+                "it contains the character U+{:04X} ({c}), outside the Basic Multilingual Plane, which ZooKeeper cannot store in a node name; use characters up to U+FFFF",
+                c as u32
+            ));
+        }
         return bad(&format!(
             "it contains the character U+{:04X}, which is not allowed",
             c as u32
@@ -382,6 +395,8 @@ mod tests {
             (".", "`.`"),
             ("..", "`.`"),
             ("a\nb", "U+000A"),
+            ("article-\u{1f600}", "U+1F600"),
+            ("\u{10000}", "Basic Multilingual Plane"),
             ("privateLock", "reserved"),
             (&"x".repeat(201), "201 bytes"),
         ] {

@@ -37,7 +37,7 @@ pub(crate) fn map_zk(e: ZkError, context: &str) -> LockError {
         ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_) | ZkError::NoHosts => {
             LockError::ConnectionLoss {
                 context: context.to_string(),
-                detail: e.to_string(),
+                detail: format!("{e}; check that ZooKeeper is running and reachable"),
             }
         }
         ZkError::NoNode => LockError::NoNode {

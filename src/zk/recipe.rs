@@ -616,7 +616,7 @@ async fn wait_connected(slot: &Slot, deadline: Instant) -> Result<(), LockError>
             r = health.changed() => if r.is_err() { return Err(LockError::SessionExpired { context: "waiting to reconnect".into() }) },
             _ = tokio::time::sleep_until(deadline.into()) => return Err(LockError::ConnectionLoss {
                 context: "waiting for the lock".into(),
-                detail: "still disconnected from ZooKeeper at the deadline".into(),
+                detail: "still disconnected from ZooKeeper at the deadline; check that ZooKeeper is running and reachable".into(),
             }),
         }
     }

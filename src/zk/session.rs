@@ -318,6 +318,25 @@ impl std::fmt::Debug for ZkSession {
     }
 }
 
+/// Fails with [`LockError::MissingChroot`] when `servers` ends with a chroot that does not exist
+/// (every path would otherwise fail with a baffling "no node"). One request, only with a chroot.
+async fn check_chroot(client: &Client, servers: &str) -> Result<(), LockError> {
+    let (hosts, Some(chroot)) = crate::config::split_zk_chroot(servers) else {
+        return Ok(());
+    };
+    if chroot == "/" {
+        return Ok(());
+    }
+    match client.check_stat("/").await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) | Err(zookeeper_client::Error::NoNode) => Err(LockError::MissingChroot {
+            chroot: chroot.to_string(),
+            servers: hosts.to_string(),
+        }),
+        Err(e) => Err(map_zk(e, "checking the chroot of zookeeper.servers")),
+    }
+}
+
 impl ZkSession {
     /// Connects to `settings.servers`.
     ///
@@ -415,7 +434,10 @@ impl ZkSession {
             )
             .await
             {
-                Ok(Ok(client)) => return Ok(self.start_slot(client)),
+                Ok(Ok(client)) => {
+                    check_chroot(&client, &s.servers).await?;
+                    return Ok(self.start_slot(client));
+                }
                 Ok(Err(e)) => last = e.to_string(),
                 Err(_) => last = "timed out".into(),
             }
