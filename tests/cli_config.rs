@@ -3,6 +3,7 @@
 //! credentials in `elasticsearch.url`, a missing chroot, monitor names ZooKeeper cannot store,
 //! and error messages that give their advice once.
 
+#[allow(unused_imports)] // `eventually` is not needed here
 mod common;
 
 use std::ffi::OsStr;
