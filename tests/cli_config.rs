@@ -89,6 +89,26 @@ fn unreachable_zookeeper_gives_its_advice_once() {
     }
 }
 
+#[test]
+fn unreachable_servers_in_bench_give_their_advice_once_and_no_password() {
+    let at = closed_port();
+    let o = zkguard(&at)
+        .args(["bench", "--backend", "zookeeper", "--zk", &at])
+        .output()
+        .unwrap();
+    assert_advice_once(&one_line(&o, 69));
+    let es = closed_port();
+    let o = zkguard(&at)
+        .args(["bench", "--backend", "elasticsearch", "--es"])
+        .arg(format!("http://elastic:PASSWORD@{es}"))
+        .output()
+        .unwrap();
+    let err = one_line(&o, 69);
+    assert_advice_once(&err);
+    assert!(err.contains(&format!("http://{es}")), "{err}");
+    assert!(!err.contains("PASSWORD"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn composed_library_messages_give_their_advice_once() {
     // Real failures: a ZooKeeper and an Elasticsearch that nobody listens on.

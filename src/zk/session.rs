@@ -449,7 +449,8 @@ impl ZkSession {
         Err(LockError::ConnectionLoss {
             context: format!("connecting to ZooKeeper at {}", s.servers),
             detail: format!(
-                "{attempts} attempts failed, last: {last}; check zookeeper.servers and that ZooKeeper is running"
+                "{attempts} attempt{} failed, last: {last}; check zookeeper.servers and that ZooKeeper is running",
+                if attempts == 1 { "" } else { "s" }
             ),
         })
     }
