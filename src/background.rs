@@ -5,7 +5,7 @@
 //! acquired in time, or that fails transiently (Elasticsearch 429, 5xx or unreachable, ZooKeeper
 //! connection or session trouble, a lock lost before the write was sent), is retried with
 //! exponential backoff and jitter, up to `elastic.request.retry.count` attempts in all. Every
-//! operation ends in exactly one [`Outcome`]:
+//! operation ends in exactly one [`Outcome`], or in a [`BackgroundError::Lost`]:
 //!
 //! - [`Outcome::Applied`]: written (or found already written by an earlier attempt whose answer
 //!   was lost: the document records the operation id);
@@ -15,8 +15,16 @@
 //!   incremented, a request Elasticsearch rejects). Nothing is dropped: a person looks at the
 //!   entry and replays it (`zkguard dlq replay`) or removes it;
 //! - [`Outcome::Rejected`]: the operation is malformed and can never be applied (bad monitor
-//!   name, empty index, a document touching the reserved `zkguard` field), or, as a last resort,
-//!   the dead-letter sink itself failed (the operation is then logged in full at error level).
+//!   name, empty index, a document touching the reserved `zkguard` field);
+//! - [`BackgroundError::Lost`]: the operation was not applied and the dead-letter sink refused
+//!   it (a read-only or full disk, an unreachable dead-letter index). Parking is retried with
+//!   backoff a few times first ([`PARK_TRIES`]); then the operation is neither in Elasticsearch
+//!   nor in the sink, and the executor says so with an error, not an outcome: the caller cannot
+//!   take it for handled. The error carries the complete [`DeadLetter`], so the caller still has
+//!   the operation in memory, and the dead letter is also written to standard error as one JSON
+//!   line (`zkguard: lost operation, dead letter: {...}`), bypassing log filters, so that it
+//!   survives a caller that dropped the task's handle. It is counted in
+//!   [`ExecutorStats::lost`].
 //!
 //! Foreground work is not retried here: [`BackgroundExecutor::run_foreground`] makes one attempt
 //! and returns the lock error at once, so the waiting caller can answer.
@@ -32,7 +40,7 @@ use uuid::Uuid;
 
 use crate::backoff::Backoff;
 use crate::config::{RetrySettings, Settings};
-use crate::deadletter::{DeadLetter, DeadLetterSink, ParkReason};
+use crate::deadletter::{DeadLetter, DeadLetterError, DeadLetterSink, ParkReason};
 use crate::guarded::{GuardedError, GuardedWriter, Written};
 use crate::lock::{LockError, LockType};
 use crate::ops::Operation;
@@ -49,7 +57,7 @@ pub enum Outcome {
         /// The successful write.
         written: Written,
     },
-    /// The operation can never be applied (or could not even be parked); see the reason.
+    /// The operation can never be applied; see the reason.
     Rejected {
         /// The operation.
         op_id: Uuid,
@@ -107,8 +115,10 @@ pub struct ExecutorStats {
     pub rejected: u64,
     /// Writes rejected by fencing (background and foreground).
     pub fenced: u64,
-    /// Failures to write a dead letter (each retried a few times before giving up).
+    /// Failed attempts to write a dead letter (each retried a few times before giving up).
     pub park_failures: u64,
+    /// Background operations lost: neither applied nor parked (see [`BackgroundError::Lost`]).
+    pub lost: u64,
     /// Foreground operations applied.
     pub foreground_applied: u64,
     /// Foreground operations that failed (returned to the caller).
@@ -125,6 +135,7 @@ struct Counters {
     rejected: AtomicU64,
     fenced: AtomicU64,
     park_failures: AtomicU64,
+    lost: AtomicU64,
     foreground_applied: AtomicU64,
     foreground_failed: AtomicU64,
 }
@@ -133,8 +144,51 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-/// How many times writing a dead letter is tried before the operation is reported rejected.
-const PARK_TRIES: u32 = 3;
+/// How many times writing a dead letter is tried, with the executor's backoff between the
+/// tries, before the operation is reported lost.
+pub const PARK_TRIES: u32 = 5;
+
+/// A background operation the caller must handle itself.
+#[derive(Debug, thiserror::Error)]
+pub enum BackgroundError {
+    /// The operation was not applied, and the dead-letter sink refused it every time it was
+    /// tried: it is in neither place. The complete dead letter is in the error (and was written
+    /// to standard error as one JSON line).
+    #[error("operation {op_id} ({summary}) is lost: it was not applied ({error}) and the dead-letter {sink} refused it {tries} times ({park_error}); make the sink writable, then park its dead letter again (append the JSON line printed on stderr to the dead-letter file) or submit the operation again")]
+    Lost {
+        /// The operation.
+        op_id: Uuid,
+        /// What it does.
+        summary: String,
+        /// Why it was not applied.
+        error: String,
+        /// The sink that refused it.
+        sink: String,
+        /// How many times parking was tried.
+        tries: u32,
+        /// The sink's last error.
+        #[source]
+        park_error: DeadLetterError,
+        /// The dead letter that could not be written, with the complete operation.
+        letter: Box<DeadLetter>,
+    },
+}
+
+impl BackgroundError {
+    /// The operation id.
+    pub fn op_id(&self) -> Uuid {
+        match self {
+            Self::Lost { op_id, .. } => *op_id,
+        }
+    }
+
+    /// The dead letter of the lost operation (the operation, complete, for a later replay).
+    pub fn dead_letter(&self) -> &DeadLetter {
+        match self {
+            Self::Lost { letter, .. } => letter,
+        }
+    }
+}
 
 /// Builds a [`BackgroundExecutor`].
 #[derive(Debug)]
@@ -282,6 +336,7 @@ impl BackgroundExecutor {
             rejected: get(&c.rejected),
             fenced: get(&c.fenced),
             park_failures: get(&c.park_failures),
+            lost: get(&c.lost),
             foreground_applied: get(&c.foreground_applied),
             foreground_failed: get(&c.foreground_failed),
         }
@@ -290,10 +345,13 @@ impl BackgroundExecutor {
     /// Runs `op` as background work (its lock type is set to background), waiting for a
     /// concurrency slot first, with retries and parking; see the module documentation.
     ///
+    /// # Errors
+    /// [`BackgroundError::Lost`] when the operation was not applied and could not be parked.
+    ///
     /// # Cancellation safety
     /// Not cancel-safe: a dropped run may leave the operation applied, parked, or neither.
     /// Use [`BackgroundExecutor::submit`] to run operations to completion in a task.
-    pub async fn run(&self, op: Operation) -> Outcome {
+    pub async fn run(&self, op: Operation) -> Result<Outcome, BackgroundError> {
         let permit = self
             .inner
             .permits
@@ -308,11 +366,12 @@ impl BackgroundExecutor {
 
     /// Waits for a concurrency slot, then runs `op` in a task (so that a producer slows down
     /// when the executor is saturated). The task runs to completion even if the handle is
-    /// dropped.
+    /// dropped; its result is that of [`BackgroundExecutor::run`] (a lost operation's dead
+    /// letter also goes to standard error, so a dropped handle loses no operation text).
     ///
     /// # Cancellation safety
     /// Cancel-safe: if dropped while waiting for a slot, the operation was not started.
-    pub async fn submit(&self, op: Operation) -> JoinHandle<Outcome> {
+    pub async fn submit(&self, op: Operation) -> JoinHandle<Result<Outcome, BackgroundError>> {
         let permit = self
             .inner
             .permits
@@ -365,7 +424,7 @@ fn never_applicable(e: &GuardedError) -> bool {
 }
 
 impl Inner {
-    async fn run_background(&self, op: Operation) -> Outcome {
+    async fn run_background(&self, op: Operation) -> Result<Outcome, BackgroundError> {
         let op = op.with_type(LockType::Background);
         let span = tracing::info_span!(
             "background_op",
@@ -376,7 +435,7 @@ impl Inner {
         self.run_with_retries(op).instrument(span).await
     }
 
-    async fn run_with_retries(&self, op: Operation) -> Outcome {
+    async fn run_with_retries(&self, op: Operation) -> Result<Outcome, BackgroundError> {
         let c = &self.counters;
         bump(&c.submitted);
         let first_attempt = SystemTime::now();
@@ -391,11 +450,11 @@ impl Inner {
                         bump(&c.already_applied);
                     }
                     tracing::debug!(attempt, "applied");
-                    return Outcome::Applied {
+                    return Ok(Outcome::Applied {
                         op_id: op.id,
                         attempts: attempt,
                         written,
-                    };
+                    });
                 }
                 Err(e) => e,
             };
@@ -405,10 +464,10 @@ impl Inner {
             if never_applicable(&error) {
                 bump(&c.rejected);
                 tracing::warn!(error = %error, "operation rejected");
-                return Outcome::Rejected {
+                return Ok(Outcome::Rejected {
                     op_id: op.id,
                     reason: error.to_string(),
-                };
+                });
             }
             if error.is_transient() && attempt < self.attempts {
                 bump(&c.retried);
@@ -421,53 +480,73 @@ impl Inner {
         }
     }
 
+    /// Parks `op`, trying the sink [`PARK_TRIES`] times with backoff; lost when it never
+    /// accepts the dead letter.
     async fn park(
         &self,
         op: &Operation,
         attempts: u32,
         error: &GuardedError,
         first_attempt: SystemTime,
-    ) -> Outcome {
+    ) -> Result<Outcome, BackgroundError> {
         let c = &self.counters;
         let letter = DeadLetter::new(op, attempts, error, first_attempt, SystemTime::now());
         let mut backoff = self.backoff;
         let mut tries = 0;
-        loop {
+        let park_error = loop {
             tries += 1;
             match self.sink.park(&letter).await {
                 Ok(()) => {
                     bump(&c.parked);
                     tracing::warn!(attempts, reason = %letter.reason, error = %error, sink = %self.sink.describe(), "operation parked");
-                    return Outcome::Parked {
+                    return Ok(Outcome::Parked {
                         op_id: op.id,
                         attempts,
                         reason: letter.reason,
                         error: error.to_string(),
-                    };
+                    });
                 }
                 Err(e) => {
                     bump(&c.park_failures);
-                    if tries < PARK_TRIES {
-                        tokio::time::sleep(backoff.next_delay()).await;
-                        continue;
+                    if tries >= PARK_TRIES {
+                        break e;
                     }
-                    bump(&c.rejected);
-                    let payload = serde_json::to_string(&letter).unwrap_or_default();
-                    tracing::error!(
-                        error = %error,
-                        park_error = %e,
-                        dead_letter = %payload,
-                        "operation failed and could not be parked; its dead letter is in this log line"
-                    );
-                    return Outcome::Rejected {
-                        op_id: op.id,
-                        reason: format!(
-                            "{error}; parking it in the dead-letter {} also failed: {e}",
-                            self.sink.describe()
-                        ),
-                    };
+                    let delay = backoff.next_delay();
+                    tracing::warn!(tries, park_error = %e, delay_ms = delay.as_millis() as u64, "the dead-letter sink refused the operation; trying again");
+                    tokio::time::sleep(delay).await;
                 }
             }
-        }
+        };
+        bump(&c.lost);
+        Err(lost(letter, error, self.sink.describe(), tries, park_error))
+    }
+}
+
+/// The error of a lost operation; its dead letter also goes to standard error in one line.
+fn lost(
+    letter: DeadLetter,
+    error: &GuardedError,
+    sink: String,
+    tries: u32,
+    park_error: DeadLetterError,
+) -> BackgroundError {
+    let payload = serde_json::to_string(&letter)
+        .unwrap_or_else(|e| format!("{{\"id\":\"{}\",\"encoding_error\":\"{e}\"}}", letter.id));
+    tracing::error!(
+        op = %letter.id,
+        error = %error,
+        park_error = %park_error,
+        "operation LOST: not applied, and the dead-letter sink refused it"
+    );
+    // The last copy of the operation outside the caller's memory: not subject to log filters.
+    eprintln!("zkguard: lost operation, dead letter: {payload}");
+    BackgroundError::Lost {
+        op_id: letter.id,
+        summary: letter.operation.summary(),
+        error: error.to_string(),
+        sink,
+        tries,
+        park_error,
+        letter: Box::new(letter),
     }
 }

@@ -652,12 +652,15 @@ pub enum ReplayResult {
         /// Why the removal failed.
         error: String,
     },
-    /// Failed again; the entry stays parked with the attempt counted.
+    /// Failed again; the entry stays parked with the attempt counted (or, when the sink
+    /// refused the update, as it was).
     StillParked {
         /// The error.
         error: String,
         /// Whether a later replay may succeed without changes.
         transient: bool,
+        /// Why the failed attempt could not be recorded in the entry, if the sink refused it.
+        not_recorded: Option<String>,
     },
 }
 
@@ -734,12 +737,17 @@ async fn replay_one(
                 ParkReason::NotRetryable
             };
             updated.last_attempt = time_serde::truncate(SystemTime::now());
-            if let Err(e) = sink.park(&updated).await {
-                tracing::warn!(error = %e, "could not record the failed replay; the entry stays as it was");
-            }
+            let not_recorded = match sink.park(&updated).await {
+                Ok(()) => None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not record the failed replay; the entry stays as it was");
+                    Some(e.to_string())
+                }
+            };
             ReplayResult::StillParked {
                 error: error.to_string(),
                 transient: error.is_transient(),
+                not_recorded,
             }
         }
     };

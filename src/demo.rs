@@ -16,9 +16,15 @@
 //! Every save adds 1 to the article's `saves` field and every propagation adds 1 to its
 //! `propagations` field, by guarded read-modify-write. Afterwards the parked operations of the
 //! run are replayed (unless [`DemoPlan::replay`] is off) and [`reconcile`] checks every operation
-//! against Elasticsearch: an applied operation must be recorded in its document, a rejected or
-//! parked one must not, a parked one must be in the dead-letter sink, and each article's counters
-//! must equal the number of its applied operations. Any difference is a mismatch.
+//! against Elasticsearch: an applied operation must be recorded in its document, a rejected,
+//! parked or lost one must not, a parked one must be in the dead-letter sink, and each article's
+//! counters must equal the number of its applied operations. Any difference is a mismatch.
+//!
+//! Every count of the report comes from one place: the operations' records, after the
+//! reconciliation has settled the uncertain ones (a failure whose write may have been applied
+//! anyway) by reading their documents. Once the workload has started, [`run()`] always returns a
+//! report: when Elasticsearch or the dead-letter sink cannot be read at the end, the report says
+//! what was not checked ([`Reconciliation::unchecked`]) instead of failing.
 //!
 //! Lock wait and hold times are measured by wrapping the lock service ([`ObservedLocks`]), which
 //! also counts *overtakes*: a foreground contender that got a lock while a background contender
@@ -39,9 +45,9 @@ use serde_json::{json, Value};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::background::{BackgroundExecutor, Outcome};
+use crate::background::{BackgroundError, BackgroundExecutor, Outcome};
 use crate::config::{LockBackendKind, Settings};
-use crate::deadletter::{DeadLetterError, DeadLetterSink, ReplayResult, ReplaySelection};
+use crate::deadletter::{DeadLetterSink, ReplayResult, ReplaySelection};
 use crate::es::{DocStore, EsError, HookedStore, IndexGate};
 use crate::guarded::{GuardedError, GuardedWriter};
 use crate::lock::{Guard, LockError, LockRequest, LockService, LockType, LossReason};
@@ -71,9 +77,6 @@ pub enum DemoError {
         /// What to do.
         hint: &'static str,
     },
-    /// The dead-letter sink could not be read.
-    #[error("demo: {0}")]
-    DeadLetters(#[from] DeadLetterError),
     /// A demo task panicked or was cancelled.
     #[error("demo: a worker task failed: {0}")]
     Task(String),
@@ -206,6 +209,8 @@ pub struct DemoProgress {
     pub background_done: AtomicUsize,
     /// Operations parked so far.
     pub parked: AtomicUsize,
+    /// Operations lost so far (neither applied nor parked).
+    pub lost: AtomicUsize,
     /// Writes rejected by fencing so far.
     pub fenced: AtomicUsize,
     phase: Mutex<String>,
@@ -248,6 +253,12 @@ pub enum OpStatus {
         /// Why.
         reason: String,
     },
+    /// Neither applied nor parked: it failed and the dead-letter sink refused it (its dead
+    /// letter went to standard error).
+    Lost {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// One operation of the run.
@@ -266,6 +277,9 @@ pub struct OpRecord {
     pub actor: String,
     /// The outcome.
     pub status: OpStatus,
+    /// Whether its document records it, as read by the reconciliation; `None` when the
+    /// document was not read. It settles an uncertain rejection.
+    pub recorded: Option<bool>,
 }
 
 /// Lock timing of one class.
@@ -311,10 +325,16 @@ pub struct ClassReport {
     pub applied: usize,
     /// Parked, then applied by the replay.
     pub replayed: usize,
-    /// Rejected with a reason.
+    /// Rejected with a reason (an uncertain failure that its document records counts as
+    /// applied).
     pub rejected: usize,
+    /// Of the rejected, those whose write may have been applied anyway and whose document could
+    /// not be read to tell.
+    pub uncertain: usize,
     /// Still parked.
     pub parked: usize,
+    /// Neither applied nor parked.
+    pub lost: usize,
     /// Rejections by error class.
     pub rejected_by_kind: BTreeMap<String, usize>,
     /// Lock acquisitions that timed out.
@@ -325,29 +345,42 @@ pub struct ClassReport {
     pub lock_hold: Percentiles,
 }
 
-/// The reconciliation of every operation with Elasticsearch.
+/// The reconciliation of every operation with Elasticsearch. Its counts are those of the
+/// operations' records (the same as the report's table); what it adds is the check of each
+/// record against its document and the dead-letter sink.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Reconciliation {
-    /// Operations checked.
+    /// Operations checked against their document.
     pub checked: usize,
-    /// Applied, and recorded in their document.
+    /// Applied (at once, after retries, or by the replay).
     pub applied: usize,
-    /// Rejected, and absent from their document.
+    /// Rejected with a reason.
     pub rejected: usize,
-    /// Parked, present in the sink and absent from their document.
+    /// Parked.
     pub parked: usize,
-    /// Failures whose write may have been sent; resolved by reading the document.
+    /// Neither applied nor parked.
+    pub lost: usize,
+    /// Failures whose write may have been sent, settled by reading the document.
     pub ambiguous_resolved: usize,
-    /// Articles whose counters were checked.
+    /// Failures whose write may have been sent, not settled (their document was not read).
+    pub uncertain: usize,
+    /// Articles.
     pub articles: usize,
     /// Every difference found; empty when everything adds up.
     pub mismatches: Vec<String>,
+    /// What could not be checked, and why; empty when everything was checked.
+    pub unchecked: Vec<String>,
 }
 
 impl Reconciliation {
-    /// Whether every operation is accounted for.
+    /// Whether no difference was found (see also [`Reconciliation::is_complete`]).
     pub fn is_consistent(&self) -> bool {
         self.mismatches.is_empty()
+    }
+
+    /// Whether every operation and the dead-letter sink could be checked.
+    pub fn is_complete(&self) -> bool {
+        self.unchecked.is_empty()
     }
 }
 
@@ -393,6 +426,14 @@ impl DemoReport {
     pub fn is_consistent(&self) -> bool {
         self.reconciliation.is_consistent()
     }
+
+    /// The operations that were neither applied nor parked.
+    pub fn lost(&self) -> Vec<&OpRecord> {
+        self.operations
+            .iter()
+            .filter(|o| matches!(o.status, OpStatus::Lost { .. }))
+            .collect()
+    }
 }
 
 impl fmt::Display for DemoReport {
@@ -422,9 +463,17 @@ impl fmt::Display for DemoReport {
         row(f, "replayed", fg.replayed, bg.replayed)?;
         row(f, "rejected", fg.rejected, bg.rejected)?;
         row(f, "still parked", fg.parked, bg.parked)?;
+        row(f, "lost", fg.lost, bg.lost)?;
         row(f, "lock timeouts", fg.lock_timeouts, bg.lock_timeouts)?;
         for (kind, n) in fg.rejected_by_kind.iter().chain(bg.rejected_by_kind.iter()) {
             writeln!(f, "    rejected as {kind}: {n}")?;
+        }
+        if fg.uncertain + bg.uncertain > 0 {
+            writeln!(
+                f,
+                "    of the rejected, {} may have been applied (their documents were not read)",
+                fg.uncertain + bg.uncertain
+            )?;
         }
         writeln!(f)?;
         writeln!(
@@ -471,15 +520,18 @@ impl fmt::Display for DemoReport {
         let r = &self.reconciliation;
         writeln!(
             f,
-            "  reconciliation: {} operations on {} articles checked against Elasticsearch:",
-            r.checked, r.articles
+            "  reconciliation: {} of {} operations on {} articles checked against Elasticsearch:",
+            r.checked,
+            self.operations.len(),
+            r.articles
         )?;
         writeln!(
             f,
-            "    {} applied, {} rejected with a reason, {} parked{}",
+            "    {} applied, {} rejected with a reason, {} parked, {} lost{}",
             r.applied,
             r.rejected,
             r.parked,
+            r.lost,
             if r.ambiguous_resolved > 0 {
                 format!(
                     " ({} uncertain failures resolved by reading the documents)",
@@ -489,17 +541,40 @@ impl fmt::Display for DemoReport {
                 String::new()
             }
         )?;
-        if r.mismatches.is_empty() {
-            write!(
+        for note in &r.unchecked {
+            writeln!(f, "    NOT CHECKED: {note}")?;
+        }
+        for op in self.lost() {
+            let reason = match &op.status {
+                OpStatus::Lost { reason } => reason.as_str(),
+                _ => "",
+            };
+            writeln!(
                 f,
-                "    OK: every operation is accounted for, nothing lost, nothing applied twice"
-            )
-        } else {
+                "    LOST: {} {} ({}, {} +1 on {}): {reason}",
+                op.class, op.id, op.actor, op.field, op.article
+            )?;
+        }
+        if !r.mismatches.is_empty() {
             writeln!(f, "    MISMATCH: {} problems", r.mismatches.len())?;
             for m in &r.mismatches {
                 writeln!(f, "    - {m}")?;
             }
-            Ok(())
+            return Ok(());
+        }
+        match (r.lost, r.is_complete()) {
+            (0, true) => write!(
+                f,
+                "    OK: every operation is accounted for, nothing lost, nothing applied twice"
+            ),
+            (0, false) => write!(
+                f,
+                "    INCOMPLETE: no difference found in what could be checked"
+            ),
+            (n, _) => write!(
+                f,
+                "    LOST: {n} operations were neither applied nor parked (their dead letters went to standard error)"
+            ),
         }
     }
 }
@@ -762,20 +837,67 @@ fn rejected(e: &GuardedError) -> OpStatus {
     }
 }
 
-fn status_of(outcome: &Outcome) -> OpStatus {
-    match outcome {
-        Outcome::Applied { attempts, .. } => OpStatus::Applied {
+fn status_of(result: &Result<Outcome, BackgroundError>) -> OpStatus {
+    match result {
+        Ok(Outcome::Applied { attempts, .. }) => OpStatus::Applied {
             attempts: *attempts,
         },
-        Outcome::Parked { reason, error, .. } => OpStatus::Parked {
+        Ok(Outcome::Parked { reason, error, .. }) => OpStatus::Parked {
             reason: format!("{reason}: {error}"),
         },
-        Outcome::Rejected { reason, .. } => OpStatus::Rejected {
+        Ok(Outcome::Rejected { reason, .. }) => OpStatus::Rejected {
             kind: "rejected".into(),
             reason: reason.clone(),
             ambiguous: false,
         },
+        Err(BackgroundError::Lost {
+            error,
+            sink,
+            tries,
+            park_error,
+            ..
+        }) => OpStatus::Lost {
+            reason: format!(
+                "not applied ({error}), and the dead-letter {sink} refused it {tries} times: {park_error}"
+            ),
+        },
     }
+}
+
+/// Counts of records (of one class, or all), the one source of every count in the report.
+fn tally<'a>(
+    records: impl IntoIterator<Item = &'a OpRecord>,
+    class: Option<LockType>,
+) -> ClassReport {
+    let mut c = ClassReport::default();
+    for r in records
+        .into_iter()
+        .filter(|r| class.is_none_or(|k| r.class == k))
+    {
+        c.operations += 1;
+        match &r.status {
+            OpStatus::Applied { .. } => c.applied += 1,
+            OpStatus::Replayed => c.replayed += 1,
+            OpStatus::Parked { .. } => c.parked += 1,
+            OpStatus::Lost { .. } => c.lost += 1,
+            // The document settles an uncertain failure: it was applied after all.
+            OpStatus::Rejected {
+                ambiguous: true, ..
+            } if r.recorded == Some(true) => c.applied += 1,
+            OpStatus::Rejected {
+                kind, ambiguous, ..
+            } => {
+                c.rejected += 1;
+                if *ambiguous && r.recorded.is_none() {
+                    c.uncertain += 1;
+                }
+                *c.rejected_by_kind
+                    .entry(format!("{} {kind}", r.class))
+                    .or_default() += 1;
+            }
+        }
+    }
+    c
 }
 
 struct Shared {
@@ -894,6 +1016,7 @@ pub async fn run(
                 field: "saves",
                 actor: "slow editor".into(),
                 status: OpStatus::Applied { attempts: 1 },
+                recorded: None,
             };
             let request = LockRequest::new(&monitor, "Save Content (slow editor)");
             let summary = match writer.locks().acquire(request).await {
@@ -966,6 +1089,7 @@ pub async fn run(
                     field: "saves",
                     actor,
                     status,
+                    recorded: None,
                 });
                 progress_ptr.foreground_done.fetch_add(1, Ordering::Relaxed);
             }
@@ -1025,9 +1149,11 @@ pub async fn run(
                     },
                 };
                 let p = &progress_ptr;
-                if matches!(status, OpStatus::Parked { .. }) {
-                    p.parked.fetch_add(1, Ordering::Relaxed);
-                }
+                match status {
+                    OpStatus::Parked { .. } => p.parked.fetch_add(1, Ordering::Relaxed),
+                    OpStatus::Lost { .. } => p.lost.fetch_add(1, Ordering::Relaxed),
+                    _ => 0,
+                };
                 shared.push(OpRecord {
                     id,
                     class: LockType::Background,
@@ -1035,6 +1161,7 @@ pub async fn run(
                     field: "propagations",
                     actor: actor.clone(),
                     status,
+                    recorded: None,
                 });
                 p.background_done.fetch_add(1, Ordering::Relaxed);
             }
@@ -1096,19 +1223,29 @@ pub async fn run(
         {
             let entries =
                 crate::deadletter::replay(&writer, env.sink.as_ref(), ReplaySelection::Id(r.id))
-                    .await?;
-            for entry in entries {
-                match entry.result {
-                    ReplayResult::Applied
-                    | ReplayResult::AlreadyApplied
-                    | ReplayResult::NotRemoved { .. } => {
-                        r.status = OpStatus::Replayed;
-                        replayed += 1;
+                    .await;
+            match entries {
+                Ok(entries) => {
+                    for entry in entries {
+                        match entry.result {
+                            ReplayResult::Applied
+                            | ReplayResult::AlreadyApplied
+                            | ReplayResult::NotRemoved { .. } => {
+                                r.status = OpStatus::Replayed;
+                                replayed += 1;
+                            }
+                            ReplayResult::StillParked { error, .. } => {
+                                r.status = OpStatus::Parked {
+                                    reason: format!("replay failed: {error}"),
+                                };
+                            }
+                        }
                     }
-                    ReplayResult::StillParked { error, .. } => {
-                        r.status = OpStatus::Parked {
-                            reason: format!("replay failed: {error}"),
-                        };
+                }
+                // The entry could not be read back: it stays parked, as far as this run knows.
+                Err(e) => {
+                    r.status = OpStatus::Parked {
+                        reason: format!("replay failed: {e}"),
                     }
                 }
             }
@@ -1116,30 +1253,14 @@ pub async fn run(
     }
 
     progress.set_phase("reconciling with Elasticsearch".to_string());
-    let reconciliation = reconcile(env.store.as_ref(), &index, &records, env.sink.as_ref()).await?;
+    let reconciliation =
+        reconcile(env.store.as_ref(), &index, &mut records, env.sink.as_ref()).await;
     let stats = executor.stats();
-    let class_report = |class: LockType| {
-        let mut c = ClassReport {
-            lock_wait: Percentiles::of(&observed.wait_times(class)),
-            lock_hold: Percentiles::of(&observed.hold_times(class)),
-            lock_timeouts: observed.timeouts(class),
-            ..ClassReport::default()
-        };
-        for r in records.iter().filter(|r| r.class == class) {
-            c.operations += 1;
-            match &r.status {
-                OpStatus::Applied { .. } => c.applied += 1,
-                OpStatus::Replayed => c.replayed += 1,
-                OpStatus::Parked { .. } => c.parked += 1,
-                OpStatus::Rejected { kind, .. } => {
-                    c.rejected += 1;
-                    *c.rejected_by_kind
-                        .entry(format!("{} {kind}", class))
-                        .or_default() += 1;
-                }
-            }
-        }
-        c
+    let class_report = |class: LockType| ClassReport {
+        lock_wait: Percentiles::of(&observed.wait_times(class)),
+        lock_hold: Percentiles::of(&observed.hold_times(class)),
+        lock_timeouts: observed.timeouts(class),
+        ..tally(&records, Some(class))
     };
     let fenced = records
         .iter()
@@ -1264,6 +1385,7 @@ async fn stalled_writer(
             Ok(_) => OpStatus::Applied { attempts: 1 },
             Err(e) => rejected(e),
         },
+        recorded: None,
     });
     let summary = match (&stale_result, new_token) {
         (Err(GuardedError::Fenced { .. }), Some(new_token)) => format!(
@@ -1282,97 +1404,109 @@ async fn stalled_writer(
             Ok(_) => OpStatus::Applied { attempts: 1 },
             Err(e) => rejected(e),
         },
+        recorded: None,
     });
     Ok((records, summary))
 }
 
 /// Checks every operation of `records` against the articles in `index` and the dead-letter
-/// `sink`; see the module documentation.
+/// `sink`; see the module documentation. Sets each record's [`OpRecord::recorded`] from its
+/// document, which settles the uncertain failures, and takes its counts from the records.
 ///
-/// # Errors
-/// [`DemoError`] when the documents or the sink cannot be read.
+/// What cannot be read is reported in [`Reconciliation::unchecked`], not as an error: after
+/// the first failure to read a document, the remaining articles are left unchecked (a server
+/// that is down or frozen would make each read wait for its timeout).
 ///
 /// # Cancellation safety
-/// Cancel-safe: it only reads.
+/// Cancel-safe: it only reads (a dropped call may leave some records' `recorded` set).
 pub async fn reconcile(
     store: &dyn DocStore,
     index: &str,
-    records: &[OpRecord],
+    records: &mut [OpRecord],
     sink: &dyn DeadLetterSink,
-) -> Result<Reconciliation, DemoError> {
-    let parked_ids: HashSet<Uuid> = sink.list().await?.into_iter().map(|l| l.id).collect();
-    let mut by_article: BTreeMap<&str, Vec<&OpRecord>> = BTreeMap::new();
-    for r in records {
-        by_article.entry(&r.article).or_default().push(r);
-    }
-    let mut rec = Reconciliation {
-        articles: by_article.len(),
-        ..Reconciliation::default()
+) -> Reconciliation {
+    let mut rec = Reconciliation::default();
+    let parked_ids: Option<HashSet<Uuid>> = match sink.list().await {
+        Ok(letters) => Some(letters.into_iter().map(|l| l.id).collect()),
+        Err(e) => {
+            rec.unchecked.push(format!(
+                "the dead-letter {} could not be read, so parked and lost operations were not checked against it: {e}",
+                sink.describe()
+            ));
+            None
+        }
     };
-    for (article, ops) in by_article {
-        let doc = store
-            .get(index, article)
-            .await
-            .map_err(|source| DemoError::Store {
-                context: format!("reading {index}/{article} for the reconciliation"),
-                source,
-            })?;
+    let mut by_article: BTreeMap<String, Vec<&mut OpRecord>> = BTreeMap::new();
+    for r in records.iter_mut() {
+        by_article.entry(r.article.clone()).or_default().push(r);
+    }
+    rec.articles = by_article.len();
+    let mut unread: Option<(String, EsError)> = None;
+    let mut unread_ops = 0;
+    for (article, mut ops) in by_article {
+        if unread.is_some() {
+            unread_ops += ops.len();
+            continue;
+        }
+        let doc = match store.get(index, &article).await {
+            Ok(doc) => doc,
+            Err(e) => {
+                unread_ops += ops.len();
+                unread = Some((article, e));
+                continue;
+            }
+        };
         let Some(doc) = doc else {
             rec.mismatches.push(format!("{index}/{article} is missing"));
             continue;
         };
         let stamp = Stamp::of(&doc.source).unwrap_or_default();
         let mut expected: HashMap<&str, i64> = HashMap::new();
-        for op in ops {
-            rec.checked += 1;
+        for op in ops.iter_mut() {
             let recorded = stamp.contains(&op.id);
+            op.recorded = Some(recorded);
+            let who = format!("{} {} ({})", op.class, op.id, op.actor);
             let applied = match &op.status {
                 OpStatus::Applied { .. } | OpStatus::Replayed => {
-                    if recorded {
-                        rec.applied += 1;
-                    } else {
+                    if !recorded {
                         rec.mismatches.push(format!(
-                            "{} {} ({}): reported applied but {article} does not record it",
-                            op.class, op.id, op.actor
+                            "{who}: reported applied but {article} does not record it"
                         ));
                     }
                     true
                 }
                 OpStatus::Rejected {
                     ambiguous: true, ..
-                } => {
-                    rec.ambiguous_resolved += 1;
-                    rec.rejected += usize::from(!recorded);
-                    rec.applied += usize::from(recorded);
-                    recorded
-                }
+                } => recorded,
                 OpStatus::Rejected { reason, .. } => {
                     if recorded {
                         rec.mismatches.push(format!(
-                            "{} {} ({}): reported rejected ({reason}) but {article} records it",
-                            op.class, op.id, op.actor
+                            "{who}: reported rejected ({reason}) but {article} records it"
                         ));
-                    } else {
-                        rec.rejected += 1;
                     }
                     false
                 }
                 OpStatus::Parked { .. } => {
                     if recorded {
+                        rec.mismatches
+                            .push(format!("{who}: reported parked but {article} records it"));
+                    } else if parked_ids.as_ref().is_some_and(|p| !p.contains(&op.id)) {
                         rec.mismatches.push(format!(
-                            "{} {} ({}): reported parked but {article} records it",
-                            op.class, op.id, op.actor
-                        ));
-                    } else if !parked_ids.contains(&op.id) {
-                        rec.mismatches.push(format!(
-                            "{} {} ({}): reported parked but it is not in the dead-letter {}",
-                            op.class,
-                            op.id,
-                            op.actor,
+                            "{who}: reported parked but it is not in the dead-letter {}",
                             sink.describe()
                         ));
-                    } else {
-                        rec.parked += 1;
+                    }
+                    false
+                }
+                OpStatus::Lost { .. } => {
+                    if recorded {
+                        rec.mismatches
+                            .push(format!("{who}: reported lost but {article} records it"));
+                    } else if parked_ids.as_ref().is_some_and(|p| p.contains(&op.id)) {
+                        rec.mismatches.push(format!(
+                            "{who}: reported lost but it is in the dead-letter {}",
+                            sink.describe()
+                        ));
                     }
                     false
                 }
@@ -1392,5 +1526,30 @@ pub async fn reconcile(
             }
         }
     }
-    Ok(rec)
+    if let Some((article, e)) = unread {
+        rec.unchecked.push(format!(
+            "{unread_ops} operations were not checked against Elasticsearch: reading {index}/{article} failed: {e}"
+        ));
+    }
+    let all = tally(records.iter(), None);
+    rec.checked = records.iter().filter(|r| r.recorded.is_some()).count();
+    rec.ambiguous_resolved = records
+        .iter()
+        .filter(|r| {
+            r.recorded.is_some()
+                && matches!(
+                    r.status,
+                    OpStatus::Rejected {
+                        ambiguous: true,
+                        ..
+                    }
+                )
+        })
+        .count();
+    rec.applied = all.applied + all.replayed;
+    rec.rejected = all.rejected;
+    rec.uncertain = all.uncertain;
+    rec.parked = all.parked;
+    rec.lost = all.lost;
+    rec
 }

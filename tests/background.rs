@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use serde_json::json;
 use uuid::Uuid;
-use zkguard::background::{BackgroundExecutor, Outcome};
+use zkguard::background::{BackgroundError, BackgroundExecutor, Outcome, PARK_TRIES};
 use zkguard::deadletter::{
     replay, DeadLetter, DeadLetterError, DeadLetterSink, FileSink, ParkReason, ReplayResult,
     ReplaySelection,
@@ -72,7 +72,7 @@ async fn lock_held_past_the_retry_budget_parks_then_replay_applies() {
     // Background: 3 attempts, then parked.
     let started = SystemTime::now();
     let op = Operation::increment("bg-1", &index, "1", "n", 1).with_info("Bulk Propagation");
-    let outcome = exec.run(op.clone()).await;
+    let outcome = exec.run(op.clone()).await.unwrap();
     match &outcome {
         Outcome::Parked {
             op_id,
@@ -180,7 +180,7 @@ async fn fenced_operations_are_parked_at_once_and_malformed_ones_rejected() {
     .await
     .unwrap();
     let op = Operation::increment("fenced-1", &index, "1", "n", 1);
-    match exec.run(op.clone()).await {
+    match exec.run(op.clone()).await.unwrap() {
         Outcome::Parked {
             attempts: 1,
             reason: ParkReason::NotRetryable,
@@ -196,7 +196,7 @@ async fn fenced_operations_are_parked_at_once_and_malformed_ones_rejected() {
     assert_eq!(source(es.as_ref(), &index, "1").await["n"], 5);
 
     let bad = Operation::index("fenced-1", &index, "2", json!({"zkguard": "mine"}));
-    match exec.run(bad).await {
+    match exec.run(bad).await.unwrap() {
         Outcome::Rejected { reason, .. } => {
             assert!(reason.contains("reserved field `zkguard`"), "{reason}")
         }
@@ -368,7 +368,7 @@ async fn elasticsearch_stopped_mid_run_parks_and_replay_loses_and_doubles_nothin
     handles.extend(submitter.await.unwrap());
     let mut outcomes = Vec::new();
     for h in handles {
-        outcomes.push(h.await.unwrap());
+        outcomes.push(h.await.unwrap().unwrap());
     }
     es_server.resume();
 
@@ -449,7 +449,7 @@ async fn elasticsearch_killed_and_restarted_replay_applies_parked_operations() {
         .map(|_| Operation::increment("k-1", &index, "1", "n", 2))
         .collect();
     for op in &ops {
-        match exec.run(op.clone()).await {
+        match exec.run(op.clone()).await.unwrap() {
             Outcome::Parked {
                 attempts: 3,
                 reason: ParkReason::RetriesExhausted,
@@ -479,4 +479,77 @@ async fn elasticsearch_killed_and_restarted_replay_applies_parked_operations() {
     );
     assert_eq!(source(es.as_ref(), &index, "1").await["n"], 106);
     assert!(sink.list().await.unwrap().is_empty());
+}
+
+/// The dead-letter sink refuses every write (its file would be under a regular file, which fails
+/// for root too): an operation that could not be applied is reported lost, with its complete
+/// dead letter, as an error; it is not counted as rejected or parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_the_sink_refuses_is_lost_not_rejected() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings_for(servers, dir.path());
+    let blocker = dir.path().join("not-a-directory");
+    std::fs::write(&blocker, "a regular file").unwrap();
+    settings.retry.file_path = blocker.join("deadletters.jsonl");
+    let es = store(&settings);
+    let index = format!("lost-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    let writer = GuardedWriter::new(l, es.clone());
+    writer
+        .on("lost-1")
+        .index(&index, "1", json!({"n": 0}))
+        .await
+        .unwrap();
+    let sink: Arc<dyn DeadLetterSink> = Arc::new(FileSink::new(&settings.retry.file_path));
+    let exec = BackgroundExecutor::builder(writer, sink.clone())
+        .attempts(2)
+        .backoff(Duration::from_millis(10), Duration::from_millis(40))
+        .lock_timeout(Duration::from_millis(200))
+        .build();
+    let (_hs, holder_locks) = locks(&settings).await;
+    let held = holder_locks
+        .acquire(LockRequest::new("lost-1", "long job"))
+        .await
+        .unwrap();
+
+    let op = Operation::increment("lost-1", &index, "1", "n", 1).with_info("Bulk Propagation");
+    let err = exec.run(op.clone()).await.unwrap_err();
+    let BackgroundError::Lost {
+        op_id,
+        tries,
+        ref letter,
+        ..
+    } = err;
+    assert_eq!(op_id, op.id);
+    assert_eq!(tries, PARK_TRIES);
+    assert_eq!(
+        letter.operation,
+        op.clone().with_type(LockType::Background),
+        "the error keeps the whole operation"
+    );
+    assert_eq!(letter.error_kind, "lock_timeout");
+    let message = err.to_string();
+    assert!(
+        message.contains("is lost")
+            && message.contains(&settings.retry.file_path.display().to_string()),
+        "{message}"
+    );
+    let stats = exec.stats();
+    assert_eq!(
+        (
+            stats.lost,
+            stats.parked,
+            stats.rejected,
+            stats.park_failures
+        ),
+        (1, 0, 0, u64::from(PARK_TRIES)),
+        "{stats:?}"
+    );
+    held.unlock().await.unwrap();
+    assert_eq!(
+        source(es.as_ref(), &index, "1").await["n"],
+        0,
+        "not applied"
+    );
 }

@@ -26,7 +26,9 @@ fn zkguard(servers: &str, root: &str) -> Command {
         .env("ZKGUARD_ZOOKEEPER_CONNECTION_DELAY", "100")
         .env("ZKGUARD_ZOOKEEPER_FOREGROUND_TASK_TIMEOUT", "30000")
         .env_remove("ZKGUARD_CONFIG")
-        .env_remove("RUST_LOG");
+        .env_remove("RUST_LOG")
+        // Not a terminal, whoever runs the tests: the command gets a process group of its own.
+        .stdin(Stdio::null());
     c
 }
 
@@ -43,6 +45,52 @@ async fn wait_for_file(path: &Path, limit: Duration) {
         path.exists()
     })
     .await;
+}
+
+/// The pid written to `path` by a command.
+fn read_pid(path: &Path) -> i32 {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Whether `pid` is a live process (a zombie waiting for its new parent to reap it is dead).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X')
+        ),
+        Err(_) => false,
+    }
+}
+
+async fn wait_until_dead(pid: i32, what: &str) {
+    eventually(
+        Duration::from_secs(10),
+        &format!("{what} (pid {pid}) gone"),
+        || async { !alive(pid) },
+    )
+    .await;
+}
+
+/// Kills, when dropped (also when an assertion failed), the processes a test may leave behind.
+#[derive(Default)]
+struct Reap(Vec<i32>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
 }
 
 #[test]
@@ -262,35 +310,129 @@ async fn killed_holder_is_replaced_within_the_session_timeout() {
     let zk = shared();
     let r = root("sigkill");
     let dir = tempfile::tempdir().unwrap();
-    let held = dir.path().join("held");
+    let (held, pidfile) = (dir.path().join("held"), dir.path().join("pid"));
     let mut holder = zkguard(&zk.connect_string(), &r)
         .args(["exec", "--monitor", "m", "--", "sh", "-c"])
         .arg(format!(
-            "echo $$ > {d}/pid; touch {}; exec sleep 30",
+            "echo $$ > {}; touch {}; exec sleep 30",
+            pidfile.display(),
             held.display(),
-            d = dir.path().display()
         ))
         .spawn()
         .unwrap();
     wait_for_file(&held, Duration::from_secs(10)).await;
+    let command = read_pid(&pidfile);
+    let _reap = Reap(vec![command]);
     holder.kill().unwrap(); // SIGKILL: no release, the session must expire
     holder.wait().unwrap();
+    // The command died with its zkguard: it cannot run beside the next holder's command.
+    wait_until_dead(command, "the killed holder's command").await;
     // Session timeout 2 s; the next holder must get the lock within it plus a margin.
     let o = zkguard(&zk.connect_string(), &r)
         .args(["exec", "--monitor", "m", "--timeout", "5s", "--", "true"])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    // The orphaned command (its zkguard was killed) is ours to stop.
-    let pid: i32 = std::fs::read_to_string(dir.path().join("pid"))
-        .unwrap()
-        .trim()
-        .parse()
+}
+
+/// `zkguard exec` killed with SIGKILL takes its command along (Linux parent-death signal), also
+/// when the command is a shell waiting for a child of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_dies_with_a_killed_zkguard() {
+    let zk = shared();
+    let dir = tempfile::tempdir().unwrap();
+    for (name, script) in [
+        ("exec", "echo $$ > {pid}; exec sleep 1000"),
+        (
+            "shell",
+            "sleep 1000 > /dev/null 2>&1 & echo $! > {child}; echo $$ > {pid}; wait",
+        ),
+    ] {
+        let (pidfile, childfile) = (
+            dir.path().join(format!("{name}.pid")),
+            dir.path().join(format!("{name}.child")),
+        );
+        let script = script
+            .replace("{pid}", &pidfile.display().to_string())
+            .replace("{child}", &childfile.display().to_string());
+        let mut holder = zkguard(&zk.connect_string(), &root("pdeath"))
+            .args(["exec", "--monitor", "m", "--", "sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        wait_for_file(&pidfile, Duration::from_secs(10)).await;
+        eventually(Duration::from_secs(10), "the pid is written", || async {
+            std::fs::read_to_string(&pidfile).is_ok_and(|t| t.ends_with('\n'))
+        })
+        .await;
+        let command = read_pid(&pidfile);
+        let mut reap = Reap(vec![command]);
+        // A process the command started is not covered by the parent-death signal (see the
+        // README): the test cleans it up.
+        if childfile.exists() {
+            reap.0.push(read_pid(&childfile));
+        }
+        assert!(alive(command));
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        wait_until_dead(command, &format!("{name}: the command")).await;
+    }
+}
+
+/// Signals zkguard passes on reach the command's whole process group: a shell's background
+/// child gets SIGTERM too and does not outlive zkguard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_sigterm_reaches_the_commands_children() {
+    let zk = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let (pidfile, childfile) = (dir.path().join("pid"), dir.path().join("child"));
+    let holder = zkguard(&zk.connect_string(), &root("group"))
+        .args(["exec", "--monitor", "m", "--", "sh", "-c"])
+        .arg(format!(
+            "sleep 1000 > /dev/null 2>&1 & echo $! > {c}; echo $$ > {p}.tmp; mv {p}.tmp {p}; wait",
+            c = childfile.display(),
+            p = pidfile.display()
+        ))
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
+    wait_for_file(&pidfile, Duration::from_secs(10)).await;
+    let (command, child) = (read_pid(&pidfile), read_pid(&childfile));
+    let _reap = Reap(vec![command, child]);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(holder.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + 15),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    assert!(!alive(command), "the shell got SIGTERM");
+    wait_until_dead(child, "the shell's background child").await;
+}
+
+/// A background job the command leaves behind when it exits is killed before the lock is
+/// released: nothing started under the lock runs on without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_jobs_left_by_the_command_are_killed_before_release() {
+    let zk = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let childfile = dir.path().join("child");
+    let o = zkguard(&zk.connect_string(), &root("leftover"))
+        .args(["exec", "--monitor", "m", "--", "sh", "-c"])
+        .arg(format!(
+            "sleep 1000 > /dev/null 2>&1 & echo $! > {}; exit 3",
+            childfile.display()
+        ))
+        .output()
+        .unwrap();
+    let child = read_pid(&childfile);
+    let _reap = Reap(vec![child]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    wait_until_dead(child, "the command's background job").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -202,12 +202,12 @@ async fn the_reconciliation_catches_changes_behind_its_back() {
     let clean = reconcile(
         env.store.as_ref(),
         &plan.index,
-        &report.operations,
+        &mut report.operations.clone(),
         env.sink.as_ref(),
     )
-    .await
-    .unwrap();
+    .await;
     assert!(clean.is_consistent(), "{:?}", clean.mismatches);
+    assert!(clean.is_complete(), "{:?}", clean.unchecked);
 
     // A counter changed without zkguard.
     let article = &plan.article_ids()[2];
@@ -272,11 +272,10 @@ async fn the_reconciliation_catches_changes_behind_its_back() {
     let found = reconcile(
         env.store.as_ref(),
         &plan.index,
-        &report.operations,
+        &mut report.operations.clone(),
         env.sink.as_ref(),
     )
-    .await
-    .unwrap();
+    .await;
     assert!(!found.is_consistent());
     let text = found.mismatches.join("\n");
     assert!(
@@ -348,4 +347,279 @@ fn zkguard_demo_runs_end_to_end_with_local_servers() {
     assert_eq!(report["backend"], json!("zookeeper"));
     // A local run leaves nothing in the working directory.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// Elasticsearch applies a save but its answer is lost: the writer sees a failure whose write
+/// may have gone through. The reconciliation settles it by reading the document, and the
+/// report's table and its reconciliation count it the same way (applied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_uncertain_failure_counts_the_same_in_the_table_and_the_reconciliation() {
+    use async_trait::async_trait;
+    use zkguard::es::{EsError, HookedStore, StoreCall, StoreHook};
+
+    /// Replaces the answer of the first save (an index call with `saves` above 0) with a
+    /// transport error, after the write was applied.
+    #[derive(Default)]
+    struct LoseFirstSaveAnswer {
+        done: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait]
+    impl StoreHook for LoseFirstSaveAnswer {
+        async fn after(
+            &self,
+            call: &StoreCall<'_>,
+            outcome: Result<(), &EsError>,
+        ) -> Option<EsError> {
+            let StoreCall::Index { source, .. } = call else {
+                return None;
+            };
+            let save = source["saves"].as_i64().is_some_and(|n| n > 0);
+            if save && outcome.is_ok() && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                return Some(EsError::Transport {
+                    url: "test".into(),
+                    reason: "the answer was lost after the write".into(),
+                });
+            }
+            None
+        }
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings(dir.path());
+    let (mut env, _session) = env(&settings).await;
+    env.store = Arc::new(HookedStore::new(
+        env.store.clone(),
+        LoseFirstSaveAnswer::default(),
+    ));
+    let plan = DemoPlan {
+        writers: 2,
+        saves_per_writer: 3,
+        jobs: 0,
+        slow_editor: false,
+        stalled_writer: false,
+        ..plan(true)
+    };
+    let report = zkguard::demo::run(&env, &plan, &Arc::new(DemoProgress::default()))
+        .await
+        .unwrap();
+    assert!(report.is_consistent(), "{report}");
+    let uncertain: Vec<_> = report
+        .operations
+        .iter()
+        .filter(|o| {
+            matches!(
+                o.status,
+                OpStatus::Rejected {
+                    ambiguous: true,
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert_eq!(uncertain.len(), 1, "{report}");
+    assert_eq!(uncertain[0].recorded, Some(true), "the write went through");
+    let (fg, r) = (&report.foreground, &report.reconciliation);
+    assert_eq!(r.ambiguous_resolved, 1);
+    assert_eq!((fg.rejected, r.rejected), (0, 0), "{report}");
+    assert_eq!((fg.applied, r.applied), (6, 6), "{report}");
+    let text = report.to_string();
+    let (table_rejected, reconciled_rejected) = text_counts(&text);
+    assert_eq!(table_rejected, reconciled_rejected, "{text}");
+}
+
+/// The "rejected" total of the report's table and of its reconciliation line.
+fn text_counts(report: &str) -> (u64, u64) {
+    let table = report
+        .lines()
+        .find(|l| l.starts_with("  rejected "))
+        .unwrap_or_else(|| panic!("no rejected row: {report}"));
+    let table: u64 = table
+        .split_whitespace()
+        .skip(1)
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum();
+    let line = report
+        .lines()
+        .find(|l| l.contains(" rejected with a reason"))
+        .unwrap_or_else(|| panic!("no reconciliation line: {report}"));
+    let reconciled = line
+        .split(',')
+        .find(|p| p.contains("rejected with a reason"))
+        .and_then(|p| p.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    (table, reconciled)
+}
+
+/// `zkguard demo --servers configured` against the shared ZooKeeper and `es_url`, with the
+/// dead-letter file `dead_letters`, fast retries and a slow editor that keeps the run going for
+/// a few seconds. Progress lines go to stderr (not a terminal). The articles' index is created
+/// first, so that the demo's own requests are quick (an index creation on a fresh osmem-server
+/// takes a few seconds) and its request timeout can be short.
+fn demo_command(es_url: &str, dead_letters: &std::path::Path) -> std::process::Command {
+    let index = format!("demo-{}", tag());
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        EsStore::from_url(es_url)
+            .unwrap()
+            .ensure_index(&index, &zkguard::demo::article_mappings())
+            .await
+            .unwrap()
+    });
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_zkguard"));
+    c.args([
+        "demo",
+        "--servers",
+        "configured",
+        "--index",
+        &index,
+        "--articles",
+        "4",
+        "--writers",
+        "2",
+        "--saves",
+        "3",
+        "--jobs",
+        "2",
+        "--job-size",
+        "3",
+        "--no-stalled-writer",
+    ])
+    .env_remove("ZKGUARD_CONFIG")
+    .env("ZKGUARD_ZOOKEEPER_SERVERS", servers().zk.connect_string())
+    .env(
+        "ZKGUARD_ZOOKEEPER_LOCK_ROOT",
+        format!("/zkguard-demo-cli/{}", tag()),
+    )
+    .env("ZKGUARD_ELASTICSEARCH_URL", es_url)
+    .env("ZKGUARD_ELASTICSEARCH_REQUEST_TIMEOUT", "1000")
+    .env("ZKGUARD_ELASTIC_RETRY_BACKOFF_INITIAL", "20")
+    .env("ZKGUARD_ELASTIC_RETRY_BACKOFF_MAX", "100")
+    .env("ZKGUARD_DEADLETTER_FILE_PATH", dead_letters)
+    .env("RUST_LOG", "error")
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    c
+}
+
+struct DemoRun {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `command`; `fault` is called once, when the progress shows the workload running.
+fn run_demo(mut command: std::process::Command, fault: impl FnOnce()) -> DemoRun {
+    use std::io::{BufRead, Read};
+    let mut child = command.spawn().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let stdout = std::thread::spawn(move || {
+        let mut s = String::new();
+        out.read_to_string(&mut s).unwrap();
+        s
+    });
+    let mut fault = Some(fault);
+    let mut stderr = String::new();
+    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.contains("running foreground writers") {
+            if let Some(f) = fault.take() {
+                f();
+            }
+        }
+        stderr.push_str(&line);
+        stderr.push('\n');
+    }
+    let status = child.wait().unwrap();
+    DemoRun {
+        code: status.code(),
+        stdout: stdout.join().unwrap(),
+        stderr,
+    }
+}
+
+/// The dead-letter sink refuses every write: the demo's operations that would be parked are
+/// lost. The report names each of them, their dead letters are on stderr, and the demo fails.
+#[test]
+fn zkguard_demo_reports_lost_operations_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let dead_letters = dir.path().join("deadletters.jsonl");
+    // The sink's lock file is a directory: every park fails (for root too), listing works.
+    std::fs::create_dir(dir.path().join("deadletters.jsonl.lock")).unwrap();
+    let mut command = demo_command(servers().es.url(), &dead_letters);
+    command.args(["--background-timeout", "100ms"]);
+    let run = run_demo(command, || {});
+    let (stdout, stderr) = (&run.stdout, &run.stderr);
+    assert_eq!(run.code, Some(1), "stdout: {stdout}\nstderr: {stderr}");
+    let lost: Vec<String> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("zkguard: lost operation, dead letter: "))
+        .map(|json| {
+            let v: Value = serde_json::from_str(json).unwrap();
+            v["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert!(
+        !lost.is_empty(),
+        "the slow editor's article makes dead letters: {stderr}"
+    );
+    for id in &lost {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.trim_start().starts_with("LOST:") && l.contains(id.as_str())),
+            "a report line names {id}: {stdout}"
+        );
+    }
+    assert!(!stdout.contains("nothing lost"), "{stdout}");
+    assert!(stderr.contains("operations were lost"), "{stderr}");
+}
+
+/// Elasticsearch is killed while the demo runs: the report is printed all the same, its table
+/// and reconciliation agree, it says that the operations could not be checked, and the demo
+/// exits 69.
+#[test]
+fn zkguard_demo_reports_when_elasticsearch_is_killed() {
+    let es = OsmemServer::start().expect("start osmem-server");
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = demo_command(es.url(), &dir.path().join("deadletters.jsonl"));
+    command.args(["--background-timeout", "1s"]);
+    let run = run_demo(command, || es.kill());
+    check_incomplete_report(&run);
+}
+
+/// Elasticsearch is frozen (SIGSTOP) while the demo runs and stays frozen: the report is
+/// printed, its numbers agree, it says what could not be checked, and the demo exits 69.
+#[test]
+fn zkguard_demo_reports_when_elasticsearch_is_paused() {
+    let es = OsmemServer::start().expect("start osmem-server");
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = demo_command(es.url(), &dir.path().join("deadletters.jsonl"));
+    command.args(["--background-timeout", "1s"]);
+    let run = run_demo(command, || es.pause());
+    es.resume();
+    check_incomplete_report(&run);
+}
+
+fn check_incomplete_report(run: &DemoRun) {
+    let (stdout, stderr) = (&run.stdout, &run.stderr);
+    assert!(
+        stdout.contains("zkguard demo report"),
+        "a report is printed: exit {:?}\nstdout: {stdout}\nstderr: {stderr}",
+        run.code
+    );
+    let (table, reconciled) = text_counts(stdout);
+    assert_eq!(table, reconciled, "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("NOT CHECKED") && l.contains("Elasticsearch")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("nothing lost"), "{stdout}");
+    assert_eq!(run.code, Some(69), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stderr.contains("reconciliation is incomplete"), "{stderr}");
 }

@@ -345,3 +345,39 @@ async fn elasticsearch_sink_through_the_cli() {
     let direct = EsSink::new(es.clone(), settings.retry.index.clone());
     assert!(!direct.remove(ops[0].id).await.unwrap());
 }
+
+/// The sink can be read but refuses writes (its lock file is a directory, which fails for root
+/// too): a replay that fails cannot record the attempt, says so for the entry, and exits 75;
+/// the entry stays as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_says_when_the_sink_refuses_to_record_a_failed_attempt() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let config = write_config(dir.path(), &settings);
+    let index = format!("cli-ro-{}", tag());
+    let sink = FileSink::new(&settings.retry.file_path);
+    // The document does not exist: the replay fails.
+    let ops = park_increments(&sink, "cli-ro", &index, "missing", &[1]).await;
+    std::fs::remove_file(sink.lock_path()).unwrap();
+    std::fs::create_dir(sink.lock_path()).unwrap();
+
+    let o = zkguard(&config, &["dlq", "replay", "--all"]);
+    let text = stdout(&o);
+    assert_eq!(
+        status(&o),
+        75,
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let line = text
+        .lines()
+        .find(|l| l.contains(&ops[0].id.to_string()))
+        .unwrap_or_else(|| panic!("a line for the entry: {text}"));
+    assert!(
+        line.starts_with("still parked") && line.contains("recording this attempt failed"),
+        "{line}"
+    );
+    let left = sink.list().await.unwrap();
+    assert_eq!((left.len(), left[0].attempts), (1, 3), "{left:?}");
+}

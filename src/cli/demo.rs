@@ -9,8 +9,12 @@
 //!   `ZKGUARD_CONFIG`) or `ZKGUARD_ZOOKEEPER_SERVERS` / `ZKGUARD_ELASTICSEARCH_URL` is set,
 //!   `local` otherwise.
 //!
-//! Exit status: 0 when every operation is accounted for, 1 when the reconciliation found a
-//! mismatch, and the usual codes when the servers cannot be started or reached.
+//! Once the workload has started, a report is printed whatever happens. Exit status: 0 when
+//! every operation is accounted for; 1 when operations were lost (neither applied nor parked) or
+//! the reconciliation found a mismatch; 69 when the reconciliation could not check everything
+//! (Elasticsearch or the dead-letter sink unreadable at the end: the report says what was not
+//! checked); and the usual codes when the servers cannot be started or reached before the
+//! workload starts.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -27,7 +31,7 @@ use zkguard::servers::{OsmemServer, ServerError, ZkServer};
 
 use super::{CliError, EX_SOFTWARE, EX_UNAVAILABLE};
 
-/// Exit status when the reconciliation finds a mismatch.
+/// Exit status when the reconciliation finds a mismatch or operations were lost.
 pub const EX_MISMATCH: u8 = 1;
 
 /// Where the demo's servers come from.
@@ -244,6 +248,7 @@ fn spawn_progress(
             let bg_done = progress.background_done.load(Ordering::Relaxed);
             let bg_len = progress.background_planned.load(Ordering::Relaxed);
             let parked = progress.parked.load(Ordering::Relaxed);
+            let lost = progress.lost.load(Ordering::Relaxed);
             let fenced = progress.fenced.load(Ordering::Relaxed);
             match &bars {
                 Some((_, fg, bg, phase)) => {
@@ -256,13 +261,17 @@ fn spawn_progress(
                     });
                     bg.set_length(bg_len as u64);
                     bg.set_position(bg_done as u64);
-                    bg.set_message(format!("propagations, {parked} parked"));
+                    bg.set_message(if lost > 0 {
+                        format!("propagations, {parked} parked, {lost} LOST")
+                    } else {
+                        format!("propagations, {parked} parked")
+                    });
                     phase.set_message(progress.phase());
                     phase.tick();
                 }
                 None => {
                     let line = format!(
-                        "[demo] {}: foreground {fg_done}/{fg_len}, background {bg_done}/{bg_len}, parked {parked}, fenced {fenced}",
+                        "[demo] {}: foreground {fg_done}/{fg_len}, background {bg_done}/{bg_len}, parked {parked}, lost {lost}, fenced {fenced}",
                         progress.phase()
                     );
                     if line != last_line {
@@ -362,13 +371,24 @@ async fn run_with(settings: &Settings, plan: &DemoPlan, json: bool) -> Result<u8
     } else {
         println!("{report}");
     }
-    if report.is_consistent() {
-        Ok(0)
-    } else {
-        eprintln!(
-            "zkguard: the demo's reconciliation found {} mismatches (see the report)",
-            report.reconciliation.mismatches.len()
-        );
+    let r = &report.reconciliation;
+    let (mismatches, lost) = (r.mismatches.len(), r.lost);
+    if mismatches + lost > 0 {
+        let mut problems = Vec::new();
+        if lost > 0 {
+            problems.push(format!(
+                "{lost} operations were lost: neither applied nor parked (LOST lines; their dead letters are on stderr)"
+            ));
+        }
+        if mismatches > 0 {
+            problems.push(format!("the reconciliation found {mismatches} mismatches"));
+        }
+        eprintln!("zkguard: {} (see the report)", problems.join("; "));
         Ok(EX_MISMATCH)
+    } else if let Some(note) = r.unchecked.first() {
+        eprintln!("zkguard: the demo's reconciliation is incomplete: {note} (see the report)");
+        Ok(EX_UNAVAILABLE)
+    } else {
+        Ok(0)
     }
 }

@@ -182,9 +182,19 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
                     r.id, r.summary
                 );
             }
-            ReplayResult::StillParked { error, .. } => {
+            ReplayResult::StillParked {
+                error,
+                not_recorded,
+                ..
+            } => {
                 parked += 1;
-                println!("still parked     {}  {}: {error}", r.id, r.summary);
+                match not_recorded {
+                    None => println!("still parked     {}  {}: {error}", r.id, r.summary),
+                    Some(e) => println!(
+                        "still parked     {}  {}: {error} (the entry stays as it was: recording this attempt failed: {e})",
+                        r.id, r.summary
+                    ),
+                }
             }
         }
     }

@@ -1,9 +1,23 @@
 //! `zkguard exec`: acquire, run a command, release.
+//!
+//! The command never outlives the lock it runs under:
+//!
+//! - on Linux the command's process gets a parent-death signal (`PR_SET_PDEATHSIG`, SIGKILL)
+//!   before it is executed, so the kernel kills it when zkguard dies, even by SIGKILL; a
+//!   command whose zkguard died before the signal was set up is not executed at all;
+//! - when standard input is not a terminal, the command runs in a process group of its own, and
+//!   every signal zkguard sends (forwarded SIGTERM/SIGINT, SIGTERM when the lock is lost, SIGKILL
+//!   after `--kill-after`) goes to the whole group; whatever is left of the group when the
+//!   command exits is killed (SIGKILL) before the lock is released.
+//!
+//! On a terminal the command stays in zkguard's process group, so that it keeps the terminal
+//! (job control, reading standard input); the terminal then signals the whole job itself.
 
+use std::io::IsTerminal;
 use std::process::Stdio;
 use std::time::Duration;
 
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use tokio::process::Command;
 use tokio::signal::unix::{signal, SignalKind};
@@ -47,6 +61,10 @@ pub fn parse_cli_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// Runs `zkguard exec`.
+///
+/// It is awaited directly by the runtime's `block_on`, so the command is spawned from the main
+/// thread: Linux delivers the parent-death signal when the thread that forked the child ends,
+/// and the main thread ends only with the process.
 pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
     zkguard::lock::validate_monitor(&args.monitor).map_err(|e| CliError::new(EX_USAGE, e))?;
     let service = super::lock_service(&settings).await?;
@@ -58,16 +76,21 @@ pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
     let token = guard.fencing_token();
     tracing::info!(monitor = %args.monitor, token, "running the command under the lock");
 
-    let mut child = match Command::new(&args.command[0])
+    let own_group = !std::io::stdin().is_terminal();
+    let mut command = Command::new(&args.command[0]);
+    command
         .args(&args.command[1..])
         .env("ZKGUARD_FENCING_TOKEN", token.to_string())
         .env("ZKGUARD_MONITOR", &args.monitor)
         .env("ZKGUARD_LOCK_TYPE", args.lock_type.to_string())
         .env("ZKGUARD_LOCK_BACKEND", service.backend_name())
         .stdin(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-    {
+        .kill_on_drop(true);
+    if own_group {
+        command.process_group(0);
+    }
+    die_with_parent(&mut command);
+    let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
             let _ = guard.unlock().await;
@@ -82,7 +105,10 @@ pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
             ));
         }
     };
-    let pid = child.id().map(|p| Pid::from_raw(p as i32));
+    let mut target = Target {
+        pid: child.id().map(|p| Pid::from_raw(p as i32)),
+        group: own_group,
+    };
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
 
@@ -93,12 +119,14 @@ pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
             reason = guard.lost(), if lost.is_none() => {
                 eprintln!("zkguard: lock on `{}` lost while the command ran: {reason}; sending SIGTERM to the command", args.monitor);
                 lost = Some(reason);
-                terminate(pid, &mut child, args.kill_after).await;
+                terminate(&target, &mut child, args.kill_after).await;
             }
-            _ = sigterm.recv() => forward(pid, Signal::SIGTERM),
-            _ = sigint.recv() => forward(pid, Signal::SIGINT),
+            _ = sigterm.recv() => target.signal(Signal::SIGTERM),
+            _ = sigint.recv() => target.signal(Signal::SIGINT),
         }
     };
+    // Nothing the command started may run on once the lock is released.
+    target.kill_leftovers();
     let release = guard.unlock().await;
     if lost.is_some() {
         return Ok(EX_UNAVAILABLE);
@@ -116,18 +144,78 @@ pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
     })
 }
 
-fn forward(pid: Option<Pid>, sig: Signal) {
-    if let Some(pid) = pid {
-        let _ = kill(pid, sig);
+/// Makes the command die with zkguard: on Linux a parent-death signal (SIGKILL) set in the
+/// child before it executes the command. SIGKILL rather than SIGTERM: a zkguard that died
+/// cannot follow up with SIGKILL after `--kill-after`, and its lock passes on after the session
+/// timeout, so the command must not be able to ignore it.
+#[cfg(target_os = "linux")]
+fn die_with_parent(command: &mut Command) {
+    let parent = Pid::this();
+    // SAFETY: the closure runs in the forked child before exec and only makes two system calls
+    // (prctl, getppid), which are async-signal-safe; it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            // zkguard may have died between fork and prctl: the signal would never come.
+            // Then the child has been re-parented and must not run the command.
+            if nix::unistd::getppid() != parent {
+                return Err(std::io::Error::other(
+                    "zkguard exited before the command started",
+                ));
+            }
+            Ok(())
+        });
     }
 }
 
-async fn terminate(pid: Option<Pid>, child: &mut tokio::process::Child, kill_after: Duration) {
-    forward(pid, Signal::SIGTERM);
+/// Other Unix systems have no parent-death signal: a command whose zkguard is killed with
+/// SIGKILL keeps running (see the README).
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_command: &mut Command) {}
+
+/// Where zkguard's signals go: the command's process group when it has one of its own, its
+/// process otherwise.
+struct Target {
+    pid: Option<Pid>,
+    group: bool,
+}
+
+impl Target {
+    fn signal(&self, sig: Signal) {
+        let Some(pid) = self.pid else { return };
+        // The group outlives its leader while members are left, and its id cannot be reused
+        // while any member is alive; ESRCH means the whole group is gone.
+        let _ = if self.group {
+            killpg(pid, sig)
+        } else {
+            kill(pid, sig)
+        };
+    }
+
+    /// After the command exited: SIGKILL whatever is left of its process group (background
+    /// jobs it started), once.
+    fn kill_leftovers(&mut self) {
+        if self.group {
+            self.signal(Signal::SIGKILL);
+        }
+        self.pid = None;
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        // zkguard returns early (an error after the spawn): the group goes with it.
+        self.kill_leftovers();
+    }
+}
+
+async fn terminate(target: &Target, child: &mut tokio::process::Child, kill_after: Duration) {
+    target.signal(Signal::SIGTERM);
     if tokio::time::timeout(kill_after, child.wait())
         .await
         .is_err()
     {
+        target.signal(Signal::SIGKILL);
         let _ = child.start_kill();
     }
 }
