@@ -73,8 +73,11 @@ fn main() -> ExitCode {
         test_hooks();
         // A panic anywhere (a spawned task included) stops the command: a lock path that
         // panicked can no longer be trusted to hold, watch or release its lock.
+        // A panic of the command's own task is caught here (reported by the hook) rather than
+        // unwinding out of `main`, which would exit 101.
+        let run = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(run(cli)));
         let outcome = tokio::select! {
-            result = cli::run(cli) => Some(result),
+            result = run => result.ok(),
             _ = PANIC_REPORTED.notified() => None,
         };
         // Let the ZooKeeper sessions close in order (their nodes go at once, their watches end
@@ -120,18 +123,20 @@ fn install_panic_hook() {
             .location()
             .map_or_else(String::new, |l| format!(" at {}:{}", l.file(), l.line()));
         let thread = std::thread::current();
+        let backtrace = std::backtrace::Backtrace::capture();
+        let captured = backtrace.status() == std::backtrace::BacktraceStatus::Captured;
         eprintln!(
             "zkguard: internal error: panic in thread `{}`{place}: {}; {}",
             thread.name().unwrap_or("unnamed"),
             payload.replace('\n', " "),
-            if first {
-                "zkguard stops (exit 70); rerun with RUST_BACKTRACE=1 to see where it came from"
-            } else {
-                "(a further panic)"
+            match (first, captured) {
+                (false, _) => "(a further panic)",
+                (true, true) => "zkguard stops (exit 70); backtrace below",
+                (true, false) =>
+                    "zkguard stops (exit 70); rerun with RUST_BACKTRACE=1 to see where it came from",
             }
         );
-        let backtrace = std::backtrace::Backtrace::capture();
-        if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
+        if captured {
             eprintln!("{backtrace}");
         }
         PANIC_REPORTED.notify_one();
@@ -139,9 +144,19 @@ fn install_panic_hook() {
 }
 
 /// Fault injection for zkguard's own tests, honoured by debug builds only (release builds
-/// ignore it): `ZKGUARD_TEST_HOOK_PANIC_IN_TASK=1` makes a spawned task panic at start.
+/// ignore it): `ZKGUARD_TEST_HOOK_PANIC_IN_TASK=1` makes a spawned task panic at start,
+/// `ZKGUARD_TEST_HOOK_PANIC_IN_MAIN=1` the command's own task once it has started.
 fn test_hooks() {
     if cfg!(debug_assertions) && std::env::var_os("ZKGUARD_TEST_HOOK_PANIC_IN_TASK").is_some() {
         tokio::spawn(async { panic!("test hook ZKGUARD_TEST_HOOK_PANIC_IN_TASK") });
     }
+}
+
+/// The command, with the main-task test hook of [`test_hooks`].
+async fn run(cli: Cli) -> Result<u8, cli::CliError> {
+    if cfg!(debug_assertions) && std::env::var_os("ZKGUARD_TEST_HOOK_PANIC_IN_MAIN").is_some() {
+        tokio::task::yield_now().await;
+        panic!("test hook ZKGUARD_TEST_HOOK_PANIC_IN_MAIN");
+    }
+    cli::run(cli).await
 }

@@ -360,6 +360,15 @@ async fn a_panic_in_a_spawned_task_stops_zkguard_with_exit_70() {
         children(&servers, &format!("{r}/m1")).await,
         Vec::<String>::new()
     );
+    // A panic of the command's own task ends the same way (not with Rust's 101).
+    let o = zkguard(&servers, &r)
+        .env("ZKGUARD_TEST_HOOK_PANIC_IN_MAIN", "1")
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(70), "{e}");
+    assert!(e.contains("ZKGUARD_TEST_HOOK_PANIC_IN_MAIN"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
