@@ -798,6 +798,7 @@ mod tests {
             monitor: op.monitor.clone(),
             lock_type: op.lock_type,
             waited: Duration::from_millis(5),
+            blocked_by: None,
         });
         let t = SystemTime::now();
         DeadLetter::new(op, 3, &err, t, t)

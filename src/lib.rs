@@ -48,5 +48,5 @@ pub mod txn;
 pub mod zk;
 
 pub use backoff::Backoff;
-pub use lock::{Guard, LockError, LockRequest, LockService, LockType, LossReason};
+pub use lock::{Blocker, Guard, LockError, LockRequest, LockService, LockType, LossReason};
 pub use zk::{LockGuard, ZkBlockingWriteLock, ZkLockService, ZkSession};

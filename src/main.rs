@@ -3,6 +3,9 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::LazyLock;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
     // The demo expects faults (parked operations, a fenced writer): keep its screen to the report.
     let quiet = matches!(cli.command, Command::Demo(_));
     cli::init_tracing(cli.verbose, quiet);
+    install_panic_hook();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -65,12 +69,94 @@ fn main() -> ExitCode {
             return ExitCode::from(cli::EX_SOFTWARE);
         }
     };
-    let result = runtime.block_on(cli::run(cli));
+    let result = runtime.block_on(async {
+        test_hooks();
+        // A panic anywhere (a spawned task included) stops the command: a lock path that
+        // panicked can no longer be trusted to hold, watch or release its lock.
+        // A panic of the command's own task is caught here (reported by the hook) rather than
+        // unwinding out of `main`, which would exit 101.
+        let run = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(run(cli)));
+        let outcome = tokio::select! {
+            result = run => result.ok(),
+            _ = PANIC_REPORTED.notified() => None,
+        };
+        // Let the ZooKeeper sessions close in order (their nodes go at once, their watches end
+        // with the session) before the runtime drops whatever still runs.
+        zkguard::zk::wait_for_sessions_to_end(SESSION_END_LIMIT).await;
+        outcome
+    });
+    drop(runtime);
+    if PANICKED.load(Ordering::SeqCst) {
+        return ExitCode::from(cli::EX_SOFTWARE);
+    }
     match result {
-        Ok(code) => ExitCode::from(code),
-        Err(e) => {
+        Some(Ok(code)) => ExitCode::from(code),
+        Some(Err(e)) => {
             eprintln!("zkguard: {}", e.message);
             ExitCode::from(e.code)
         }
+        None => ExitCode::from(cli::EX_SOFTWARE),
     }
+}
+
+/// How long the process waits at its end for its ZooKeeper sessions to close.
+const SESSION_END_LIMIT: Duration = Duration::from_secs(2);
+
+/// Set by the panic hook: the process then exits with `EX_SOFTWARE` whatever else happened.
+static PANICKED: AtomicBool = AtomicBool::new(false);
+/// Wakes the main task when a panic was reported.
+static PANIC_REPORTED: LazyLock<tokio::sync::Notify> = LazyLock::new(tokio::sync::Notify::new);
+
+/// Reports a panic in one `zkguard:` line (plus a backtrace when `RUST_BACKTRACE` asks for one)
+/// and makes the process exit 70, also when the panic happened in a spawned task, which the
+/// runtime would otherwise swallow.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let first = !PANICKED.swap(true, Ordering::SeqCst);
+        let payload = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".into());
+        let place = info
+            .location()
+            .map_or_else(String::new, |l| format!(" at {}:{}", l.file(), l.line()));
+        let thread = std::thread::current();
+        let backtrace = std::backtrace::Backtrace::capture();
+        let captured = backtrace.status() == std::backtrace::BacktraceStatus::Captured;
+        eprintln!(
+            "zkguard: internal error: panic in thread `{}`{place}: {}; {}",
+            thread.name().unwrap_or("unnamed"),
+            payload.replace('\n', " "),
+            match (first, captured) {
+                (false, _) => "(a further panic)",
+                (true, true) => "zkguard stops (exit 70); backtrace below",
+                (true, false) =>
+                    "zkguard stops (exit 70); rerun with RUST_BACKTRACE=1 to see where it came from",
+            }
+        );
+        if captured {
+            eprintln!("{backtrace}");
+        }
+        PANIC_REPORTED.notify_one();
+    }));
+}
+
+/// Fault injection for zkguard's own tests, honoured by debug builds only (release builds
+/// ignore it): `ZKGUARD_TEST_HOOK_PANIC_IN_TASK=1` makes a spawned task panic at start,
+/// `ZKGUARD_TEST_HOOK_PANIC_IN_MAIN=1` the command's own task once it has started.
+fn test_hooks() {
+    if cfg!(debug_assertions) && std::env::var_os("ZKGUARD_TEST_HOOK_PANIC_IN_TASK").is_some() {
+        tokio::spawn(async { panic!("test hook ZKGUARD_TEST_HOOK_PANIC_IN_TASK") });
+    }
+}
+
+/// The command, with the main-task test hook of [`test_hooks`].
+async fn run(cli: Cli) -> Result<u8, cli::CliError> {
+    if cfg!(debug_assertions) && std::env::var_os("ZKGUARD_TEST_HOOK_PANIC_IN_MAIN").is_some() {
+        tokio::task::yield_now().await;
+        panic!("test hook ZKGUARD_TEST_HOOK_PANIC_IN_MAIN");
+    }
+    cli::run(cli).await
 }

@@ -268,6 +268,7 @@ async fn replay_interrupted_between_apply_and_remove_applies_once() {
         monitor: "r-1".into(),
         lock_type: LockType::Background,
         waited: Duration::from_millis(1),
+        blocked_by: None,
     });
     for op in &ops {
         let now = SystemTime::now();

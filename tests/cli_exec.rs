@@ -477,3 +477,187 @@ async fn stopped_holder_loses_the_lock_and_its_command_is_terminated() {
     assert!(err.contains("lost"), "{err}");
     assert!(term.exists(), "the command got SIGTERM");
 }
+
+#[tokio::test]
+async fn a_panic_in_a_spawned_task_stops_zkguard_with_exit_70() {
+    let zk = shared();
+    let servers = zk.connect_string();
+    let r = root("panic");
+    // A debug-build test hook makes a spawned task panic while `exec` takes the lock and runs
+    // its command; the runtime would swallow it and exit 0 after the command.
+    let o = zkguard(&servers, &r)
+        .env("ZKGUARD_TEST_HOOK_PANIC_IN_TASK", "1")
+        .args(["exec", "--monitor", "m1", "--", "sleep", "5"])
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(70), "{e}");
+    assert!(
+        e.contains("zkguard: internal error: panic")
+            && e.contains("ZKGUARD_TEST_HOOK_PANIC_IN_TASK"),
+        "{e}"
+    );
+    // It closed its session before exiting: nothing of it is left in the lock tree.
+    assert_eq!(
+        children(&servers, &format!("{r}/m1")).await,
+        Vec::<String>::new()
+    );
+    // A panic of the command's own task ends the same way (not with Rust's 101).
+    let o = zkguard(&servers, &r)
+        .env("ZKGUARD_TEST_HOOK_PANIC_IN_MAIN", "1")
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(70), "{e}");
+    assert!(e.contains("ZKGUARD_TEST_HOOK_PANIC_IN_MAIN"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_zero_tries_once() {
+    let zk = shared();
+    let servers = zk.connect_string();
+    let r = root("tryonce");
+    // Free: the command runs under the lock and its status comes back.
+    let o = zkguard(&servers, &r)
+        .args([
+            "exec",
+            "--monitor",
+            "t1",
+            "--timeout",
+            "0",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(r#"test -n "$ZKGUARD_FENCING_TOKEN" && exit 3"#)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    // Held: exit 75 at once, naming the holder; nothing of the try is left queued.
+    let mut settings = zk_settings(&servers, "unused");
+    settings.lock_root = r.clone();
+    let holder = session(&settings).await;
+    let g = zkguard::ZkBlockingWriteLock::new("Save Content", &holder, "t1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    for lock_type in ["foreground", "background"] {
+        let o = zkguard(&servers, &r)
+            .args([
+                "exec",
+                "--monitor",
+                "t1",
+                "--type",
+                lock_type,
+                "--timeout",
+                "0",
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(75), "{e}");
+        assert!(
+            e.contains(&format!("held by {}", holder.owner_id())) && e.contains("Save Content"),
+            "{e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert_eq!(children(&servers, &format!("{r}/t1")).await.len(), 2);
+    }
+    g.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_reports_a_stray_mutex_and_clears_it_on_request() {
+    let zk = shared();
+    let servers = zk.connect_string();
+    let r = root("stray");
+    let admin = zookeeper_client::Client::connect(&servers).await.unwrap();
+    let mut path = String::new();
+    for seg in format!("{r}/s1/privateLock")
+        .trim_start_matches('/')
+        .split('/')
+    {
+        path.push('/');
+        path.push_str(seg);
+        let mode = zookeeper_client::CreateMode::Persistent
+            .with_acls(zookeeper_client::Acls::anyone_all());
+        match admin.create(&path, &[], &mode).await {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(e) => panic!("create {path}: {e}"),
+        }
+    }
+    let o = zkguard(&servers, &r)
+        .args(["locks", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["monitor"], "s1");
+    assert_eq!(v[0]["stray"], true);
+    assert_eq!(v[0]["stray_session"], "0x0");
+    assert!(v[0]["holder"].is_null() && v[0]["queue"].as_array().unwrap().is_empty());
+    let o = zkguard(&servers, &r).args(["locks"]).output().unwrap();
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains("STRAY") && table.contains("--clear-stray"),
+        "{table}"
+    );
+    // Every contender is blocked, and told why.
+    let o = zkguard(&servers, &r)
+        .args([
+            "exec",
+            "--monitor",
+            "s1",
+            "--timeout",
+            "100ms",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    assert!(stderr(&o).contains("stray mutex node"), "{}", stderr(&o));
+    // Cleared on request; then the lock works.
+    let o = zkguard(&servers, &r)
+        .args(["locks", "--monitor", "s1", "--clear-stray"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("removed the stray mutex node"));
+    let o = zkguard(&servers, &r)
+        .args(["exec", "--monitor", "s1", "--timeout", "0", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // A live holder's mutex is refused.
+    let dir = tempfile::tempdir().unwrap();
+    let inside = dir.path().join("inside");
+    let mut holder = zkguard(&servers, &r)
+        .args(["exec", "--monitor", "s1", "--", "sh", "-c"])
+        .arg(format!("touch {}; sleep 30", inside.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_file(&inside, Duration::from_secs(10)).await;
+    let o = zkguard(&servers, &r)
+        .args(["locks", "--monitor", "s1", "--clear-stray"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    assert!(stderr(&o).contains("live holder"), "{}", stderr(&o));
+    assert!(children(&servers, &format!("{r}/s1"))
+        .await
+        .contains(&"privateLock".to_string()));
+    // SIGTERM: zkguard passes it on to its command and releases.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(holder.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    holder.wait().unwrap();
+}

@@ -72,6 +72,7 @@ async fn park_increments(
             monitor: monitor.into(),
             lock_type: LockType::Background,
             waited: Duration::from_millis(300),
+            blocked_by: None,
         });
         let now = SystemTime::now();
         sink.park(&DeadLetter::new(&op, 3, &err, now, now))
@@ -301,6 +302,7 @@ async fn elasticsearch_sink_through_the_cli() {
         monitor: "esdl-1".into(),
         lock_type: LockType::Background,
         waited: Duration::from_millis(1),
+        blocked_by: None,
     });
     sink.park(&DeadLetter::new(&odd, 1, &timeout, now, now))
         .await

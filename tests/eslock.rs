@@ -12,7 +12,7 @@ use zkguard::config::Settings;
 use zkguard::es::{DocStore, EsError, EsStore, Refresh, WriteCondition};
 use zkguard::eslock::{EsLockService, EsLockServiceBuilder, LockState};
 use zkguard::servers::OsmemServer;
-use zkguard::{Guard, LockError, LockRequest, LockService, LockType, LossReason};
+use zkguard::{Blocker, Guard, LockError, LockRequest, LockService, LockType, LossReason};
 
 fn server() -> &'static OsmemServer {
     static SERVER: OnceLock<OsmemServer> = OnceLock::new();
@@ -628,6 +628,7 @@ async fn timeout_and_dropped_guard() {
             monitor: m,
             lock_type,
             waited,
+            ..
         } => {
             assert_eq!(m, monitor);
             assert_eq!(*lock_type, LockType::Background);
@@ -871,3 +872,66 @@ async fn killed_foreground_exec_does_not_block_background_forever() {
 #[path = "common/wait.rs"]
 mod wait;
 use wait::eventually;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_takes_a_free_lock_and_otherwise_fails_at_once_naming_what_is_in_the_way() {
+    let idx = index("try");
+    let monitor = "m";
+    let svc = builder(&idx, 5000, 100).build().unwrap();
+    let other = builder(&idx, 5000, 100).build().unwrap();
+    // Free (no lock document yet): taken on the single try.
+    let g = svc
+        .try_lock(LockRequest::new(monitor, "Save Content"))
+        .await
+        .unwrap();
+    // Held: fails at once, naming the holder from the lock document, registering nothing.
+    for request in [
+        LockRequest::new(monitor, "second"),
+        LockRequest::new(monitor, "second").with_type(LockType::Background),
+    ] {
+        let err = other.try_lock(request).await.unwrap_err();
+        match err.blocked_by() {
+            Some(Blocker::Holder { owner, info, .. }) => {
+                assert_eq!(owner.as_deref(), Some(g.owner()), "{err}");
+                assert_eq!(info.as_deref(), Some("Save Content"), "{err}");
+            }
+            _ => panic!("expected the holder to be named: {err}"),
+        }
+        assert!(err.to_string().contains(g.owner()), "{err}");
+    }
+    assert!(svc.foreground_waiters(monitor).await.unwrap().is_empty());
+    // A zero timeout through the lock service trait is the same try.
+    let err = LockService::acquire(
+        &other,
+        LockRequest::new(monitor, "second").with_timeout(Duration::ZERO),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+
+    // A foreground contender waits (its registration outlives it: the future is leaked).
+    let mut waiting = Box::pin(other.lock(LockRequest::new(monitor, "waiting")));
+    tokio::select! {
+        r = &mut waiting => panic!("the waiter must not get the lock: {r:?}"),
+        _ = eventually(Duration::from_secs(5), "the waiter to register", || async {
+            !svc.foreground_waiters(monitor).await.unwrap().is_empty()
+        }) => {}
+    }
+    std::mem::forget(waiting);
+    g.must_release().await.unwrap();
+    // The lock is free, but a background try lets the foreground waiter go first.
+    let err = svc
+        .try_lock(LockRequest::new(monitor, "bg").with_type(LockType::Background))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err.blocked_by(),
+            Some(Blocker::ForegroundWaiters { count: 1 })
+        ),
+        "{err}"
+    );
+    // A foreground try takes it.
+    let fg = svc.try_lock(LockRequest::new(monitor, "fg")).await.unwrap();
+    fg.must_release().await.unwrap();
+}

@@ -39,8 +39,8 @@ pub struct ExecArgs {
         default_value = "foreground"
     )]
     pub lock_type: LockType,
-    /// How long to wait for the lock (e.g. 500ms, 2s, or milliseconds); default from the
-    /// configuration of the lock type.
+    /// How long to wait for the lock (e.g. 500ms, 2s, or milliseconds); 0 tries once; default
+    /// from the configuration of the lock type.
     #[arg(long, value_name = "DURATION", value_parser = parse_cli_duration)]
     pub timeout: Option<Duration>,
     /// Short description of the work, stored in the lock nodes.

@@ -55,7 +55,7 @@ use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::es::{DocMeta, DocStore, EsError, Refresh, WriteCondition};
 use crate::lock::{
-    validate_monitor, Guard, LockError, LockRequest, LockService, LockType, LossReason,
+    validate_monitor, Blocker, Guard, LockError, LockRequest, LockService, LockType, LossReason,
 };
 
 mod guard;
@@ -449,8 +449,9 @@ impl Inner {
 /// Outcome of one acquisition attempt.
 enum Step {
     Acquired(EsLockGuard),
-    /// Held by someone else (or held back by a foreground waiter): wait and poll.
-    Busy,
+    /// Held by someone else (or held back by a foreground waiter): wait and poll. Says what
+    /// was in the way, when known.
+    Busy(Option<Blocker>),
     /// A conditional write lost a race: re-read at once.
     Retry,
 }
@@ -492,13 +493,15 @@ impl Acquisition {
         inner.upsert_waiter(&self.monitor, &entry).await
     }
 
-    /// Whether a live foreground registration exists; an unreadable registry counts as yes.
-    async fn foreground_waiting(&self) -> bool {
+    /// Whether a live foreground registration exists (`Some` with what it means for the
+    /// contender); an unreadable registry counts as yes, with nothing known about it.
+    async fn foreground_waiting(&self) -> Option<Option<Blocker>> {
         match self.inner.live_waiters(&self.monitor).await {
-            Ok(list) => !list.is_empty(),
+            Ok(list) if list.is_empty() => None,
+            Ok(list) => Some(Some(Blocker::ForegroundWaiters { count: list.len() })),
             Err(e) => {
                 tracing::debug!(monitor = %self.monitor, error = %e, "cannot read the foreground waiters; backing off");
-                true
+                Some(None)
             }
         }
     }
@@ -513,16 +516,23 @@ impl Acquisition {
             Some((rec, meta)) => {
                 let held_by_me = rec.state == LockState::Held && rec.owner == self.owner;
                 let landed = held_by_me && self.pending.contains(&rec.token);
-                if landed && !foreground && self.foreground_waiting().await {
-                    // An earlier takeover of ours landed after all, but a foreground waiter came.
-                    if inner.free_at(&rec, meta).await? {
-                        self.pending.clear();
+                if landed && !foreground {
+                    if let Some(waiting) = self.foreground_waiting().await {
+                        // An earlier takeover of ours landed after all, but a foreground waiter
+                        // came.
+                        if inner.free_at(&rec, meta).await? {
+                            self.pending.clear();
+                        }
+                        return Ok(Step::Busy(waiting));
                     }
-                    return Ok(Step::Busy);
                 }
                 let own = held_by_me && self.explicit_owner;
                 if !landed && !own && !rec.is_takeable(now, skew) {
-                    return Ok(Step::Busy);
+                    return Ok(Step::Busy(Some(Blocker::Holder {
+                        owner: Some(rec.owner.clone()),
+                        info: Some(rec.info.clone()),
+                        node: None,
+                    })));
                 }
                 if own && !landed {
                     inner.supersede_local(&self.monitor, &self.owner);
@@ -536,8 +546,10 @@ impl Acquisition {
                 )
             }
         };
-        if !foreground && self.foreground_waiting().await {
-            return Ok(Step::Busy);
+        if !foreground {
+            if let Some(waiting) = self.foreground_waiting().await {
+                return Ok(Step::Busy(waiting));
+            }
         }
         let token = inner.next_token(previous);
         let sent = Instant::now();
@@ -576,13 +588,15 @@ impl Acquisition {
             }
             Err(e) => return Err(e),
         };
-        if !foreground && self.foreground_waiting().await {
-            // A foreground waiter registered while the takeover was in flight: hand it back.
-            tracing::debug!(monitor = %self.monitor, token, "foreground waiter appeared; giving the lock back");
-            if inner.free_at(&rec, meta).await? {
-                self.pending.clear();
+        if !foreground {
+            if let Some(waiting) = self.foreground_waiting().await {
+                // A foreground waiter registered while the takeover was in flight: hand it back.
+                tracing::debug!(monitor = %self.monitor, token, "foreground waiter appeared; giving the lock back");
+                if inner.free_at(&rec, meta).await? {
+                    self.pending.clear();
+                }
+                return Ok(Step::Busy(waiting));
             }
-            return Ok(Step::Busy);
         }
         if Instant::now() >= sent + inner.cfg.validity() {
             // The answer came so late that the lease is already over for us: give it back.
@@ -590,7 +604,7 @@ impl Acquisition {
             if inner.free_at(&rec, meta).await? {
                 self.pending.clear();
             }
-            return Ok(Step::Busy);
+            return Ok(Step::Busy(None));
         }
         self.pending.clear();
         let shared = Arc::new(GuardShared::new(inner.clone(), rec, meta, sent));
@@ -601,6 +615,23 @@ impl Acquisition {
             shared,
             inner.cfg.keep_alive,
         )))
+    }
+
+    /// What holds the lock now, read from its document (`None` when it cannot be read).
+    async fn describe(&self) -> Option<Blocker> {
+        match self.inner.read_lock(&self.monitor).await {
+            Ok(Some((rec, _)))
+                if !rec.is_takeable(self.inner.now_ms(), self.inner.cfg.skew_ms()) =>
+            {
+                Some(Blocker::Holder {
+                    owner: Some(rec.owner),
+                    info: Some(rec.info),
+                    node: None,
+                })
+            }
+            Ok(_) => Some(Blocker::Released),
+            Err(_) => None,
+        }
     }
 
     async fn cleanup(
@@ -724,7 +755,8 @@ impl EsLockService {
         &self.inner.owner_prefix
     }
 
-    /// Acquires the lock with a fresh owner id, waiting up to the request's timeout.
+    /// Acquires the lock with a fresh owner id, waiting up to the request's timeout (a zero
+    /// timeout tries once, see [`EsLockService::try_lock`]).
     ///
     /// # Errors
     /// [`LockError::InvalidMonitor`] for a bad name; [`LockError::Timeout`] when another holder
@@ -743,6 +775,21 @@ impl EsLockService {
             self.inner.counter.fetch_add(1, Ordering::Relaxed) + 1
         );
         self.acquire_inner(request, owner, false).await
+    }
+
+    /// Tries once with a fresh owner id: takes the lock if it is free (or its lease expired)
+    /// right now, and, for a background request, no foreground contender is registered as
+    /// waiting; otherwise fails at once. The same as [`EsLockService::lock`] with a request
+    /// whose timeout is [`Duration::ZERO`]. A failed try leaves no waiter registration behind.
+    ///
+    /// # Errors
+    /// [`LockError::Timeout`] naming the holder (owner and lock info from the lock document) or
+    /// the foreground waiters; otherwise as [`EsLockService::lock`].
+    ///
+    /// # Cancellation safety
+    /// As [`EsLockService::lock`].
+    pub async fn try_lock(&self, request: LockRequest) -> Result<EsLockGuard, LockError> {
+        self.lock(request.with_timeout(Duration::ZERO)).await
     }
 
     /// Acquires the lock for an explicit, caller-chosen owner id. A lock already held by the
@@ -811,6 +858,7 @@ impl EsLockService {
         let mut next_refresh: Option<Instant> = None;
         let mut backoff = Backoff::new(inner.cfg.poll_initial, inner.cfg.poll_max);
         let mut last_error: Option<EsError>;
+        let mut blocked_by: Option<Blocker>;
         loop {
             if !foreground
                 && inner
@@ -833,10 +881,19 @@ impl EsLockService {
                     return Ok(guard);
                 }
                 Ok(Step::Retry) if Instant::now() < deadline => continue,
-                Ok(_) => last_error = None,
+                Ok(Step::Retry) => {
+                    // Lost a race for the lock at the deadline: see who won.
+                    last_error = None;
+                    blocked_by = cx.describe().await;
+                }
+                Ok(Step::Busy(blocker)) => {
+                    last_error = None;
+                    blocked_by = blocker;
+                }
                 Err(e) if e.is_transient() => {
                     tracing::debug!(error = %e, "lock attempt failed; retrying");
                     last_error = Some(e);
+                    blocked_by = None;
                 }
                 Err(e) => {
                     cx.finish().await;
@@ -852,6 +909,7 @@ impl EsLockService {
                         monitor: request.monitor,
                         lock_type: request.lock_type,
                         waited: now - start,
+                        blocked_by: blocked_by.map(Box::new),
                     },
                 });
             }

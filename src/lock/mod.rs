@@ -87,11 +87,117 @@ pub enum LossReason {
     Closed,
 }
 
+/// What stood in the way of a contender that gave up ([`LockError::Timeout`]), as read from
+/// the lock itself when it gave up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Blocker {
+    /// Another contender held the lock.
+    Holder {
+        /// Its owner id (`host:pid:random`), when its lock node says.
+        owner: Option<String>,
+        /// Its lock info ("Save Content"), when its lock node says.
+        info: Option<String>,
+        /// Its queue node (ZooKeeper), when known.
+        node: Option<String>,
+    },
+    /// Nobody held the lock, but contenders that go first were queued ahead (ZooKeeper).
+    QueueAhead {
+        /// How many.
+        count: usize,
+        /// The first one's queue node, e.g. `A-0000000012`.
+        first_node: String,
+        /// The first one's class (`foreground`/`background`, or the node prefix when its data
+        /// could not be read).
+        first_class: String,
+        /// The first one's owner id, when its node says.
+        first_owner: Option<String>,
+    },
+    /// Foreground contenders were waiting, and a background one lets them go first
+    /// (Elasticsearch lease lock).
+    ForegroundWaiters {
+        /// How many registrations were live.
+        count: usize,
+    },
+    /// A `privateLock` node that no zkguard contender holds blocked the lock (ZooKeeper): a
+    /// persistent node, or an ephemeral one of a session with no queue node in the monitor.
+    /// `zkguard locks --monitor ID --clear-stray` removes it.
+    StrayMutex {
+        /// Path of the node.
+        path: String,
+        /// The session owning it (`0x…`), or `None` when it is persistent.
+        session: Option<String>,
+    },
+    /// The lock was free when the contender gave up (it was released just then).
+    Released,
+}
+
+impl fmt::Display for Blocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Holder { owner, info, node } => {
+                write!(
+                    f,
+                    "held by {}",
+                    owner.as_deref().unwrap_or("an unknown owner")
+                )?;
+                let mut extra = Vec::new();
+                if let Some(i) = info {
+                    extra.push(format!("info {i:?}"));
+                }
+                if let Some(n) = node {
+                    extra.push(format!("node {n}"));
+                }
+                if !extra.is_empty() {
+                    write!(f, " ({})", extra.join(", "))?;
+                }
+                Ok(())
+            }
+            Self::QueueAhead {
+                count,
+                first_node,
+                first_class,
+                first_owner,
+            } => write!(
+                f,
+                "{count} contender{} queued ahead, first {first_node} ({first_class}, owner {})",
+                if *count == 1 { "" } else { "s" },
+                first_owner.as_deref().unwrap_or("unknown")
+            ),
+            Self::ForegroundWaiters { count } => write!(
+                f,
+                "{count} foreground contender{} waiting, which go first",
+                if *count == 1 { "" } else { "s" }
+            ),
+            Self::StrayMutex { path, session } => {
+                let monitor = path.rsplit('/').nth(1).unwrap_or_default();
+                write!(
+                    f,
+                    "a stray mutex node {path} ({}) blocks every contender; remove it with `zkguard locks --monitor {monitor} --clear-stray`",
+                    match session {
+                        None => "persistent, not a zkguard holder's".to_string(),
+                        Some(s) => format!("ephemeral of session {s}, which holds no queue node"),
+                    }
+                )
+            }
+            Self::Released => f.write_str("it was released just as the wait ended"),
+        }
+    }
+}
+
+fn blocker(b: &Option<Box<Blocker>>) -> String {
+    match b {
+        Some(b) => b.to_string(),
+        None => "what held it could not be read".into(),
+    }
+}
+
 /// Errors of the lock layer, mirroring the design's exceptions.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
-    /// The design's `InstanceLockException`: the lock was not acquired in time.
-    #[error("lock on `{monitor}` ({lock_type}) not acquired within {}ms: another holder kept it; retry later or raise the {lock_type} timeout", waited.as_millis())]
+    /// The design's `InstanceLockException`: the lock was not acquired in time. With a zero
+    /// timeout (try once) this comes at once when the lock is not free.
+    #[error("lock on `{monitor}` ({lock_type}) not acquired within {}ms: {}; retry later or raise the {lock_type} timeout", waited.as_millis(), blocker(.blocked_by))]
     Timeout {
         /// Monitor object.
         monitor: String,
@@ -99,6 +205,9 @@ pub enum LockError {
         lock_type: LockType,
         /// How long the contender waited.
         waited: Duration,
+        /// What stood in the way when it gave up; `None` when that could not be read. See
+        /// [`LockError::blocked_by`].
+        blocked_by: Option<Box<Blocker>>,
     },
     /// The design's `SessionExpiredException`.
     #[error("ZooKeeper session expired{}: the lock (if any) is gone; retry with a new session", ctx(.context))]
@@ -174,6 +283,14 @@ fn ctx(c: &str) -> String {
 }
 
 impl LockError {
+    /// What stood in the way of a [`LockError::Timeout`], when it could be read.
+    pub fn blocked_by(&self) -> Option<&Blocker> {
+        match self {
+            Self::Timeout { blocked_by, .. } => blocked_by.as_deref(),
+            _ => None,
+        }
+    }
+
     /// Whether retrying the same operation later may succeed (timeouts and connection trouble).
     pub fn is_transient(&self) -> bool {
         matches!(
@@ -196,7 +313,7 @@ pub struct LockRequest {
     pub lock_type: LockType,
     /// Short description of the work ("Save Content").
     pub info: String,
-    /// Overrides the lock type's configured timeout.
+    /// Overrides the lock type's configured timeout; zero means try once.
     pub timeout: Option<Duration>,
 }
 
@@ -217,7 +334,9 @@ impl LockRequest {
         self
     }
 
-    /// Overrides the timeout.
+    /// Overrides the timeout. [`Duration::ZERO`] means try once: the lock is taken if it is
+    /// free right now (and no contender that goes first is queued), otherwise the acquisition
+    /// fails at once with [`LockError::Timeout`], leaving nothing queued behind.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -227,10 +346,11 @@ impl LockRequest {
 /// A lock service: ZooKeeper or Elasticsearch.
 #[async_trait]
 pub trait LockService: Send + Sync + 'static {
-    /// Waits up to the request's timeout for the lock.
+    /// Waits up to the request's timeout for the lock; with a zero timeout, tries once.
     ///
     /// # Errors
-    /// [`LockError::Timeout`] when not acquired in time; connection and session errors.
+    /// [`LockError::Timeout`] when not acquired in time (at once with a zero timeout), naming
+    /// what stood in the way; connection and session errors.
     ///
     /// # Cancellation safety
     /// Cancel-safe: a dropped acquisition removes whatever it had queued, in the background.

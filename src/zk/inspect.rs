@@ -3,12 +3,12 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
-use zookeeper_client::Error as ZkError;
+use zookeeper_client::{Client, Error as ZkError, Stat};
 
-use super::names::{Queue, MUTEX_NODE};
+use super::names::{Queue, QueueNode, MUTEX_NODE};
 use super::recipe::NodeData;
 use super::{map_zk, ZkSession};
-use crate::lock::LockError;
+use crate::lock::{Blocker, LockError};
 
 /// One contender of a monitor, as seen in ZooKeeper.
 #[derive(Debug, Clone, Serialize)]
@@ -44,6 +44,240 @@ pub struct MonitorState {
     pub token: Option<u64>,
     /// Everyone queued, in lock order (the holder included).
     pub queue: Vec<Contender>,
+    /// Whether `privateLock` exists but is not one of zkguard's: persistent, or ephemeral of a
+    /// session that holds no queue node in the monitor. It blocks every contender until it is
+    /// removed (`zkguard locks --monitor ID --clear-stray`).
+    pub stray: bool,
+    /// The session owning a stray `privateLock` (`0x0` when it is persistent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stray_session: Option<String>,
+}
+
+/// One queue node as read.
+pub(crate) struct NodeView {
+    pub node: QueueNode,
+    pub data: Option<NodeData>,
+    pub stat: Stat,
+}
+
+/// The mutex node of a monitor, classified.
+pub(crate) enum MutexView {
+    /// No `privateLock`.
+    Free,
+    /// Held by a zkguard contender: its session holds a queue node in the monitor.
+    Held { data: Option<NodeData>, stat: Stat },
+    /// Not one of zkguard's (see [`MonitorState::stray`]).
+    Stray { stat: Stat },
+}
+
+/// A monitor's mutex and queue, read in the order that keeps a live holder from looking stray.
+pub(crate) struct MonitorView {
+    pub mutex: MutexView,
+    /// Queue nodes in lock order.
+    pub nodes: Vec<NodeView>,
+}
+
+impl MonitorView {
+    /// The queue node of the holder: the one with the mutex's attempt id, else the first of
+    /// the mutex's session.
+    pub fn holder(&self) -> Option<&NodeView> {
+        let MutexView::Held { data, stat } = &self.mutex else {
+            return None;
+        };
+        let attempt = data.as_ref().map(|d| d.attempt.as_str());
+        self.nodes
+            .iter()
+            .find(|n| attempt.is_some() && n.data.as_ref().map(|d| d.attempt.as_str()) == attempt)
+            .or_else(|| {
+                self.nodes
+                    .iter()
+                    .find(|n| n.stat.ephemeral_owner == stat.ephemeral_owner)
+            })
+    }
+
+    /// What stands in the way of a contender of class `prefix` (with queue node `own`, if it
+    /// has one): the holder, a stray mutex, or the contenders that go first.
+    pub fn blocker(&self, mutex_path: &str, prefix: &str, own: Option<&str>) -> Blocker {
+        match &self.mutex {
+            MutexView::Stray { stat } => Blocker::StrayMutex {
+                path: mutex_path.to_string(),
+                session: (stat.ephemeral_owner != 0)
+                    .then(|| format!("{:#x}", stat.ephemeral_owner)),
+            },
+            MutexView::Held { data, .. } => {
+                let holder = self.holder();
+                Blocker::Holder {
+                    owner: data.as_ref().map(|d| d.owner.clone()),
+                    info: data.as_ref().map(|d| d.info.clone()),
+                    node: holder
+                        .map(|h| h.node.name.clone())
+                        .or_else(|| data.as_ref().and_then(|d| d.node.clone())),
+                }
+            }
+            MutexView::Free => {
+                let own = own.and_then(|o| self.nodes.iter().find(|n| n.node.name == o));
+                let ahead: Vec<&NodeView> = self
+                    .nodes
+                    .iter()
+                    .take_while(|n| match own {
+                        Some(o) => n.node.name != o.node.name,
+                        None => n.node.prefix.as_str() <= prefix,
+                    })
+                    .collect();
+                match ahead.first() {
+                    None => Blocker::Released,
+                    Some(first) => Blocker::QueueAhead {
+                        count: ahead.len(),
+                        first_node: first.node.name.clone(),
+                        first_class: first
+                            .data
+                            .as_ref()
+                            .map_or_else(|| first.node.prefix.clone(), |d| d.lock_type.to_string()),
+                        first_owner: first.data.as_ref().map(|d| d.owner.clone()),
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// Reads the mutex of the monitor at `monitor_path`, then its queue. `None` when the monitor
+/// node does not exist.
+///
+/// A zkguard holder creates `privateLock` while its queue node exists (or in one multi with
+/// it) and deletes it before or together with its queue node, so a mutex read *before* the
+/// queue belongs to a session that shows a queue node in the queue read after, unless it was
+/// released in between: then the mutex is read again, and only a mutex that is still the same
+/// node counts as stray.
+pub(crate) async fn read_monitor(
+    client: &Client,
+    monitor_path: &str,
+) -> Result<Option<MonitorView>, ZkError> {
+    let mutex_path = format!("{monitor_path}/{MUTEX_NODE}");
+    let read_mutex = || async {
+        match client.get_data(&mutex_path).await {
+            Ok((bytes, stat)) => Ok(Some((
+                serde_json::from_slice::<NodeData>(&bytes).ok(),
+                stat,
+            ))),
+            Err(ZkError::NoNode) => Ok(None),
+            Err(e) => Err(e),
+        }
+    };
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        let mutex = read_mutex().await?;
+        let children = match client.list_children(monitor_path).await {
+            Ok(c) => c,
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut nodes = Vec::new();
+        for node in Queue::from_children(&children).nodes {
+            match client
+                .get_data(&format!("{monitor_path}/{}", node.name))
+                .await
+            {
+                Ok((bytes, stat)) => nodes.push(NodeView {
+                    node,
+                    data: serde_json::from_slice::<NodeData>(&bytes).ok(),
+                    stat,
+                }),
+                Err(ZkError::NoNode) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mutex = match mutex {
+            None => MutexView::Free,
+            Some((data, stat)) => {
+                let live = stat.ephemeral_owner != 0
+                    && nodes
+                        .iter()
+                        .any(|n| n.stat.ephemeral_owner == stat.ephemeral_owner);
+                if live {
+                    MutexView::Held { data, stat }
+                } else {
+                    let again = read_mutex().await?;
+                    match again {
+                        Some((_, now)) if now.czxid == stat.czxid => MutexView::Stray { stat },
+                        // Released (and maybe taken again) in between: read everything again.
+                        _ if rounds < 5 => continue,
+                        _ => MutexView::Held { data, stat },
+                    }
+                }
+            }
+        };
+        return Ok(Some(MonitorView { mutex, nodes }));
+    }
+}
+
+/// What `zkguard locks --clear-stray` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StrayOutcome {
+    /// The stray mutex node was removed; the session that owned it (`None`: persistent).
+    Removed {
+        /// Owner session, `0x…`.
+        session: Option<String>,
+    },
+    /// The monitor has no mutex node: nothing to clear.
+    NoMutex,
+    /// The mutex node belongs to a live zkguard holder and was left alone.
+    LiveHolder {
+        /// The holder's owner id, when its node says.
+        owner: Option<String>,
+        /// The holder's queue node, when found.
+        node: Option<String>,
+    },
+}
+
+/// Removes the `privateLock` of `monitor` if it is stray (see [`MonitorState::stray`]); never
+/// touches a live holder's mutex. The delete is conditional on the version inspected, after the
+/// node was read again and found to be the same node (same creation zxid).
+///
+/// # Errors
+/// [`LockError::InvalidMonitor`]; connection and session errors.
+///
+/// # Cancellation safety
+/// A dropped call may or may not have removed the stray node.
+#[tracing::instrument(name = "zk_clear_stray", skip(session))]
+pub async fn clear_stray(session: &ZkSession, monitor: &str) -> Result<StrayOutcome, LockError> {
+    crate::lock::validate_monitor(monitor)?;
+    let slot = session.slot().await?;
+    let client = &slot.client;
+    let path = format!("{}/{monitor}", session.settings().lock_root);
+    let mutex_path = format!("{path}/{MUTEX_NODE}");
+    let view = read_monitor(client, &path)
+        .await
+        .map_err(|e| map_zk(e, "reading the lock"))?;
+    let Some(view) = view else {
+        return Ok(StrayOutcome::NoMutex);
+    };
+    let stat = match &view.mutex {
+        MutexView::Free => return Ok(StrayOutcome::NoMutex),
+        MutexView::Held { data, .. } => {
+            return Ok(StrayOutcome::LiveHolder {
+                owner: data.as_ref().map(|d| d.owner.clone()),
+                node: view.holder().map(|h| h.node.name.clone()),
+            })
+        }
+        MutexView::Stray { stat } => *stat,
+    };
+    match client.delete(&mutex_path, Some(stat.version)).await {
+        Ok(()) => {
+            let session =
+                (stat.ephemeral_owner != 0).then(|| format!("{:#x}", stat.ephemeral_owner));
+            tracing::warn!(path = %mutex_path, ?session, "removed a stray mutex node");
+            Ok(StrayOutcome::Removed { session })
+        }
+        // Changed since it was inspected: whatever is there now was not inspected.
+        Err(ZkError::NoNode) => Ok(StrayOutcome::NoMutex),
+        Err(ZkError::BadVersion) => Err(LockError::Backend {
+            context: format!("clearing the stray mutex of `{monitor}`"),
+            detail: "the node changed while it was inspected; run the command again".into(),
+        }),
+        Err(e) => Err(map_zk(e, "removing the stray mutex")),
+    }
 }
 
 fn age(ctime_ms: i64) -> u64 {
@@ -85,53 +319,43 @@ pub async fn list_locks(
     let mut out = Vec::new();
     for m in monitors {
         let path = format!("{root}/{m}");
-        let children = match client.list_children(&path).await {
-            Ok(c) => c,
-            Err(ZkError::NoNode) => continue,
-            Err(e) => return Err(map_zk(e, "listing contenders")),
+        let view = match read_monitor(client, &path).await {
+            Ok(Some(v)) => v,
+            Ok(None) => continue,
+            Err(e) => return Err(map_zk(e, "reading the lock")),
         };
-        let queue = Queue::from_children(&children);
-        let (mutex, token) = match client.get_data(&format!("{path}/{MUTEX_NODE}")).await {
-            Ok((bytes, stat)) => (
-                serde_json::from_slice::<NodeData>(&bytes).ok(),
-                Some(stat.czxid as u64),
-            ),
-            Err(ZkError::NoNode) => (None, None),
-            Err(e) => return Err(map_zk(e, "reading the mutex")),
+        let holder_node = view.holder().map(|h| h.node.name.clone());
+        let contenders: Vec<Contender> = view
+            .nodes
+            .iter()
+            .map(|n| Contender {
+                node: n.node.name.clone(),
+                class: n.node.prefix.clone(),
+                sequence: n.node.sequence,
+                owner: n.data.as_ref().map(|d| d.owner.clone()),
+                info: n.data.as_ref().map(|d| d.info.clone()),
+                lock_type: n.data.as_ref().map(|d| d.lock_type.to_string()),
+                age_ms: age(n.stat.ctime),
+                session: format!("{:#x}", n.stat.ephemeral_owner),
+                holder: holder_node.as_deref() == Some(n.node.name.as_str()),
+            })
+            .collect();
+        let (token, stray_session) = match &view.mutex {
+            MutexView::Free => (None, None),
+            MutexView::Held { stat, .. } => (Some(stat.czxid as u64), None),
+            MutexView::Stray { stat } => (None, Some(format!("{:#x}", stat.ephemeral_owner))),
         };
-        let mut contenders = Vec::new();
-        for n in &queue.nodes {
-            let (bytes, stat) = match client.get_data(&format!("{path}/{}", n.name)).await {
-                Ok(x) => x,
-                Err(ZkError::NoNode) => continue,
-                Err(e) => return Err(map_zk(e, "reading a contender")),
-            };
-            let data = serde_json::from_slice::<NodeData>(&bytes).ok();
-            let holder = mutex
-                .as_ref()
-                .zip(data.as_ref())
-                .is_some_and(|(m, d)| m.attempt == d.attempt);
-            contenders.push(Contender {
-                node: n.name.clone(),
-                class: n.prefix.clone(),
-                sequence: n.sequence,
-                owner: data.as_ref().map(|d| d.owner.clone()),
-                info: data.as_ref().map(|d| d.info.clone()),
-                lock_type: data.as_ref().map(|d| d.lock_type.to_string()),
-                age_ms: age(stat.ctime),
-                session: format!("{:#x}", stat.ephemeral_owner),
-                holder,
-            });
-        }
-        let holder = contenders.iter().find(|c| c.holder).cloned();
-        if contenders.is_empty() && token.is_none() {
+        let stray = stray_session.is_some();
+        if contenders.is_empty() && token.is_none() && !stray {
             continue;
         }
         out.push(MonitorState {
             monitor: m,
-            holder,
-            token: token.filter(|_| mutex.is_some()).or(token),
+            holder: contenders.iter().find(|c| c.holder).cloned(),
+            token,
             queue: contenders,
+            stray,
+            stray_session,
         });
     }
     Ok(out)

@@ -19,9 +19,9 @@ pub mod names;
 mod recipe;
 mod session;
 
-pub use inspect::{list_locks, Contender, MonitorState};
+pub use inspect::{clear_stray, list_locks, Contender, MonitorState, StrayOutcome};
 pub use recipe::{LockGuard, NodeData, ZkBlockingWriteLock, ZkLockService};
-pub use session::ZkSession;
+pub use session::{wait_for_sessions_to_end, ZkSession};
 
 use crate::lock::LockError;
 use zookeeper_client::Error as ZkError;

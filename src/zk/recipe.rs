@@ -18,7 +18,8 @@ use super::map_zk;
 use super::names::{Queue, MUTEX_NODE};
 use super::session::{Health, Reap, Slot, ZkSession};
 use crate::lock::{
-    validate_monitor, Guard, LockError, LockRequest, LockService, LockType, LossReason, LossSignal,
+    validate_monitor, Blocker, Guard, LockError, LockRequest, LockService, LockType, LossReason,
+    LossSignal,
 };
 
 const EPHEMERAL_SEQ: CreateOptions<'static> =
@@ -111,11 +112,13 @@ impl ZkBlockingWriteLock {
         self
     }
 
-    /// Queues for the lock and waits until it is held or the timeout passes.
+    /// Queues for the lock and waits until it is held or the timeout passes. A zero timeout
+    /// ([`Duration::ZERO`]) tries once, as [`ZkBlockingWriteLock::try_lock`].
     ///
     /// # Errors
     /// - [`LockError::Timeout`] (the design's `InstanceLockException`): not acquired in time;
-    ///   the queue node was removed before this returns.
+    ///   the queue node was removed before this returns. The error names what stood in the way
+    ///   when the wait ended (the holder, a stray mutex node or the contenders queued ahead).
     /// - [`LockError::SessionExpired`], [`LockError::ConnectionLoss`]: ZooKeeper trouble.
     ///
     /// # Cancellation safety
@@ -123,6 +126,25 @@ impl ZkBlockingWriteLock {
     /// just taken) in the background; nothing outlives the waiter.
     pub async fn lock_with_timeout(&self) -> Result<LockGuard, LockError> {
         acquire(&self.session, self.request.clone()).await
+    }
+
+    /// Tries once: takes the lock if it is free right now and no contender that goes first is
+    /// queued (a background try fails while foreground contenders wait), in one round trip;
+    /// otherwise fails at once. Nothing stays queued either way.
+    ///
+    /// # Errors
+    /// - [`LockError::Timeout`] when the lock is not free, naming the holder (owner and lock
+    ///   info from its node), a stray mutex node, or the contenders queued ahead;
+    /// - [`LockError::SessionExpired`], [`LockError::ConnectionLoss`]: ZooKeeper trouble.
+    ///
+    /// # Cancellation safety
+    /// As [`ZkBlockingWriteLock::lock_with_timeout`].
+    pub async fn try_lock(&self) -> Result<LockGuard, LockError> {
+        acquire(
+            &self.session,
+            self.request.clone().with_timeout(Duration::ZERO),
+        )
+        .await
     }
 }
 
@@ -294,8 +316,12 @@ impl Drop for Pending {
 
 /// How a contender step ended.
 enum Step {
-    Acquired { token: u64 },
+    Acquired {
+        token: u64,
+    },
     Wait(Queue),
+    /// The mutex was held and the contender did not queue (try once).
+    Busy,
 }
 
 #[instrument(name = "zk_lock", skip_all, fields(monitor = %request.monitor, lock_type = %request.lock_type))]
@@ -305,6 +331,7 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
     let timeout = request
         .timeout
         .unwrap_or_else(|| settings.timeout(request.lock_type));
+    let try_once = timeout.is_zero();
     let started = Instant::now();
     let deadline = started + timeout;
     let slot = session.slot().await?;
@@ -343,12 +370,17 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
 
     // Fast path: queue node and mutex node in one multi, the child list pipelined behind it;
     // skipped on a monitor that was contended last time.
-    let contended_before = slot.contended(&paths.mutex);
+    // A try-once contender always tries the fast path, without queueing when the mutex is held.
+    let contended_before = slot.contended(&paths.mutex) && !try_once;
     let mut others_seen = false;
+    // Every contender tries at least once, however short its timeout (creating the monitor node
+    // first is not a try).
+    let mut tried = false;
     let mut step = loop {
-        if Instant::now() >= deadline && pending.node.is_none() {
-            return Err(timeout_error(&request, started));
+        if tried && Instant::now() >= deadline && pending.node.is_none() {
+            return Err(give_up(&mut pending, &paths, &prefix, &request, started).await);
         }
+        tried = true;
         let attempt = if contended_before {
             plain_create(client, &paths, &prefix, &data, &mut pending).await
         } else {
@@ -359,13 +391,15 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
                 &mut data,
                 &mut pending,
                 &mut mutex_rx,
+                !try_once,
             )
             .await
         };
         match attempt {
             Ok(step) => break step,
             Err(ZkError::NoNode) => {
-                ensure_monitor(client, &settings.lock_root, &paths.monitor).await?
+                ensure_monitor(client, &settings.lock_root, &paths.monitor).await?;
+                tried = false;
             }
             Err(e @ (ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_))) => {
                 debug!(error = %e, "connection loss while queueing; looking for our own node");
@@ -403,6 +437,12 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
                     mutex_rx,
                 ));
             }
+            Step::Busy => {
+                return Err(give_up(&mut pending, &paths, &prefix, &request, started).await)
+            }
+            Step::Wait(_) if try_once => {
+                return Err(give_up(&mut pending, &paths, &prefix, &request, started).await)
+            }
             Step::Wait(queue) => queue,
         };
         let node = pending.node.clone().expect("waiting with a node");
@@ -439,7 +479,7 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
         debug!(node = %node, pos, queued = queue.nodes.len(), mutex_present = queue.mutex_present, "queue read");
         let now = Instant::now();
         if now >= deadline {
-            return Err(give_up(&mut pending, &request, started).await);
+            return Err(give_up(&mut pending, &paths, &prefix, &request, started).await);
         }
         if promote_at.is_some_and(|at| now >= at && prefix != settings.foreground_prefix) {
             step = promote(
@@ -529,16 +569,29 @@ async fn acquire(session: &ZkSession, request: LockRequest) -> Result<LockGuard,
     }
 }
 
-fn timeout_error(request: &LockRequest, started: Instant) -> LockError {
-    LockError::Timeout {
-        monitor: request.monitor.clone(),
-        lock_type: request.lock_type,
-        waited: started.elapsed(),
-    }
-}
-
-/// Timeout: remove our node now (retrying on connection loss), then report.
-async fn give_up(pending: &mut Pending, request: &LockRequest, started: Instant) -> LockError {
+/// Timeout: read what stands in the way, remove our node now (retrying on connection loss),
+/// then report.
+async fn give_up(
+    pending: &mut Pending,
+    paths: &Paths,
+    prefix: &str,
+    request: &LockRequest,
+    started: Instant,
+) -> LockError {
+    let waited = started.elapsed();
+    let blocked_by = match super::inspect::read_monitor(&pending.slot.client, &paths.monitor).await
+    {
+        Ok(Some(view)) => Some(Box::new(view.blocker(
+            &paths.mutex,
+            prefix,
+            pending.node.as_deref(),
+        ))),
+        Ok(None) => Some(Box::new(Blocker::Released)),
+        Err(e) => {
+            debug!(error = %e, "could not read what held the lock");
+            None
+        }
+    };
     let node = pending.node_path();
     pending.node = None;
     let mutex = pending.holds_mutex.then(|| pending.mutex_path.clone());
@@ -558,8 +611,13 @@ async fn give_up(pending: &mut Pending, request: &LockRequest, started: Instant)
             warn!(error = %e, "could not remove the queue node after a timeout; the session's end will");
         }
     }
-    debug!("timed out; queue node removed");
-    timeout_error(request, started)
+    debug!(blocked_by = ?blocked_by, "timed out; queue node removed");
+    LockError::Timeout {
+        monitor: request.monitor.clone(),
+        lock_type: request.lock_type,
+        waited,
+        blocked_by,
+    }
 }
 
 async fn abandon(pending: &mut Pending, err: LockError) -> LockError {
@@ -630,7 +688,9 @@ fn child_name(path: &str) -> String {
     path.rsplit('/').next().unwrap_or(path).to_string()
 }
 
-/// One multi creating our queue node and the mutex node, with the queue read pipelined.
+/// One multi creating our queue node and the mutex node, with the queue read pipelined. When
+/// the mutex is held, queues with a plain create if `queue_if_held`, else returns
+/// [`Step::Busy`] (nothing was created: the multi is atomic).
 async fn fast_path(
     client: &Client,
     paths: &Paths,
@@ -638,6 +698,7 @@ async fn fast_path(
     data: &mut NodeData,
     pending: &mut Pending,
     mutex_rx: &mut watch::Receiver<u64>,
+    queue_if_held: bool,
 ) -> Result<Step, ZkError> {
     let node_path = format!("{}/{prefix}-", paths.monitor);
     let node_bytes = encode(data);
@@ -710,7 +771,10 @@ async fn fast_path(
             index: 1,
             source: ZkError::NodeExists,
         }) => {
-            // Mutex held: queue normally.
+            // Mutex held: queue normally (or not at all, trying once).
+            if !queue_if_held {
+                return Ok(Step::Busy);
+            }
             plain_create(client, paths, prefix, data, pending).await
         }
         Err(MultiWriteError::OperationFailed { source, .. }) => Err(source),

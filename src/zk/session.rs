@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, watch, Mutex};
 use tracing::{debug, info, warn};
 
 use zookeeper_client::{
-    AddWatchMode, Client, EventType, PersistentWatcher, SessionState, WatchedEvent,
+    AddWatchMode, Client, EventType, PersistentWatcher, SessionState, StateWatcher, WatchedEvent,
 };
 
 use crate::config::ZkSettings;
@@ -20,6 +20,43 @@ use super::map_zk;
 
 /// How many monitors' mutex watches one session keeps before evicting the least recently used.
 const MUTEX_WATCH_CAPACITY: usize = 1024;
+
+/// The state of every session this process opened, so that [`wait_for_sessions_to_end`] can let
+/// them end in order before the runtime goes away.
+static SESSIONS: StdMutex<Vec<StateWatcher>> = StdMutex::new(Vec::new());
+
+fn register_session(client: &Client) {
+    let mut sessions = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
+    sessions.retain(|s| !s.peek_state().is_terminated());
+    sessions.push(client.state_watcher());
+}
+
+/// Waits, up to `limit`, until every connected ZooKeeper session this process opened has ended.
+///
+/// A session ends once nothing uses it any more (its [`ZkSession`] clones and guards are gone):
+/// the client then closes it, which deletes its ephemeral nodes at once. Call this before the
+/// tokio runtime shuts down (the `zkguard` binary does, before it exits): a runtime that shuts
+/// down under a live session drops the session's task mid-way, so its nodes stay until the
+/// session timeout and its watches end without a terminal event. Disconnected sessions are not
+/// waited for (they cannot close in order).
+pub async fn wait_for_sessions_to_end(limit: Duration) {
+    let sessions: Vec<StateWatcher> = SESSIONS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .drain(..)
+        .collect();
+    let all = async {
+        for mut s in sessions {
+            while let SessionState::SyncConnected | SessionState::ConnectedReadOnly = s.peek_state()
+            {
+                s.changed().await;
+            }
+        }
+    };
+    if tokio::time::timeout(limit, all).await.is_err() {
+        debug!("a ZooKeeper session was still in use when the process ended");
+    }
+}
 
 /// Connection health of one ZooKeeper session, as the locks need it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,18 +96,23 @@ struct MutexWatch {
 /// A persistent watcher shared by its forwarding task and by [`Slot::flush_mutex_events`].
 struct WatchState {
     watcher: PersistentWatcher,
+    /// The session's state: a watcher is never polled once its session has ended.
+    session: StateWatcher,
     done: bool,
     /// The forwarding task's waker: a flush polls with it so the channel keeps waking the task.
     task_waker: Option<std::task::Waker>,
 }
 
 impl WatchState {
-    /// Takes one ready event (never waits).
+    /// Takes one ready event (never waits). `None` once the session has ended: after its
+    /// terminal event, or when the session task went away without one (its runtime shut down;
+    /// the patched client then reports `Closed`, see `patches/README.md`).
     fn poll_event(
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<WatchedEvent>> {
-        if self.done {
+        if self.done || self.session.peek_state().is_terminated() {
+            self.done = true;
             return std::task::Poll::Ready(None);
         }
         let fut = self.watcher.changed();
@@ -176,6 +218,7 @@ impl Slot {
         let (tx, rx) = watch::channel(0u64);
         let events = Arc::new(StdMutex::new(WatchState {
             watcher,
+            session: self.client.state_watcher(),
             done: false,
             task_waker: None,
         }));
@@ -464,6 +507,7 @@ impl ZkSession {
             timeout_ms = negotiated.as_millis() as u64,
             "ZooKeeper session established"
         );
+        register_session(&client);
         let (health_tx, health_rx) = watch::channel(Health::Connected);
         let mut states = client.state_watcher();
         tokio::spawn(async move {
@@ -519,5 +563,51 @@ impl ZkSession {
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
         self.inner.current.write().expect("slot lock").take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::servers::ZkServer;
+
+    /// The sequence behind a rare panic at process exit: the runtime that runs a session's task
+    /// shuts down (dropping the task, so no terminal event is ever sent) while a mutex watch of
+    /// that session is still polled. Polling must report the end, not panic.
+    #[test]
+    fn a_mutex_watch_polled_after_its_session_task_is_gone_reports_the_end() {
+        let zk = ZkServer::builder()
+            .tick_time(500)
+            .start()
+            .expect("start ZooKeeper (run scripts/install-deps.sh)");
+        let mut settings = crate::config::Settings::default().zookeeper;
+        settings.servers = zk.connect_string();
+        settings.connection_retry = 3;
+        let session_rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let path = "/watch-end/privateLock";
+        let (session, slot, mut rx) = session_rt.block_on(async {
+            let session = ZkSession::connect(&settings).await.unwrap();
+            let slot = session.slot().await.unwrap();
+            let rx = slot.mutex_events(path).await.unwrap();
+            (session, slot, rx)
+        });
+        rx.borrow_and_update();
+        // The session task (and the forwarding task) go away with their runtime, without a
+        // terminal event.
+        drop(session_rt);
+        // A waiter taking the mutex polls the watch first; before the fix this panicked in the
+        // client (`Option::unwrap()` on `None` in `PersistentReceiver::recv`).
+        slot.flush_mutex_events(path);
+        assert!(
+            rx.has_changed().unwrap(),
+            "the end of the session must reach the mutex waiters"
+        );
+        // Once ended, the watch is not polled again.
+        slot.flush_mutex_events(path);
+        drop((slot, session));
     }
 }
