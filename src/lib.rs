@@ -32,19 +32,15 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod background;
-pub mod backoff;
-pub mod bench;
+mod backoff;
 pub mod config;
-pub mod deadletter;
-pub mod demo;
 pub mod es;
 pub mod eslock;
-pub mod guarded;
 pub mod lock;
-pub mod ops;
-pub mod servers;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod txn;
+pub mod write;
 pub mod zk;
 
 pub use backoff::Backoff;

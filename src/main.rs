@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cli;
+mod workload;
 
 /// ZooKeeper priority locks that fence Elasticsearch writes.
 #[derive(Debug, Parser)]

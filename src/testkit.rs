@@ -21,9 +21,9 @@
 //! temporary directories (data and logs) after the handles are dropped, for post-mortems.
 //!
 //! ```no_run
-//! use zkguard::servers::{OsmemServer, ZkServer};
+//! use zkguard::testkit::{OsmemServer, ZkServer};
 //!
-//! # fn demo() -> Result<(), zkguard::servers::ServerError> {
+//! # fn demo() -> Result<(), zkguard::testkit::ServerError> {
 //! let zk = ZkServer::builder().tick_time(500).start()?;
 //! let es = OsmemServer::start()?;
 //! println!("zookeeper at {}, elasticsearch API at {}", zk.connect_string(), es.url());

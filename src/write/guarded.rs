@@ -8,9 +8,9 @@
 //!
 //! ```no_run
 //! # async fn demo(locks: std::sync::Arc<dyn zkguard::LockService>,
-//! #               store: std::sync::Arc<dyn zkguard::es::DocStore>) -> Result<(), zkguard::guarded::GuardedError> {
+//! #               store: std::sync::Arc<dyn zkguard::es::DocStore>) -> Result<(), zkguard::write::guarded::GuardedError> {
 //! use serde_json::json;
-//! use zkguard::guarded::GuardedWriter;
+//! use zkguard::write::guarded::GuardedWriter;
 //!
 //! let writer = GuardedWriter::new(locks, store);
 //! writer.on("article-42").info("Save Content").index("articles", "42", json!({"title": "Hello"})).await?;
@@ -57,7 +57,7 @@ use uuid::Uuid;
 
 use crate::es::{DocMeta, DocStore, EsError, Refresh, WriteCondition};
 use crate::lock::{Guard, LockError, LockRequest, LockService, LockType};
-use crate::ops::{
+use crate::write::ops::{
     apply_change, strip_meta, with_stamp, ApplyError, Change, DeleteMode, OpError, OpKind,
     Operation, Stamp, DEFAULT_OPS_WINDOW,
 };

@@ -4,7 +4,7 @@
 //! the write itself ([`OpKind`]): index a whole document, update one (a JSON merge patch or a
 //! numeric increment, applied as read-modify-write under the lock), or delete one. Because it
 //! is plain data, an operation that could not be applied can be parked in a dead-letter sink
-//! ([`crate::deadletter`]) and replayed later, by another process, exactly as it was submitted.
+//! ([`super::deadletter`]) and replayed later, by another process, exactly as it was submitted.
 //!
 //! # The `zkguard` field
 //! Every document zkguard writes carries a [`META_FIELD`] object (a [`Stamp`]): the fencing
@@ -16,7 +16,7 @@
 //!
 //! ```
 //! use serde_json::json;
-//! use zkguard::ops::{Change, OpKind, Operation};
+//! use zkguard::write::ops::{Change, OpKind, Operation};
 //!
 //! let op = Operation::increment("article-42", "articles", "42", "views", 1)
 //!     .with_info("KPI update");
@@ -39,7 +39,7 @@ use crate::lock::{validate_monitor, LockType};
 pub const META_FIELD: &str = "zkguard";
 
 /// How many recent operation ids a document remembers by default (see
-/// [`crate::guarded::GuardedWriter::with_ops_window`]).
+/// [`super::guarded::GuardedWriter::with_ops_window`]).
 pub const DEFAULT_OPS_WINDOW: usize = 100;
 
 /// An operation that is not well formed, whatever the state of the target document.
