@@ -43,9 +43,12 @@ use serde_json::{json, Value};
 
 use crate::es::{Doc, DocMeta, EsError};
 
+mod accounts;
 mod audit;
 mod coordinator;
 mod recovery;
+mod requests;
+mod steps;
 
 pub use audit::{Audit, AUDIT_LIMIT};
 pub use coordinator::Coordinator;
