@@ -3,7 +3,7 @@
 # The main job: installs ZooKeeper and osmem-server if missing, starts them on free loopback
 # ports, runs the demo and stops them.
 demo: deps
-	cargo run --release --bin zkguard -- demo
+	cargo run --release --features testkit --bin zkguard -- demo
 
 # The whole test suite against real servers started by the test harness, compiled once with every
 # feature (the Docker-backed test skips at run time when no Docker daemon answers; the second line

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use zkguard::config::Settings;
-use zkguard::servers::ZkServer;
+use zkguard::testkit::ZkServer;
 use zkguard::{LockType, ZkBlockingWriteLock, ZkSession};
 
 #[tokio::main]

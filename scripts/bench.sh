@@ -57,9 +57,9 @@ PY=/usr/bin/python3
 # --- zkguard build (before the server starts, so the build does not disturb it) ----------------
 ZKGUARD="$ROOT/target/release/zkguard"
 if [ "$BUILD" = 1 ]; then
-    echo "building zkguard (cargo build --release) ..." >&2
-    if ! (cd "$ROOT" && cargo build --release --quiet) >"$OUT/build.log" 2>&1; then
-        echo "bench.sh: cargo build --release failed (see $OUT/build.log); zkguard column is n/a" >&2
+    echo "building zkguard (cargo build --release --features testkit) ..." >&2
+    if ! (cd "$ROOT" && cargo build --release --features testkit --quiet) >"$OUT/build.log" 2>&1; then
+        echo "bench.sh: cargo build --release --features testkit failed (see $OUT/build.log); zkguard column is n/a" >&2
     fi
 fi
 
@@ -79,7 +79,7 @@ elif ! javac -nowarn -d "$CURATOR_BUILD" -cp "$CURATOR_CP" "$ROOT/bench/curator/
     CURATOR_OK=0
 fi
 
-# --- ZooKeeper (the same command line as zkguard::servers) -----------------------------------
+# --- ZooKeeper (the same command line as zkguard::testkit) -----------------------------------
 PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 mkdir -p "$WORK/data"
 cat >"$WORK/zoo.cfg" <<EOF

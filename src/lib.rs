@@ -10,11 +10,16 @@
 //! cannot overwrite newer data. zkguard provides:
 //!
 //! - [`ZkBlockingWriteLock`]: the ZooKeeper priority lock (`A-`/`B-` queue nodes, a `privateLock`
-//!   mutex node, fencing tokens, loss detection);
+//!   mutex node, fencing tokens, loss detection), in [`zk`];
 //! - [`config::Settings`]: properties-file configuration with environment overrides;
-//! - guarded, fenced Elasticsearch writes, background retries and dead letters;
-//! - an Elasticsearch-native lease lock behind the same [`LockService`] trait;
-//! - two-phase-commit multi-document transactions.
+//! - [`write`]: guarded, fenced Elasticsearch writes, background retries and dead letters, over
+//!   the document-store layer [`es`];
+//! - [`eslock`]: an Elasticsearch-native lease lock behind the same [`LockService`] trait
+//!   ([`lock`]);
+//! - [`txn`]: two-phase-commit multi-document transactions.
+//!
+//! With the `testkit` feature, `zkguard::testkit` starts local ZooKeeper and `osmem-server`
+//! processes for tests. `docs/architecture.md` shows how the modules fit together.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -32,19 +37,15 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod background;
-pub mod backoff;
-pub mod bench;
+mod backoff;
 pub mod config;
-pub mod deadletter;
-pub mod demo;
 pub mod es;
 pub mod eslock;
-pub mod guarded;
 pub mod lock;
-pub mod ops;
-pub mod servers;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod txn;
+pub mod write;
 pub mod zk;
 
 pub use backoff::Backoff;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 mod cli;
+mod workload;
 
 /// ZooKeeper priority locks that fence Elasticsearch writes.
 #[derive(Debug, Parser)]

@@ -11,15 +11,15 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use serde_json::json;
 use uuid::Uuid;
-use zkguard::background::{BackgroundError, BackgroundExecutor, Outcome, PARK_TRIES};
-use zkguard::deadletter::{
+use zkguard::es::{Refresh, WriteCondition};
+use zkguard::testkit::OsmemServer;
+use zkguard::write::background::{BackgroundError, BackgroundExecutor, Outcome, PARK_TRIES};
+use zkguard::write::deadletter::{
     replay, DeadLetter, DeadLetterError, DeadLetterSink, FileSink, ParkReason, ReplayResult,
     ReplaySelection,
 };
-use zkguard::es::{Refresh, WriteCondition};
-use zkguard::guarded::{GuardedError, GuardedWriter};
-use zkguard::ops::{Operation, Stamp};
-use zkguard::servers::OsmemServer;
+use zkguard::write::guarded::{GuardedError, GuardedWriter};
+use zkguard::write::ops::{Operation, Stamp};
 use zkguard::{LockError, LockRequest, LockType};
 
 use guarded_support::{eventually, locks, settings, settings_for, shared, source, store, tag};

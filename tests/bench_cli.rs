@@ -156,7 +156,7 @@ fn table_names_every_figure() {
 
 fn closed_port() -> u16 {
     // Bound, then closed: nothing listens there any more.
-    zkguard::servers::free_port().expect("a free port")
+    zkguard::testkit::free_port().expect("a free port")
 }
 
 fn assert_one_line_error(out: &Output, code: i32, needle: &str) {

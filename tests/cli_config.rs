@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::*;
 use zkguard::config::Settings;
 use zkguard::es::{DocStore, EsError, EsStore};
-use zkguard::servers::ZkServer;
+use zkguard::testkit::ZkServer;
 use zkguard::{LockError, LockRequest, LockService};
 
 fn shared() -> &'static ZkServer {
@@ -44,7 +44,7 @@ fn zkguard(servers: &str) -> Command {
 }
 
 fn closed_port() -> String {
-    format!("127.0.0.1:{}", zkguard::servers::free_port().unwrap())
+    format!("127.0.0.1:{}", zkguard::testkit::free_port().unwrap())
 }
 
 fn stderr(o: &Output) -> String {
@@ -135,15 +135,15 @@ async fn composed_library_messages_give_their_advice_once() {
         zk_error.to_string(),
         es_error.to_string(),
         es_lock_error.to_string(),
-        zkguard::guarded::GuardedError::Lock(zk_error).to_string(),
-        zkguard::guarded::GuardedError::Lock(es_lock_error).to_string(),
-        zkguard::guarded::GuardedError::Store(again()).to_string(),
+        zkguard::write::guarded::GuardedError::Lock(zk_error).to_string(),
+        zkguard::write::guarded::GuardedError::Lock(es_lock_error).to_string(),
+        zkguard::write::guarded::GuardedError::Store(again()).to_string(),
         zkguard::txn::TxnError::Store {
             context: "reading an account".into(),
             source: again(),
         }
         .to_string(),
-        zkguard::deadletter::DeadLetterError::Store {
+        zkguard::write::deadletter::DeadLetterError::Store {
             index: "dl".into(),
             source: again(),
         }

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::*;
-use zkguard::servers::ZkServer;
+use zkguard::testkit::ZkServer;
 
 fn shared() -> &'static ZkServer {
     static SERVER: OnceLock<ZkServer> = OnceLock::new();
@@ -161,7 +161,7 @@ fn bad_usage_bad_monitor_bad_config() {
 
 #[test]
 fn unreachable_zookeeper_exits_69() {
-    let port = zkguard::servers::free_port().unwrap();
+    let port = zkguard::testkit::free_port().unwrap();
     let o = zkguard(&format!("127.0.0.1:{port}"), "/x")
         .args(["exec", "--monitor", "m", "--", "true"])
         .output()

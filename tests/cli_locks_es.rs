@@ -6,7 +6,7 @@ use std::sync::Arc;
 use zkguard::config::{LockBackendKind, Settings};
 use zkguard::es::EsStore;
 use zkguard::eslock::EsLockService;
-use zkguard::servers::OsmemServer;
+use zkguard::testkit::OsmemServer;
 use zkguard::{LockRequest, LockService};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

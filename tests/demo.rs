@@ -7,12 +7,18 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use zkguard::config::Settings;
-use zkguard::deadletter::{DeadLetterSink, FileSink};
-use zkguard::demo::{reconcile, DemoEnv, DemoPlan, DemoProgress, OpStatus};
 use zkguard::es::{DocStore, EsStore, Refresh, WriteCondition};
 use zkguard::lock::LockType;
-use zkguard::servers::{OsmemServer, ZkServer};
+use zkguard::testkit::{OsmemServer, ZkServer};
+use zkguard::write::deadletter::{DeadLetterSink, FileSink};
 use zkguard::{LockService, ZkLockService, ZkSession};
+
+// The demo workload belongs to the `zkguard` binary, not to the library: these tests compile its
+// module from the binary's source tree (it uses the library's public API only).
+#[allow(dead_code)]
+#[path = "../src/workload/demo.rs"]
+mod demo;
+use demo::{reconcile, DemoEnv, DemoPlan, DemoProgress, OpStatus};
 
 struct Servers {
     zk: ZkServer,
@@ -91,7 +97,7 @@ async fn a_run_accounts_for_every_operation() {
     let (env, _session) = env(&settings).await;
     let plan = plan(true);
     let progress = Arc::new(DemoProgress::default());
-    let report = zkguard::demo::run(&env, &plan, &progress).await.unwrap();
+    let report = demo::run(&env, &plan, &progress).await.unwrap();
     assert!(report.is_consistent(), "{report}");
 
     // Every planned operation is in the report, once.
@@ -191,7 +197,7 @@ async fn the_reconciliation_catches_changes_behind_its_back() {
         stalled_writer: false,
         ..plan(false)
     };
-    let report = zkguard::demo::run(&env, &plan, &Arc::new(DemoProgress::default()))
+    let report = demo::run(&env, &plan, &Arc::new(DemoProgress::default()))
         .await
         .unwrap();
     assert!(report.is_consistent(), "{report}");
@@ -401,7 +407,7 @@ async fn an_uncertain_failure_counts_the_same_in_the_table_and_the_reconciliatio
         stalled_writer: false,
         ..plan(true)
     };
-    let report = zkguard::demo::run(&env, &plan, &Arc::new(DemoProgress::default()))
+    let report = demo::run(&env, &plan, &Arc::new(DemoProgress::default()))
         .await
         .unwrap();
     assert!(report.is_consistent(), "{report}");
@@ -464,7 +470,7 @@ fn demo_command(es_url: &str, dead_letters: &std::path::Path) -> std::process::C
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         EsStore::from_url(es_url)
             .unwrap()
-            .ensure_index(&index, &zkguard::demo::article_mappings())
+            .ensure_index(&index, &demo::article_mappings())
             .await
             .unwrap()
     });

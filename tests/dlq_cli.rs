@@ -11,9 +11,9 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::{json, Value};
 use zkguard::config::{DeadLetterSinkKind, Settings};
-use zkguard::deadletter::{DeadLetter, DeadLetterSink, EsSink, FileSink};
-use zkguard::guarded::{GuardedError, GuardedWriter};
-use zkguard::ops::Operation;
+use zkguard::write::deadletter::{DeadLetter, DeadLetterSink, EsSink, FileSink};
+use zkguard::write::guarded::{GuardedError, GuardedWriter};
+use zkguard::write::ops::Operation;
 use zkguard::{LockError, LockType};
 
 use guarded_support::{eventually, locks, settings_for, shared, source, store, tag};
@@ -291,7 +291,7 @@ async fn elasticsearch_sink_through_the_cli() {
         .await
         .unwrap();
     let sink: Arc<dyn DeadLetterSink> =
-        zkguard::deadletter::sink_from_settings(&settings.retry, Some(es.clone())).unwrap();
+        zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(es.clone())).unwrap();
     assert_eq!(sink.describe(), format!("index {}", settings.retry.index));
     // Different document shapes in the payload must not clash in the sink's mappings.
     let other_index = format!("{index}-other");

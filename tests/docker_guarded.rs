@@ -17,8 +17,8 @@ use testcontainers_modules::testcontainers::{ContainerAsync, ImageExt};
 use testcontainers_modules::zookeeper::Zookeeper;
 use zkguard::config::Settings;
 use zkguard::es::{DocStore, EsStore, HookedStore, IndexGate};
-use zkguard::guarded::{GuardedError, GuardedWriter};
-use zkguard::ops::{Operation, Stamp};
+use zkguard::write::guarded::{GuardedError, GuardedWriter};
+use zkguard::write::ops::{Operation, Stamp};
 use zkguard::{LockRequest, LockService, LossReason, ZkLockService, ZkSession};
 
 /// The Elasticsearch image tag: the module defaults to 7.16.1.
@@ -190,7 +190,7 @@ async fn stale_holder_is_fenced(settings: &zkguard::config::ZkSettings, es: &Arc
 
     // A reaches ZooKeeper through a partition that the test cuts, so that ZooKeeper expires
     // A's session for real.
-    let partition = zkguard::servers::Partition::start(&settings.servers).unwrap();
+    let partition = zkguard::testkit::Partition::start(&settings.servers).unwrap();
     let mut settings_a = settings.clone();
     settings_a.servers = partition.connect_string().to_string();
     let (_session_a, locks_a) = locks(&settings_a).await;

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use zkguard::config::Settings;
 use zkguard::es::{BulkAction, DocStore, EsError, EsStore, Refresh, WriteCondition};
 
-use zkguard::servers::OsmemServer as Osmem;
+use zkguard::testkit::OsmemServer as Osmem;
 
 fn start_osmem() -> Osmem {
     Osmem::start().expect("start osmem-server (run scripts/install-deps.sh)")

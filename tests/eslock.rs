@@ -11,7 +11,7 @@ use tokio::sync::Barrier;
 use zkguard::config::Settings;
 use zkguard::es::{DocStore, EsError, EsStore, Refresh, WriteCondition};
 use zkguard::eslock::{EsLockService, EsLockServiceBuilder, LockState};
-use zkguard::servers::OsmemServer;
+use zkguard::testkit::OsmemServer;
 use zkguard::{Blocker, Guard, LockError, LockRequest, LockService, LockType, LossReason};
 
 fn server() -> &'static OsmemServer {

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use zkguard::es::{EsError, HookedStore, IndexGate, Refresh, WriteCondition};
-use zkguard::guarded::{GuardedError, GuardedWriter};
-use zkguard::ops::{DeleteMode, Operation, Stamp};
+use zkguard::write::guarded::{GuardedError, GuardedWriter};
+use zkguard::write::ops::{DeleteMode, Operation, Stamp};
 use zkguard::{LockRequest, LossReason};
 
 use guarded_support::{locks, settings_for, shared, source, store, tag};
@@ -107,7 +107,7 @@ async fn stale_holder_is_fenced_after_its_session_is_killed() {
 
     // A reaches ZooKeeper through a partition that the test cuts, so that ZooKeeper expires
     // A's session for real, as after a long pause.
-    let partition = zkguard::servers::Partition::start(&settings.zookeeper.servers).unwrap();
+    let partition = zkguard::testkit::Partition::start(&settings.zookeeper.servers).unwrap();
     let mut settings_a = settings.clone();
     settings_a.zookeeper.servers = partition.connect_string().to_string();
     let (_session_a, locks_a) = locks(&settings_a).await;

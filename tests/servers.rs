@@ -1,11 +1,11 @@
-//! The local server harness (`zkguard::servers`) against the real programs: a standalone
+//! The local server harness (`zkguard::testkit`) against the real programs: a standalone
 //! ZooKeeper, a 3-member ensemble and `osmem-server`.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use zkguard::servers::{four_letter_word, OsmemServer, ServerError, ZkEnsemble, ZkServer};
+use zkguard::testkit::{four_letter_word, OsmemServer, ServerError, ZkEnsemble, ZkServer};
 use zookeeper_client as zk;
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::process::Command;
 
-use zkguard::servers::OsmemServer;
+use zkguard::testkit::OsmemServer;
 
 struct Cli {
     url: String,

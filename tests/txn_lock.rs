@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use txn_support::*;
 use zkguard::config::Settings;
-use zkguard::servers::ZkServer;
+use zkguard::testkit::ZkServer;
 use zkguard::txn::{HookPoint, Step, TransferRequest, TxnError, TxnState};
 use zkguard::{LockService, ZkLockService, ZkSession};
 
@@ -83,7 +83,7 @@ async fn recovery_skips_locked_transactions_and_takes_over_from_dead_workers() {
     //    worker wakes up its remaining steps find the work done and apply nothing twice.
     // The dying worker reaches ZooKeeper through a partition that the test cuts, so that
     // ZooKeeper expires its session for real.
-    let partition = zkguard::servers::Partition::start(&zs.servers).unwrap();
+    let partition = zkguard::testkit::Partition::start(&zs.servers).unwrap();
     let mut dying_settings = zs.clone();
     dying_settings.servers = partition.connect_string().to_string();
     let dying = ZkSession::connect(&dying_settings).await.unwrap();

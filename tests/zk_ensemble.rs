@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use zkguard::servers::ZkEnsemble;
+use zkguard::testkit::ZkEnsemble;
 use zkguard::{LockError, ZkBlockingWriteLock};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::proxy::{ZkProxy, OP_CREATE2, OP_MULTI};
 use common::*;
-use zkguard::servers::ZkServer;
+use zkguard::testkit::ZkServer;
 use zkguard::zk::{clear_stray, list_locks, StrayOutcome};
 use zkguard::{Blocker, LockError, LockType, LossReason, ZkBlockingWriteLock};
 use zookeeper_client::{Acls, CreateMode};
@@ -286,7 +286,7 @@ async fn expired_session_reports_loss_and_the_next_holder_gets_a_higher_token() 
     let settings = zk_settings(&zk.connect_string(), "expire");
     // The holder reaches ZooKeeper through a partition that the test cuts: ZooKeeper expires
     // its session for real, as after a long GC pause or a network failure.
-    let partition = zkguard::servers::Partition::start(&settings.servers).unwrap();
+    let partition = zkguard::testkit::Partition::start(&settings.servers).unwrap();
     let mut cut_off = settings.clone();
     cut_off.servers = partition.connect_string().to_string();
     let (c1, c2) = (session(&cut_off).await, session(&settings).await);
@@ -461,7 +461,7 @@ async fn invalid_monitor_names_are_rejected_before_any_request() {
 
 #[tokio::test]
 async fn unreachable_zookeeper_is_a_connection_error_naming_the_servers() {
-    let port = zkguard::servers::free_port().unwrap();
+    let port = zkguard::testkit::free_port().unwrap();
     let mut settings = zk_settings(&format!("127.0.0.1:{port}"), "down");
     settings.connection_retry = 2;
     settings.connection_delay = Duration::from_millis(50);

@@ -1,4 +1,5 @@
-//! `zkguard bench`: lock latency and throughput (the figures are defined in [`zkguard::bench`]).
+//! `zkguard bench`: lock latency and throughput (the figures are defined in
+//! [`crate::workload::bench`]).
 //!
 //! Where the servers come from: `--local` starts a ZooKeeper (tickTime 2000, fsync on, as a
 //! default production setup) or an `osmem-server` on a free loopback port and stops it at the
@@ -6,7 +7,7 @@
 //! by `--zk` / `--es`.
 //!
 //! Output: a table, or with `--json` one flat JSON object on stdout (see
-//! [`zkguard::bench::BenchReport::to_json`]). Progress goes to stderr: bars on a terminal
+//! [`bench::BenchReport::to_json`]). Progress goes to stderr: bars on a terminal
 //! (without `--json`), plain lines otherwise.
 //!
 //! The measurement runs on a single-threaded Tokio runtime on a thread of its own: every
@@ -22,10 +23,10 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::workload::bench::{self, BenchError, BenchPlan, BenchProgress, BenchReport, Phase};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use zkguard::bench::{BenchError, BenchPlan, BenchProgress, BenchReport, Phase};
 use zkguard::config::{LockBackendKind, Settings};
-use zkguard::servers::{OsmemServer, ServerError, ZkServer};
+use zkguard::testkit::{OsmemServer, ServerError, ZkServer};
 
 use super::{CliError, EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};
 
@@ -286,7 +287,7 @@ async fn measure(
                         .build()
                     {
                         Ok(rt) => rt
-                            .block_on(zkguard::bench::run(&settings, backend, &plan, progress))
+                            .block_on(bench::run(&settings, backend, &plan, progress))
                             .map_err(bench_error),
                         Err(e) => Err(CliError::new(
                             EX_SOFTWARE,
@@ -306,12 +307,10 @@ async fn measure(
             })?
         }
         RuntimeArg::MultiThread => {
-            tokio::spawn(
-                async move { zkguard::bench::run(&settings, backend, &plan, progress).await },
-            )
-            .await
-            .map_err(|e| CliError::new(EX_SOFTWARE, e))?
-            .map_err(bench_error)
+            tokio::spawn(async move { bench::run(&settings, backend, &plan, progress).await })
+                .await
+                .map_err(|e| CliError::new(EX_SOFTWARE, e))?
+                .map_err(bench_error)
         }
     }
 }

@@ -1,5 +1,5 @@
 //! `zkguard demo`: foreground and background writers on shared articles, with a report and a
-//! reconciliation against Elasticsearch (the workload is [`zkguard::demo`]).
+//! reconciliation against Elasticsearch (the workload is [`crate::workload::demo`]).
 //!
 //! Where the servers come from (`--servers`):
 //! - `local`: start a ZooKeeper and an `osmem-server` on free loopback ports (installed by
@@ -22,12 +22,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::workload::demo::{DemoEnv, DemoError, DemoPlan, DemoProgress};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use zkguard::config::{DeadLetterSinkKind, LockBackendKind, Settings};
-use zkguard::deadletter::sink_from_settings;
-use zkguard::demo::{DemoEnv, DemoError, DemoPlan, DemoProgress};
 use zkguard::es::{DocStore, EsStore};
-use zkguard::servers::{OsmemServer, ServerError, ZkServer};
+use zkguard::testkit::{OsmemServer, ServerError, ZkServer};
+use zkguard::write::deadletter::sink_from_settings;
 
 use super::{CliError, EX_SOFTWARE, EX_UNAVAILABLE};
 
@@ -344,7 +344,7 @@ async fn run_with(settings: &Settings, plan: &DemoPlan, json: bool) -> Result<u8
     };
     let progress = Arc::new(DemoProgress::default());
     let (ticker, stop) = spawn_progress(progress.clone(), json);
-    let result = zkguard::demo::run(&env, plan, &progress).await;
+    let result = crate::workload::demo::run(&env, plan, &progress).await;
     let _ = stop.send(true);
     let _ = ticker.await;
     drop(env);
@@ -354,11 +354,11 @@ async fn run_with(settings: &Settings, plan: &DemoPlan, json: bool) -> Result<u8
     let report = result.map_err(|e| match &e {
         DemoError::Store { source, .. }
         | DemoError::Seed {
-            source: zkguard::guarded::GuardedError::Store(source),
+            source: zkguard::write::guarded::GuardedError::Store(source),
             ..
         } if source.is_transient() => CliError::new(EX_UNAVAILABLE, e),
         DemoError::Seed {
-            source: zkguard::guarded::GuardedError::Lock(_),
+            source: zkguard::write::guarded::GuardedError::Lock(_),
             ..
         } => CliError::new(EX_UNAVAILABLE, e),
         _ => CliError::new(EX_SOFTWARE, e),

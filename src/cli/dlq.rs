@@ -12,11 +12,11 @@ use std::sync::Arc;
 use clap::{ArgGroup, Args, Subcommand};
 use uuid::Uuid;
 use zkguard::config::{DeadLetterSinkKind, Settings};
-use zkguard::deadletter::{
+use zkguard::es::{DocStore, EsStore};
+use zkguard::write::deadletter::{
     self, DeadLetter, DeadLetterError, DeadLetterSink, ReplayResult, ReplaySelection,
 };
-use zkguard::es::{DocStore, EsStore};
-use zkguard::guarded::GuardedWriter;
+use zkguard::write::guarded::GuardedWriter;
 
 use super::{CliError, EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};
 

@@ -180,7 +180,7 @@ impl<H: StoreHook + ?Sized> StoreHook for Arc<H> {
 /// ```
 ///
 /// Hand `Arc::new(store)` to anything that takes an `Arc<dyn DocStore>` (a
-/// [`GuardedWriter`](crate::guarded::GuardedWriter), a transaction coordinator, the
+/// [`GuardedWriter`](crate::write::guarded::GuardedWriter), a transaction coordinator, the
 /// Elasticsearch lease lock).
 pub struct HookedStore<H> {
     inner: Arc<dyn DocStore>,

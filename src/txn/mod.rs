@@ -43,9 +43,12 @@ use serde_json::{json, Value};
 
 use crate::es::{Doc, DocMeta, EsError};
 
+mod accounts;
 mod audit;
 mod coordinator;
 mod recovery;
+mod requests;
+mod steps;
 
 pub use audit::{Audit, AUDIT_LIMIT};
 pub use coordinator::Coordinator;
@@ -628,7 +631,7 @@ impl RetryPolicy {
 }
 
 /// Mappings of the accounts index.
-pub fn accounts_mappings() -> Value {
+pub(crate) fn accounts_mappings() -> Value {
     json!({
         "properties": {
             "balance": { "type": "long" },
@@ -638,7 +641,7 @@ pub fn accounts_mappings() -> Value {
 }
 
 /// Mappings of the transactions index.
-pub fn transactions_mappings() -> Value {
+pub(crate) fn transactions_mappings() -> Value {
     json!({
         "properties": {
             "amount": { "type": "long" },
@@ -657,7 +660,7 @@ pub fn transactions_mappings() -> Value {
 ///
 /// # Errors
 /// [`TxnError::InvalidId`] saying what is wrong.
-pub fn validate_id(kind: &'static str, id: &str) -> Result<(), TxnError> {
+pub(crate) fn validate_id(kind: &'static str, id: &str) -> Result<(), TxnError> {
     let bad = |reason: String| {
         Err(TxnError::InvalidId {
             kind,

@@ -9,7 +9,8 @@ use serde::Serialize;
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
-use super::{Coordinator, TxnError, TxnState};
+use super::{Coordinator, Transaction, TxnError, TxnState};
+use crate::lock::LockType;
 
 /// What one recovery pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -171,5 +172,36 @@ impl Coordinator {
                 _ = tokio::time::sleep(interval) => {}
             }
         }
+    }
+}
+
+impl Coordinator {
+    /// Locks `id` for recovery (background, short timeout) and drives it if it is still in
+    /// flight and still older than `cutoff`.
+    async fn recover_locked(
+        &self,
+        id: &str,
+        cutoff: std::time::SystemTime,
+    ) -> Result<Option<Transaction>, TxnError> {
+        let Some(txn) = self.read_txn(id).await? else {
+            return Ok(None);
+        };
+        if txn.state.is_final() || txn.modified_at().is_some_and(|m| m > cutoff) {
+            return Ok(None);
+        }
+        let guard = self
+            .lock(id, LockType::Background, Some(self.recovery_lock_timeout))
+            .await?;
+        let result = async {
+            let txn = self.must_read_txn(id).await?;
+            if txn.state.is_final() {
+                return Ok(None);
+            }
+            info!(txn = id, state = %txn.state, "recovering");
+            self.drive(txn).await.map(Some)
+        }
+        .await;
+        self.unlock(guard).await;
+        result
     }
 }

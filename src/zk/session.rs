@@ -569,7 +569,7 @@ impl ZkSession {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::servers::ZkServer;
+    use crate::testkit::ZkServer;
 
     /// The sequence behind a rare panic at process exit: the runtime that runs a session's task
     /// shuts down (dropping the task, so no terminal event is ever sent) while a mutex watch of

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use zkguard::config::{Settings, ZkSettings};
-use zkguard::servers::ZkServer;
+use zkguard::testkit::ZkServer;
 use zkguard::ZkSession;
 
 pub mod proxy;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 use zkguard::config::Settings;
 use zkguard::es::{DocStore, EsStore};
-use zkguard::servers::{OsmemServer, ZkServer};
+use zkguard::testkit::{OsmemServer, ZkServer};
 use zkguard::{LockService, ZkLockService, ZkSession};
 
 /// One ZooKeeper (tickTime 500 ms) and one osmem-server, started together.

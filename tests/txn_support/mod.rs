@@ -12,7 +12,7 @@ use serde_json::json;
 use tokio::sync::Notify;
 use zkguard::config::{Settings, TxnSettings};
 use zkguard::es::{DocStore, EsError, EsStore, HookedStore, StoreCall, StoreHook, WriteCondition};
-use zkguard::servers::OsmemServer;
+use zkguard::testkit::OsmemServer;
 use zkguard::txn::{Coordinator, HookAction, HookPoint, StepHook, TxnState};
 
 /// The test binary's `osmem-server`.

@@ -1,6 +1,10 @@
 //! Local ZooKeeper and `osmem-server` processes on free loopback ports, for the demo, the
 //! benchmarks and the tests.
 //!
+//! Compiled with the `testkit` feature only: zkguard's own tests, examples and binary turn it on;
+//! a crate that uses zkguard adds `features = ["testkit"]` to its zkguard dev-dependency to start
+//! servers in its tests.
+//!
 //! Every server runs as a child process with its own temporary directory (configuration, data and
 //! a log file) and its own ports on `127.0.0.1`. The handles are synchronous (plain `std`), `Send`
 //! and `Sync`: every method takes `&self`, so a handle can be shared between threads or kept in a
@@ -21,9 +25,9 @@
 //! temporary directories (data and logs) after the handles are dropped, for post-mortems.
 //!
 //! ```no_run
-//! use zkguard::servers::{OsmemServer, ZkServer};
+//! use zkguard::testkit::{OsmemServer, ZkServer};
 //!
-//! # fn demo() -> Result<(), zkguard::servers::ServerError> {
+//! # fn demo() -> Result<(), zkguard::testkit::ServerError> {
 //! let zk = ZkServer::builder().tick_time(500).start()?;
 //! let es = OsmemServer::start()?;
 //! println!("zookeeper at {}, elasticsearch API at {}", zk.connect_string(), es.url());

@@ -35,20 +35,10 @@
 //! The monitors are named `zkguard-bench-<epoch ms>-…`, fresh for every run. On ZooKeeper they
 //! are container nodes that the server reaps once empty; on Elasticsearch their lock documents
 //! stay in `elasticsearch.lock.index` (lock documents are never deleted, see
-//! [`crate::eslock`]).
+//! [`zkguard::eslock`]).
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use std::sync::Arc;
-//! use zkguard::bench::{self, BenchPlan, NoProgress};
-//! use zkguard::config::{LockBackendKind, Settings};
-//!
-//! let settings = Settings::load(None)?;
-//! let plan = BenchPlan::new(1000, 4, 8);
-//! let report = bench::run(&settings, LockBackendKind::ZooKeeper, &plan, Arc::new(NoProgress)).await?;
-//! println!("{}", report.to_json());
-//! # Ok(()) }
-//! ```
+//! `zkguard bench` (`src/cli/bench.rs`) makes a [`BenchPlan`], calls [`run`] once per backend
+//! and prints the [`BenchReport`] (text, or [`BenchReport::to_json`]).
 
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -60,11 +50,11 @@ use rand::Rng;
 use serde_json::{json, Value};
 use tracing::{info, warn, Instrument};
 
-use crate::config::{LockBackendKind, Settings};
-use crate::es::{DocStore, EsError, EsStore, HookedStore, StoreCall, StoreHook};
-use crate::eslock::EsLockService;
-use crate::lock::{LockError, LockRequest, LockService};
-use crate::zk::{ZkLockService, ZkSession};
+use zkguard::config::{LockBackendKind, Settings};
+use zkguard::es::{DocStore, EsError, EsStore, HookedStore, StoreCall, StoreHook};
+use zkguard::eslock::EsLockService;
+use zkguard::lock::{LockError, LockRequest, LockService};
+use zkguard::zk::{ZkLockService, ZkSession};
 
 /// The lock info written by benchmark acquisitions (shown by `zkguard locks`).
 pub const LOCK_INFO: &str = "zkguard bench";
@@ -104,12 +94,6 @@ impl BenchPlan {
     /// Sets the number of uncontended warm-up cycles.
     pub fn with_warmup(mut self, warmup: u32) -> Self {
         self.warmup = Some(warmup);
-        self
-    }
-
-    /// Sets how long one acquisition may wait.
-    pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
-        self.lock_timeout = timeout;
         self
     }
 
@@ -257,16 +241,6 @@ pub trait BenchProgress: Send + Sync {
     fn finish(&self, phase: Phase);
 }
 
-/// A [`BenchProgress`] that ignores everything.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoProgress;
-
-impl BenchProgress for NoProgress {
-    fn start(&self, _phase: Phase, _total: u64) {}
-    fn advance(&self, _n: u64) {}
-    fn finish(&self, _phase: Phase) {}
-}
-
 /// Why a benchmark run failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -354,7 +328,7 @@ impl RequestCounter {
             Self::Mntr(addr) => {
                 let addr = addr.clone();
                 let result = tokio::task::spawn_blocking(move || {
-                    crate::servers::packets_received_at(addr.as_str())
+                    zkguard::testkit::packets_received_at(addr.as_str())
                 })
                 .await;
                 match result {
@@ -445,7 +419,7 @@ async fn connect(settings: &Settings, backend: LockBackendKind) -> Result<Client
 /// Fails fast when Elasticsearch cannot be reached (the lease lock itself retries transport
 /// errors until the lock timeout).
 async fn probe_es(settings: &Settings) -> Result<(), BenchError> {
-    let urls = crate::config::display_urls(&settings.elasticsearch.urls);
+    let urls = zkguard::config::display_urls(&settings.elasticsearch.urls);
     let store = EsStore::new(&settings.elasticsearch).map_err(|e| BenchError::Setup {
         backend: "Elasticsearch",
         detail: e.to_string(),
@@ -456,7 +430,7 @@ async fn probe_es(settings: &Settings) -> Result<(), BenchError> {
     {
         Ok(_) => Ok(()),
         // A transport error carries its own advice; the others get it here, once.
-        Err(e @ crate::es::EsError::Transport { .. }) => Err(BenchError::Unreachable {
+        Err(e @ zkguard::es::EsError::Transport { .. }) => Err(BenchError::Unreachable {
             backend: "Elasticsearch",
             at: urls,
             detail: e.to_string(),

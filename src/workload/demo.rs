@@ -45,14 +45,14 @@ use serde_json::{json, Value};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::background::{BackgroundError, BackgroundExecutor, Outcome};
-use crate::config::{LockBackendKind, Settings};
-use crate::deadletter::{DeadLetterSink, ReplayResult, ReplaySelection};
-use crate::es::{DocStore, EsError, HookedStore, IndexGate};
-use crate::guarded::{GuardedError, GuardedWriter};
-use crate::lock::{Guard, LockError, LockRequest, LockService, LockType, LossReason};
-use crate::ops::{Operation, Stamp};
-use crate::zk::{ZkLockService, ZkSession};
+use zkguard::config::{LockBackendKind, Settings};
+use zkguard::es::{DocStore, EsError, HookedStore, IndexGate};
+use zkguard::lock::{Guard, LockError, LockRequest, LockService, LockType, LossReason};
+use zkguard::write::background::{BackgroundError, BackgroundExecutor, Outcome};
+use zkguard::write::deadletter::{DeadLetterSink, ReplayResult, ReplaySelection};
+use zkguard::write::guarded::{GuardedError, GuardedWriter};
+use zkguard::write::ops::{Operation, Stamp};
+use zkguard::zk::{ZkLockService, ZkSession};
 
 /// Errors that stop the demo before it can report (a setup step failed).
 #[derive(Debug, thiserror::Error)]
@@ -141,6 +141,7 @@ impl Default for DemoPlan {
 
 impl DemoPlan {
     /// A smaller run (for tests and slow machines).
+    #[allow(dead_code)] // the binary does not use it; tests/demo.rs does
     pub fn small() -> Self {
         Self {
             articles: 6,
@@ -265,7 +266,6 @@ pub enum OpStatus {
 #[derive(Debug, Clone, Serialize)]
 pub struct OpRecord {
     /// The operation id (recorded in the article when applied).
-    #[serde(with = "crate::ops::uuid_serde")]
     pub id: Uuid,
     /// Foreground or background.
     pub class: LockType,
@@ -374,6 +374,7 @@ pub struct Reconciliation {
 
 impl Reconciliation {
     /// Whether no difference was found (see also [`Reconciliation::is_complete`]).
+    #[allow(dead_code)] // the demo's tests (tests/demo.rs) check it
     pub fn is_consistent(&self) -> bool {
         self.mismatches.is_empty()
     }
@@ -423,6 +424,7 @@ pub struct DemoReport {
 
 impl DemoReport {
     /// Whether the reconciliation found no mismatch.
+    #[allow(dead_code)] // the demo's tests (tests/demo.rs) check it
     pub fn is_consistent(&self) -> bool {
         self.reconciliation.is_consistent()
     }
@@ -1222,7 +1224,7 @@ pub async fn run(
             .filter(|r| matches!(r.status, OpStatus::Parked { .. }))
         {
             let entries =
-                crate::deadletter::replay(&writer, env.sink.as_ref(), ReplaySelection::Id(r.id))
+                zkguard::write::deadletter::replay(&writer, env.sink.as_ref(), ReplaySelection::Id(r.id))
                     .await;
             match entries {
                 Ok(entries) => {
@@ -1292,7 +1294,7 @@ pub async fn run(
 fn retry_budget(settings: &Settings, lock_timeout: Duration) -> Duration {
     let attempts = settings.retry.retry_count.max(1);
     let mut backoff =
-        crate::Backoff::new(settings.retry.backoff_initial, settings.retry.backoff_max);
+        zkguard::Backoff::new(settings.retry.backoff_initial, settings.retry.backoff_max);
     let mut total = lock_timeout * attempts;
     for _ in 1..attempts {
         total += backoff.ceiling();
@@ -1313,7 +1315,7 @@ async fn stalled_writer(
     ops_window: usize,
 ) -> Result<(Vec<OpRecord>, String), String> {
     let monitor = plan.monitor(article);
-    let partition = crate::servers::Partition::start(&env.settings.zookeeper.servers)
+    let partition = zkguard::testkit::Partition::start(&env.settings.zookeeper.servers)
         .map_err(|e| format!("not run: cannot start the network partition proxy: {e}"))?;
     let mut own_settings = env.settings.zookeeper.clone();
     own_settings.servers = partition.connect_string().to_string();

@@ -8,9 +8,9 @@
 //!
 //! ```no_run
 //! # async fn demo(locks: std::sync::Arc<dyn zkguard::LockService>,
-//! #               store: std::sync::Arc<dyn zkguard::es::DocStore>) -> Result<(), zkguard::guarded::GuardedError> {
+//! #               store: std::sync::Arc<dyn zkguard::es::DocStore>) -> Result<(), zkguard::write::guarded::GuardedError> {
 //! use serde_json::json;
-//! use zkguard::guarded::GuardedWriter;
+//! use zkguard::write::guarded::GuardedWriter;
 //!
 //! let writer = GuardedWriter::new(locks, store);
 //! writer.on("article-42").info("Save Content").index("articles", "42", json!({"title": "Hello"})).await?;
@@ -57,7 +57,7 @@ use uuid::Uuid;
 
 use crate::es::{DocMeta, DocStore, EsError, Refresh, WriteCondition};
 use crate::lock::{Guard, LockError, LockRequest, LockService, LockType};
-use crate::ops::{
+use crate::write::ops::{
     apply_change, strip_meta, with_stamp, ApplyError, Change, DeleteMode, OpError, OpKind,
     Operation, Stamp, DEFAULT_OPS_WINDOW,
 };
@@ -185,6 +185,35 @@ pub struct Written {
 /// Performs [`Operation`]s under the lock of their monitor object, fenced by the lock's token.
 ///
 /// Cheap to clone (two `Arc`s and a few settings); share one per process.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+///
+/// use serde_json::json;
+/// use zkguard::config::Settings;
+/// use zkguard::es::EsStore;
+/// use zkguard::write::guarded::{GuardedError, GuardedWriter};
+/// use zkguard::write::ops::Operation;
+/// use zkguard::{ZkLockService, ZkSession};
+///
+/// let settings = Settings::load(None)?;
+/// let session = ZkSession::connect(&settings.zookeeper).await?;
+/// let writer = GuardedWriter::new(
+///     Arc::new(ZkLockService::new(session)),
+///     Arc::new(EsStore::new(&settings.elasticsearch)?),
+/// );
+/// let save = Operation::index("article-42", "articles", "42", json!({"title": "Hello"}))
+///     .with_info("Save Content");
+/// match writer.run(&save).await {
+///     Ok(written) => println!("saved with fencing token {}", written.token),
+///     Err(GuardedError::Fenced { .. }) => println!("a later holder wrote article 42 first"),
+///     Err(e) => return Err(e.into()),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 #[must_use]
 pub struct GuardedWriter {

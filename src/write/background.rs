@@ -11,7 +11,7 @@
 //!   was lost: the document records the operation id);
 //! - [`Outcome::Parked`]: written to the dead-letter sink, durable before this is reported:
 //!   after the last transient failure, or at once for failures that retrying cannot fix
-//!   ([`crate::guarded::GuardedError::Fenced`], a missing document, a field that cannot be
+//!   ([`super::guarded::GuardedError::Fenced`], a missing document, a field that cannot be
 //!   incremented, a request Elasticsearch rejects). Nothing is dropped: a person looks at the
 //!   entry and replays it (`zkguard dlq replay`) or removes it;
 //! - [`Outcome::Rejected`]: the operation is malformed and can never be applied (bad monitor
@@ -40,10 +40,10 @@ use uuid::Uuid;
 
 use crate::backoff::Backoff;
 use crate::config::{RetrySettings, Settings};
-use crate::deadletter::{DeadLetter, DeadLetterError, DeadLetterSink, ParkReason};
-use crate::guarded::{GuardedError, GuardedWriter, Written};
 use crate::lock::{LockError, LockType};
-use crate::ops::Operation;
+use crate::write::deadletter::{DeadLetter, DeadLetterError, DeadLetterSink, ParkReason};
+use crate::write::guarded::{GuardedError, GuardedWriter, Written};
+use crate::write::ops::Operation;
 
 /// How a background operation ended.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,7 +4,7 @@
 //! the write itself ([`OpKind`]): index a whole document, update one (a JSON merge patch or a
 //! numeric increment, applied as read-modify-write under the lock), or delete one. Because it
 //! is plain data, an operation that could not be applied can be parked in a dead-letter sink
-//! ([`crate::deadletter`]) and replayed later, by another process, exactly as it was submitted.
+//! ([`super::deadletter`]) and replayed later, by another process, exactly as it was submitted.
 //!
 //! # The `zkguard` field
 //! Every document zkguard writes carries a [`META_FIELD`] object (a [`Stamp`]): the fencing
@@ -16,7 +16,7 @@
 //!
 //! ```
 //! use serde_json::json;
-//! use zkguard::ops::{Change, OpKind, Operation};
+//! use zkguard::write::ops::{Change, OpKind, Operation};
 //!
 //! let op = Operation::increment("article-42", "articles", "42", "views", 1)
 //!     .with_info("KPI update");
@@ -39,7 +39,7 @@ use crate::lock::{validate_monitor, LockType};
 pub const META_FIELD: &str = "zkguard";
 
 /// How many recent operation ids a document remembers by default (see
-/// [`crate::guarded::GuardedWriter::with_ops_window`]).
+/// [`super::guarded::GuardedWriter::with_ops_window`]).
 pub const DEFAULT_OPS_WINDOW: usize = 100;
 
 /// An operation that is not well formed, whatever the state of the target document.
@@ -178,6 +178,23 @@ pub enum OpKind {
 }
 
 /// A write, with everything needed to lock, perform, park and replay it.
+///
+/// # Examples
+///
+/// ```
+/// use zkguard::write::ops::{OpError, Operation};
+/// use zkguard::LockType;
+///
+/// let propagate = Operation::increment("article-42", "articles", "42", "propagations", 1)
+///     .with_type(LockType::Background)
+///     .with_info("Bulk Propagation");
+/// assert_eq!(propagate.monitor, "article-42");
+/// assert_eq!(propagate.summary(), "increment articles/42 propagations by 1");
+/// assert!(propagate.validate().is_ok());
+///
+/// let nowhere = Operation::delete("article-42", "", "42");
+/// assert!(matches!(nowhere.validate(), Err(OpError::EmptyTarget { .. })));
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[must_use]
 pub struct Operation {
@@ -457,7 +474,7 @@ fn check_object(v: &Value, what: &'static str) -> Result<(), OpError> {
 }
 
 /// Applies an RFC 7386 JSON merge patch to `target`.
-pub fn merge_patch(target: &mut Value, patch: &Value) {
+pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
     match patch {
         Value::Object(p) => {
             if !target.is_object() {
@@ -480,7 +497,7 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 ///
 /// # Errors
 /// [`ApplyError`] when an increment meets a non-numeric value or overflows.
-pub fn apply_change(source: &mut Value, change: &Change) -> Result<(), ApplyError> {
+pub(crate) fn apply_change(source: &mut Value, change: &Change) -> Result<(), ApplyError> {
     match change {
         Change::Merge { patch } => {
             merge_patch(source, patch);

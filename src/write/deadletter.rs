@@ -11,7 +11,7 @@
 //!
 //! [`replay`] re-runs parked operations and removes an entry only after its operation was
 //! applied. Guarded writes record each operation's id in the target document (see
-//! [`crate::ops::Stamp`]), so a replay that crashed between applying an operation and removing
+//! [`super::ops::Stamp`]), so a replay that crashed between applying an operation and removing
 //! its entry does not apply it again the next time: the next replay finds the id in the
 //! document and only removes the entry.
 
@@ -30,8 +30,8 @@ use uuid::Uuid;
 
 use crate::config::{DeadLetterSinkKind, RetrySettings};
 use crate::es::{DocStore, EsError, Refresh, WriteCondition};
-use crate::guarded::{GuardedError, GuardedWriter};
-use crate::ops::Operation;
+use crate::write::guarded::{GuardedError, GuardedWriter};
+use crate::write::ops::Operation;
 
 /// Errors of dead-letter sinks.
 #[derive(Debug, thiserror::Error)]
@@ -100,7 +100,7 @@ impl std::fmt::Display for ParkReason {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeadLetter {
     /// The operation id (the entry's id).
-    #[serde(with = "crate::ops::uuid_serde")]
+    #[serde(with = "crate::write::ops::uuid_serde")]
     pub id: Uuid,
     /// The monitor object.
     pub monitor: String,

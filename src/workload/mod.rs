@@ -1,0 +1,6 @@
+//! The workloads the `zkguard` binary runs on top of the library: the demo behind `zkguard demo`
+//! and the lock benchmark behind `zkguard bench`. They use the library's public API only (and
+//! the test kit, to start local servers), like any other program built on zkguard.
+
+pub mod bench;
+pub mod demo;
