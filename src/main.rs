@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cli;
+mod server;
 
 /// ZooKeeper priority locks that fence Elasticsearch writes.
 #[derive(Debug, Parser)]
@@ -37,6 +38,8 @@ pub enum Command {
     Dlq(cli::dlq::DlqArgs),
     /// Multi-document transactions (two-phase commit).
     Txn(cli::txn::TxnArgs),
+    /// Run the lock service: guarded writes over HTTP, a durable background queue, metrics.
+    Serve(server::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -54,7 +57,10 @@ fn main() -> ExitCode {
     };
     // The demo expects faults (parked operations, a fenced writer): keep its screen to the report.
     let quiet = matches!(cli.command, Command::Demo(_));
-    cli::init_tracing(cli.verbose, quiet);
+    match &cli.command {
+        Command::Serve(args) => server::init_tracing(cli.verbose, args.log_format),
+        _ => cli::init_tracing(cli.verbose, quiet),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
