@@ -35,6 +35,7 @@ struct Env {
     root: String,
     dir: Arc<tempfile::TempDir>,
     extra: Vec<(String, String)>,
+    args: Vec<String>,
 }
 
 impl Env {
@@ -45,11 +46,17 @@ impl Env {
             root: format!("/zkguard-serve/{tag}-{}", uuid_tag()),
             dir: Arc::new(tempfile::tempdir().unwrap()),
             extra: Vec::new(),
+            args: Vec::new(),
         }
     }
 
     fn with(mut self, key: &str, value: &str) -> Self {
         self.extra.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_string());
         self
     }
 
@@ -63,6 +70,7 @@ impl Env {
         let log = self.dir.path().join(format!("{name}.log"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_zkguard"));
         cmd.args(["serve", "--listen", "127.0.0.1:0"])
+            .args(&self.args)
             .env_remove("ZKGUARD_CONFIG")
             .env_remove("RUST_LOG")
             .env("ZKGUARD_ZOOKEEPER_SERVERS", &self.zk)
@@ -618,7 +626,7 @@ fn metric(samples: &HashMap<String, f64>, series: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn metrics_parse_and_count_what_happened() {
-    let env = Env::new(&shared_zk().connect_string(), "metrics");
+    let env = Env::new(&shared_zk().connect_string(), "metrics").arg("--log-format").arg("json");
     let s = env.start("a");
     let c = client();
     let index = format!("metrics-{}", uuid_tag());
@@ -655,6 +663,51 @@ async fn metrics_parse_and_count_what_happened() {
     assert_eq!(metric(&after, r#"zkguard_lock_hold_seconds_count{lock_type="background"}"#), 1.0);
     assert_eq!(metric(&after, "zkguard_journal_depth"), 0.0);
     assert_eq!(metric(&after, "zkguard_lock_backend_connected"), 1.0);
+    // --log-format json: every log line is one JSON object.
+    let log = s.log();
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["message"] == "zkguard serve started"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_journaled_operation_already_in_elasticsearch_is_not_applied_twice() {
+    // A crash after the write reached Elasticsearch but before its outcome was journaled leaves
+    // the operation unfinished in the journal; the restart must recognise it.
+    let env = Env::new(&shared_zk().connect_string(), "twice");
+    let c = client();
+    let index = format!("twice-{}", uuid_tag());
+    let op = zkguard::ops::Operation::index(format!("{index}:d"), &index, "d", json!({"v": 1}))
+        .with_type(LockType::Background);
+    let token = {
+        let s = env.start("writer");
+        let (status, v) = put(
+            &c,
+            &s,
+            &format!("/v1/indices/{index}/docs/d?op_id={}", op.id),
+            &json!({"v": 1}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        s.kill();
+        v["token"].as_u64().unwrap()
+    };
+    let line = json!({"r": "accepted", "ops": [op]}).to_string();
+    std::fs::write(env.journal("a"), format!("{line}\n")).unwrap();
+    let s = env.start("a");
+    assert_eq!(s.started["replayed"], 1, "{}", s.started);
+    let id = op.id.to_string();
+    let states = wait_finished(&c, &s, std::slice::from_ref(&id)).await;
+    assert_eq!(states[&id]["status"], "applied");
+    let doc = es_doc(&c, &index, "d").await;
+    let ops: Vec<String> = serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
+    assert_eq!(ops, vec![id], "{doc}");
+    assert_eq!(doc["_version"].as_u64(), Some(token), "not written again: {doc}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
