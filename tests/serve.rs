@@ -761,3 +761,28 @@ async fn sigterm_lets_in_flight_requests_finish_and_exits_0() {
     let ops: Vec<String> = serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
     assert_eq!(ops.iter().filter(|o| **o == bg_id).count(), 1, "{doc}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_elasticsearch_is_cut_by_the_request_timeout_and_readyz_says_why() {
+    let es = OsmemServer::start().expect("start osmem-server");
+    let mut env = Env::new(&shared_zk().connect_string(), "stall")
+        .with("ZKGUARD_SERVER_REQUEST_TIMEOUT", "4000");
+    env.es = es.url().to_string();
+    let s = env.start("a");
+    let c = client();
+    let (status, v) = put(&c, &s, "/v1/indices/stall/docs/setup", &json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    es.pause();
+    let (status, v) = put(&c, &s, "/v1/indices/stall/docs/a", &json!({"a": 1})).await;
+    assert_error(status, &v, StatusCode::SERVICE_UNAVAILABLE, "request_timeout", "server.request.timeout");
+    let (status, v) = call(&c, Method::GET, &s.url("/readyz"), None).await;
+    assert_error(status, &v, StatusCode::SERVICE_UNAVAILABLE, "not_ready", "Elasticsearch");
+    es.resume();
+    eventually(Duration::from_secs(30), "readyz says 200 again", || async {
+        call(&c, Method::GET, &s.url("/readyz"), None).await.0 == StatusCode::OK
+    })
+    .await;
+    // The lock of the abandoned request was released: the same document can be written.
+    let (status, v) = put(&c, &s, "/v1/indices/stall/docs/a?timeout=3s", &json!({"a": 2})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+}

@@ -122,6 +122,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         backend,
         store,
         settings.server.clone(),
+        settings.zookeeper.timeout(zkguard::LockType::Foreground),
     );
     if let Err(problem) = state.ping_es().await {
         return Err(CliError::new(

@@ -416,10 +416,10 @@ async fn foreground(
             format!("{problem}; nothing was written, retry when /readyz answers 200"),
         ));
     }
-    let writer = match timeout {
-        Some(t) => state.writer.clone().with_lock_timeout(t),
-        None => state.writer.clone(),
-    };
+    let writer = state
+        .writer
+        .clone()
+        .with_lock_timeout(timeout.unwrap_or(state.fg_timeout));
     let m = &state.metrics;
     let fg = super::metrics::TypeLabels {
         lock_type: "foreground",

@@ -45,6 +45,9 @@ pub struct AppState {
     pub store: Arc<EsStore>,
     /// `server.*` settings.
     pub settings: ServerSettings,
+    /// Lock wait of a foreground request without `timeout`: the configured foreground timeout,
+    /// at most `server.request.timeout`.
+    pub fg_timeout: Duration,
     /// Set when SIGTERM (or SIGINT) arrived: no new work is started.
     pub draining: AtomicBool,
     /// Concurrency limit of API requests.
@@ -67,6 +70,7 @@ impl AppState {
         backend: Backend,
         store: Arc<EsStore>,
         settings: ServerSettings,
+        fg_timeout: Duration,
     ) -> (Arc<Self>, QueueReceiver) {
         let (queue, rx) = mpsc::unbounded_channel();
         let permits = Arc::new(Semaphore::new(settings.max_concurrent));
@@ -77,6 +81,7 @@ impl AppState {
             metrics: Arc::new(Metrics::new()),
             backend,
             store,
+            fg_timeout: fg_timeout.min(settings.request_timeout),
             settings,
             draining: AtomicBool::new(false),
             permits,
