@@ -774,8 +774,7 @@ impl Settings {
             journal_path: PathBuf::from(r.non_empty("server.journal.path")?),
             max_body: r.int::<usize>("server.max.body", 1)?,
             max_concurrent: r.int::<usize>("server.max.concurrent", 1)?,
-            request_timeout: r
-                .duration_min("server.request.timeout", Duration::from_millis(1))?,
+            request_timeout: r.duration_min("server.request.timeout", Duration::from_millis(1))?,
             drain_timeout: r.duration("server.drain.timeout")?,
         };
         Ok(Self {

@@ -159,7 +159,10 @@ async fn call(c: &Client, method: Method, url: &str, body: Option<String>) -> (S
     let resp = req.send().await.expect("send request");
     let status = resp.status();
     let bytes = resp.bytes().await.unwrap();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 async fn put(c: &Client, s: &Service, path: &str, doc: &Value) -> (StatusCode, Value) {
@@ -167,7 +170,13 @@ async fn put(c: &Client, s: &Service, path: &str, doc: &Value) -> (StatusCode, V
 }
 
 async fn op_status(c: &Client, s: &Service, id: &str) -> Value {
-    let (status, v) = call(c, Method::GET, &s.url(&format!("/v1/operations/{id}")), None).await;
+    let (status, v) = call(
+        c,
+        Method::GET,
+        &s.url(&format!("/v1/operations/{id}")),
+        None,
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{v}");
     v
 }
@@ -175,21 +184,25 @@ async fn op_status(c: &Client, s: &Service, id: &str) -> Value {
 /// Waits until every operation is finished (not queued) and returns their states.
 async fn wait_finished(c: &Client, s: &Service, ids: &[String]) -> HashMap<String, Value> {
     let done = Arc::new(tokio::sync::Mutex::new(HashMap::new()));
-    eventually(Duration::from_secs(60), "background operations finish", || {
-        let done = done.clone();
-        async move {
-            let mut done = done.lock().await;
-            for id in ids {
-                if !done.contains_key(id) {
-                    let v = op_status(c, s, id).await;
-                    if v["status"] != "queued" {
-                        done.insert(id.clone(), v);
+    eventually(
+        Duration::from_secs(60),
+        "background operations finish",
+        || {
+            let done = done.clone();
+            async move {
+                let mut done = done.lock().await;
+                for id in ids {
+                    if !done.contains_key(id) {
+                        let v = op_status(c, s, id).await;
+                        if v["status"] != "queued" {
+                            done.insert(id.clone(), v);
+                        }
                     }
                 }
+                done.len() == ids.len()
             }
-            done.len() == ids.len()
-        }
-    })
+        },
+    )
     .await;
     let done = done.lock().await.clone();
     done
@@ -209,11 +222,19 @@ async fn es_doc(c: &Client, index: &str, id: &str) -> Value {
 /// token.
 async fn check_doc(c: &Client, index: &str, id: &str, tokens: &HashMap<String, u64>) {
     let doc = es_doc(c, index, id).await;
-    let ops: Vec<String> = serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
+    let ops: Vec<String> =
+        serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
     let unique: HashSet<&String> = ops.iter().collect();
-    assert_eq!(unique.len(), ops.len(), "an operation was applied twice: {ops:?}");
+    assert_eq!(
+        unique.len(),
+        ops.len(),
+        "an operation was applied twice: {ops:?}"
+    );
     for op in tokens.keys() {
-        assert!(ops.contains(op), "operation {op} answered as done is missing from {index}/{id}: {ops:?}");
+        assert!(
+            ops.contains(op),
+            "operation {op} answered as done is missing from {index}/{id}: {ops:?}"
+        );
     }
     let applied: Vec<u64> = ops.iter().filter_map(|o| tokens.get(o).copied()).collect();
     assert!(
@@ -247,7 +268,13 @@ async fn mixed_workload(
 ) -> HashMap<String, HashMap<String, u64>> {
     let c = client();
     // Create the index first, so that the race is about locks, not index creation.
-    let (status, v) = put(&c, services[0], &format!("/v1/indices/{index}/docs/setup"), &json!({"n": 0})).await;
+    let (status, v) = put(
+        &c,
+        services[0],
+        &format!("/v1/indices/{index}/docs/setup"),
+        &json!({"n": 0}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{v}");
     let mut tasks = Vec::new();
     for k in 0..clients {
@@ -263,8 +290,13 @@ async fn mixed_workload(
                 let bg_write = background && (k + i) % 2 == 1;
                 let ty = if bg_write { "background" } else { "foreground" };
                 let url = format!("{base}/v1/indices/{index}/docs/{doc}?type={ty}&timeout=20s");
-                let (status, v) =
-                    call(&c, Method::PUT, &url, Some(json!({"client": k, "i": i}).to_string())).await;
+                let (status, v) = call(
+                    &c,
+                    Method::PUT,
+                    &url,
+                    Some(json!({"client": k, "i": i}).to_string()),
+                )
+                .await;
                 let op = v["operation_id"].as_str().unwrap_or_default().to_string();
                 if bg_write {
                     assert_eq!(status, StatusCode::ACCEPTED, "{v}");
@@ -328,29 +360,45 @@ async fn foreground_overtakes_queued_background_work() {
     let s = env.start("a");
     let c = client();
     let index = format!("overtake-{}", uuid_tag());
-    let (status, v) = put(&c, &s, &format!("/v1/indices/{index}/docs/setup"), &json!({})).await;
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/setup"),
+        &json!({}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{v}");
     let monitor = format!("{index}:d");
     let lock_node = format!("{}/{monitor}", env.root);
     let (holder, guard) = hold_lock(&env, &monitor).await;
     let mut bg = Vec::new();
     for i in 0..4 {
-        let (status, v) = put(&c, &s, &format!("/v1/indices/{index}/docs/d?type=background"), &json!({"bg": i})).await;
+        let (status, v) = put(
+            &c,
+            &s,
+            &format!("/v1/indices/{index}/docs/d?type=background"),
+            &json!({"bg": i}),
+        )
+        .await;
         assert_eq!(status, StatusCode::ACCEPTED, "{v}");
         bg.push(v["operation_id"].as_str().unwrap().to_string());
     }
-    eventually(Duration::from_secs(10), "the background operations queue for the lock", || async {
-        queued(&env.zk, &lock_node, "B-").await == 4
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the background operations queue for the lock",
+        || async { queued(&env.zk, &lock_node, "B-").await == 4 },
+    )
     .await;
     let fg = tokio::spawn({
         let c = c.clone();
         let url = s.url(&format!("/v1/indices/{index}/docs/d?timeout=20s"));
         async move { call(&c, Method::PUT, &url, Some("{\"fg\":1}".into())).await }
     });
-    eventually(Duration::from_secs(10), "the foreground request queues", || async {
-        queued(&env.zk, &lock_node, "A-").await == 2
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the foreground request queues",
+        || async { queued(&env.zk, &lock_node, "A-").await == 2 },
+    )
     .await;
     guard.unlock().await.unwrap();
     drop(holder);
@@ -358,10 +406,18 @@ async fn foreground_overtakes_queued_background_work() {
     assert_eq!(status, StatusCode::OK, "{v}");
     let fg_id = v["operation_id"].as_str().unwrap().to_string();
     let states = wait_finished(&c, &s, &bg).await;
-    assert!(states.values().all(|v| v["status"] == "applied"), "{states:?}");
+    assert!(
+        states.values().all(|v| v["status"] == "applied"),
+        "{states:?}"
+    );
     let doc = es_doc(&c, &index, "d").await;
-    let ops: Vec<String> = serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
-    assert_eq!(ops.first(), Some(&fg_id), "the foreground write went first: {ops:?}");
+    let ops: Vec<String> =
+        serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
+    assert_eq!(
+        ops.first(),
+        Some(&fg_id),
+        "the foreground write went first: {ops:?}"
+    );
     assert_eq!(ops.len(), 5, "{ops:?}");
 }
 
@@ -385,7 +441,13 @@ async fn sigkill_with_journaled_operations_then_restart_applies_each_once() {
     let c = client();
     let index = format!("kill-{}", uuid_tag());
     let s = env.start("a");
-    let (status, v) = put(&c, &s, &format!("/v1/indices/{index}/docs/setup"), &json!({})).await;
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/setup"),
+        &json!({}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{v}");
     // Another writer holds the lock of d0: its operations cannot finish before the kill.
     let (holder, guard) = hold_lock(&env, &format!("{index}:d0")).await;
@@ -412,7 +474,11 @@ async fn sigkill_with_journaled_operations_then_restart_applies_each_once() {
 
     let s = env.start("a");
     let replayed = s.started["replayed"].as_u64().unwrap();
-    assert!(replayed >= 10, "the operations on d0 were unfinished at the kill: {}", s.started);
+    assert!(
+        replayed >= 10,
+        "the operations on d0 were unfinished at the kill: {}",
+        s.started
+    );
     let states = wait_finished(&c, &s, &ids).await;
     let mut per_doc: HashMap<String, HashMap<String, u64>> = HashMap::new();
     for (i, id) in ids.iter().enumerate() {
@@ -448,7 +514,13 @@ async fn zookeeper_outage_makes_the_service_unready_and_background_work_waits() 
     let s = env.start("a");
     let (status, _) = call(&c, Method::GET, &s.url("/readyz"), None).await;
     assert_eq!(status, StatusCode::OK);
-    let (status, v) = put(&c, &s, &format!("/v1/indices/{index}/docs/setup"), &json!({})).await;
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/setup"),
+        &json!({}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{v}");
 
     zk.stop();
@@ -460,11 +532,23 @@ async fn zookeeper_outage_makes_the_service_unready_and_background_work_waits() 
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(v["message"].as_str().unwrap().contains("ZooKeeper"), "{v}");
     // Foreground: refused at once, not after the lock timeout.
-    let (status, v) = put(&c, &s, &format!("/v1/indices/{index}/docs/a?timeout=20s"), &json!({})).await;
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/a?timeout=20s"),
+        &json!({}),
+    )
+    .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
     assert_eq!(v["error"], "lock_unavailable", "{v}");
     // Background: journaled and held.
-    let (status, v) = put(&c, &s, &format!("/v1/indices/{index}/docs/b?type=background"), &json!({"b": 1})).await;
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/b?type=background"),
+        &json!({"b": 1}),
+    )
+    .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{v}");
     let id = v["operation_id"].as_str().unwrap().to_string();
     assert_eq!(op_status(&c, &s, &id).await["status"], "queued");
@@ -488,11 +572,21 @@ fn assert_error(status: StatusCode, v: &Value, want: StatusCode, kind: &str, nee
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_input_gets_clear_client_errors() {
-    let env = Env::new(&shared_zk().connect_string(), "bad").with("ZKGUARD_SERVER_MAX_BODY", "1024");
+    let env =
+        Env::new(&shared_zk().connect_string(), "bad").with("ZKGUARD_SERVER_MAX_BODY", "1024");
     let s = env.start("a");
     let c = client();
     let docs = s.url("/v1/indices/bad/docs/1");
-    let cases: Vec<(Method, String, Option<String>, StatusCode, &str, &str)> = vec![
+    // (method, URL, body, expected status, error kind, a piece of the message)
+    type Case = (
+        Method,
+        String,
+        Option<String>,
+        StatusCode,
+        &'static str,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
         (Method::PUT, docs.clone(), Some("{\"a\":".into()), StatusCode::BAD_REQUEST, "malformed_json", "not valid JSON"),
         (Method::PUT, docs.clone(), Some("[1,2]".into()), StatusCode::BAD_REQUEST, "bad_document", "JSON object"),
         (Method::PUT, docs.clone(), Some(format!("{{\"a\":\"{}\"}}", "x".repeat(2000))), StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", "server.max.body"),
@@ -518,16 +612,25 @@ async fn bad_input_gets_clear_client_errors() {
     // Nothing of the refused bulk request was accepted.
     let (status, _) = call(&c, Method::GET, &s.url("/healthz"), None).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(std::fs::read_to_string(env.journal("a")).unwrap().is_empty());
+    assert!(std::fs::read_to_string(env.journal("a"))
+        .unwrap()
+        .is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lock_timeout_is_423_and_load_beyond_the_limit_is_503_with_retry_after() {
-    let env = Env::new(&shared_zk().connect_string(), "load").with("ZKGUARD_SERVER_MAX_CONCURRENT", "1");
+    let env =
+        Env::new(&shared_zk().connect_string(), "load").with("ZKGUARD_SERVER_MAX_CONCURRENT", "1");
     let s = env.start("a");
     let c = client();
     let index = format!("load-{}", uuid_tag());
-    let (status, v) = put(&c, &s, &format!("/v1/indices/{index}/docs/setup"), &json!({})).await;
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/setup"),
+        &json!({}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{v}");
     let (_holder, guard) = hold_lock(&env, &format!("{index}:a")).await;
     let resp = c
@@ -548,9 +651,11 @@ async fn lock_timeout_is_423_and_load_beyond_the_limit_is_503_with_retry_after()
         async move { call(&c, Method::PUT, &url, Some("{\"w\":1}".into())).await }
     });
     let lock_node = format!("{}/{index}:a", env.root);
-    eventually(Duration::from_secs(10), "the request queues for the lock", || async {
-        queued(&env.zk, &lock_node, "A-").await >= 2
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the request queues for the lock",
+        || async { queued(&env.zk, &lock_node, "A-").await >= 2 },
+    )
     .await;
     let resp = c
         .put(s.url(&format!("/v1/indices/{index}/docs/b")))
@@ -563,7 +668,10 @@ async fn lock_timeout_is_423_and_load_beyond_the_limit_is_503_with_retry_after()
     let v: Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
     assert_eq!(v["error"], "overloaded", "{v}");
     // Health and metrics are not limited.
-    assert_eq!(call(&c, Method::GET, &s.url("/healthz"), None).await.0, StatusCode::OK);
+    assert_eq!(
+        call(&c, Method::GET, &s.url("/healthz"), None).await.0,
+        StatusCode::OK
+    );
     guard.unlock().await.unwrap();
     let (status, v) = waiting.await.unwrap();
     assert_eq!(status, StatusCode::OK, "{v}");
@@ -589,11 +697,16 @@ fn parse_metrics(text: &str) -> HashMap<String, f64> {
             }
             continue;
         }
-        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad sample line {line:?}"));
-        let value: f64 = value.parse().unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad sample line {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
         let name = series.split('{').next().unwrap();
         assert!(
-            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
             "{line}"
         );
         if let Some(labels) = series.strip_prefix(name) {
@@ -601,7 +714,10 @@ fn parse_metrics(text: &str) -> HashMap<String, f64> {
                 assert!(labels.starts_with('{') && labels.ends_with('}'), "{line}");
                 for pair in labels[1..labels.len() - 1].split(',') {
                     let (k, v) = pair.split_once('=').unwrap_or_else(|| panic!("{line}"));
-                    assert!(!k.is_empty() && v.starts_with('"') && v.ends_with('"'), "{line}");
+                    assert!(
+                        !k.is_empty() && v.starts_with('"') && v.ends_with('"'),
+                        "{line}"
+                    );
                 }
             }
         }
@@ -626,7 +742,9 @@ fn metric(samples: &HashMap<String, f64>, series: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn metrics_parse_and_count_what_happened() {
-    let env = Env::new(&shared_zk().connect_string(), "metrics").arg("--log-format").arg("json");
+    let env = Env::new(&shared_zk().connect_string(), "metrics")
+        .arg("--log-format")
+        .arg("json");
     let s = env.start("a");
     let c = client();
     let index = format!("metrics-{}", uuid_tag());
@@ -634,10 +752,22 @@ async fn metrics_parse_and_count_what_happened() {
     let route = r#"zkguard_http_requests_total{route="/v1/indices/{index}/docs/{id}",method="PUT",status="200"}"#;
     assert_eq!(metric(&before, route), 0.0);
     for i in 0..3 {
-        let (status, v) = put(&c, &s, &format!("/v1/indices/{index}/docs/{i}"), &json!({"i": i})).await;
+        let (status, v) = put(
+            &c,
+            &s,
+            &format!("/v1/indices/{index}/docs/{i}"),
+            &json!({"i": i}),
+        )
+        .await;
         assert_eq!(status, StatusCode::OK, "{v}");
     }
-    let (status, v) = put(&c, &s, &format!("/v1/indices/{index}/docs/bg?type=background"), &json!({})).await;
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/bg?type=background"),
+        &json!({}),
+    )
+    .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{v}");
     let id = v["operation_id"].as_str().unwrap().to_string();
     wait_finished(&c, &s, std::slice::from_ref(&id)).await;
@@ -647,20 +777,47 @@ async fn metrics_parse_and_count_what_happened() {
     let after = scrape(&c, &s).await;
     assert_eq!(metric(&after, route), 3.0);
     assert_eq!(
-        metric(&after, r#"zkguard_http_requests_total{route="/v1/indices/{index}/docs/{id}",method="PUT",status="400"}"#),
+        metric(
+            &after,
+            r#"zkguard_http_requests_total{route="/v1/indices/{index}/docs/{id}",method="PUT",status="400"}"#
+        ),
         1.0
     );
     assert_eq!(
-        metric(&after, r#"zkguard_operations_total{lock_type="foreground",outcome="applied"}"#),
+        metric(
+            &after,
+            r#"zkguard_operations_total{lock_type="foreground",outcome="applied"}"#
+        ),
         3.0
     );
     assert_eq!(
-        metric(&after, r#"zkguard_operations_total{lock_type="background",outcome="applied"}"#),
+        metric(
+            &after,
+            r#"zkguard_operations_total{lock_type="background",outcome="applied"}"#
+        ),
         1.0
     );
-    assert_eq!(metric(&after, r#"zkguard_lock_acquisitions_total{lock_type="foreground"}"#), 3.0);
-    assert_eq!(metric(&after, r#"zkguard_lock_wait_seconds_count{lock_type="foreground"}"#), 3.0);
-    assert_eq!(metric(&after, r#"zkguard_lock_hold_seconds_count{lock_type="background"}"#), 1.0);
+    assert_eq!(
+        metric(
+            &after,
+            r#"zkguard_lock_acquisitions_total{lock_type="foreground"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric(
+            &after,
+            r#"zkguard_lock_wait_seconds_count{lock_type="foreground"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric(
+            &after,
+            r#"zkguard_lock_hold_seconds_count{lock_type="background"}"#
+        ),
+        1.0
+    );
     assert_eq!(metric(&after, "zkguard_journal_depth"), 0.0);
     assert_eq!(metric(&after, "zkguard_lock_backend_connected"), 1.0);
     // --log-format json: every log line is one JSON object.
@@ -670,7 +827,9 @@ async fn metrics_parse_and_count_what_happened() {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
         .collect();
     assert!(
-        lines.iter().any(|l| l["message"] == "zkguard serve started"),
+        lines
+            .iter()
+            .any(|l| l["message"] == "zkguard serve started"),
         "{log}"
     );
 }
@@ -705,9 +864,14 @@ async fn a_journaled_operation_already_in_elasticsearch_is_not_applied_twice() {
     let states = wait_finished(&c, &s, std::slice::from_ref(&id)).await;
     assert_eq!(states[&id]["status"], "applied");
     let doc = es_doc(&c, &index, "d").await;
-    let ops: Vec<String> = serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
+    let ops: Vec<String> =
+        serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
     assert_eq!(ops, vec![id], "{doc}");
-    assert_eq!(doc["_version"].as_u64(), Some(token), "not written again: {doc}");
+    assert_eq!(
+        doc["_version"].as_u64(),
+        Some(token),
+        "not written again: {doc}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -716,12 +880,24 @@ async fn sigterm_lets_in_flight_requests_finish_and_exits_0() {
     let mut s = env.start("a");
     let c = client();
     let index = format!("term-{}", uuid_tag());
-    let (status, v) = put(&c, &s, &format!("/v1/indices/{index}/docs/setup"), &json!({})).await;
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/setup"),
+        &json!({}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{v}");
     let monitor = format!("{index}:a");
     let (holder, guard) = hold_lock(&env, &monitor).await;
     // A background operation that waits behind the holder, and a foreground request too.
-    let (status, v) = put(&c, &s, &format!("/v1/indices/{index}/docs/a?type=background"), &json!({"bg": 1})).await;
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/a?type=background"),
+        &json!({"bg": 1}),
+    )
+    .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{v}");
     let bg_id = v["operation_id"].as_str().unwrap().to_string();
     let fg = tokio::spawn({
@@ -730,18 +906,24 @@ async fn sigterm_lets_in_flight_requests_finish_and_exits_0() {
         async move { call(&c, Method::PUT, &url, Some("{\"fg\":1}".into())).await }
     });
     let lock_node = format!("{}/{monitor}", env.root);
-    eventually(Duration::from_secs(10), "the foreground request queues", || async {
-        queued(&env.zk, &lock_node, "A-").await >= 2
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the foreground request queues",
+        || async { queued(&env.zk, &lock_node, "A-").await >= 2 },
+    )
     .await;
     s.signal(nix::sys::signal::Signal::SIGTERM);
     // New requests are refused (connection closed or 503) once the service drains.
-    eventually(Duration::from_secs(10), "the service stops accepting", || async {
-        match c.get(s.url("/readyz")).send().await {
-            Err(_) => true,
-            Ok(r) => r.status() == StatusCode::SERVICE_UNAVAILABLE,
-        }
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the service stops accepting",
+        || async {
+            match c.get(s.url("/readyz")).send().await {
+                Err(_) => true,
+                Ok(r) => r.status() == StatusCode::SERVICE_UNAVAILABLE,
+            }
+        },
+    )
     .await;
     guard.unlock().await.unwrap();
     drop(holder);
@@ -758,7 +940,8 @@ async fn sigterm_lets_in_flight_requests_finish_and_exits_0() {
     let states = wait_finished(&c, &s, std::slice::from_ref(&bg_id)).await;
     assert_eq!(states[&bg_id]["status"], "applied");
     let doc = es_doc(&c, &index, "a").await;
-    let ops: Vec<String> = serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
+    let ops: Vec<String> =
+        serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
     assert_eq!(ops.iter().filter(|o| **o == bg_id).count(), 1, "{doc}");
 }
 
@@ -774,15 +957,33 @@ async fn a_stalled_elasticsearch_is_cut_by_the_request_timeout_and_readyz_says_w
     assert_eq!(status, StatusCode::OK, "{v}");
     es.pause();
     let (status, v) = put(&c, &s, "/v1/indices/stall/docs/a", &json!({"a": 1})).await;
-    assert_error(status, &v, StatusCode::SERVICE_UNAVAILABLE, "request_timeout", "server.request.timeout");
+    assert_error(
+        status,
+        &v,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "request_timeout",
+        "server.request.timeout",
+    );
     let (status, v) = call(&c, Method::GET, &s.url("/readyz"), None).await;
-    assert_error(status, &v, StatusCode::SERVICE_UNAVAILABLE, "not_ready", "Elasticsearch");
+    assert_error(
+        status,
+        &v,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not_ready",
+        "Elasticsearch",
+    );
     es.resume();
     eventually(Duration::from_secs(30), "readyz says 200 again", || async {
         call(&c, Method::GET, &s.url("/readyz"), None).await.0 == StatusCode::OK
     })
     .await;
     // The lock of the abandoned request was released: the same document can be written.
-    let (status, v) = put(&c, &s, "/v1/indices/stall/docs/a?timeout=3s", &json!({"a": 2})).await;
+    let (status, v) = put(
+        &c,
+        &s,
+        "/v1/indices/stall/docs/a?timeout=3s",
+        &json!({"a": 2}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{v}");
 }

@@ -291,7 +291,10 @@ impl Journal {
     ///
     /// # Errors
     /// [`JournalError::Io`]: nothing was accepted.
-    pub async fn accept(self: &Arc<Self>, ops: Vec<Operation>) -> Result<Vec<Operation>, JournalError> {
+    pub async fn accept(
+        self: &Arc<Self>,
+        ops: Vec<Operation>,
+    ) -> Result<Vec<Operation>, JournalError> {
         let me = self.clone();
         tokio::task::spawn_blocking(move || me.accept_blocking(ops))
             .await

@@ -134,7 +134,9 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
         CliError::new(
             EX_UNAVAILABLE,
-            format!("cannot listen on {listen}: {e}; choose another --listen address or server.listen"),
+            format!(
+                "cannot listen on {listen}: {e}; choose another --listen address or server.listen"
+            ),
         )
     })?;
     let bound = listener
@@ -147,8 +149,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     let dispatcher = tokio::spawn(state::dispatch(state.clone(), queue, stop_rx.clone()));
     let monitor = tokio::spawn(state::monitor(state.clone(), stop_rx.clone()));
 
-    let mut sigterm =
-        signal(SignalKind::terminate()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
 
     let app = routes::router(state.clone());
@@ -187,7 +188,10 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
             Ok(Err(e)) => e.to_string(),
             Err(e) => e.to_string(),
         };
-        return Err(CliError::new(EX_SOFTWARE, format!("the HTTP server failed: {detail}")));
+        return Err(CliError::new(
+            EX_SOFTWARE,
+            format!("the HTTP server failed: {detail}"),
+        ));
     }
 
     tracing::info!(

@@ -342,7 +342,9 @@ async fn put_doc(
             "the body must be a JSON object (the document's source)",
         ));
     }
-    let (op, params) = build_op(&index, &id, params, |m| Operation::index(m, &index, &id, doc))?;
+    let (op, params) = build_op(&index, &id, params, |m| {
+        Operation::index(m, &index, &id, doc)
+    })?;
     submit(&state, op, params).await
 }
 
@@ -373,9 +375,7 @@ fn build_op(
         .clone()
         .unwrap_or_else(|| format!("{index}:{id}"));
     check_monitor(&monitor)?;
-    let mut op = make(monitor)
-        .with_type(params.lock_type)
-        .with_info(INFO);
+    let mut op = make(monitor).with_type(params.lock_type).with_info(INFO);
     if let Some(op_id) = params.op_id {
         op = op.with_id(op_id);
     }
@@ -574,7 +574,10 @@ async fn bulk(
         if line.trim().is_empty() {
             continue;
         }
-        let line_err = |e: ApiError| ApiError { message: format!("line {}: {}", n + 1, e.message), ..e };
+        let line_err = |e: ApiError| ApiError {
+            message: format!("line {}: {}", n + 1, e.message),
+            ..e
+        };
         let parsed: BulkLine = serde_json::from_str(line).map_err(|e| {
             ApiError::bad(
                 "malformed_json",
@@ -600,7 +603,9 @@ async fn bulk(
                         "an index line needs \"doc\": a JSON object",
                     ))
                 })?;
-                build_op(&index, &id, params, |m| Operation::index(m, &index, &id, doc))
+                build_op(&index, &id, params, |m| {
+                    Operation::index(m, &index, &id, doc)
+                })
             }
             BulkAction::Delete => {
                 let mode = params.mode.unwrap_or_default();

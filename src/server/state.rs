@@ -110,7 +110,10 @@ impl AppState {
         let ping = self.store.client().ping().send();
         let result = match tokio::time::timeout(Duration::from_secs(2), ping).await {
             Err(_) => Err("Elasticsearch did not answer within 2s".to_string()),
-            Ok(Err(e)) => Err(format!("cannot reach Elasticsearch at {}: {e}", self.store.urls())),
+            Ok(Err(e)) => Err(format!(
+                "cannot reach Elasticsearch at {}: {e}",
+                self.store.urls()
+            )),
             Ok(Ok(r)) if r.status_code().is_success() => Ok(()),
             Ok(Ok(r)) => Err(format!(
                 "Elasticsearch at {} answered {}",
@@ -190,7 +193,11 @@ pub async fn monitor(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
 /// Feeds queued operations to the executor, oldest first, holding them while the lock backend
 /// is unavailable (so that an outage does not burn their retries), and records each outcome in
 /// the journal. Runs until `stop` turns true.
-pub async fn dispatch(state: Arc<AppState>, mut rx: QueueReceiver, mut stop: watch::Receiver<bool>) {
+pub async fn dispatch(
+    state: Arc<AppState>,
+    mut rx: QueueReceiver,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         let op = tokio::select! {
             op = rx.recv() => match op { Some(op) => op, None => return },
@@ -221,7 +228,9 @@ pub async fn dispatch(state: Arc<AppState>, mut rx: QueueReceiver, mut stop: wat
                 .remove(&op.id);
             match outcome {
                 Ok(outcome) => record(&st, outcome).await,
-                Err(_) => tracing::debug!(op = %op.id, "background operation stopped by shutdown; it stays in the journal"),
+                Err(_) => {
+                    tracing::debug!(op = %op.id, "background operation stopped by shutdown; it stays in the journal")
+                }
             }
         });
     }
