@@ -17,6 +17,7 @@ use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
@@ -209,17 +210,19 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     }
     let _ = dispatcher.await;
     let _ = monitor.await;
-    let stopped = state.abort_running();
+    let stopped = state.stop_running(Duration::from_secs(5)).await;
     tracing::info!(
         left_in_journal = journal.depth(),
         stopped,
         "background operations left in the journal for the next start"
     );
-    // Let aborted tasks drop their guards (which hands their release to the session), then
-    // close the session so that the server deletes whatever is left at once.
-    tokio::task::yield_now().await;
     if let Backend::ZooKeeper(session) = &state.backend {
-        session.close();
+        // Every guard is gone: closing the session deletes whatever it still had queued.
+        if !session.close_and_wait(Duration::from_secs(5)).await {
+            tracing::warn!(
+                "the ZooKeeper session did not close in time; its nodes go when it expires"
+            );
+        }
     }
     drop(state);
     drop(locks);

@@ -146,13 +146,27 @@ impl AppState {
         m.sync_executor(&self.executor.stats());
     }
 
-    /// Stops every background operation still running (they stay in the journal).
-    pub fn abort_running(&self) -> usize {
-        let running = std::mem::take(&mut *self.running.lock().unwrap_or_else(|p| p.into_inner()));
-        for handle in running.values() {
-            handle.abort();
+    /// Stops every background operation still running (they stay in the journal) and waits up
+    /// to `limit` until they are gone (their guards dropped). Returns how many were stopped.
+    pub async fn stop_running(&self, limit: Duration) -> usize {
+        let stopped = {
+            let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            for handle in running.values() {
+                handle.abort();
+            }
+            running.len()
+        };
+        let gone = || {
+            self.running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+        };
+        let deadline = tokio::time::Instant::now() + limit;
+        while !gone() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        running.len()
+        stopped
     }
 }
 
