@@ -561,6 +561,55 @@ async fn zookeeper_outage_makes_the_service_unready_and_background_work_waits() 
     })
     .await;
     assert_eq!(es_doc(&c, &index, "b").await["_source"]["b"], 1);
+    // The service's monitor (every 250 ms) counts the return of the session.
+    eventually(
+        Duration::from_secs(10),
+        "the reconnection is counted",
+        || async {
+            let samples = scrape(&c, &s).await;
+            metric(&samples, "zkguard_lock_backend_reconnects_total") >= 1.0
+                && metric(&samples, "zkguard_lock_backend_connected") == 1.0
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_elasticsearch_lease_lock_backend_serves_too() {
+    let env = Env::new(&shared_zk().connect_string(), "eslock")
+        .with("ZKGUARD_LOCK_BACKEND", "elasticsearch")
+        .with(
+            "ZKGUARD_ELASTICSEARCH_LOCK_INDEX",
+            &format!("serve-locks-{}", uuid_tag()),
+        );
+    let s = env.start("a");
+    assert_eq!(s.started["backend"], "elasticsearch");
+    let c = client();
+    let index = format!("eslock-{}", uuid_tag());
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/a"),
+        &json!({"a": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/a?type=background"),
+        &json!({"a": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let id = v["operation_id"].as_str().unwrap().to_string();
+    let states = wait_finished(&c, &s, std::slice::from_ref(&id)).await;
+    assert_eq!(states[&id]["status"], "applied", "{}", s.log());
+    assert_eq!(es_doc(&c, &index, "a").await["_source"]["a"], 2);
+    assert_eq!(
+        call(&c, Method::GET, &s.url("/readyz"), None).await.0,
+        StatusCode::OK
+    );
 }
 
 fn assert_error(status: StatusCode, v: &Value, want: StatusCode, kind: &str, needle: &str) {
@@ -597,6 +646,11 @@ async fn bad_input_gets_clear_client_errors() {
         (Method::PUT, format!("{docs}?colour=red"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_parameter", "unknown query parameter `colour`"),
         (Method::PUT, s.url("/v1/indices/Bad/docs/1"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_index", "lowercase"),
         (Method::PUT, docs.clone(), Some("{\"zkguard\":1}".into()), StatusCode::BAD_REQUEST, "invalid_operation", "zkguard"),
+        (Method::PUT, s.url("/v1/indices/%FF/docs/1"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_path", "path"),
+        (Method::PUT, docs.clone(), Some("{\"a\":\"\u{0}\"".into()), StatusCode::BAD_REQUEST, "malformed_json", "not valid JSON"),
+        (Method::DELETE, format!("{docs}?mode=soft"), None, StatusCode::BAD_REQUEST, "bad_parameter", "hard or tombstone"),
+        (Method::PUT, format!("{docs}?mode=hard"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_parameter", "unknown query parameter `mode`"),
+        (Method::POST, s.url("/v1/bulk?type=foreground"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_parameter", "no query parameters"),
         (Method::GET, s.url("/v2/nothing"), None, StatusCode::NOT_FOUND, "no_route", "/v2/nothing"),
         (Method::POST, docs.clone(), Some("{}".into()), StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "POST"),
         (Method::GET, s.url("/v1/operations/xyz"), None, StatusCode::BAD_REQUEST, "bad_parameter", "not a UUID"),

@@ -382,7 +382,7 @@ impl Journal {
         );
         inner.finished_order.push_back(id);
         self.trim(&mut inner);
-        if inner.appended >= COMPACT_EVERY {
+        if durable && inner.appended >= COMPACT_EVERY {
             if let Err(e) = self.compact(&mut inner) {
                 tracing::warn!(error = %e, "journal compaction failed; the journal keeps growing until the next attempt");
                 inner.appended = 0;
