@@ -1040,3 +1040,44 @@ async fn a_stalled_elasticsearch_is_cut_by_the_request_timeout_and_readyz_says_w
     .await;
     assert_eq!(status, StatusCode::OK, "{v}");
 }
+
+#[test]
+fn start_failures_exit_with_the_documented_status() {
+    let env = Env::new(&shared_zk().connect_string(), "start");
+    let run = |env: &Env, journal: &str| {
+        Command::new(env!("CARGO_BIN_EXE_zkguard"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env_remove("ZKGUARD_CONFIG")
+            .env("ZKGUARD_ZOOKEEPER_SERVERS", &env.zk)
+            .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &env.root)
+            .env("ZKGUARD_ZOOKEEPER_CONNECTION_RETRY", "1")
+            .env("ZKGUARD_ELASTICSEARCH_URL", &env.es)
+            .env("ZKGUARD_SERVER_JOURNAL_PATH", env.journal(journal))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    // The journal of a running service.
+    let _running = env.start("a");
+    let o = run(&env, "a");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(78), "{err}");
+    assert!(err.contains("in use by another zkguard serve"), "{err}");
+    // ZooKeeper unreachable.
+    let mut down = env.clone();
+    down.zk = format!("127.0.0.1:{}", zkguard::servers::free_port().unwrap());
+    let o = run(&down, "b");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(69), "{err}");
+    assert!(err.contains("ZooKeeper"), "{err}");
+    // A bad server.* value.
+    let o = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .args(["serve"])
+        .env_remove("ZKGUARD_CONFIG")
+        .env("ZKGUARD_SERVER_LISTEN", "localhost")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(78), "{err}");
+    assert!(err.contains("server.listen"), "{err}");
+}

@@ -138,6 +138,7 @@ struct Inner {
 pub struct Journal {
     path: PathBuf,
     inner: Mutex<Inner>,
+    compact_every: usize,
 }
 
 impl std::fmt::Debug for Journal {
@@ -192,12 +193,13 @@ impl Journal {
         let mut finished_order = VecDeque::new();
         match File::open(path) {
             Ok(f) => {
-                for (n, line) in BufReader::new(f).lines().enumerate() {
+                // Bytes, not text: a line cut short by a crash may end inside a character.
+                for (n, line) in BufReader::new(f).split(b'\n').enumerate() {
                     let line = line.map_err(&err)?;
-                    if line.trim().is_empty() {
+                    if line.iter().all(u8::is_ascii_whitespace) {
                         continue;
                     }
-                    match serde_json::from_str::<Record>(&line) {
+                    match serde_json::from_slice::<Record>(&line) {
                         Ok(Record::Accepted { ops }) => {
                             for op in ops {
                                 if entries.contains_key(&op.id) {
@@ -247,6 +249,7 @@ impl Journal {
             .open(path)
             .map_err(&err)?;
         let journal = Journal {
+            compact_every: COMPACT_EVERY,
             path: path.to_path_buf(),
             inner: Mutex::new(Inner {
                 file,
@@ -382,7 +385,7 @@ impl Journal {
         );
         inner.finished_order.push_back(id);
         self.trim(&mut inner);
-        if durable && inner.appended >= COMPACT_EVERY {
+        if durable && inner.appended >= self.compact_every {
             if let Err(e) = self.compact(&mut inner) {
                 tracing::warn!(error = %e, "journal compaction failed; the journal keeps growing until the next attempt");
                 inner.appended = 0;
@@ -534,7 +537,9 @@ mod tests {
         }
         // A torn line at the end (a crash in the middle of a write) is skipped.
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(b"{\"r\":\"accepted\",\"ops\":[{\"id").unwrap();
+        // (cut inside the two bytes of `é`)
+        f.write_all(b"{\"r\":\"accepted\",\"ops\":[{\"info\":\"caf\xc3")
+            .unwrap();
         drop(f);
         // The lock of the first journal is held by this process for good; test reopening
         // through a copy, as a restarted process would see the file.
@@ -550,5 +555,48 @@ mod tests {
         // Compacted at open: one outcome line and one batch line.
         let text = std::fs::read_to_string(&copy).unwrap();
         assert_eq!(text.lines().count(), 2, "{text}");
+    }
+
+    #[tokio::test]
+    async fn the_journal_is_compacted_while_it_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let (j, _) = Journal::open(&path).unwrap();
+        let mut j = Arc::try_unwrap(j).unwrap();
+        j.compact_every = 10;
+        let j = Arc::new(j);
+        let queued = op(0);
+        j.accept(vec![queued.clone()]).await.unwrap();
+        let mut done = Vec::new();
+        for n in 1..=25 {
+            let o = op(n);
+            done.push(o.id);
+            j.accept(vec![o.clone()]).await.unwrap();
+            j.finish(Finished {
+                id: o.id,
+                status: OpState::Applied,
+                reason: None,
+                token: Some(u64::from(n)),
+                attempts: Some(1),
+            })
+            .await
+            .unwrap();
+        }
+        let lines = std::fs::read_to_string(&path).unwrap().lines().count();
+        // 51 lines were appended; compactions keep outcomes plus one batch of the queued one.
+        assert!(lines < 51, "{lines} lines");
+        drop(j);
+        let copy = dir.path().join("copy.jsonl");
+        std::fs::copy(&path, &copy).unwrap();
+        let (j, pending) = Journal::open(&copy).unwrap();
+        assert_eq!(
+            pending.iter().map(|o| o.id).collect::<Vec<_>>(),
+            vec![queued.id]
+        );
+        assert_eq!(j.depth(), 1);
+        assert_eq!(j.get(&queued.id).unwrap().state(), OpState::Queued);
+        for id in &done {
+            assert_eq!(j.get(id).unwrap().state(), OpState::Applied);
+        }
     }
 }
