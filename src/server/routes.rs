@@ -475,14 +475,23 @@ async fn foreground(
 /// (`queued`, or the state of an operation already known under the same id).
 async fn accept(state: &Arc<AppState>, ops: Vec<Operation>) -> Result<Vec<OpState>, ApiError> {
     let ids: Vec<Uuid> = ops.iter().map(|o| o.id).collect();
-    let fresh = state.journal.accept(ops).await.map_err(|e| {
+    // In a task of its own, so that a request abandoned (timeout, client gone) once its
+    // operations are journaled still queues them.
+    let st = state.clone();
+    let journaled = tokio::spawn(async move {
+        let fresh = st.journal.accept(ops).await?;
+        st.enqueue(fresh);
+        Ok::<(), super::journal::JournalError>(())
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("journaling failed: {e}")))?;
+    journaled.map_err(|e| {
         tracing::error!(error = %e, "cannot journal background operations");
         ApiError::unavailable(
             "journal_unavailable",
             format!("the operation could not be made durable, so it was not accepted: {e}"),
         )
     })?;
-    state.enqueue(fresh);
     Ok(ids
         .iter()
         .map(|id| state.journal.get(id).map_or(OpState::Queued, |e| e.state()))
