@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 mod cli;
+mod server;
 mod workload;
 
 /// ZooKeeper priority locks that fence Elasticsearch writes.
@@ -41,6 +42,8 @@ pub enum Command {
     Dlq(cli::dlq::DlqArgs),
     /// Multi-document transactions (two-phase commit).
     Txn(cli::txn::TxnArgs),
+    /// Run the lock service: guarded writes over HTTP, a durable background queue, metrics.
+    Serve(server::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -58,7 +61,10 @@ fn main() -> ExitCode {
     };
     // The demo expects faults (parked operations, a fenced writer): keep its screen to the report.
     let quiet = matches!(cli.command, Command::Demo(_));
-    cli::init_tracing(cli.verbose, quiet);
+    match &cli.command {
+        Command::Serve(args) => server::init_tracing(cli.verbose, args.log_format),
+        _ => cli::init_tracing(cli.verbose, quiet),
+    }
     install_panic_hook();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

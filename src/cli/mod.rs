@@ -129,5 +129,6 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Demo(args) => demo::run(settings, args).await,
         Command::Dlq(args) => dlq::run(settings, args).await,
         Command::Txn(args) => txn::run(settings, args).await,
+        Command::Serve(args) => crate::server::run(settings, args).await,
     }
 }

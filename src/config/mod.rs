@@ -80,6 +80,7 @@ const OWNED_NAMESPACES: &[&str] = &[
     "deadletter.",
     "lock.",
     "txn.",
+    "server.",
 ];
 
 /// Every configuration key with its default value and a one-line description.
@@ -116,6 +117,12 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("txn.transactions.index", "zkguard-transactions", "transaction-log index"),
     ("txn.recovery.after", "30000", "a transaction untouched this long is resumed by recovery (ms)"),
     ("txn.allow.overdraft", "false", "whether a transfer may leave the source balance negative"),
+    ("server.listen", "127.0.0.1:7717", "address `zkguard serve` listens on (--listen overrides)"),
+    ("server.journal.path", "zkguard-journal.jsonl", "write-ahead journal of accepted background operations of `zkguard serve`"),
+    ("server.max.body", "1048576", "largest request body `zkguard serve` accepts (bytes)"),
+    ("server.max.concurrent", "256", "requests `zkguard serve` handles at once; more are refused with 503 and Retry-After"),
+    ("server.request.timeout", "30000", "longest time `zkguard serve` spends on one request (ms)"),
+    ("server.drain.timeout", "10000", "on SIGTERM, how long in-flight requests may take to finish (ms)"),
 ];
 
 /// The lock-service backend.
@@ -260,6 +267,23 @@ pub struct TxnSettings {
     pub allow_overdraft: bool,
 }
 
+/// Settings of `zkguard serve`.
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    /// Listen address.
+    pub listen: std::net::SocketAddr,
+    /// Write-ahead journal of background operations.
+    pub journal_path: PathBuf,
+    /// Largest request body, in bytes.
+    pub max_body: usize,
+    /// Requests handled at once.
+    pub max_concurrent: usize,
+    /// Longest time spent on one request.
+    pub request_timeout: Duration,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    pub drain_timeout: Duration,
+}
+
 /// The whole configuration, typed.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -276,6 +300,8 @@ pub struct Settings {
     pub es_lock: EsLockSettings,
     /// Transactions.
     pub txn: TxnSettings,
+    /// `zkguard serve`.
+    pub server: ServerSettings,
     /// The file the settings were read from, if any.
     pub source: Option<PathBuf>,
     /// Warnings found while loading (unknown `ZKGUARD_` variables); the CLI prints them.
@@ -735,6 +761,22 @@ impl Settings {
             recovery_after: r.duration("txn.recovery.after")?,
             allow_overdraft: r.boolean("txn.allow.overdraft")?,
         };
+        let server = ServerSettings {
+            listen: {
+                let (v, _) = r.get("server.listen");
+                v.parse().map_err(|_| {
+                    r.err(
+                        "server.listen",
+                        "an IP address and port, e.g. 127.0.0.1:7717 or 0.0.0.0:7717",
+                    )
+                })?
+            },
+            journal_path: PathBuf::from(r.non_empty("server.journal.path")?),
+            max_body: r.int::<usize>("server.max.body", 1)?,
+            max_concurrent: r.int::<usize>("server.max.concurrent", 1)?,
+            request_timeout: r.duration_min("server.request.timeout", Duration::from_millis(1))?,
+            drain_timeout: r.duration("server.drain.timeout")?,
+        };
         Ok(Self {
             zookeeper,
             elasticsearch,
@@ -742,6 +784,7 @@ impl Settings {
             backend,
             es_lock,
             txn,
+            server,
             source: None,
             warnings: Vec::new(),
         })

@@ -557,6 +557,59 @@ impl ZkSession {
         }
     }
 
+    /// Whether the current session is connected to a server (false while disconnected, after
+    /// an expiry until a new session is connected, and after [`ZkSession::close`]).
+    pub fn is_connected(&self) -> bool {
+        self.inner
+            .current
+            .read()
+            .expect("slot lock")
+            .as_ref()
+            .is_some_and(|s| s.health() == Health::Connected)
+    }
+
+    /// Connects a new session if the current one expired (a no-op while it lives, even when
+    /// disconnected: the client reconnects by itself). Long-running services call it so that
+    /// they report ready again without waiting for the next lock.
+    ///
+    /// # Errors
+    /// [`LockError::ConnectionLoss`] when no attempt succeeded; an error after
+    /// [`ZkSession::close`].
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe.
+    pub async fn ensure_session(&self) -> Result<(), LockError> {
+        self.slot().await.map(|_| ())
+    }
+
+    /// Closes the session and waits up to `limit` until the client has ended it with the server,
+    /// so that its ephemeral nodes (queue places, held locks) are gone when this returns. Call it
+    /// after every guard of the session was released or dropped: a guard still alive keeps the
+    /// session open, and this returns `false` at the limit. No new lock can be taken afterwards.
+    pub async fn close_and_wait(&self, limit: Duration) -> bool {
+        self.inner.closed.store(true, Ordering::Release);
+        let Some(slot) = self.inner.current.write().expect("slot lock").take() else {
+            return true;
+        };
+        let mut health = slot.health.clone();
+        drop(slot);
+        tokio::time::timeout(limit, async move {
+            loop {
+                if matches!(
+                    *health.borrow_and_update(),
+                    Health::Closed | Health::Expired
+                ) {
+                    return;
+                }
+                if health.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await
+        .is_ok()
+    }
+
     /// Closes the session once the last guard of it is gone: its ephemeral nodes (queue places,
     /// held locks) then go away at once rather than after the session timeout. No new lock can
     /// be taken through this session afterwards.

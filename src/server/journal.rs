@@ -1,0 +1,602 @@
+//! The write-ahead journal of background operations, and the status of every operation.
+//!
+//! One JSON object per line in `server.journal.path`:
+//!
+//! - `{"r":"accepted","ops":[...]}`: operations accepted in one request (one for a single
+//!   background write, all of them for a bulk request). The line is written and `fsync`ed
+//!   before the request is answered 202; being one line, a batch is accepted whole or not at
+//!   all (a torn last line is ignored at the next start, and its request was never answered);
+//! - `{"r":"finished","id":...,"status":"applied|rejected|parked",...}`: the executor's
+//!   outcome, also `fsync`ed.
+//!
+//! At start the journal is read: every accepted operation without a finished record is queued
+//! again. Running it again is safe: the guarded writer records operation ids in the documents,
+//! so an operation whose write reached Elasticsearch before a crash is recognised and not
+//! written twice. The file is then compacted (rewritten through a temporary file, `fsync`ed and
+//! renamed), keeping the unfinished operations and the outcomes of the last [`KEEP_FINISHED`]
+//! operations; it is compacted again while the service runs whenever it has grown by
+//! [`COMPACT_EVERY`] lines.
+//!
+//! An exclusive advisory lock on `<path>.lock` keeps a second service off the same journal.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+use zkguard::write::ops::Operation;
+
+/// How many finished operations keep their outcome (for `GET /v1/operations/{id}`).
+pub const KEEP_FINISHED: usize = 10_000;
+/// Lines appended after which the journal is compacted.
+pub const COMPACT_EVERY: usize = 4_096;
+
+/// Errors of the journal.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// Another process holds the journal.
+    #[error("the journal {} is in use by another zkguard serve (its lock file {} is held); give each instance its own server.journal.path", .path.display(), .lock.display())]
+    InUse {
+        /// Journal path.
+        path: PathBuf,
+        /// Lock file.
+        lock: PathBuf,
+    },
+    /// The file could not be read or written.
+    #[error("journal {}: {source}; check server.journal.path and the free space of its file system", .path.display())]
+    Io {
+        /// Journal path.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where an operation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpState {
+    /// Accepted and journaled, not finished yet.
+    Queued,
+    /// Written to Elasticsearch.
+    Applied,
+    /// Can never be applied (see the reason).
+    Rejected,
+    /// In the dead-letter sink.
+    Parked,
+}
+
+impl OpState {
+    /// The name used in answers and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Applied => "applied",
+            Self::Rejected => "rejected",
+            Self::Parked => "parked",
+        }
+    }
+}
+
+/// The outcome of one operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finished {
+    /// Operation id.
+    #[serde(with = "uuid_str")]
+    pub id: Uuid,
+    /// Applied, rejected or parked.
+    pub status: OpState,
+    /// Why it was rejected or parked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The fencing token of the write that applied it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
+    /// Attempts made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "r", rename_all = "snake_case")]
+enum Record {
+    Accepted { ops: Vec<Operation> },
+    Finished(Finished),
+}
+
+/// What the journal knows of one operation.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// The operation, while it is queued.
+    pub op: Option<Operation>,
+    /// Its outcome, once finished.
+    pub finished: Option<Finished>,
+}
+
+impl Entry {
+    /// Queued, applied, rejected or parked.
+    pub fn state(&self) -> OpState {
+        self.finished.as_ref().map_or(OpState::Queued, |f| f.status)
+    }
+}
+
+struct Inner {
+    file: File,
+    entries: HashMap<Uuid, Entry>,
+    /// Queued operations in the order they were accepted (finished ones are skipped lazily).
+    queued_order: VecDeque<Uuid>,
+    queued: usize,
+    finished_order: VecDeque<Uuid>,
+    appended: usize,
+}
+
+/// The journal and the table of operation states. Share it in an `Arc`.
+pub struct Journal {
+    path: PathBuf,
+    inner: Mutex<Inner>,
+    compact_every: usize,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal").field("path", &self.path).finish()
+    }
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> JournalError + '_ {
+    move |source| JournalError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Journal {
+    /// Opens (or creates) the journal, takes its lock, reads it and compacts it. Returns the
+    /// journal and the unfinished operations, oldest first, to run again.
+    ///
+    /// # Errors
+    /// [`JournalError::InUse`] when another process holds it; [`JournalError::Io`].
+    pub fn open(path: &Path) -> Result<(Arc<Journal>, Vec<Operation>), JournalError> {
+        let err = io(path);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(&err)?;
+        }
+        let mut lock_path = path.as_os_str().to_owned();
+        lock_path.push(".lock");
+        let lock_path = PathBuf::from(lock_path);
+        let lock_file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(&err)?;
+        // The lock lives as long as the process: the journal is opened once per service.
+        let lock: &'static mut fd_lock::RwLock<File> =
+            Box::leak(Box::new(fd_lock::RwLock::new(lock_file)));
+        match lock.try_write() {
+            Ok(guard) => std::mem::forget(guard),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(JournalError::InUse {
+                    path: path.to_path_buf(),
+                    lock: lock_path,
+                })
+            }
+            Err(e) => return Err(err(e)),
+        }
+
+        let mut entries: HashMap<Uuid, Entry> = HashMap::new();
+        let mut queued_order = VecDeque::new();
+        let mut finished_order = VecDeque::new();
+        match File::open(path) {
+            Ok(f) => {
+                // Bytes, not text: a line cut short by a crash may end inside a character.
+                for (n, line) in BufReader::new(f).split(b'\n').enumerate() {
+                    let line = line.map_err(&err)?;
+                    if line.iter().all(u8::is_ascii_whitespace) {
+                        continue;
+                    }
+                    match serde_json::from_slice::<Record>(&line) {
+                        Ok(Record::Accepted { ops }) => {
+                            for op in ops {
+                                if entries.contains_key(&op.id) {
+                                    continue;
+                                }
+                                queued_order.push_back(op.id);
+                                entries.insert(
+                                    op.id,
+                                    Entry {
+                                        op: Some(op),
+                                        finished: None,
+                                    },
+                                );
+                            }
+                        }
+                        Ok(Record::Finished(f)) => {
+                            finished_order.push_back(f.id);
+                            entries.insert(
+                                f.id,
+                                Entry {
+                                    op: None,
+                                    finished: Some(f),
+                                },
+                            );
+                        }
+                        Err(e) => tracing::warn!(
+                            journal = %path.display(),
+                            line = n + 1,
+                            error = %e,
+                            "skipping a journal line that cannot be read (a write cut short by a crash)"
+                        ),
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(err(e)),
+        }
+        let pending: Vec<Operation> = queued_order
+            .iter()
+            .filter_map(|id| entries.get(id).and_then(|e| e.op.clone()))
+            .filter(|op| entries.get(&op.id).is_some_and(|e| e.finished.is_none()))
+            .collect();
+        queued_order = pending.iter().map(|op| op.id).collect();
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(&err)?;
+        let journal = Journal {
+            compact_every: COMPACT_EVERY,
+            path: path.to_path_buf(),
+            inner: Mutex::new(Inner {
+                file,
+                entries,
+                queued: pending.len(),
+                queued_order,
+                finished_order,
+                appended: 0,
+            }),
+        };
+        {
+            let mut inner = journal.lock();
+            journal.trim(&mut inner);
+            journal.compact(&mut inner)?;
+        }
+        Ok((Arc::new(journal), pending))
+    }
+
+    /// The journal's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the table half-updated in a way that
+        // matters more than refusing every later request would.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The state of an operation, if known.
+    pub fn get(&self, id: &Uuid) -> Option<Entry> {
+        self.lock().entries.get(id).cloned()
+    }
+
+    /// How many operations are accepted and not finished.
+    pub fn depth(&self) -> usize {
+        self.lock().queued
+    }
+
+    /// Journals a batch of operations (one line, fsynced). Operations whose id the journal
+    /// already knows are left out (idempotency keys); returns the ones journaled.
+    ///
+    /// # Errors
+    /// [`JournalError::Io`]: nothing was accepted.
+    pub async fn accept(
+        self: &Arc<Self>,
+        ops: Vec<Operation>,
+    ) -> Result<Vec<Operation>, JournalError> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.accept_blocking(ops))
+            .await
+            .unwrap_or_else(|e| {
+                Err(JournalError::Io {
+                    path: self.path.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                })
+            })
+    }
+
+    fn accept_blocking(&self, ops: Vec<Operation>) -> Result<Vec<Operation>, JournalError> {
+        let mut inner = self.lock();
+        let mut seen = std::collections::HashSet::new();
+        let fresh: Vec<Operation> = ops
+            .into_iter()
+            .filter(|op| !inner.entries.contains_key(&op.id) && seen.insert(op.id))
+            .collect();
+        if fresh.is_empty() {
+            return Ok(fresh);
+        }
+        let line = serde_json::to_string(&Record::Accepted { ops: fresh.clone() })
+            .map_err(|e| io(&self.path)(std::io::Error::other(e)))?;
+        self.append(&mut inner, &line)?;
+        for op in &fresh {
+            inner.queued_order.push_back(op.id);
+            inner.entries.insert(
+                op.id,
+                Entry {
+                    op: Some(op.clone()),
+                    finished: None,
+                },
+            );
+        }
+        inner.queued += fresh.len();
+        Ok(fresh)
+    }
+
+    /// Records an outcome (fsynced), compacting the journal when it has grown enough.
+    ///
+    /// # Errors
+    /// [`JournalError::Io`]: the outcome is known in memory; after a restart the operation runs
+    /// again (and is recognised as applied, or parked again).
+    pub async fn finish(self: &Arc<Self>, finished: Finished) -> Result<(), JournalError> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.finish_blocking(finished, true))
+            .await
+            .unwrap_or_else(|e| {
+                Err(JournalError::Io {
+                    path: self.path.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                })
+            })
+    }
+
+    /// Records the outcome of a foreground operation in memory only (it was never journaled:
+    /// its caller got the answer).
+    pub fn note(&self, finished: Finished) {
+        let _ = self.finish_blocking(finished, false);
+    }
+
+    fn finish_blocking(&self, finished: Finished, durable: bool) -> Result<(), JournalError> {
+        let mut inner = self.lock();
+        let id = finished.id;
+        let was_queued = inner
+            .entries
+            .get(&id)
+            .is_some_and(|e| e.finished.is_none() && e.op.is_some());
+        let result = if durable {
+            let line = serde_json::to_string(&Record::Finished(finished.clone()))
+                .map_err(|e| io(&self.path)(std::io::Error::other(e)));
+            line.and_then(|l| self.append(&mut inner, &l))
+        } else {
+            Ok(())
+        };
+        if was_queued {
+            inner.queued -= 1;
+        }
+        inner.entries.insert(
+            id,
+            Entry {
+                op: None,
+                finished: Some(finished),
+            },
+        );
+        inner.finished_order.push_back(id);
+        self.trim(&mut inner);
+        if durable && inner.appended >= self.compact_every {
+            if let Err(e) = self.compact(&mut inner) {
+                tracing::warn!(error = %e, "journal compaction failed; the journal keeps growing until the next attempt");
+                inner.appended = 0;
+            }
+        }
+        result
+    }
+
+    fn append(&self, inner: &mut Inner, line: &str) -> Result<(), JournalError> {
+        let err = io(&self.path);
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line.as_bytes());
+        bytes.push(b'\n');
+        inner.file.write_all(&bytes).map_err(&err)?;
+        inner.file.sync_data().map_err(&err)?;
+        inner.appended += 1;
+        Ok(())
+    }
+
+    /// Forgets the oldest outcomes beyond [`KEEP_FINISHED`].
+    fn trim(&self, inner: &mut Inner) {
+        while inner.finished_order.len() > KEEP_FINISHED {
+            if let Some(old) = inner.finished_order.pop_front() {
+                if inner
+                    .entries
+                    .get(&old)
+                    .is_some_and(|e| e.finished.is_some())
+                    && !inner.finished_order.contains(&old)
+                {
+                    inner.entries.remove(&old);
+                }
+            }
+        }
+        while inner
+            .queued_order
+            .front()
+            .is_some_and(|id| inner.entries.get(id).is_none_or(|e| e.finished.is_some()))
+        {
+            inner.queued_order.pop_front();
+        }
+    }
+
+    /// Rewrites the journal with the kept outcomes and the queued operations.
+    fn compact(&self, inner: &mut Inner) -> Result<(), JournalError> {
+        let err = io(&self.path);
+        let mut tmp = self.path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let mut out = Vec::new();
+        let mut written = std::collections::HashSet::new();
+        for id in &inner.finished_order {
+            if let Some(f) = inner.entries.get(id).and_then(|e| e.finished.as_ref()) {
+                if written.insert(*id) {
+                    out.push(serde_json::to_string(&Record::Finished(f.clone())));
+                }
+            }
+        }
+        let queued: Vec<Operation> = inner
+            .queued_order
+            .iter()
+            .filter_map(|id| inner.entries.get(id))
+            .filter(|e| e.finished.is_none())
+            .filter_map(|e| e.op.clone())
+            .collect();
+        if !queued.is_empty() {
+            out.push(serde_json::to_string(&Record::Accepted { ops: queued }));
+        }
+        let mut text = String::new();
+        for line in out {
+            text.push_str(&line.map_err(|e| err(std::io::Error::other(e)))?);
+            text.push('\n');
+        }
+        {
+            let mut f = File::create(&tmp).map_err(&err)?;
+            f.write_all(text.as_bytes()).map_err(&err)?;
+            f.sync_all().map_err(&err)?;
+        }
+        std::fs::rename(&tmp, &self.path).map_err(&err)?;
+        if let Some(dir) = self.path.parent() {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
+        }
+        inner.file = OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .map_err(&err)?;
+        inner.appended = 0;
+        Ok(())
+    }
+}
+
+mod uuid_str {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use uuid::Uuid;
+
+    pub fn serialize<S: Serializer>(id: &Uuid, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(id)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Uuid, D::Error> {
+        let s = String::deserialize(d)?;
+        Uuid::parse_str(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn op(n: u32) -> Operation {
+        Operation::index("m", "idx", format!("d{n}"), json!({"n": n}))
+    }
+
+    #[tokio::test]
+    async fn unfinished_operations_come_back_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let (a, b, c) = (op(1), op(2), op(3));
+        {
+            let (j, pending) = Journal::open(&path).unwrap();
+            assert!(pending.is_empty());
+            let fresh = j.accept(vec![a.clone(), b.clone()]).await.unwrap();
+            assert_eq!(fresh.len(), 2);
+            // The same id again is not journaled twice.
+            assert!(j.accept(vec![a.clone()]).await.unwrap().is_empty());
+            j.accept(vec![c.clone()]).await.unwrap();
+            j.finish(Finished {
+                id: b.id,
+                status: OpState::Applied,
+                reason: None,
+                token: Some(7),
+                attempts: Some(1),
+            })
+            .await
+            .unwrap();
+            assert_eq!(j.depth(), 2);
+            // A second service cannot open the same journal.
+            assert!(matches!(
+                Journal::open(&path),
+                Err(JournalError::InUse { .. })
+            ));
+        }
+        // A torn line at the end (a crash in the middle of a write) is skipped.
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        // (cut inside the two bytes of `é`)
+        f.write_all(b"{\"r\":\"accepted\",\"ops\":[{\"info\":\"caf\xc3")
+            .unwrap();
+        drop(f);
+        // The lock of the first journal is held by this process for good; test reopening
+        // through a copy, as a restarted process would see the file.
+        let copy = dir.path().join("copy.jsonl");
+        std::fs::copy(&path, &copy).unwrap();
+        let (j, pending) = Journal::open(&copy).unwrap();
+        assert_eq!(
+            pending.iter().map(|o| o.id).collect::<Vec<_>>(),
+            vec![a.id, c.id]
+        );
+        assert_eq!(j.get(&b.id).unwrap().state(), OpState::Applied);
+        assert_eq!(j.get(&a.id).unwrap().state(), OpState::Queued);
+        // Compacted at open: one outcome line and one batch line.
+        let text = std::fs::read_to_string(&copy).unwrap();
+        assert_eq!(text.lines().count(), 2, "{text}");
+    }
+
+    #[tokio::test]
+    async fn the_journal_is_compacted_while_it_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let (j, _) = Journal::open(&path).unwrap();
+        let mut j = Arc::try_unwrap(j).unwrap();
+        j.compact_every = 10;
+        let j = Arc::new(j);
+        let queued = op(0);
+        j.accept(vec![queued.clone()]).await.unwrap();
+        let mut done = Vec::new();
+        for n in 1..=25 {
+            let o = op(n);
+            done.push(o.id);
+            j.accept(vec![o.clone()]).await.unwrap();
+            j.finish(Finished {
+                id: o.id,
+                status: OpState::Applied,
+                reason: None,
+                token: Some(u64::from(n)),
+                attempts: Some(1),
+            })
+            .await
+            .unwrap();
+        }
+        let lines = std::fs::read_to_string(&path).unwrap().lines().count();
+        // 51 lines were appended; compactions keep outcomes plus one batch of the queued one.
+        assert!(lines < 51, "{lines} lines");
+        drop(j);
+        let copy = dir.path().join("copy.jsonl");
+        std::fs::copy(&path, &copy).unwrap();
+        let (j, pending) = Journal::open(&copy).unwrap();
+        assert_eq!(
+            pending.iter().map(|o| o.id).collect::<Vec<_>>(),
+            vec![queued.id]
+        );
+        assert_eq!(j.depth(), 1);
+        assert_eq!(j.get(&queued.id).unwrap().state(), OpState::Queued);
+        for id in &done {
+            assert_eq!(j.get(id).unwrap().state(), OpState::Applied);
+        }
+    }
+}

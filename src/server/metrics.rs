@@ -1,0 +1,246 @@
+//! Prometheus metrics of the service (`GET /metrics`), through the `prometheus-client` crate.
+//!
+//! The text is the OpenMetrics text format (which Prometheus scrapes natively): counters end in
+//! `_total`, histograms have `_bucket`/`_sum`/`_count`, the answer ends with `# EOF`.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use zkguard::write::background::ExecutorStats;
+
+/// Labels of HTTP request counts.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    /// The route pattern (`/v1/indices/{index}/docs/{id}`), or `unmatched`.
+    pub route: String,
+    /// HTTP method.
+    pub method: String,
+    /// Answer status.
+    pub status: u16,
+}
+
+/// A lock type label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeLabels {
+    /// `foreground` or `background`.
+    pub lock_type: &'static str,
+}
+
+/// How operations ended, by lock type.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `foreground` or `background`.
+    pub lock_type: &'static str,
+    /// `applied`, `rejected`, `parked`, or for foreground requests the error kind.
+    pub outcome: &'static str,
+}
+
+type HistogramFamily = Family<TypeLabels, Histogram, fn() -> Histogram>;
+
+fn seconds_histogram() -> Histogram {
+    // 0.5 ms to about 16 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// Every metric of the service.
+pub struct Metrics {
+    registry: Registry,
+    /// HTTP requests by route, method and status.
+    pub http_requests: Family<HttpLabels, Counter>,
+    /// Time waited for a lock, by lock type.
+    pub lock_wait: HistogramFamily,
+    /// Time a lock was held, by lock type.
+    pub lock_hold: HistogramFamily,
+    /// Locks acquired, by lock type.
+    pub acquisitions: Family<TypeLabels, Counter>,
+    /// Locks not acquired in time, by lock type.
+    pub lock_timeouts: Family<TypeLabels, Counter>,
+    /// Locks lost while held.
+    pub locks_lost: Counter,
+    /// Writes rejected by fencing, by lock type.
+    pub fenced: Family<TypeLabels, Counter>,
+    /// Operations by lock type and outcome.
+    pub operations: Family<OutcomeLabels, Counter>,
+    /// Background retries (attempts after the first).
+    pub retries: Counter,
+    /// Operations parked in the dead-letter sink.
+    pub parked: Counter,
+    /// Accepted background operations not finished yet (in the journal).
+    pub journal_depth: Gauge,
+    /// Background operations waiting to be started by the executor.
+    pub queue_depth: Gauge,
+    /// 1 when the ZooKeeper session is connected (or the lock backend is reachable).
+    pub zk_connected: Gauge,
+    /// Times the lock backend came back after being unavailable.
+    pub zk_reconnects: Counter,
+    seen: Mutex<(u64, u64)>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// All metrics, registered under the `zkguard` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("zkguard");
+        let http_requests = Family::<HttpLabels, Counter>::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests by route, method and status",
+            http_requests.clone(),
+        );
+        let lock_wait: HistogramFamily = Family::new_with_constructor(seconds_histogram);
+        registry.register(
+            "lock_wait_seconds",
+            "Time spent waiting for a lock, by lock type",
+            lock_wait.clone(),
+        );
+        let lock_hold: HistogramFamily = Family::new_with_constructor(seconds_histogram);
+        registry.register(
+            "lock_hold_seconds",
+            "Time a lock was held, by lock type",
+            lock_hold.clone(),
+        );
+        let acquisitions = Family::<TypeLabels, Counter>::default();
+        registry.register(
+            "lock_acquisitions",
+            "Locks acquired, by lock type",
+            acquisitions.clone(),
+        );
+        let lock_timeouts = Family::<TypeLabels, Counter>::default();
+        registry.register(
+            "lock_timeouts",
+            "Locks not acquired in time, by lock type",
+            lock_timeouts.clone(),
+        );
+        let locks_lost = Counter::default();
+        registry.register(
+            "locks_lost",
+            "Locks lost before the write was sent",
+            locks_lost.clone(),
+        );
+        let fenced = Family::<TypeLabels, Counter>::default();
+        registry.register(
+            "fenced_rejections",
+            "Writes rejected by fencing (a newer lock holder wrote the document)",
+            fenced.clone(),
+        );
+        let operations = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "operations",
+            "Write operations by lock type and outcome",
+            operations.clone(),
+        );
+        let retries = Counter::default();
+        registry.register(
+            "background_retries",
+            "Background attempts after the first",
+            retries.clone(),
+        );
+        let parked = Counter::default();
+        registry.register(
+            "deadletters_parked",
+            "Operations parked in the dead-letter sink",
+            parked.clone(),
+        );
+        let journal_depth = Gauge::default();
+        registry.register(
+            "journal_depth",
+            "Accepted background operations not finished yet",
+            journal_depth.clone(),
+        );
+        let queue_depth = Gauge::default();
+        registry.register(
+            "background_queue_depth",
+            "Background operations waiting for the executor",
+            queue_depth.clone(),
+        );
+        let zk_connected = Gauge::default();
+        registry.register(
+            "lock_backend_connected",
+            "1 when the ZooKeeper session (or the Elasticsearch lock backend) is usable",
+            zk_connected.clone(),
+        );
+        let zk_reconnects = Counter::default();
+        registry.register(
+            "lock_backend_reconnects",
+            "Times the lock backend became usable again after an outage",
+            zk_reconnects.clone(),
+        );
+        Self {
+            registry,
+            http_requests,
+            lock_wait,
+            lock_hold,
+            acquisitions,
+            lock_timeouts,
+            locks_lost,
+            fenced,
+            operations,
+            retries,
+            parked,
+            journal_depth,
+            queue_depth,
+            zk_connected,
+            zk_reconnects,
+            seen: Mutex::new((0, 0)),
+        }
+    }
+
+    /// Records a lock acquired after `waited` and held for `held`.
+    pub fn lock_used(&self, lock_type: &'static str, waited: Duration, held: Duration) {
+        let l = TypeLabels { lock_type };
+        self.acquisitions.get_or_create(&l).inc();
+        self.lock_wait
+            .get_or_create(&l)
+            .observe(waited.as_secs_f64());
+        self.lock_hold.get_or_create(&l).observe(held.as_secs_f64());
+    }
+
+    /// Counts an operation's outcome.
+    pub fn outcome(&self, lock_type: &'static str, outcome: &'static str) {
+        self.operations
+            .get_or_create(&OutcomeLabels { lock_type, outcome })
+            .inc();
+    }
+
+    /// Takes the executor's retry and (background) fencing counts into the counters.
+    pub fn sync_executor(&self, stats: &ExecutorStats) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if stats.retried > seen.0 {
+            self.retries.inc_by(stats.retried - seen.0);
+            seen.0 = stats.retried;
+        }
+        if stats.fenced > seen.1 {
+            self.fenced
+                .get_or_create(&TypeLabels {
+                    lock_type: "background",
+                })
+                .inc_by(stats.fenced - seen.1);
+            seen.1 = stats.fenced;
+        }
+    }
+
+    /// The metrics in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

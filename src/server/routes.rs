@@ -1,0 +1,648 @@
+//! The HTTP API: routes, request parsing and answers.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, RawQuery, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use futures::FutureExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use uuid::Uuid;
+use zkguard::write::guarded::GuardedError;
+use zkguard::lock::validate_monitor;
+use zkguard::write::ops::{DeleteMode, Operation};
+use zkguard::{LockError, LockType};
+
+use super::errors::{from_guarded, ApiError};
+use super::journal::{Entry, Finished, OpState};
+use super::state::AppState;
+
+/// Info recorded in the lock nodes of the service's writes.
+const INFO: &str = "zkguard serve";
+
+/// The application: API routes under `/v1` (concurrency limit, request timeout, body limit),
+/// `/healthz`, `/readyz`, `/metrics`; JSON errors for unknown routes and methods; request
+/// counting; panics turned into 500 answers.
+pub fn router(state: Arc<AppState>) -> Router {
+    let api = Router::new()
+        .route(
+            "/v1/indices/{index}/docs/{id}",
+            put(put_doc).delete(delete_doc),
+        )
+        .route("/v1/operations/{id}", get(get_operation))
+        .route("/v1/bulk", post(bulk))
+        .route_layer(middleware::from_fn_with_state(state.clone(), guard_load))
+        .layer(DefaultBodyLimit::max(state.settings.max_body));
+    Router::new()
+        .merge(api)
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), count))
+        .layer(middleware::from_fn(catch_panic))
+        .with_state(state)
+}
+
+async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_route",
+        format!(
+            "no route for {method} {}; the API is under /v1 (see the README)",
+            uri.path()
+        ),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+}
+
+/// Turns a panic in a handler into a 500 answer (the service keeps running).
+async fn catch_panic(request: Request, next: Next) -> Response {
+    match AssertUnwindSafe(next.run(request)).catch_unwind().await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::error!("a request handler panicked");
+            ApiError::internal("the service failed while handling the request; see its log")
+                .into_response()
+        }
+    }
+}
+
+/// Counts requests by route, method and status.
+async fn count(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = request.method().to_string();
+    let response = next.run(request).await;
+    state
+        .metrics
+        .http_requests
+        .get_or_create(&super::metrics::HttpLabels {
+            route,
+            method,
+            status: response.status().as_u16(),
+        })
+        .inc();
+    response
+}
+
+/// Refuses API requests beyond `server.max.concurrent` (503 with `Retry-After`) and while
+/// draining, and bounds each request by `server.request.timeout`.
+async fn guard_load(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if state.draining.load(Ordering::Acquire) {
+        return ApiError::unavailable(
+            "shutting_down",
+            "the service is shutting down; send the request to another instance or retry after it restarts",
+        )
+        .into_response();
+    }
+    let Ok(_permit) = state.permits.clone().try_acquire_owned() else {
+        return ApiError::unavailable(
+            "overloaded",
+            format!(
+                "the service is handling its limit of {} requests (server.max.concurrent); retry after the Retry-After delay",
+                state.settings.max_concurrent
+            ),
+        )
+        .into_response();
+    };
+    let limit = state.settings.request_timeout;
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::unavailable(
+            "request_timeout",
+            format!(
+                "the request took longer than server.request.timeout ({}ms) and was abandoned; a write may or may not have been applied: retry it with the same op_id",
+                limit.as_millis()
+            ),
+        )
+        .into_response(),
+    }
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({"status": "alive"}))
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    if state.draining.load(Ordering::Acquire) {
+        return ApiError::unavailable("not_ready", "the service is shutting down").into_response();
+    }
+    let mut problems = Vec::new();
+    if let Some(p) = state.lock_problem() {
+        problems.push(p);
+    }
+    if let Err(p) = state.ping_es().await {
+        if !problems.contains(&p) {
+            problems.push(p);
+        }
+    }
+    if problems.is_empty() {
+        Json(json!({"status": "ready"})).into_response()
+    } else {
+        ApiError::unavailable("not_ready", problems.join("; ")).into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    state.refresh_gauges();
+    let mut response = state.metrics.encode().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
+}
+
+/// The query parameters of a document write.
+struct WriteParams {
+    monitor: Option<String>,
+    lock_type: LockType,
+    timeout: Option<Duration>,
+    op_id: Option<Uuid>,
+    mode: Option<DeleteMode>,
+}
+
+fn parse_params(
+    raw: Option<String>,
+    allow_mode: bool,
+    max_timeout: Duration,
+) -> Result<WriteParams, ApiError> {
+    let mut p = WriteParams {
+        monitor: None,
+        lock_type: LockType::Foreground,
+        timeout: None,
+        op_id: None,
+        mode: None,
+    };
+    let raw = raw.unwrap_or_default();
+    for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
+        match key.as_ref() {
+            "monitor" => p.monitor = Some(value.into_owned()),
+            "type" => {
+                p.lock_type = value
+                    .parse()
+                    .map_err(|e: String| ApiError::bad("bad_parameter", format!("type: {e}")))?
+            }
+            "timeout" => {
+                let t = zkguard::config::parse_bounded_duration(&value).map_err(|e| {
+                    ApiError::bad("bad_parameter", format!("timeout `{value}`: {e}"))
+                })?;
+                if t > max_timeout {
+                    return Err(ApiError::bad(
+                        "bad_parameter",
+                        format!(
+                            "timeout `{value}` is longer than server.request.timeout ({}ms); ask for less",
+                            max_timeout.as_millis()
+                        ),
+                    ));
+                }
+                p.timeout = Some(t);
+            }
+            "op_id" => p.op_id = Some(parse_op_id(&value)?),
+            "mode" if allow_mode => {
+                p.mode = Some(match value.as_ref() {
+                    "hard" => DeleteMode::Hard,
+                    "tombstone" => DeleteMode::Tombstone,
+                    other => {
+                        return Err(ApiError::bad(
+                            "bad_parameter",
+                            format!("mode `{other}`: use hard or tombstone"),
+                        ))
+                    }
+                })
+            }
+            other => {
+                let known = if allow_mode {
+                    "monitor, type, timeout, op_id, mode"
+                } else {
+                    "monitor, type, timeout, op_id"
+                };
+                return Err(ApiError::bad(
+                    "bad_parameter",
+                    format!("unknown query parameter `{other}`; the known ones are {known}"),
+                ));
+            }
+        }
+    }
+    Ok(p)
+}
+
+fn parse_op_id(text: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(text).map_err(|_| {
+        ApiError::bad(
+            "bad_parameter",
+            format!("op_id `{text}` is not a UUID; pass a UUID such as 5f0c2d6e-8a1b-4c3d-9e7f-0a1b2c3d4e5f, or leave it out to have one generated"),
+        )
+    })
+}
+
+/// Checks an index name as Elasticsearch would, so that a bad name is the caller's 400.
+fn check_index(index: &str) -> Result<(), ApiError> {
+    let bad = |why: &str| {
+        Err(ApiError::bad(
+            "bad_index",
+            format!("index name `{index}` {why}"),
+        ))
+    };
+    if index.is_empty() || index.len() > 255 {
+        return bad("must be 1 to 255 bytes long");
+    }
+    if index == "." || index == ".." || index.starts_with(['-', '_', '+']) {
+        return bad("must not be `.` or `..` nor start with -, _ or +");
+    }
+    if index.chars().any(|c| c.is_uppercase()) {
+        return bad("must be lowercase");
+    }
+    if let Some(c) = index
+        .chars()
+        .find(|c| "\\/*?\"<>| ,#:".contains(*c) || c.is_control())
+    {
+        return bad(&format!("must not contain {c:?}"));
+    }
+    Ok(())
+}
+
+fn check_doc_id(id: &str) -> Result<(), ApiError> {
+    if id.is_empty() || id.len() > 512 {
+        return Err(ApiError::bad(
+            "bad_id",
+            "document ids must be 1 to 512 bytes long",
+        ));
+    }
+    Ok(())
+}
+
+fn check_monitor(monitor: &str) -> Result<(), ApiError> {
+    validate_monitor(monitor).map_err(|e| {
+        ApiError::bad(
+            "bad_monitor",
+            format!("{e}; pass another ?monitor= (by default it is {{index}}:{{id}})"),
+        )
+    })
+}
+
+fn path_error(e: PathRejection) -> ApiError {
+    ApiError::bad("bad_path", format!("cannot read the path: {e}"))
+}
+
+fn body_error(e: BytesRejection, max: usize) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the request body is larger than server.max.body ({max} bytes); send a smaller document or split the bulk request"),
+        )
+    } else {
+        ApiError::bad("bad_body", format!("cannot read the request body: {e}"))
+    }
+}
+
+fn parse_json(bytes: &[u8], what: &str) -> Result<Value, ApiError> {
+    serde_json::from_slice::<Value>(bytes).map_err(|e| {
+        ApiError::bad(
+            "malformed_json",
+            format!("{what} is not valid JSON ({e}); send the document's JSON source"),
+        )
+    })
+}
+
+async fn put_doc(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let Path((index, id)) = path.map_err(path_error)?;
+    let params = parse_params(query, false, state.settings.request_timeout)?;
+    let body = body.map_err(|e| body_error(e, state.settings.max_body))?;
+    let doc = parse_json(&body, "the body")?;
+    if !doc.is_object() {
+        return Err(ApiError::bad(
+            "bad_document",
+            "the body must be a JSON object (the document's source)",
+        ));
+    }
+    let (op, params) = build_op(&index, &id, params, |m| {
+        Operation::index(m, &index, &id, doc)
+    })?;
+    submit(&state, op, params).await
+}
+
+async fn delete_doc(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let Path((index, id)) = path.map_err(path_error)?;
+    let params = parse_params(query, true, state.settings.request_timeout)?;
+    let mode = params.mode.unwrap_or_default();
+    let (op, params) = build_op(&index, &id, params, |m| {
+        Operation::delete(m, &index, &id).with_delete_mode(mode)
+    })?;
+    submit(&state, op, params).await
+}
+
+fn build_op(
+    index: &str,
+    id: &str,
+    params: WriteParams,
+    make: impl FnOnce(String) -> Operation,
+) -> Result<(Operation, WriteParams), ApiError> {
+    check_index(index)?;
+    check_doc_id(id)?;
+    let monitor = params
+        .monitor
+        .clone()
+        .unwrap_or_else(|| format!("{index}:{id}"));
+    check_monitor(&monitor)?;
+    let mut op = make(monitor).with_type(params.lock_type).with_info(INFO);
+    if let Some(op_id) = params.op_id {
+        op = op.with_id(op_id);
+    }
+    op.validate()
+        .map_err(|e| ApiError::bad("invalid_operation", e.to_string()))?;
+    Ok((op, params))
+}
+
+async fn submit(
+    state: &Arc<AppState>,
+    op: Operation,
+    params: WriteParams,
+) -> Result<Response, ApiError> {
+    match params.lock_type {
+        LockType::Foreground => foreground(state, op, params.timeout).await,
+        LockType::Background => {
+            let id = op.id;
+            let status = accept(state, vec![op]).await?;
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(json!({"operation_id": id.to_string(), "status": status[0].as_str()})),
+            )
+                .into_response())
+        }
+    }
+}
+
+/// One foreground write: lock, fenced write, release; one attempt.
+async fn foreground(
+    state: &Arc<AppState>,
+    op: Operation,
+    timeout: Option<Duration>,
+) -> Result<Response, ApiError> {
+    if let Some(problem) = state.lock_problem() {
+        state.metrics.outcome("foreground", "lock_unavailable");
+        return Err(ApiError::unavailable(
+            "lock_unavailable",
+            format!("{problem}; nothing was written, retry when /readyz answers 200"),
+        ));
+    }
+    let writer = state
+        .writer
+        .clone()
+        .with_lock_timeout(timeout.unwrap_or(state.fg_timeout));
+    let m = &state.metrics;
+    let fg = super::metrics::TypeLabels {
+        lock_type: "foreground",
+    };
+    match writer.run(&op).await {
+        Ok(w) => {
+            m.lock_used("foreground", w.waited, w.held);
+            m.outcome("foreground", "applied");
+            state.journal.note(Finished {
+                id: op.id,
+                status: OpState::Applied,
+                reason: None,
+                token: Some(w.token),
+                attempts: Some(1),
+            });
+            let result = if w.already_applied {
+                "already_applied"
+            } else if matches!(op.kind, zkguard::write::ops::OpKind::Delete { .. }) {
+                if w.meta.is_some() {
+                    "deleted"
+                } else {
+                    "not_found"
+                }
+            } else {
+                "written"
+            };
+            Ok(Json(json!({
+                "operation_id": op.id.to_string(),
+                "token": w.token,
+                "result": result,
+                "version": w.meta.map(|m| m.version),
+            }))
+            .into_response())
+        }
+        Err(e) => {
+            match &e {
+                GuardedError::Lock(LockError::Timeout { .. }) => {
+                    m.lock_timeouts.get_or_create(&fg).inc()
+                }
+                GuardedError::Fenced { .. } => m.fenced.get_or_create(&fg).inc(),
+                GuardedError::LockLost { .. } | GuardedError::Lock(LockError::Lost { .. }) => {
+                    m.locks_lost.inc()
+                }
+                _ => 0,
+            };
+            m.outcome("foreground", e.kind());
+            Err(from_guarded(e))
+        }
+    }
+}
+
+/// Journals background operations (fsynced), queues the new ones, and returns each one's state
+/// (`queued`, or the state of an operation already known under the same id).
+async fn accept(state: &Arc<AppState>, ops: Vec<Operation>) -> Result<Vec<OpState>, ApiError> {
+    let ids: Vec<Uuid> = ops.iter().map(|o| o.id).collect();
+    // In a task of its own, so that a request abandoned (timeout, client gone) once its
+    // operations are journaled still queues them.
+    let st = state.clone();
+    let journaled = tokio::spawn(async move {
+        let fresh = st.journal.accept(ops).await?;
+        st.enqueue(fresh);
+        Ok::<(), super::journal::JournalError>(())
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("journaling failed: {e}")))?;
+    journaled.map_err(|e| {
+        tracing::error!(error = %e, "cannot journal background operations");
+        ApiError::unavailable(
+            "journal_unavailable",
+            format!("the operation could not be made durable, so it was not accepted: {e}"),
+        )
+    })?;
+    Ok(ids
+        .iter()
+        .map(|id| state.journal.get(id).map_or(OpState::Queued, |e| e.state()))
+        .collect())
+}
+
+async fn get_operation(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path(id) = path.map_err(path_error)?;
+    let id = parse_op_id(&id)?;
+    let entry = state.journal.get(&id).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_operation",
+            format!(
+                "no operation {id} is known here: it was never accepted by this instance, or its outcome is older than the last {} kept",
+                super::journal::KEEP_FINISHED
+            ),
+        )
+    })?;
+    Ok(Json(operation_json(&id, &entry)))
+}
+
+fn operation_json(id: &Uuid, entry: &Entry) -> Value {
+    let mut v = json!({"operation_id": id.to_string(), "status": entry.state().as_str()});
+    if let Some(f) = &entry.finished {
+        if let Some(r) = &f.reason {
+            v["reason"] = json!(r);
+        }
+        if let Some(t) = f.token {
+            v["token"] = json!(t);
+        }
+        if let Some(a) = f.attempts {
+            v["attempts"] = json!(a);
+        }
+    }
+    if let Some(op) = &entry.op {
+        v["monitor"] = json!(op.monitor);
+        v["index"] = json!(op.target_index());
+        v["id"] = json!(op.target_id());
+    }
+    v
+}
+
+/// One line of a bulk request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkLine {
+    action: BulkAction,
+    index: String,
+    id: String,
+    #[serde(default)]
+    doc: Option<Value>,
+    #[serde(default)]
+    monitor: Option<String>,
+    #[serde(default)]
+    op_id: Option<String>,
+    #[serde(default)]
+    mode: Option<DeleteMode>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum BulkAction {
+    Index,
+    Delete,
+}
+
+/// `POST /v1/bulk`: NDJSON background operations, journaled as one batch, answered 202 once.
+/// Every line is checked first: one bad line refuses the whole request (400 naming the line).
+async fn bulk(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    if let Some(q) = query.filter(|q| !q.is_empty()) {
+        return Err(ApiError::bad(
+            "bad_parameter",
+            format!("/v1/bulk takes no query parameters (got `{q}`); put monitor and op_id on each line"),
+        ));
+    }
+    let body = body.map_err(|e| body_error(e, state.settings.max_body))?;
+    let text = std::str::from_utf8(&body)
+        .map_err(|_| ApiError::bad("bad_body", "the bulk body is not UTF-8 text"))?;
+    let mut ops = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let line_err = |e: ApiError| ApiError {
+            message: format!("line {}: {}", n + 1, e.message),
+            ..e
+        };
+        let parsed: BulkLine = serde_json::from_str(line).map_err(|e| {
+            ApiError::bad(
+                "malformed_json",
+                format!("line {}: {e}; each line is {{\"action\":\"index\"|\"delete\",\"index\":...,\"id\":...,\"doc\":{{...}}}} with optional monitor, op_id and mode", n + 1),
+            )
+        })?;
+        let params = WriteParams {
+            monitor: parsed.monitor,
+            lock_type: LockType::Background,
+            timeout: None,
+            op_id: match &parsed.op_id {
+                Some(s) => Some(parse_op_id(s).map_err(line_err)?),
+                None => None,
+            },
+            mode: parsed.mode,
+        };
+        let (index, id) = (parsed.index, parsed.id);
+        let op = match parsed.action {
+            BulkAction::Index => {
+                let doc = parsed.doc.filter(Value::is_object).ok_or_else(|| {
+                    line_err(ApiError::bad(
+                        "bad_document",
+                        "an index line needs \"doc\": a JSON object",
+                    ))
+                })?;
+                build_op(&index, &id, params, |m| {
+                    Operation::index(m, &index, &id, doc)
+                })
+            }
+            BulkAction::Delete => {
+                let mode = params.mode.unwrap_or_default();
+                build_op(&index, &id, params, |m| {
+                    Operation::delete(m, &index, &id).with_delete_mode(mode)
+                })
+            }
+        }
+        .map_err(line_err)?
+        .0;
+        ops.push(op);
+    }
+    if ops.is_empty() {
+        return Err(ApiError::bad(
+            "empty_bulk",
+            "the bulk body holds no operation; send one JSON object per line",
+        ));
+    }
+    let ids: Vec<Uuid> = ops.iter().map(|o| o.id).collect();
+    let states = accept(&state, ops).await?;
+    let operations: Vec<Value> = ids
+        .iter()
+        .zip(states)
+        .map(|(id, s)| json!({"operation_id": id.to_string(), "status": s.as_str()}))
+        .collect();
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"count": operations.len(), "operations": operations})),
+    )
+        .into_response())
+}

@@ -1,0 +1,316 @@
+//! The service's shared state, its readiness, and the dispatcher that feeds journaled background
+//! operations to the executor.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::AbortHandle;
+use uuid::Uuid;
+use zkguard::write::background::{BackgroundExecutor, Outcome};
+use zkguard::config::ServerSettings;
+use zkguard::es::EsStore;
+use zkguard::write::guarded::GuardedWriter;
+use zkguard::write::ops::Operation;
+use zkguard::ZkSession;
+
+use super::journal::{Finished, Journal, OpState};
+use super::metrics::Metrics;
+
+/// The lock backend, as far as readiness is concerned.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The ZooKeeper priority lock, over one session.
+    ZooKeeper(ZkSession),
+    /// The Elasticsearch lease lock: usable when Elasticsearch answers.
+    Elasticsearch,
+}
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct AppState {
+    /// Foreground writes (one attempt, the configured or requested lock timeout).
+    pub writer: GuardedWriter,
+    /// Background writes (retries, dead letters).
+    pub executor: BackgroundExecutor,
+    /// The write-ahead journal and the table of operation states.
+    pub journal: Arc<Journal>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The lock backend.
+    pub backend: Backend,
+    /// The Elasticsearch client.
+    pub store: Arc<EsStore>,
+    /// `server.*` settings.
+    pub settings: ServerSettings,
+    /// Lock wait of a foreground request without `timeout`: the configured foreground timeout,
+    /// at most `server.request.timeout`.
+    pub fg_timeout: Duration,
+    /// Set when SIGTERM (or SIGINT) arrived: no new work is started.
+    pub draining: AtomicBool,
+    /// Concurrency limit of API requests.
+    pub permits: Arc<Semaphore>,
+    queue: mpsc::UnboundedSender<Operation>,
+    waiting: AtomicUsize,
+    es_ok: watch::Sender<Result<(), String>>,
+    running: Mutex<HashMap<Uuid, AbortHandle>>,
+}
+
+/// Receives the operations the dispatcher feeds to the executor.
+pub type QueueReceiver = mpsc::UnboundedReceiver<Operation>;
+
+impl AppState {
+    /// The state, and the receiving end of the background queue (for [`dispatch`]).
+    pub fn new(
+        writer: GuardedWriter,
+        executor: BackgroundExecutor,
+        journal: Arc<Journal>,
+        backend: Backend,
+        store: Arc<EsStore>,
+        settings: ServerSettings,
+        fg_timeout: Duration,
+    ) -> (Arc<Self>, QueueReceiver) {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let permits = Arc::new(Semaphore::new(settings.max_concurrent));
+        let state = Self {
+            writer,
+            executor,
+            journal,
+            metrics: Arc::new(Metrics::new()),
+            backend,
+            store,
+            fg_timeout: fg_timeout.min(settings.request_timeout),
+            settings,
+            draining: AtomicBool::new(false),
+            permits,
+            queue,
+            waiting: AtomicUsize::new(0),
+            es_ok: watch::channel(Ok(())).0,
+            running: Mutex::new(HashMap::new()),
+        };
+        (Arc::new(state), rx)
+    }
+
+    /// Why the lock backend cannot be used now, if it cannot. Instant (no request).
+    pub fn lock_problem(&self) -> Option<String> {
+        match &self.backend {
+            Backend::ZooKeeper(s) if !s.is_connected() => Some(format!(
+                "the ZooKeeper session is not connected (zookeeper.servers = {})",
+                s.settings().servers
+            )),
+            Backend::ZooKeeper(_) => None,
+            Backend::Elasticsearch => self.es_ok.borrow().clone().err(),
+        }
+    }
+
+    /// Asks Elasticsearch whether it answers (`HEAD /`, at most 2 s).
+    pub async fn ping_es(&self) -> Result<(), String> {
+        let ping = self.store.client().ping().send();
+        let result = match tokio::time::timeout(Duration::from_secs(2), ping).await {
+            Err(_) => Err("Elasticsearch did not answer within 2s".to_string()),
+            Ok(Err(e)) => Err(format!(
+                "cannot reach Elasticsearch at {}: {e}",
+                self.store.urls()
+            )),
+            Ok(Ok(r)) if r.status_code().is_success() => Ok(()),
+            Ok(Ok(r)) => Err(format!(
+                "Elasticsearch at {} answered {}",
+                self.store.urls(),
+                r.status_code()
+            )),
+        };
+        let _ = self.es_ok.send_replace(result.clone());
+        result
+    }
+
+    /// Queues journaled operations for the executor.
+    pub fn enqueue(&self, ops: Vec<Operation>) {
+        for op in ops {
+            self.waiting.fetch_add(1, Ordering::Relaxed);
+            if self.queue.send(op).is_err() {
+                // The dispatcher has stopped (shutting down): the operation stays in the
+                // journal for the next start.
+                self.waiting.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Updates the depth gauges and the executor counters (before each scrape).
+    pub fn refresh_gauges(&self) {
+        let m = &self.metrics;
+        m.journal_depth.set(self.journal.depth() as i64);
+        m.queue_depth
+            .set(self.waiting.load(Ordering::Relaxed) as i64);
+        m.sync_executor(&self.executor.stats());
+    }
+
+    /// Stops every background operation still running (they stay in the journal) and waits up
+    /// to `limit` until they are gone (their guards dropped). Returns how many were stopped.
+    pub async fn stop_running(&self, limit: Duration) -> usize {
+        let stopped = {
+            let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            for handle in running.values() {
+                handle.abort();
+            }
+            running.len()
+        };
+        let gone = || {
+            self.running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+        };
+        let deadline = tokio::time::Instant::now() + limit;
+        while !gone() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stopped
+    }
+}
+
+/// Watches the lock backend and Elasticsearch: reconnects an expired ZooKeeper session, keeps
+/// the readiness gauge and the reconnect counter. Runs until `stop` turns true.
+pub async fn monitor(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+    let mut was_up = true;
+    let mut tick = 0u32;
+    loop {
+        if tick % 4 == 0 {
+            let _ = state.ping_es().await;
+        }
+        tick = tick.wrapping_add(1);
+        if let Backend::ZooKeeper(session) = &state.backend {
+            if !session.is_connected() {
+                // Connects a new session after an expiry; no-op while the old one may recover.
+                if let Err(e) = session.ensure_session().await {
+                    tracing::debug!(error = %e, "ZooKeeper still unreachable");
+                }
+            }
+        }
+        let up = state.lock_problem().is_none();
+        state.metrics.zk_connected.set(i64::from(up));
+        if up && !was_up {
+            state.metrics.zk_reconnects.inc();
+            tracing::info!("lock backend available again");
+        } else if !up && was_up {
+            tracing::warn!(problem = ?state.lock_problem(), "lock backend unavailable");
+        }
+        was_up = up;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// How long an operation that the dead-letter sink refused waits before it is queued again.
+const SINK_RETRY: Duration = Duration::from_secs(30);
+
+/// Feeds queued operations to the executor, oldest first, holding them while the lock backend
+/// is unavailable (so that an outage does not burn their retries), and records each outcome in
+/// the journal. Runs until `stop` turns true.
+pub async fn dispatch(
+    state: Arc<AppState>,
+    mut rx: QueueReceiver,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let op = tokio::select! {
+            op = rx.recv() => match op { Some(op) => op, None => return },
+            _ = stop.changed() => return,
+        };
+        while state.lock_problem().is_some() {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                _ = stop.changed() => return,
+            }
+        }
+        let handle = tokio::select! {
+            h = state.executor.submit(op.clone()) => h,
+            _ = stop.changed() => return,
+        };
+        state.waiting.fetch_sub(1, Ordering::Relaxed);
+        state
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(op.id, handle.abort_handle());
+        let st = state.clone();
+        let mut task_stop = stop.clone();
+        tokio::spawn(async move {
+            let outcome = handle.await;
+            st.running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&op.id);
+            match outcome {
+                Ok(Ok(outcome)) => record(&st, outcome).await,
+                // Neither applied nor parked: the dead-letter sink refused it. It is still in
+                // the journal, unfinished; queue it again after a pause, so that it ends applied
+                // or parked once the sink takes writes again (or at the next start).
+                Ok(Err(lost)) => {
+                    st.metrics.outcome("background", "unparked");
+                    tracing::error!(op = %op.id, error = %lost, "the dead-letter sink refused an operation; it stays in the journal and is queued again in {SINK_RETRY:?}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(SINK_RETRY) => st.enqueue(vec![op]),
+                        _ = task_stop.changed() => {}
+                    }
+                }
+                Err(_) => {
+                    tracing::debug!(op = %op.id, "background operation stopped by shutdown; it stays in the journal")
+                }
+            }
+        });
+    }
+}
+
+async fn record(state: &AppState, outcome: Outcome) {
+    let m = &state.metrics;
+    let finished = match outcome {
+        Outcome::Applied {
+            op_id,
+            attempts,
+            written,
+        } => {
+            m.lock_used("background", written.waited, written.held);
+            m.outcome("background", "applied");
+            Finished {
+                id: op_id,
+                status: OpState::Applied,
+                reason: None,
+                token: Some(written.token),
+                attempts: Some(attempts),
+            }
+        }
+        Outcome::Parked {
+            op_id,
+            attempts,
+            reason,
+            error,
+        } => {
+            m.outcome("background", "parked");
+            m.parked.inc();
+            Finished {
+                id: op_id,
+                status: OpState::Parked,
+                reason: Some(format!("{reason}: {error}")),
+                token: None,
+                attempts: Some(attempts),
+            }
+        }
+        Outcome::Rejected { op_id, reason } => {
+            m.outcome("background", "rejected");
+            Finished {
+                id: op_id,
+                status: OpState::Rejected,
+                reason: Some(reason),
+                token: None,
+                attempts: None,
+            }
+        }
+    };
+    if let Err(e) = state.journal.finish(finished).await {
+        tracing::error!(error = %e, "cannot record an outcome in the journal; the operation runs again at the next start");
+    }
+}

@@ -1,0 +1,1083 @@
+//! `zkguard serve` through HTTP, against real ZooKeeper and osmem-server processes: guarded
+//! writes from concurrent clients, the journal across SIGKILL, a ZooKeeper outage, bad input,
+//! load limits, metrics, SIGTERM draining and two instances sharing one ZooKeeper.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use common::*;
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{json, Value};
+use zkguard::testkit::{OsmemServer, ZkServer};
+use zkguard::{LockRequest, LockService, LockType, ZkLockService};
+
+fn shared_zk() -> &'static ZkServer {
+    static SERVER: OnceLock<ZkServer> = OnceLock::new();
+    SERVER.get_or_init(zk_server)
+}
+
+fn shared_es() -> &'static OsmemServer {
+    static SERVER: OnceLock<OsmemServer> = OnceLock::new();
+    SERVER.get_or_init(|| OsmemServer::start().expect("start osmem-server"))
+}
+
+/// Where a service runs: ZooKeeper, Elasticsearch, its lock root and a directory for its files.
+#[derive(Clone)]
+struct Env {
+    zk: String,
+    es: String,
+    root: String,
+    dir: Arc<tempfile::TempDir>,
+    extra: Vec<(String, String)>,
+    args: Vec<String>,
+}
+
+impl Env {
+    fn new(zk: &str, tag: &str) -> Self {
+        Env {
+            zk: zk.to_string(),
+            es: shared_es().url().to_string(),
+            root: format!("/zkguard-serve/{tag}-{}", uuid_tag()),
+            dir: Arc::new(tempfile::tempdir().unwrap()),
+            extra: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    fn with(mut self, key: &str, value: &str) -> Self {
+        self.extra.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_string());
+        self
+    }
+
+    fn journal(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.journal"))
+    }
+
+    /// Starts `zkguard serve --listen 127.0.0.1:0` with journal `name` and waits for its
+    /// address line.
+    fn start(&self, name: &str) -> Service {
+        let log = self.dir.path().join(format!("{name}.log"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_zkguard"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0"])
+            .args(&self.args)
+            .env_remove("ZKGUARD_CONFIG")
+            .env_remove("RUST_LOG")
+            .env("ZKGUARD_ZOOKEEPER_SERVERS", &self.zk)
+            .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &self.root)
+            .env("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000")
+            .env("ZKGUARD_ZOOKEEPER_CONNECTION_RETRY", "2")
+            .env("ZKGUARD_ZOOKEEPER_CONNECTION_DELAY", "100")
+            .env("ZKGUARD_ZOOKEEPER_FOREGROUND_TASK_TIMEOUT", "10000")
+            .env("ZKGUARD_ZOOKEEPER_BACKGROUND_TASK_TIMEOUT", "10000")
+            .env("ZKGUARD_ELASTICSEARCH_URL", &self.es)
+            .env("ZKGUARD_SERVER_JOURNAL_PATH", self.journal(name))
+            .env(
+                "ZKGUARD_DEADLETTER_FILE_PATH",
+                self.dir.path().join(format!("{name}.dlq")),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (k, v) in &self.extra {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("run zkguard serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let started: Value = serde_json::from_str(&line).unwrap_or_else(|_| {
+            let _ = child.wait();
+            panic!(
+                "zkguard serve did not start: {line:?}\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        });
+        Service {
+            child,
+            base: format!("http://{}", started["listening"].as_str().unwrap()),
+            started,
+            log,
+        }
+    }
+}
+
+struct Service {
+    child: Child,
+    base: String,
+    started: Value,
+    log: PathBuf,
+}
+
+impl Service {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> Client {
+    Client::builder().build().unwrap()
+}
+
+/// Sends a request; returns the status and the body parsed as JSON (Null when empty or not JSON).
+async fn call(c: &Client, method: Method, url: &str, body: Option<String>) -> (StatusCode, Value) {
+    let mut req = c.request(method, url);
+    if let Some(b) = body {
+        req = req.header("content-type", "application/json").body(b);
+    }
+    let resp = req.send().await.expect("send request");
+    let status = resp.status();
+    let bytes = resp.bytes().await.unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+async fn put(c: &Client, s: &Service, path: &str, doc: &Value) -> (StatusCode, Value) {
+    call(c, Method::PUT, &s.url(path), Some(doc.to_string())).await
+}
+
+async fn op_status(c: &Client, s: &Service, id: &str) -> Value {
+    let (status, v) = call(
+        c,
+        Method::GET,
+        &s.url(&format!("/v1/operations/{id}")),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    v
+}
+
+/// Waits until every operation is finished (not queued) and returns their states.
+async fn wait_finished(c: &Client, s: &Service, ids: &[String]) -> HashMap<String, Value> {
+    let done = Arc::new(tokio::sync::Mutex::new(HashMap::new()));
+    eventually(
+        Duration::from_secs(60),
+        "background operations finish",
+        || {
+            let done = done.clone();
+            async move {
+                let mut done = done.lock().await;
+                for id in ids {
+                    if !done.contains_key(id) {
+                        let v = op_status(c, s, id).await;
+                        if v["status"] != "queued" {
+                            done.insert(id.clone(), v);
+                        }
+                    }
+                }
+                done.len() == ids.len()
+            }
+        },
+    )
+    .await;
+    let done = done.lock().await.clone();
+    done
+}
+
+/// The stored document, straight from Elasticsearch.
+async fn es_doc(c: &Client, index: &str, id: &str) -> Value {
+    let url = format!("{}/{index}/_doc/{id}", shared_es().url());
+    let (status, v) = call(c, Method::GET, &url, None).await;
+    assert_eq!(status, StatusCode::OK, "{url}: {v}");
+    v
+}
+
+/// Checks one document against the writes that were answered as done: every one of them is
+/// recorded in the document exactly once (none lost, none applied twice) and, in the order
+/// they were applied, their fencing tokens strictly increase; the stored version is the last
+/// token.
+async fn check_doc(c: &Client, index: &str, id: &str, tokens: &HashMap<String, u64>) {
+    let doc = es_doc(c, index, id).await;
+    let ops: Vec<String> =
+        serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
+    let unique: HashSet<&String> = ops.iter().collect();
+    assert_eq!(
+        unique.len(),
+        ops.len(),
+        "an operation was applied twice: {ops:?}"
+    );
+    for op in tokens.keys() {
+        assert!(
+            ops.contains(op),
+            "operation {op} answered as done is missing from {index}/{id}: {ops:?}"
+        );
+    }
+    let applied: Vec<u64> = ops.iter().filter_map(|o| tokens.get(o).copied()).collect();
+    assert!(
+        applied.windows(2).all(|w| w[0] < w[1]),
+        "tokens of {index}/{id} in the order applied are not strictly increasing: {applied:?}"
+    );
+    assert_eq!(doc["_version"].as_u64(), applied.last().copied(), "{doc}");
+}
+
+/// Holds the lock of `monitor` (foreground) through the library, as another writer would.
+async fn hold_lock(env: &Env, monitor: &str) -> (ZkLockService, Box<dyn zkguard::Guard>) {
+    let mut settings = zk_settings(&env.zk, "holder");
+    settings.lock_root = env.root.clone();
+    let service = ZkLockService::new(session(&settings).await);
+    let guard = service
+        .acquire(LockRequest::new(monitor, "test holder").with_type(LockType::Foreground))
+        .await
+        .unwrap();
+    (service, guard)
+}
+
+/// Runs a mixed workload of foreground and background writes from `clients` concurrent
+/// clients, spread over `services`, on `docs` shared documents; returns op id -> token per doc.
+async fn mixed_workload(
+    services: &[&Service],
+    index: &str,
+    docs: usize,
+    clients: usize,
+    per_client: usize,
+    background: bool,
+) -> HashMap<String, HashMap<String, u64>> {
+    let c = client();
+    // Create the index first, so that the race is about locks, not index creation.
+    let (status, v) = put(
+        &c,
+        services[0],
+        &format!("/v1/indices/{index}/docs/setup"),
+        &json!({"n": 0}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let mut tasks = Vec::new();
+    for k in 0..clients {
+        let c = c.clone();
+        let urls: Vec<String> = services.iter().map(|s| s.base.clone()).collect();
+        let index = index.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut fg = Vec::new();
+            let mut bg = Vec::new();
+            for i in 0..per_client {
+                let base = &urls[(k + i) % urls.len()];
+                let doc = format!("d{}", (k + i) % docs);
+                let bg_write = background && (k + i) % 2 == 1;
+                let ty = if bg_write { "background" } else { "foreground" };
+                let url = format!("{base}/v1/indices/{index}/docs/{doc}?type={ty}&timeout=20s");
+                let (status, v) = call(
+                    &c,
+                    Method::PUT,
+                    &url,
+                    Some(json!({"client": k, "i": i}).to_string()),
+                )
+                .await;
+                let op = v["operation_id"].as_str().unwrap_or_default().to_string();
+                if bg_write {
+                    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+                    bg.push((doc, op, base.clone()));
+                } else {
+                    assert_eq!(status, StatusCode::OK, "{v}");
+                    fg.push((doc, op, v["token"].as_u64().unwrap()));
+                }
+            }
+            (fg, bg)
+        }));
+    }
+    let mut per_doc: HashMap<String, HashMap<String, u64>> = HashMap::new();
+    let mut bg_all = Vec::new();
+    for t in tasks {
+        let (fg, bg) = t.await.unwrap();
+        for (doc, op, token) in fg {
+            per_doc.entry(doc).or_default().insert(op, token);
+        }
+        bg_all.extend(bg);
+    }
+    for s in services {
+        let ids: Vec<String> = bg_all
+            .iter()
+            .filter(|(_, _, base)| *base == s.base)
+            .map(|(_, op, _)| op.clone())
+            .collect();
+        let states = wait_finished(&c, s, &ids).await;
+        for (doc, op, base) in &bg_all {
+            if *base != s.base {
+                continue;
+            }
+            let v = &states[op];
+            assert_eq!(v["status"], "applied", "{v}");
+            per_doc
+                .entry(doc.clone())
+                .or_default()
+                .insert(op.clone(), v["token"].as_u64().unwrap());
+        }
+    }
+    per_doc
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_foreground_and_background_writers_keep_tokens_increasing() {
+    let env = Env::new(&shared_zk().connect_string(), "mixed");
+    let s = env.start("a");
+    let index = format!("mixed-{}", uuid_tag());
+    // One document, so that the writers contend (the document remembers its last 100 ops).
+    let per_doc = mixed_workload(&[&s], &index, 1, 8, 12, true).await;
+    let c = client();
+    for (doc, tokens) in &per_doc {
+        check_doc(&c, &index, doc, tokens).await;
+    }
+    assert_eq!(per_doc.values().map(HashMap::len).sum::<usize>(), 96);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn foreground_overtakes_queued_background_work() {
+    let env = Env::new(&shared_zk().connect_string(), "overtake");
+    let s = env.start("a");
+    let c = client();
+    let index = format!("overtake-{}", uuid_tag());
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/setup"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let monitor = format!("{index}:d");
+    let lock_node = format!("{}/{monitor}", env.root);
+    let (holder, guard) = hold_lock(&env, &monitor).await;
+    let mut bg = Vec::new();
+    for i in 0..4 {
+        let (status, v) = put(
+            &c,
+            &s,
+            &format!("/v1/indices/{index}/docs/d?type=background"),
+            &json!({"bg": i}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        bg.push(v["operation_id"].as_str().unwrap().to_string());
+    }
+    eventually(
+        Duration::from_secs(10),
+        "the background operations queue for the lock",
+        || async { queued(&env.zk, &lock_node, "B-").await == 4 },
+    )
+    .await;
+    let fg = tokio::spawn({
+        let c = c.clone();
+        let url = s.url(&format!("/v1/indices/{index}/docs/d?timeout=20s"));
+        async move { call(&c, Method::PUT, &url, Some("{\"fg\":1}".into())).await }
+    });
+    eventually(
+        Duration::from_secs(10),
+        "the foreground request queues",
+        || async { queued(&env.zk, &lock_node, "A-").await == 2 },
+    )
+    .await;
+    guard.unlock().await.unwrap();
+    drop(holder);
+    let (status, v) = fg.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let fg_id = v["operation_id"].as_str().unwrap().to_string();
+    let states = wait_finished(&c, &s, &bg).await;
+    assert!(
+        states.values().all(|v| v["status"] == "applied"),
+        "{states:?}"
+    );
+    let doc = es_doc(&c, &index, "d").await;
+    let ops: Vec<String> =
+        serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
+    assert_eq!(
+        ops.first(),
+        Some(&fg_id),
+        "the foreground write went first: {ops:?}"
+    );
+    assert_eq!(ops.len(), 5, "{ops:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_on_one_zookeeper_exclude_each_other() {
+    let env = Env::new(&shared_zk().connect_string(), "two");
+    let a = env.start("a");
+    let b = env.start("b");
+    let index = format!("two-{}", uuid_tag());
+    let per_doc = mixed_workload(&[&a, &b], &index, 1, 8, 12, false).await;
+    let c = client();
+    for (doc, tokens) in &per_doc {
+        check_doc(&c, &index, doc, tokens).await;
+    }
+    assert_eq!(per_doc.values().map(HashMap::len).sum::<usize>(), 96);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_with_journaled_operations_then_restart_applies_each_once() {
+    let env = Env::new(&shared_zk().connect_string(), "kill");
+    let c = client();
+    let index = format!("kill-{}", uuid_tag());
+    let s = env.start("a");
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/setup"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    // Another writer holds the lock of d0: its operations cannot finish before the kill.
+    let (holder, guard) = hold_lock(&env, &format!("{index}:d0")).await;
+    let mut body = String::new();
+    for i in 0..40 {
+        body.push_str(
+            &json!({"action": "index", "index": index, "id": format!("d{}", i % 4), "doc": {"i": i}})
+                .to_string(),
+        );
+        body.push('\n');
+    }
+    let (status, v) = call(&c, Method::POST, &s.url("/v1/bulk"), Some(body)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(v["count"], 40);
+    let ids: Vec<String> = v["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["operation_id"].as_str().unwrap().to_string())
+        .collect();
+    s.kill();
+    guard.unlock().await.unwrap();
+    drop(holder);
+
+    let s = env.start("a");
+    let replayed = s.started["replayed"].as_u64().unwrap();
+    assert!(
+        replayed >= 10,
+        "the operations on d0 were unfinished at the kill: {}",
+        s.started
+    );
+    let states = wait_finished(&c, &s, &ids).await;
+    let mut per_doc: HashMap<String, HashMap<String, u64>> = HashMap::new();
+    for (i, id) in ids.iter().enumerate() {
+        let v = &states[id];
+        assert_eq!(v["status"], "applied", "{v}");
+        per_doc
+            .entry(format!("d{}", i % 4))
+            .or_default()
+            .insert(id.clone(), v["token"].as_u64().unwrap());
+    }
+    for (doc, tokens) in &per_doc {
+        check_doc(&c, &index, doc, tokens).await;
+    }
+    // Submitting the same operation again (same op_id) does not queue it twice.
+    let again = &ids[0];
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/d0?type=background&op_id={again}"),
+        &json!({"i": 0}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(v["status"], "applied", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn zookeeper_outage_makes_the_service_unready_and_background_work_waits() {
+    let zk = zk_server();
+    let env = Env::new(&zk.connect_string(), "outage");
+    let c = client();
+    let index = format!("outage-{}", uuid_tag());
+    let s = env.start("a");
+    let (status, _) = call(&c, Method::GET, &s.url("/readyz"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/setup"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+
+    zk.stop();
+    eventually(Duration::from_secs(30), "readyz says 503", || async {
+        call(&c, Method::GET, &s.url("/readyz"), None).await.0 == StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
+    let (status, v) = call(&c, Method::GET, &s.url("/readyz"), None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(v["message"].as_str().unwrap().contains("ZooKeeper"), "{v}");
+    // Foreground: refused at once, not after the lock timeout.
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/a?timeout=20s"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert_eq!(v["error"], "lock_unavailable", "{v}");
+    // Background: journaled and held.
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/b?type=background"),
+        &json!({"b": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let id = v["operation_id"].as_str().unwrap().to_string();
+    assert_eq!(op_status(&c, &s, &id).await["status"], "queued");
+
+    zk.start_again().unwrap();
+    let states = wait_finished(&c, &s, std::slice::from_ref(&id)).await;
+    assert_eq!(states[&id]["status"], "applied", "{}", s.log());
+    eventually(Duration::from_secs(30), "readyz says 200 again", || async {
+        call(&c, Method::GET, &s.url("/readyz"), None).await.0 == StatusCode::OK
+    })
+    .await;
+    assert_eq!(es_doc(&c, &index, "b").await["_source"]["b"], 1);
+    // The service's monitor (every 250 ms) counts the return of the session.
+    eventually(
+        Duration::from_secs(10),
+        "the reconnection is counted",
+        || async {
+            let samples = scrape(&c, &s).await;
+            metric(&samples, "zkguard_lock_backend_reconnects_total") >= 1.0
+                && metric(&samples, "zkguard_lock_backend_connected") == 1.0
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_elasticsearch_lease_lock_backend_serves_too() {
+    let env = Env::new(&shared_zk().connect_string(), "eslock")
+        .with("ZKGUARD_LOCK_BACKEND", "elasticsearch")
+        .with(
+            "ZKGUARD_ELASTICSEARCH_LOCK_INDEX",
+            &format!("serve-locks-{}", uuid_tag()),
+        );
+    let s = env.start("a");
+    assert_eq!(s.started["backend"], "elasticsearch");
+    let c = client();
+    let index = format!("eslock-{}", uuid_tag());
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/a"),
+        &json!({"a": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/a?type=background"),
+        &json!({"a": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let id = v["operation_id"].as_str().unwrap().to_string();
+    let states = wait_finished(&c, &s, std::slice::from_ref(&id)).await;
+    assert_eq!(states[&id]["status"], "applied", "{}", s.log());
+    assert_eq!(es_doc(&c, &index, "a").await["_source"]["a"], 2);
+    assert_eq!(
+        call(&c, Method::GET, &s.url("/readyz"), None).await.0,
+        StatusCode::OK
+    );
+}
+
+fn assert_error(status: StatusCode, v: &Value, want: StatusCode, kind: &str, needle: &str) {
+    assert_eq!(status, want, "{v}");
+    assert_eq!(v["error"], kind, "{v}");
+    let message = v["message"].as_str().unwrap_or_default();
+    assert!(message.contains(needle), "{needle:?} not in {v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_gets_clear_client_errors() {
+    let env =
+        Env::new(&shared_zk().connect_string(), "bad").with("ZKGUARD_SERVER_MAX_BODY", "1024");
+    let s = env.start("a");
+    let c = client();
+    let docs = s.url("/v1/indices/bad/docs/1");
+    // (method, URL, body, expected status, error kind, a piece of the message)
+    type Case = (
+        Method,
+        String,
+        Option<String>,
+        StatusCode,
+        &'static str,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (Method::PUT, docs.clone(), Some("{\"a\":".into()), StatusCode::BAD_REQUEST, "malformed_json", "not valid JSON"),
+        (Method::PUT, docs.clone(), Some("[1,2]".into()), StatusCode::BAD_REQUEST, "bad_document", "JSON object"),
+        (Method::PUT, docs.clone(), Some(format!("{{\"a\":\"{}\"}}", "x".repeat(2000))), StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", "server.max.body"),
+        (Method::PUT, format!("{docs}?monitor=a%2Fb"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_monitor", "`/`"),
+        (Method::PUT, format!("{docs}?op_id=nope"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_parameter", "not a UUID"),
+        (Method::PUT, format!("{docs}?type=urgent"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_parameter", "unknown lock type"),
+        (Method::PUT, format!("{docs}?timeout=soon"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_parameter", "timeout"),
+        (Method::PUT, format!("{docs}?colour=red"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_parameter", "unknown query parameter `colour`"),
+        (Method::PUT, s.url("/v1/indices/Bad/docs/1"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_index", "lowercase"),
+        (Method::PUT, docs.clone(), Some("{\"zkguard\":1}".into()), StatusCode::BAD_REQUEST, "invalid_operation", "zkguard"),
+        (Method::PUT, s.url("/v1/indices/%FF/docs/1"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_path", "path"),
+        (Method::PUT, docs.clone(), Some("{\"a\":\"\u{0}\"".into()), StatusCode::BAD_REQUEST, "malformed_json", "not valid JSON"),
+        (Method::DELETE, format!("{docs}?mode=soft"), None, StatusCode::BAD_REQUEST, "bad_parameter", "hard or tombstone"),
+        (Method::PUT, format!("{docs}?mode=hard"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_parameter", "unknown query parameter `mode`"),
+        (Method::POST, s.url("/v1/bulk?type=foreground"), Some("{}".into()), StatusCode::BAD_REQUEST, "bad_parameter", "no query parameters"),
+        (Method::GET, s.url("/v2/nothing"), None, StatusCode::NOT_FOUND, "no_route", "/v2/nothing"),
+        (Method::POST, docs.clone(), Some("{}".into()), StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "POST"),
+        (Method::GET, s.url("/v1/operations/xyz"), None, StatusCode::BAD_REQUEST, "bad_parameter", "not a UUID"),
+        (Method::GET, s.url(&format!("/v1/operations/{}", uuid::Uuid::new_v4())), None, StatusCode::NOT_FOUND, "unknown_operation", "no operation"),
+        (Method::POST, s.url("/v1/bulk"), Some("\n\n".into()), StatusCode::BAD_REQUEST, "empty_bulk", "no operation"),
+        (Method::POST, s.url("/v1/bulk"), Some("{\"action\":\"index\",\"index\":\"bad\",\"id\":\"1\",\"doc\":{}}\n{\"action\":\"index\",\"index\":\"bad\",\"id\":\"2\"}\n".into()), StatusCode::BAD_REQUEST, "bad_document", "line 2"),
+        (Method::POST, s.url("/v1/bulk"), Some("{\"action\":\"upsert\"}\n".into()), StatusCode::BAD_REQUEST, "malformed_json", "line 1"),
+    ];
+    for (method, url, body, want, kind, needle) in cases {
+        let (status, v) = call(&c, method.clone(), &url, body).await;
+        assert_error(status, &v, want, kind, needle);
+    }
+    // Nothing of the refused bulk request was accepted.
+    let (status, _) = call(&c, Method::GET, &s.url("/healthz"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(std::fs::read_to_string(env.journal("a"))
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_timeout_is_423_and_load_beyond_the_limit_is_503_with_retry_after() {
+    let env =
+        Env::new(&shared_zk().connect_string(), "load").with("ZKGUARD_SERVER_MAX_CONCURRENT", "1");
+    let s = env.start("a");
+    let c = client();
+    let index = format!("load-{}", uuid_tag());
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/setup"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (_holder, guard) = hold_lock(&env, &format!("{index}:a")).await;
+    let resp = c
+        .put(s.url(&format!("/v1/indices/{index}/docs/a?timeout=300ms")))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::LOCKED);
+    assert!(resp.headers().contains_key("retry-after"));
+    let v: Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+    assert_eq!(v["error"], "lock_timeout", "{v}");
+
+    // One request waits for the lock; the next one is beyond the limit of 1.
+    let waiting = tokio::spawn({
+        let c = c.clone();
+        let url = s.url(&format!("/v1/indices/{index}/docs/a?timeout=20s"));
+        async move { call(&c, Method::PUT, &url, Some("{\"w\":1}".into())).await }
+    });
+    let lock_node = format!("{}/{index}:a", env.root);
+    eventually(
+        Duration::from_secs(10),
+        "the request queues for the lock",
+        || async { queued(&env.zk, &lock_node, "A-").await >= 2 },
+    )
+    .await;
+    let resp = c
+        .put(s.url(&format!("/v1/indices/{index}/docs/b")))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(resp.headers().contains_key("retry-after"));
+    let v: Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+    assert_eq!(v["error"], "overloaded", "{v}");
+    // Health and metrics are not limited.
+    assert_eq!(
+        call(&c, Method::GET, &s.url("/healthz"), None).await.0,
+        StatusCode::OK
+    );
+    guard.unlock().await.unwrap();
+    let (status, v) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{v}");
+}
+
+/// Parses OpenMetrics text: every line is a comment (`# HELP`, `# TYPE`, `# UNIT`, `# EOF`
+/// last) or a sample `name{labels} value`; returns the samples.
+fn parse_metrics(text: &str) -> HashMap<String, f64> {
+    let mut samples = HashMap::new();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.last(), Some(&"# EOF"), "{text}");
+    let mut typed = HashSet::new();
+    for line in &lines[..lines.len() - 1] {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut parts = rest.splitn(3, ' ');
+            let kind = parts.next().unwrap();
+            let name = parts.next().expect("metric name");
+            assert!(["HELP", "TYPE", "UNIT"].contains(&kind), "{line}");
+            if kind == "TYPE" {
+                let t = parts.next().expect("type");
+                assert!(["counter", "gauge", "histogram"].contains(&t), "{line}");
+                typed.insert(name.to_string());
+            }
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad sample line {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let name = series.split('{').next().unwrap();
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "{line}"
+        );
+        if let Some(labels) = series.strip_prefix(name) {
+            if !labels.is_empty() {
+                assert!(labels.starts_with('{') && labels.ends_with('}'), "{line}");
+                for pair in labels[1..labels.len() - 1].split(',') {
+                    let (k, v) = pair.split_once('=').unwrap_or_else(|| panic!("{line}"));
+                    assert!(
+                        !k.is_empty() && v.starts_with('"') && v.ends_with('"'),
+                        "{line}"
+                    );
+                }
+            }
+        }
+        assert!(
+            typed.iter().any(|t| name.starts_with(t.as_str())),
+            "sample {name} has no TYPE line"
+        );
+        samples.insert(series.to_string(), value);
+    }
+    samples
+}
+
+async fn scrape(c: &Client, s: &Service) -> HashMap<String, f64> {
+    let resp = c.get(s.url("/metrics")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    parse_metrics(&resp.text().await.unwrap())
+}
+
+fn metric(samples: &HashMap<String, f64>, series: &str) -> f64 {
+    samples.get(series).copied().unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_parse_and_count_what_happened() {
+    let env = Env::new(&shared_zk().connect_string(), "metrics")
+        .arg("--log-format")
+        .arg("json");
+    let s = env.start("a");
+    let c = client();
+    let index = format!("metrics-{}", uuid_tag());
+    let before = scrape(&c, &s).await;
+    let route = r#"zkguard_http_requests_total{route="/v1/indices/{index}/docs/{id}",method="PUT",status="200"}"#;
+    assert_eq!(metric(&before, route), 0.0);
+    for i in 0..3 {
+        let (status, v) = put(
+            &c,
+            &s,
+            &format!("/v1/indices/{index}/docs/{i}"),
+            &json!({"i": i}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+    }
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/bg?type=background"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let id = v["operation_id"].as_str().unwrap().to_string();
+    wait_finished(&c, &s, std::slice::from_ref(&id)).await;
+    let (status, _) = put(&c, &s, &format!("/v1/indices/{index}/docs/x"), &json!(1)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let after = scrape(&c, &s).await;
+    assert_eq!(metric(&after, route), 3.0);
+    assert_eq!(
+        metric(
+            &after,
+            r#"zkguard_http_requests_total{route="/v1/indices/{index}/docs/{id}",method="PUT",status="400"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &after,
+            r#"zkguard_operations_total{lock_type="foreground",outcome="applied"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric(
+            &after,
+            r#"zkguard_operations_total{lock_type="background",outcome="applied"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &after,
+            r#"zkguard_lock_acquisitions_total{lock_type="foreground"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric(
+            &after,
+            r#"zkguard_lock_wait_seconds_count{lock_type="foreground"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric(
+            &after,
+            r#"zkguard_lock_hold_seconds_count{lock_type="background"}"#
+        ),
+        1.0
+    );
+    assert_eq!(metric(&after, "zkguard_journal_depth"), 0.0);
+    assert_eq!(metric(&after, "zkguard_lock_backend_connected"), 1.0);
+    // --log-format json: every log line is one JSON object.
+    let log = s.log();
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["message"] == "zkguard serve started"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_journaled_operation_already_in_elasticsearch_is_not_applied_twice() {
+    // A crash after the write reached Elasticsearch but before its outcome was journaled leaves
+    // the operation unfinished in the journal; the restart must recognise it.
+    let env = Env::new(&shared_zk().connect_string(), "twice");
+    let c = client();
+    let index = format!("twice-{}", uuid_tag());
+    let op = zkguard::write::ops::Operation::index(format!("{index}:d"), &index, "d", json!({"v": 1}))
+        .with_type(LockType::Background);
+    let token = {
+        let s = env.start("writer");
+        let (status, v) = put(
+            &c,
+            &s,
+            &format!("/v1/indices/{index}/docs/d?op_id={}", op.id),
+            &json!({"v": 1}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        s.kill();
+        v["token"].as_u64().unwrap()
+    };
+    let line = json!({"r": "accepted", "ops": [op]}).to_string();
+    std::fs::write(env.journal("a"), format!("{line}\n")).unwrap();
+    let s = env.start("a");
+    assert_eq!(s.started["replayed"], 1, "{}", s.started);
+    let id = op.id.to_string();
+    let states = wait_finished(&c, &s, std::slice::from_ref(&id)).await;
+    assert_eq!(states[&id]["status"], "applied");
+    let doc = es_doc(&c, &index, "d").await;
+    let ops: Vec<String> =
+        serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
+    assert_eq!(ops, vec![id], "{doc}");
+    assert_eq!(
+        doc["_version"].as_u64(),
+        Some(token),
+        "not written again: {doc}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_lets_in_flight_requests_finish_and_exits_0() {
+    let env = Env::new(&shared_zk().connect_string(), "term");
+    let mut s = env.start("a");
+    let c = client();
+    let index = format!("term-{}", uuid_tag());
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/setup"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let monitor = format!("{index}:a");
+    let (holder, guard) = hold_lock(&env, &monitor).await;
+    // A background operation that waits behind the holder, and a foreground request too.
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/a?type=background"),
+        &json!({"bg": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let bg_id = v["operation_id"].as_str().unwrap().to_string();
+    let fg = tokio::spawn({
+        let c = c.clone();
+        let url = s.url(&format!("/v1/indices/{index}/docs/a?timeout=20s"));
+        async move { call(&c, Method::PUT, &url, Some("{\"fg\":1}".into())).await }
+    });
+    let lock_node = format!("{}/{monitor}", env.root);
+    eventually(
+        Duration::from_secs(10),
+        "the foreground request queues",
+        || async { queued(&env.zk, &lock_node, "A-").await >= 2 },
+    )
+    .await;
+    s.signal(nix::sys::signal::Signal::SIGTERM);
+    // New requests are refused (connection closed or 503) once the service drains.
+    eventually(
+        Duration::from_secs(10),
+        "the service stops accepting",
+        || async {
+            match c.get(s.url("/readyz")).send().await {
+                Err(_) => true,
+                Ok(r) => r.status() == StatusCode::SERVICE_UNAVAILABLE,
+            }
+        },
+    )
+    .await;
+    guard.unlock().await.unwrap();
+    drop(holder);
+    let (status, v) = fg.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let code = s.child.wait().unwrap();
+    assert_eq!(code.code(), Some(0), "{}", s.log());
+    // It released its locks and closed its session: none of its queue nodes is left behind.
+    assert_eq!(children(&env.zk, &lock_node).await, Vec::<String>::new());
+    // The background operation is applied, now or after the restart, exactly once.
+    drop(s);
+    let s = env.start("a");
+    let states = wait_finished(&c, &s, std::slice::from_ref(&bg_id)).await;
+    assert_eq!(states[&bg_id]["status"], "applied");
+    let doc = es_doc(&c, &index, "a").await;
+    let ops: Vec<String> =
+        serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
+    assert_eq!(ops.iter().filter(|o| **o == bg_id).count(), 1, "{doc}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_elasticsearch_is_cut_by_the_request_timeout_and_readyz_says_why() {
+    let es = OsmemServer::start().expect("start osmem-server");
+    let mut env = Env::new(&shared_zk().connect_string(), "stall")
+        .with("ZKGUARD_SERVER_REQUEST_TIMEOUT", "4000");
+    env.es = es.url().to_string();
+    let s = env.start("a");
+    let c = client();
+    let (status, v) = put(&c, &s, "/v1/indices/stall/docs/setup", &json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    es.pause();
+    let (status, v) = put(&c, &s, "/v1/indices/stall/docs/a", &json!({"a": 1})).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "request_timeout",
+        "server.request.timeout",
+    );
+    let (status, v) = call(&c, Method::GET, &s.url("/readyz"), None).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not_ready",
+        "Elasticsearch",
+    );
+    es.resume();
+    eventually(Duration::from_secs(30), "readyz says 200 again", || async {
+        call(&c, Method::GET, &s.url("/readyz"), None).await.0 == StatusCode::OK
+    })
+    .await;
+    // The lock of the abandoned request was released: the same document can be written.
+    let (status, v) = put(
+        &c,
+        &s,
+        "/v1/indices/stall/docs/a?timeout=3s",
+        &json!({"a": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+}
+
+#[test]
+fn start_failures_exit_with_the_documented_status() {
+    let env = Env::new(&shared_zk().connect_string(), "start");
+    let run = |env: &Env, journal: &str| {
+        Command::new(env!("CARGO_BIN_EXE_zkguard"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env_remove("ZKGUARD_CONFIG")
+            .env("ZKGUARD_ZOOKEEPER_SERVERS", &env.zk)
+            .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &env.root)
+            .env("ZKGUARD_ZOOKEEPER_CONNECTION_RETRY", "1")
+            .env("ZKGUARD_ELASTICSEARCH_URL", &env.es)
+            .env("ZKGUARD_SERVER_JOURNAL_PATH", env.journal(journal))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    // The journal of a running service.
+    let _running = env.start("a");
+    let o = run(&env, "a");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(78), "{err}");
+    assert!(err.contains("in use by another zkguard serve"), "{err}");
+    // ZooKeeper unreachable.
+    let mut down = env.clone();
+    down.zk = format!("127.0.0.1:{}", zkguard::testkit::free_port().unwrap());
+    let o = run(&down, "b");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(69), "{err}");
+    assert!(err.contains("ZooKeeper"), "{err}");
+    // A bad server.* value.
+    let o = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .args(["serve"])
+        .env_remove("ZKGUARD_CONFIG")
+        .env("ZKGUARD_SERVER_LISTEN", "localhost")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(78), "{err}");
+    assert!(err.contains("server.listen"), "{err}");
+}
