@@ -57,7 +57,8 @@ pub fn settings(zk: &str, es_url: &str, dir: &std::path::Path) -> Settings {
     s.zookeeper.background_timeout = Duration::from_secs(10);
     s.zookeeper.lock_root = format!("/zkguard-test/{}", tag());
     s.elasticsearch.urls = vec![url::Url::parse(es_url).expect("osmem url")];
-    s.elasticsearch.request_timeout = Duration::from_secs(2);
+    // Generous: a loaded machine can hold an answer back; tests that need a short timeout set it.
+    s.elasticsearch.request_timeout = Duration::from_secs(10);
     s.retry.retry_count = 3;
     s.retry.backoff_initial = Duration::from_millis(50);
     s.retry.backoff_max = Duration::from_millis(200);
