@@ -25,7 +25,11 @@ fn shared() -> &'static ZkServer {
 
 /// A `zkguard` command with a clean environment and `servers` as its ZooKeeper.
 fn zkguard(servers: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_zkguard"));
+    configured(Command::new(env!("CARGO_BIN_EXE_zkguard")), servers)
+}
+
+/// `c` (the `zkguard` binary, possibly behind a wrapper) with a clean `ZKGUARD_` environment.
+fn configured(mut c: Command, servers: &str) -> Command {
     for (name, _) in std::env::vars_os() {
         if name.as_bytes().starts_with(b"ZKGUARD_") {
             c.env_remove(name);
@@ -180,12 +184,19 @@ fn config_naming_a_directory_or_an_unreadable_file_says_so() {
     let file = dir.path().join("secret.properties");
     std::fs::write(&file, "zookeeper.session.timeout=3000\n").unwrap();
     std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o000)).unwrap();
-    if std::fs::File::open(&file).is_ok() {
-        // Root (CAP_DAC_OVERRIDE) reads a mode-000 file: there is no permission error to report.
-        eprintln!("skipping the unreadable-file case: this user can read a mode-000 file (root)");
-        return;
-    }
-    let o = zkguard(&closed_port())
+    // Root (CAP_DAC_OVERRIDE) reads a mode-000 file: run zkguard as `nobody` then, so that the
+    // permission error is real.
+    let command = if std::fs::File::open(&file).is_ok() {
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_zkguard"));
+        configured(c, &closed_port())
+    } else {
+        zkguard(&closed_port())
+    };
+    let o = { command }
         .arg("--config")
         .arg(&file)
         .args(["locks"])
