@@ -37,6 +37,7 @@ pub mod backoff;
 pub mod bench;
 pub mod config;
 pub mod deadletter;
+pub mod deadletter_kafka;
 pub mod demo;
 pub mod es;
 pub mod eslock;
