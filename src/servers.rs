@@ -1722,6 +1722,21 @@ impl TansuServer {
             p.kill_now();
         }
     }
+
+    /// Freezes the broker (SIGSTOP): connections stay open, nothing is answered, the records are
+    /// kept. Returns once every thread of the broker has stopped.
+    pub fn pause(&self) {
+        if let Some(p) = self.lock().as_mut() {
+            p.pause();
+        }
+    }
+
+    /// Continues a paused broker (SIGCONT).
+    pub fn resume(&self) {
+        if let Some(p) = self.lock().as_mut() {
+            p.resume();
+        }
+    }
 }
 
 fn launch_tansu(
