@@ -80,10 +80,12 @@ pub enum KafkaSinkError {
         detail: String,
     },
     /// The topic does not exist and zkguard may not create it.
-    #[error("Kafka topic `{topic}` does not exist and deadletter.kafka.auto.create=false; create it (and `{topic}-offsets`, one partition) or set deadletter.kafka.auto.create=true")]
+    #[error("Kafka topic `{topic}` does not exist and deadletter.kafka.auto.create=false; create it (zkguard uses `{main}` and `{main}-offsets`, the latter with one partition) or set deadletter.kafka.auto.create=true")]
     TopicMissing {
         /// The missing topic.
         topic: String,
+        /// The dead-letter topic (`deadletter.kafka.topic`).
+        main: String,
     },
     /// The broker refused or failed a request.
     #[error("Kafka topic `{topic}`: cannot {action}: {detail}")]
@@ -295,7 +297,8 @@ impl KafkaSink {
         }
         if !self.settings.auto_create {
             return Err(KafkaSinkError::TopicMissing {
-                topic: self.settings.topic.clone(),
+                topic: topic.to_string(),
+                main: self.settings.topic.clone(),
             });
         }
         let controller = client

@@ -183,7 +183,7 @@ async fn exhausted_background_operations_land_keyed_and_in_order() {
         tasks.push(tokio::spawn(async move {
             let mut ids = Vec::new();
             for by in 1..=4 {
-                let op = Operation::increment(&m, &index, &i.to_string(), "n", by)
+                let op = Operation::increment(&m, &index, i.to_string(), "n", by)
                     .with_type(LockType::Background);
                 let outcome = exec.run(op.clone()).await.unwrap();
                 assert!(matches!(outcome, Outcome::Parked { .. }), "{outcome:?}");
@@ -394,7 +394,7 @@ async fn replay_killed_half_way_and_restarted_applies_each_operation_once() {
     let partial = source(es.as_ref(), &index, "1").await["n"]
         .as_i64()
         .unwrap();
-    assert!(partial >= 15 && partial < 255, "killed half-way: {partial}");
+    assert!((15..255).contains(&partial), "killed half-way: {partial}");
 
     let again = zkguard(&config, &["dlq", "replay", "--all"]);
     assert_eq!(status(&again), 0, "{}", text(&again));
@@ -464,6 +464,35 @@ async fn bad_kafka_settings_exit_78_or_69_with_clear_errors() {
             "{err}"
         );
     }
+
+    // The demo checks the broker before its workload starts.
+    let demo = zkguard(
+        &config,
+        &["demo", "--servers", "configured", "--deadletters", "kafka"],
+    );
+    assert_eq!(status(&demo), 69, "{}", text(&demo));
+    assert!(
+        String::from_utf8_lossy(&demo.stderr).contains("cannot reach the Kafka brokers"),
+        "{}",
+        text(&demo)
+    );
+    let mut file_sink = settings.clone();
+    file_sink.retry.kafka.brokers = Vec::new();
+    let config = write_config(dir.path(), &file_sink, "");
+    let text_now = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("deadletter.sink=kafka", "deadletter.sink=file");
+    std::fs::write(&config, text_now).unwrap();
+    let demo = zkguard(
+        &config,
+        &["demo", "--servers", "configured", "--deadletters", "kafka"],
+    );
+    assert_eq!(status(&demo), 78, "{}", text(&demo));
+    assert!(
+        String::from_utf8_lossy(&demo.stderr).contains("needs deadletter.kafka.brokers"),
+        "{}",
+        text(&demo)
+    );
 }
 
 /// `zkguard demo --deadletters kafka` with local servers starts a broker too; its dead letters
