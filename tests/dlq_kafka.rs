@@ -16,7 +16,7 @@ use rskafka::client::ClientBuilder;
 use serde_json::{json, Value};
 use zkguard::background::{BackgroundExecutor, Outcome};
 use zkguard::config::{DeadLetterSinkKind, Settings};
-use zkguard::deadletter::{DeadLetter, DeadLetterSink, FileSink};
+use zkguard::deadletter::{DeadLetter, DeadLetterSink, FileSink, ReplaySelection};
 use zkguard::deadletter_kafka::{KafkaSink, HEADER_ERROR_CLASS, HEADER_ID, HEADER_LOCK_TYPE};
 use zkguard::guarded::{GuardedError, GuardedWriter};
 use zkguard::ops::Operation;
@@ -405,6 +405,114 @@ async fn replay_killed_half_way_and_restarted_applies_each_operation_once() {
         text(&again)
     );
     assert!(sink.list().await.unwrap().is_empty());
+}
+
+/// A replay that stops for good right after an operation reached Elasticsearch and before its
+/// offset was committed (the store never answers that write; the replay is then dropped, its
+/// lock session closed): the next `zkguard dlq replay --all` starts at that operation, finds it
+/// already applied, applies the rest, and does not touch the ones committed before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_stopped_between_apply_and_commit_resumes_at_that_operation() {
+    use async_trait::async_trait;
+    use zkguard::es::{EsError, HookedStore, StoreCall, StoreHook};
+
+    /// Never answers the index call that brings `n` to `at` (after it was applied).
+    struct HangAfter {
+        at: i64,
+        reached: tokio::sync::mpsc::UnboundedSender<()>,
+    }
+
+    #[async_trait]
+    impl StoreHook for HangAfter {
+        async fn after(
+            &self,
+            call: &StoreCall<'_>,
+            outcome: Result<(), &EsError>,
+        ) -> Option<EsError> {
+            if let StoreCall::Index { source, .. } = call {
+                if outcome.is_ok() && source["n"].as_i64() == Some(self.at) {
+                    let _ = self.reached.send(());
+                    std::future::pending::<()>().await;
+                }
+            }
+            None
+        }
+    }
+
+    let kafka = broker();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = kafka_settings(dir.path(), &kafka.brokers());
+    let config = write_config(dir.path(), &settings, "");
+    let es = store(&settings);
+    let index = format!("kafka-stop-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    GuardedWriter::new(l, es.clone())
+        .on("stop-1")
+        .index(&index, "1", json!({"n": 0}))
+        .await
+        .unwrap();
+    let sink = Arc::new(KafkaSink::new(
+        &settings.retry.kafka,
+        &settings.retry.file_path,
+    ));
+    let err = GuardedError::Lock(LockError::Timeout {
+        monitor: "stop-1".into(),
+        lock_type: LockType::Background,
+        waited: Duration::from_millis(200),
+    });
+    let mut ops = Vec::new();
+    for i in 0..6 {
+        let op = Operation::increment("stop-1", &index, "1", "n", 1 << i)
+            .with_type(LockType::Background);
+        let now = SystemTime::now();
+        sink.park(&DeadLetter::new(&op, 2, &err, now, now))
+            .await
+            .unwrap();
+        ops.push(op);
+    }
+
+    // The third operation (n = 1 + 2 + 4) is applied, and its write never answers.
+    let (tx, mut reached) = tokio::sync::mpsc::unbounded_channel();
+    let hooked: Arc<dyn zkguard::es::DocStore> = Arc::new(HookedStore::new(
+        es.clone(),
+        HangAfter { at: 7, reached: tx },
+    ));
+    let (session, replay_locks) = locks(&settings).await;
+    let writer = GuardedWriter::new(replay_locks, hooked);
+    let replaying = {
+        let sink = sink.clone();
+        tokio::spawn(async move { sink.replay(&writer, ReplaySelection::All).await })
+    };
+    reached
+        .recv()
+        .await
+        .expect("the third operation was applied");
+    replaying.abort();
+    let _ = replaying.await;
+    session.close();
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 7);
+
+    let again = zkguard(&config, &["dlq", "replay", "--all"]);
+    assert_eq!(status(&again), 0, "{}", text(&again));
+    let out = String::from_utf8_lossy(&again.stdout);
+    assert!(
+        out.contains(&format!("already applied  {}", ops[2].id)),
+        "{out}"
+    );
+    for op in &ops[3..] {
+        assert!(
+            out.contains(&format!("applied          {}", op.id)),
+            "{out}"
+        );
+    }
+    for op in &ops[..2] {
+        assert!(!out.contains(&op.id.to_string()), "committed before: {out}");
+    }
+    assert!(
+        out.contains("replayed 4: 3 applied, 1 already applied"),
+        "{out}"
+    );
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 63);
 }
 
 /// Bad settings: no brokers (78), a missing topic with auto-create off (78), an unreachable
