@@ -315,8 +315,22 @@ async fn broker_down_at_park_time_falls_back_to_the_file_and_replay_drains_both(
     want.sort();
     assert_eq!(ids, want, "topic and file, each entry once");
 
+    // One entry by id (from the topic): applied, and marked done there.
+    let one = zkguard(&config, &["dlq", "replay", "--id", &first.id.to_string()]);
+    assert_eq!(status(&one), 0, "{}", text(&one));
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 1);
+    let listed = zkguard(&config, &["dlq", "list", "--json"]);
+    let entries: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(entries.len(), 2, "{}", text(&listed));
+    assert!(entries.iter().all(|e| e["id"] != json!(first.id.to_string())));
+
     let replayed = zkguard(&config, &["dlq", "replay", "--all"]);
     assert_eq!(status(&replayed), 0, "{}", text(&replayed));
+    assert!(
+        !String::from_utf8_lossy(&replayed.stdout).contains(&first.id.to_string()),
+        "the entry replayed by id is not replayed again: {}",
+        text(&replayed)
+    );
     assert_eq!(
         source(es.as_ref(), &index, "1").await["n"],
         111,
