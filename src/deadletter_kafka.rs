@@ -151,6 +151,9 @@ pub struct KafkaSink {
     settings: KafkaSettings,
     fallback: FileSink,
     conn: tokio::sync::OnceCell<Arc<Conn>>,
+    /// When the last connection attempt failed: parks within a delivery timeout of it go to the
+    /// fallback at once instead of queueing behind new attempts.
+    failed_at: std::sync::Mutex<Option<std::time::Instant>>,
     fallbacks: AtomicU64,
 }
 
@@ -171,6 +174,7 @@ impl KafkaSink {
             settings: settings.clone(),
             fallback: FileSink::new(fallback_path),
             conn: tokio::sync::OnceCell::new(),
+            failed_at: std::sync::Mutex::new(None),
             fallbacks: AtomicU64::new(0),
         }
     }
@@ -213,13 +217,39 @@ impl KafkaSink {
     }
 
     async fn conn(&self) -> Result<Arc<Conn>, KafkaSinkError> {
-        self.conn
+        let result = self
+            .conn
             .get_or_try_init(|| async {
                 let span = tracing::info_span!("kafka_connect", brokers = %self.settings.brokers.join(","));
                 self.open().instrument(span).await.map(Arc::new)
             })
             .await
-            .cloned()
+            .cloned();
+        if result.is_err() {
+            *self.failed_at.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(std::time::Instant::now());
+        }
+        result
+    }
+
+    /// The connection for a park: none at once when the last attempt failed within a delivery
+    /// timeout (so that parks do not queue behind one connection attempt after another).
+    async fn conn_for_park(&self) -> Result<Arc<Conn>, KafkaSinkError> {
+        if self.conn.get().is_none() {
+            let recent = self
+                .failed_at
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some_and(|t| t.elapsed() < self.timeout());
+            if recent {
+                return Err(KafkaSinkError::Unreachable {
+                    brokers: self.settings.brokers.join(","),
+                    timeout: self.timeout(),
+                    detail: "the last connection attempt failed moments ago".into(),
+                });
+            }
+        }
+        self.conn().await
     }
 
     async fn open(&self) -> Result<Conn, KafkaSinkError> {
@@ -347,7 +377,7 @@ impl KafkaSink {
     /// Produces `letter` and waits for the broker's acknowledgement; returns (partition, offset).
     async fn produce(&self, letter: &DeadLetter) -> Result<(i32, i64), KafkaSinkError> {
         let record = Self::record(letter).map_err(|e| self.broker_err("encode a record", e))?;
-        let conn = self.conn().await?;
+        let conn = self.conn_for_park().await?;
         let n = conn.partitions.len();
         let pc = &conn.partitions[partition_for(letter.monitor.as_bytes(), n)];
         let offsets = tokio::time::timeout(

@@ -322,7 +322,9 @@ async fn broker_down_at_park_time_falls_back_to_the_file_and_replay_drains_both(
     let listed = zkguard(&config, &["dlq", "list", "--json"]);
     let entries: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(entries.len(), 2, "{}", text(&listed));
-    assert!(entries.iter().all(|e| e["id"] != json!(first.id.to_string())));
+    assert!(entries
+        .iter()
+        .all(|e| e["id"] != json!(first.id.to_string())));
 
     let replayed = zkguard(&config, &["dlq", "replay", "--all"]);
     assert_eq!(status(&replayed), 0, "{}", text(&replayed));
@@ -346,6 +348,54 @@ async fn broker_down_at_park_time_falls_back_to_the_file_and_replay_drains_both(
     let again = zkguard(&config, &["dlq", "replay", "--all"]);
     assert_eq!(status(&again), 0, "{}", text(&again));
     assert_eq!(source(es.as_ref(), &index, "1").await["n"], 111);
+}
+
+/// No broker at all (nothing listens on the configured port): every park, several at once, goes
+/// to the fallback file; nothing is lost and the sink counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_broker_at_all_parks_everything_in_the_fallback_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let unused = format!("127.0.0.1:{}", free_port().unwrap());
+    let mut settings = kafka_settings(dir.path(), &unused);
+    settings.retry.kafka.delivery_timeout = Duration::from_millis(500);
+    let sink = Arc::new(KafkaSink::new(
+        &settings.retry.kafka,
+        &settings.retry.file_path,
+    ));
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let sink = sink.clone();
+        let e = GuardedError::Lock(LockError::Timeout {
+            monitor: "none-1".into(),
+            lock_type: LockType::Background,
+            waited: Duration::from_millis(200),
+        });
+        tasks.push(tokio::spawn(async move {
+            let op =
+                Operation::increment("none-1", "idx", "1", "n", i).with_type(LockType::Background);
+            let now = SystemTime::now();
+            sink.park(&DeadLetter::new(&op, 2, &e, now, now))
+                .await
+                .unwrap();
+            op.id
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.push(t.await.unwrap());
+    }
+    assert_eq!(sink.fallbacks(), 4);
+    let mut in_file: Vec<_> = FileSink::new(&settings.retry.file_path)
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.id)
+        .collect();
+    in_file.sort();
+    ids.sort();
+    assert_eq!(in_file, ids);
+    assert!(sink.describe().contains("4 parked in the fallback file"));
 }
 
 /// `zkguard dlq replay --all` is killed (SIGKILL) right after it applied its fourth operation;
