@@ -220,7 +220,8 @@ impl KafkaSink {
         let result = self
             .conn
             .get_or_try_init(|| async {
-                let span = tracing::info_span!("kafka_connect", brokers = %self.settings.brokers.join(","));
+                let brokers = self.settings.brokers.join(",");
+                let span = tracing::info_span!("kafka_connect", %brokers);
                 self.open().instrument(span).await.map(Arc::new)
             })
             .await
@@ -548,7 +549,8 @@ impl KafkaSink {
                     self.decode(p, &r)
                 };
                 if let Some(letter) = letter {
-                    let span = tracing::info_span!("dlq_replay", op = %letter.id, monitor = %letter.monitor, partition = p, offset = r.offset);
+                    let span = tracing::info_span!("dlq_replay", op = %letter.id,
+                        monitor = %letter.monitor, partition = p, offset = r.offset);
                     let entry = self
                         .replay_record(writer, &conn, p, next, letter)
                         .instrument(span)
@@ -637,16 +639,24 @@ impl DeadLetterSink for KafkaSink {
     async fn park(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
         match self.produce(letter).await {
             Ok((partition, offset)) => {
-                tracing::info!(id = %letter.id, topic = %self.settings.topic, partition, offset, "operation parked");
+                tracing::info!(id = %letter.id, topic = %self.settings.topic, partition, offset,
+                    "operation parked");
                 Ok(())
             }
-            Err(e) => {
-                tracing::warn!(id = %letter.id, error = %e, file = %self.fallback.path().display(),
-                    "the Kafka broker did not acknowledge the dead letter; parking it in the fallback file");
-                self.fallback.park(letter).await?;
-                self.fallbacks.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
+            Err(e) => match self.fallback.park(letter).await {
+                Ok(()) => {
+                    self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(id = %letter.id, error = %e,
+                        file = %self.fallback.path().display(),
+                        "the Kafka broker did not acknowledge the dead letter; parked in the fallback file");
+                    Ok(())
+                }
+                Err(file_error) => {
+                    tracing::warn!(id = %letter.id, error = %e,
+                        "the Kafka broker did not acknowledge the dead letter, and the fallback file refused it");
+                    Err(file_error)
+                }
+            },
         }
     }
 

@@ -1,11 +1,11 @@
 //! `zkguard dlq`: list and replay parked (dead-letter) operations.
 //!
 //! The sink is the configured one (`deadletter.sink`, `deadletter.file.path`,
-//! `deadletter.index`, `deadletter.kafka.*`). `list` needs only the sink; `replay` also connects to the lock service and
-//! Elasticsearch, runs each selected operation under its lock (its own monitor, lock type and id)
-//! and removes the entry only once the operation is in the document. An interrupted replay can be
-//! run again: operations already applied are recognised by their id in the document and only
-//! their entries are removed.
+//! `deadletter.index`, `deadletter.kafka.*`). `list` needs only the sink; `replay` also connects
+//! to the lock service and Elasticsearch, runs each selected operation under its lock (its own
+//! monitor, lock type and id) and removes the entry only once the operation is in the document.
+//! An interrupted replay can be run again: operations already applied are recognised by their id
+//! in the document and only their entries are removed.
 //!
 //! With `deadletter.sink=kafka`, `list` shows the topic's records after the replay group's
 //! committed offsets plus the fallback file; `replay --all` commits each record's offset (in the
