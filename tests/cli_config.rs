@@ -187,8 +187,11 @@ fn config_naming_a_directory_or_an_unreadable_file_says_so() {
     // Root (CAP_DAC_OVERRIDE) reads a mode-000 file: run zkguard as `nobody` then, so that the
     // permission error is real.
     let command = if std::fs::File::open(&file).is_ok() {
-        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
         let mut c = Command::new("setpriv");
         c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
             .arg(env!("CARGO_BIN_EXE_zkguard"));

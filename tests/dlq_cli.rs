@@ -24,6 +24,7 @@ fn write_config(dir: &Path, s: &Settings) -> PathBuf {
     let sink = match s.retry.sink {
         DeadLetterSinkKind::File => "file",
         DeadLetterSinkKind::Elasticsearch => "elasticsearch",
+        DeadLetterSinkKind::Kafka => "kafka",
     };
     let text = format!(
         "zookeeper.servers={}\nzookeeper.lock.root={}\nzookeeper.session.timeout=2000\n\

@@ -26,7 +26,7 @@ use crate::workload::demo::{DemoEnv, DemoError, DemoPlan, DemoProgress};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use zkguard::config::{DeadLetterSinkKind, LockBackendKind, Settings};
 use zkguard::es::{DocStore, EsStore};
-use zkguard::testkit::{OsmemServer, ServerError, ZkServer};
+use zkguard::testkit::{OsmemServer, ServerError, TansuServer, ZkServer};
 use zkguard::write::deadletter::sink_from_settings;
 
 use super::{CliError, EX_SOFTWARE, EX_UNAVAILABLE};
@@ -43,6 +43,19 @@ pub enum ServersMode {
     Local,
     /// Use the configured `zookeeper.servers` and `elasticsearch.url`.
     Configured,
+}
+
+/// Where the demo parks dead letters (`--deadletters`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeadLettersMode {
+    /// The configured `deadletter.sink` (a file in the run's directory for local servers).
+    Configured,
+    /// A JSON-lines file.
+    File,
+    /// An Elasticsearch index (`deadletter.index`).
+    Elasticsearch,
+    /// A Kafka topic: a local broker with `--servers local`, else `deadletter.kafka.brokers`.
+    Kafka,
 }
 
 /// Arguments of `zkguard demo`.
@@ -78,6 +91,9 @@ pub struct DemoArgs {
     /// Skip the stalled writer (whose stale write is fenced).
     #[arg(long)]
     pub no_stalled_writer: bool,
+    /// Where dead letters go; `kafka` with local servers also starts a local Kafka broker.
+    #[arg(long, value_enum, default_value_t = DeadLettersMode::Configured)]
+    pub deadletters: DeadLettersMode,
     /// Leave the run's dead letters parked instead of replaying them at the end.
     #[arg(long)]
     pub no_replay: bool,
@@ -119,6 +135,7 @@ impl DemoArgs {
 struct LocalServers {
     _zk: Option<ZkServer>,
     _es: OsmemServer,
+    _kafka: Option<TansuServer>,
     dir: PathBuf,
 }
 
@@ -142,15 +159,28 @@ fn use_configured(mode: ServersMode, settings: &Settings) -> bool {
     }
 }
 
-/// Starts ZooKeeper (for the ZooKeeper backend) and osmem-server, and points `settings` at them.
+/// Starts ZooKeeper (for the ZooKeeper backend), osmem-server and (for the Kafka sink) a tansu
+/// broker, and points `settings` at them.
 async fn start_local(settings: &mut Settings, quiet: bool) -> Result<LocalServers, CliError> {
     let need_zk = settings.backend == LockBackendKind::ZooKeeper;
+    let need_kafka = settings.retry.sink == DeadLetterSinkKind::Kafka;
     if !quiet {
         eprintln!(
-            "starting {}osmem-server on loopback ports (use --servers configured for a real cluster) ...",
-            if need_zk { "ZooKeeper and " } else { "" }
+            "starting {}osmem-server{} on loopback ports (use --servers configured for a real cluster) ...",
+            if need_zk { "ZooKeeper, " } else { "" },
+            if need_kafka { " and a Kafka broker (tansu)" } else { "" }
         );
     }
+    let kafka = if need_kafka {
+        let broker = tokio::task::spawn_blocking(TansuServer::start)
+            .await
+            .map_err(|e| CliError::new(EX_SOFTWARE, e))?
+            .map_err(server_error)?;
+        settings.retry.kafka.brokers = vec![broker.brokers()];
+        Some(broker)
+    } else {
+        None
+    };
     let zk = if need_zk {
         Some(
             tokio::task::spawn_blocking(|| ZkServer::builder().start())
@@ -179,20 +209,28 @@ async fn start_local(settings: &mut Settings, quiet: bool) -> Result<LocalServer
     ));
     std::fs::create_dir_all(&dir)
         .map_err(|e| CliError::new(EX_SOFTWARE, format!("cannot create {}: {e}", dir.display())))?;
-    if settings.retry.sink == DeadLetterSinkKind::File {
+    if matches!(
+        settings.retry.sink,
+        DeadLetterSinkKind::File | DeadLetterSinkKind::Kafka
+    ) {
+        // The file sink, or the Kafka sink's fallback.
         settings.retry.file_path = dir.join("deadletters.jsonl");
     }
     if !quiet {
         eprintln!(
-            "  ZooKeeper {}, Elasticsearch API {}",
+            "  ZooKeeper {}, Elasticsearch API {}{}",
             zk.as_ref()
                 .map_or_else(|| "not needed".to_string(), ZkServer::connect_string),
-            es.url()
+            es.url(),
+            kafka
+                .as_ref()
+                .map_or_else(String::new, |k| format!(", Kafka {}", k.brokers()))
         );
     }
     Ok(LocalServers {
         _zk: zk,
         _es: es,
+        _kafka: kafka,
         dir,
     })
 }
@@ -297,15 +335,36 @@ fn spawn_progress(
 /// Runs `zkguard demo`.
 pub async fn run(mut settings: Settings, args: DemoArgs) -> Result<u8, CliError> {
     let plan = args.plan();
-    let local = if use_configured(args.servers, &settings) {
+    match args.deadletters {
+        DeadLettersMode::Configured => {}
+        DeadLettersMode::File => settings.retry.sink = DeadLetterSinkKind::File,
+        DeadLettersMode::Elasticsearch => settings.retry.sink = DeadLetterSinkKind::Elasticsearch,
+        DeadLettersMode::Kafka => settings.retry.sink = DeadLetterSinkKind::Kafka,
+    }
+    let configured = use_configured(args.servers, &settings);
+    if configured
+        && settings.retry.sink == DeadLetterSinkKind::Kafka
+        && settings.retry.kafka.brokers.is_empty()
+    {
+        return Err(CliError::new(
+            super::EX_CONFIG,
+            "--deadletters kafka with configured servers needs deadletter.kafka.brokers (host:port,...); or run with --servers local to start a local broker",
+        ));
+    }
+    let local = if configured {
         None
     } else {
         Some(start_local(&mut settings, args.json).await?)
     };
     let result = run_with(&settings, &plan, args.json).await;
     if let Some(local) = local {
-        let LocalServers { _zk, _es, dir } = local;
-        tokio::task::spawn_blocking(move || drop((_zk, _es)))
+        let LocalServers {
+            _zk,
+            _es,
+            _kafka,
+            dir,
+        } = local;
+        tokio::task::spawn_blocking(move || drop((_zk, _es, _kafka)))
             .await
             .ok();
         let parked_left = std::fs::read_to_string(dir.join("deadletters.jsonl"))
@@ -334,8 +393,26 @@ async fn run_with(settings: &Settings, plan: &DemoPlan, json: bool) -> Result<u8
             }
             LockBackendKind::Elasticsearch => (super::lock_service(settings).await?, None),
         };
-    let sink = sink_from_settings(&settings.retry, Some(store.clone()))
-        .map_err(|e| CliError::new(super::EX_CONFIG, e))?;
+    let sink: Arc<dyn zkguard::write::deadletter::DeadLetterSink> =
+        if settings.retry.sink == DeadLetterSinkKind::Kafka {
+            let kafka = zkguard::write::deadletter::kafka::KafkaSink::new(
+                &settings.retry.kafka,
+                &settings.retry.file_path,
+            );
+            // An unreachable broker or a missing topic stops the demo before the workload.
+            kafka.connect().await.map_err(|e| {
+                let code = if e.is_config() {
+                    super::EX_CONFIG
+                } else {
+                    EX_UNAVAILABLE
+                };
+                CliError::new(code, e)
+            })?;
+            Arc::new(kafka)
+        } else {
+            sink_from_settings(&settings.retry, Some(store.clone()))
+                .map_err(|e| CliError::new(super::EX_CONFIG, e))?
+        };
     let env = DemoEnv {
         store,
         locks,

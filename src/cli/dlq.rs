@@ -1,11 +1,16 @@
 //! `zkguard dlq`: list and replay parked (dead-letter) operations.
 //!
 //! The sink is the configured one (`deadletter.sink`, `deadletter.file.path`,
-//! `deadletter.index`). `list` needs only the sink; `replay` also connects to the lock service and
-//! Elasticsearch, runs each selected operation under its lock (its own monitor, lock type and id)
-//! and removes the entry only once the operation is in the document. An interrupted replay can be
-//! run again: operations already applied are recognised by their id in the document and only
-//! their entries are removed.
+//! `deadletter.index`, `deadletter.kafka.*`). `list` needs only the sink; `replay` also connects
+//! to the lock service and Elasticsearch, runs each selected operation under its lock (its own
+//! monitor, lock type and id) and removes the entry only once the operation is in the document.
+//! An interrupted replay can be run again: operations already applied are recognised by their id
+//! in the document and only their entries are removed.
+//!
+//! With `deadletter.sink=kafka`, `list` shows the topic's records after the replay group's
+//! committed offsets plus the fallback file; `replay --all` commits each record's offset (in the
+//! companion topic `<topic>-offsets`) only after its operation was applied or re-parked, then
+//! drains the fallback file.
 
 use std::sync::Arc;
 
@@ -13,6 +18,7 @@ use clap::{ArgGroup, Args, Subcommand};
 use uuid::Uuid;
 use zkguard::config::{DeadLetterSinkKind, Settings};
 use zkguard::es::{DocStore, EsStore};
+use zkguard::write::deadletter::kafka::KafkaSink;
 use zkguard::write::deadletter::{
     self, DeadLetter, DeadLetterError, DeadLetterSink, ReplayResult, ReplaySelection,
 };
@@ -63,21 +69,41 @@ fn dlq_error(e: DeadLetterError) -> CliError {
         DeadLetterError::NoSuchEntry { .. } => EX_USAGE,
         DeadLetterError::NoStore => EX_CONFIG,
         DeadLetterError::Json { .. } => EX_SOFTWARE,
-        DeadLetterError::Io { .. } | DeadLetterError::Store { .. } => EX_UNAVAILABLE,
+        DeadLetterError::Kafka(k) if k.is_config() => EX_CONFIG,
+        DeadLetterError::Io { .. } | DeadLetterError::Store { .. } | DeadLetterError::Kafka(_) => {
+            EX_UNAVAILABLE
+        }
     };
     CliError::new(code, e)
 }
 
-/// The configured sink, and the Elasticsearch client it uses (if it is the index sink).
-type SinkAndStore = (Arc<dyn DeadLetterSink>, Option<Arc<dyn DocStore>>);
+/// The configured sink, the Elasticsearch client it uses (if it is the index sink), and the
+/// Kafka sink (if it is that one: its replay commits offsets).
+type SinkAndStore = (
+    Arc<dyn DeadLetterSink>,
+    Option<Arc<dyn DocStore>>,
+    Option<Arc<KafkaSink>>,
+);
 
-fn open_sink(settings: &Settings) -> Result<SinkAndStore, CliError> {
+async fn open_sink(settings: &Settings) -> Result<SinkAndStore, CliError> {
     let store: Option<Arc<dyn DocStore>> = match settings.retry.sink {
         DeadLetterSinkKind::Elasticsearch => Some(Arc::new(EsStore::new(&settings.elasticsearch)?)),
-        DeadLetterSinkKind::File => None,
+        DeadLetterSinkKind::File | DeadLetterSinkKind::Kafka => None,
     };
+    if settings.retry.sink == DeadLetterSinkKind::Kafka {
+        let kafka = Arc::new(KafkaSink::new(
+            &settings.retry.kafka,
+            &settings.retry.file_path,
+        ));
+        // Unreachable brokers and a missing topic are reported before anything else.
+        kafka
+            .connect()
+            .await
+            .map_err(|e| dlq_error(DeadLetterError::Kafka(e)))?;
+        return Ok((kafka.clone(), store, Some(kafka)));
+    }
     let sink = deadletter::sink_from_settings(&settings.retry, store.clone()).map_err(dlq_error)?;
-    Ok((sink, store))
+    Ok((sink, store, None))
 }
 
 /// Runs `zkguard dlq`.
@@ -89,7 +115,7 @@ pub async fn run(settings: Settings, args: DlqArgs) -> Result<u8, CliError> {
 }
 
 async fn list(settings: &Settings, json: bool) -> Result<u8, CliError> {
-    let (sink, _) = open_sink(settings)?;
+    let (sink, _, _) = open_sink(settings).await?;
     let letters = sink.list().await.map_err(dlq_error)?;
     if json {
         let text = serde_json::to_string_pretty(&letters).map_err(|e| {
@@ -147,7 +173,7 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
             ))
         }
     };
-    let (sink, store) = open_sink(settings)?;
+    let (sink, store, kafka) = open_sink(settings).await?;
     if selection == ReplaySelection::All && sink.list().await.map_err(dlq_error)?.is_empty() {
         println!("no parked operations in {}", sink.describe());
         return Ok(0);
@@ -158,9 +184,11 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
     };
     let locks = super::lock_service(settings).await?;
     let writer = GuardedWriter::new(locks, store);
-    let results = deadletter::replay(&writer, sink.as_ref(), selection)
-        .await
-        .map_err(dlq_error)?;
+    let results = match &kafka {
+        Some(kafka) => kafka.replay(&writer, selection).await,
+        None => deadletter::replay(&writer, sink.as_ref(), selection).await,
+    }
+    .map_err(dlq_error)?;
     let (mut applied, mut already, mut parked, mut unremoved) = (0, 0, 0, 0);
     for r in &results {
         match &r.result {

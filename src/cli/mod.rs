@@ -74,7 +74,8 @@ impl From<zkguard::es::EsError> for CliError {
 pub fn init_tracing(verbose: u8, quiet: bool) {
     let default = match verbose {
         0 if quiet => "error",
-        0 => "warn",
+        // The Kafka client warns about every reconnection attempt; zkguard reports the outcome.
+        0 => "warn,rskafka=error",
         1 => "info,zkguard=info",
         2 => "info,zkguard=debug",
         _ => "debug,zkguard=trace",

@@ -12,7 +12,7 @@
 //! Any other variable starting with `ZKGUARD_` draws a warning (with a "did you mean" hint), except
 //! zkguard's own variables: `ZKGUARD_CONFIG`, the variables `zkguard exec` sets for its command
 //! (`ZKGUARD_FENCING_TOKEN`, `ZKGUARD_MONITOR`, `ZKGUARD_LOCK_TYPE`, `ZKGUARD_LOCK_BACKEND`), the
-//! test kit's (`ZKGUARD_OSMEM_BIN`, `ZKGUARD_KEEP_SERVER_DIRS`) and any `ZKGUARD_TEST_*`. A
+//! test kit's (`ZKGUARD_OSMEM_BIN`, `ZKGUARD_TANSU_BIN`, `ZKGUARD_KEEP_SERVER_DIRS`) and any `ZKGUARD_TEST_*`. A
 //! variable that names a key but whose value is not UTF-8 is an error.
 //!
 //! # Durations
@@ -106,9 +106,16 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("elasticsearch.username", "", "basic-auth user name (empty = no authentication)"),
     ("elasticsearch.password", "", "basic-auth password"),
     ("elasticsearch.request.timeout", "30000", "timeout of one Elasticsearch request (ms)"),
-    ("deadletter.sink", "file", "where parked operations go: file or elasticsearch"),
+    ("deadletter.sink", "file", "where parked operations go: file, elasticsearch or kafka"),
     ("deadletter.file.path", "zkguard-deadletters.jsonl", "JSON-lines dead-letter file"),
     ("deadletter.index", "zkguard-deadletters", "dead-letter index when deadletter.sink=elasticsearch"),
+    ("deadletter.kafka.brokers", "", "comma-separated host:port Kafka bootstrap brokers (required when deadletter.sink=kafka)"),
+    ("deadletter.kafka.topic", "zkguard-deadletters", "Kafka topic of parked operations"),
+    ("deadletter.kafka.client.id", "zkguard", "Kafka client id"),
+    ("deadletter.kafka.group", "zkguard-replay", "replay group: whose committed offsets `zkguard dlq replay` uses"),
+    ("deadletter.kafka.auto.create", "true", "create the topic (and its offsets companion) when missing"),
+    ("deadletter.kafka.partitions", "3", "partitions of a topic that zkguard creates"),
+    ("deadletter.kafka.delivery.timeout", "10000", "how long a park waits for the broker's acknowledgement before falling back to deadletter.file.path (ms)"),
     ("lock.backend", "zookeeper", "lock service: zookeeper or elasticsearch"),
     ("elasticsearch.lock.index", "zkguard-locks", "index of the Elasticsearch lease lock"),
     ("elasticsearch.lock.ttl", "10000", "lease of an Elasticsearch lock (ms); renewed by keep-alive"),
@@ -141,6 +148,8 @@ pub enum DeadLetterSinkKind {
     File,
     /// An Elasticsearch index.
     Elasticsearch,
+    /// A Kafka topic (falling back to the file when the broker cannot be reached).
+    Kafka,
 }
 
 /// ZooKeeper settings.
@@ -239,6 +248,28 @@ pub struct RetrySettings {
     pub file_path: PathBuf,
     /// Dead-letter index.
     pub index: String,
+    /// Kafka dead-letter settings (used when `sink` is [`DeadLetterSinkKind::Kafka`]).
+    pub kafka: KafkaSettings,
+}
+
+/// Kafka dead-letter sink settings (`deadletter.kafka.*`).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct KafkaSettings {
+    /// Bootstrap brokers, `host:port` each (empty unless `deadletter.sink=kafka`).
+    pub brokers: Vec<String>,
+    /// Topic of parked operations.
+    pub topic: String,
+    /// Client id sent to the broker.
+    pub client_id: String,
+    /// Replay group: the key of the committed offsets.
+    pub group: String,
+    /// Whether zkguard creates a missing topic.
+    pub auto_create: bool,
+    /// Partitions of a topic that zkguard creates.
+    pub partitions: u32,
+    /// How long a park waits for the broker's acknowledgement.
+    pub delivery_timeout: Duration,
 }
 
 /// Elasticsearch lease-lock settings.
@@ -358,6 +389,7 @@ pub const OWN_VARIABLES: &[&str] = &[
     "ZKGUARD_LOCK_TYPE",
     "ZKGUARD_LOCK_BACKEND",
     "ZKGUARD_OSMEM_BIN",
+    "ZKGUARD_TANSU_BIN",
     "ZKGUARD_KEEP_SERVER_DIRS",
 ];
 
@@ -730,13 +762,32 @@ impl Settings {
             retry_count: r.int::<u32>("elastic.request.retry.count", 1)?,
             backoff_initial: r.duration("elastic.retry.backoff.initial")?,
             backoff_max: r.duration("elastic.retry.backoff.max")?,
-            sink: match r.choice("deadletter.sink", &["file", "elasticsearch"])? {
+            sink: match r.choice("deadletter.sink", &["file", "elasticsearch", "kafka"])? {
                 "file" => DeadLetterSinkKind::File,
+                "kafka" => DeadLetterSinkKind::Kafka,
                 _ => DeadLetterSinkKind::Elasticsearch,
             },
             file_path: PathBuf::from(r.non_empty("deadletter.file.path")?),
             index: r.index_name("deadletter.index")?,
+            kafka: KafkaSettings {
+                brokers: r.kafka_brokers("deadletter.kafka.brokers")?,
+                topic: r.kafka_name("deadletter.kafka.topic")?,
+                client_id: r.non_empty("deadletter.kafka.client.id")?,
+                group: r.non_empty("deadletter.kafka.group")?,
+                auto_create: r.boolean("deadletter.kafka.auto.create")?,
+                partitions: r.int::<u32>("deadletter.kafka.partitions", 1)?,
+                delivery_timeout: r.duration_min(
+                    "deadletter.kafka.delivery.timeout",
+                    Duration::from_millis(100),
+                )?,
+            },
         };
+        if retry.sink == DeadLetterSinkKind::Kafka && retry.kafka.brokers.is_empty() {
+            return Err(r.err(
+                "deadletter.kafka.brokers",
+                "at least one host:port when deadletter.sink=kafka, e.g. kafka1:9092,kafka2:9092",
+            ));
+        }
         let backend = match r.choice("lock.backend", &["zookeeper", "elasticsearch"])? {
             "zookeeper" => LockBackendKind::ZooKeeper,
             _ => LockBackendKind::Elasticsearch,
@@ -919,6 +970,41 @@ impl Reader<'_> {
             return Err(self.err(
                 key,
                 "an absolute znode path without a trailing slash, e.g. /zkguard/locks",
+            ));
+        }
+        Ok(v.to_string())
+    }
+
+    fn kafka_brokers(&self, key: &str) -> Result<Vec<String>, ConfigError> {
+        let (v, _) = self.get(key);
+        let mut out = Vec::new();
+        for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let ok = part.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+            });
+            if !ok {
+                return Err(self.err(
+                    key,
+                    format!("a comma-separated list of host:port ({part:?} has no valid port), e.g. kafka1:9092,kafka2:9092"),
+                ));
+            }
+            out.push(part.to_string());
+        }
+        Ok(out)
+    }
+
+    fn kafka_name(&self, key: &str) -> Result<String, ConfigError> {
+        let (v, _) = self.get(key);
+        let ok = !v.is_empty()
+            && v.len() <= 200
+            && v != "."
+            && v != ".."
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        if !ok {
+            return Err(self.err(
+                key,
+                "a Kafka topic name of 1 to 200 ASCII letters, digits, - _ or .",
             ));
         }
         Ok(v.to_string())

@@ -1223,9 +1223,12 @@ pub async fn run(
             .iter_mut()
             .filter(|r| matches!(r.status, OpStatus::Parked { .. }))
         {
-            let entries =
-                zkguard::write::deadletter::replay(&writer, env.sink.as_ref(), ReplaySelection::Id(r.id))
-                    .await;
+            let entries = zkguard::write::deadletter::replay(
+                &writer,
+                env.sink.as_ref(),
+                ReplaySelection::Id(r.id),
+            )
+            .await;
             match entries {
                 Ok(entries) => {
                     for entry in entries {

@@ -7,7 +7,9 @@
 //! - [`FileSink`] (the default, `deadletter.sink=file`): JSON lines at `deadletter.file.path`,
 //!   flushed and fsynced before [`DeadLetterSink::park`] returns, safe for several processes;
 //! - [`EsSink`] (`deadletter.sink=elasticsearch`): one document per dead letter in
-//!   `deadletter.index`.
+//!   `deadletter.index`;
+//! - [`kafka::KafkaSink`] (`deadletter.sink=kafka`): one record per dead letter
+//!   in `deadletter.kafka.topic`, with the file sink as fallback.
 //!
 //! [`replay`] re-runs parked operations and removes an entry only after its operation was
 //! applied. Guarded writes record each operation's id in the target document (see
@@ -15,6 +17,7 @@
 //! its entry does not apply it again the next time: the next replay finds the id in the
 //! document and only removes the entry.
 
+pub mod kafka;
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -71,6 +74,9 @@ pub enum DeadLetterError {
         /// The id asked for.
         id: Uuid,
     },
+    /// The Kafka sink could not reach or use its broker or topic.
+    #[error(transparent)]
+    Kafka(#[from] kafka::KafkaSinkError),
     /// `deadletter.sink=elasticsearch` without a document store.
     #[error("deadletter.sink=elasticsearch needs an Elasticsearch client; configure elasticsearch.url or use deadletter.sink=file")]
     NoStore,
@@ -200,8 +206,9 @@ impl std::fmt::Debug for dyn DeadLetterSink {
     }
 }
 
-/// The sink configured by `deadletter.sink`: a [`FileSink`] at `deadletter.file.path`, or an
-/// [`EsSink`] on `deadletter.index` (which needs `store`).
+/// The sink configured by `deadletter.sink`: a [`FileSink`] at `deadletter.file.path`, an
+/// [`EsSink`] on `deadletter.index` (which needs `store`), or a
+/// [`kafka::KafkaSink`] (which connects on first use).
 ///
 /// # Errors
 /// [`DeadLetterError::NoStore`] for the Elasticsearch sink without a store.
@@ -215,6 +222,10 @@ pub fn sink_from_settings(
             let store = store.ok_or(DeadLetterError::NoStore)?;
             Ok(Arc::new(EsSink::new(store, retry.index.clone())))
         }
+        DeadLetterSinkKind::Kafka => Ok(Arc::new(kafka::KafkaSink::new(
+            &retry.kafka,
+            &retry.file_path,
+        ))),
     }
 }
 
