@@ -610,6 +610,27 @@ async fn the_elasticsearch_lease_lock_backend_serves_too() {
         call(&c, Method::GET, &s.url("/readyz"), None).await.0,
         StatusCode::OK
     );
+
+    // Explicit locks on the lease lock; the listing is `zkguard locks --json`'s.
+    let (status, lock) = call(&c, Method::POST, &s.url("/v1/locks/es-m?ttl=30s"), None).await;
+    assert_eq!(status, StatusCode::OK, "{lock}");
+    let (status, v) = call(&c, Method::GET, &s.url("/v1/locks/es-m"), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v[0]["state"], "held", "{v}");
+    assert_eq!(v[0]["token"], lock["token"], "{v}");
+    assert_eq!(
+        without_ages(v),
+        without_ages(cli_locks(&env, &["--monitor", "es-m"]))
+    );
+    let release = s.url(&format!(
+        "/v1/locks/es-m/{}",
+        lock["lock_id"].as_str().unwrap()
+    ));
+    let (status, v) = call(&c, Method::DELETE, &release, None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, v) = call(&c, Method::GET, &s.url("/v1/locks/es-m"), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_ne!(v[0]["state"], "held", "{v}");
 }
 
 fn assert_error(status: StatusCode, v: &Value, want: StatusCode, kind: &str, needle: &str) {
@@ -895,8 +916,9 @@ async fn a_journaled_operation_already_in_elasticsearch_is_not_applied_twice() {
     let env = Env::new(&shared_zk().connect_string(), "twice");
     let c = client();
     let index = format!("twice-{}", uuid_tag());
-    let op = zkguard::write::ops::Operation::index(format!("{index}:d"), &index, "d", json!({"v": 1}))
-        .with_type(LockType::Background);
+    let op =
+        zkguard::write::ops::Operation::index(format!("{index}:d"), &index, "d", json!({"v": 1}))
+            .with_type(LockType::Background);
     let token = {
         let s = env.start("writer");
         let (status, v) = put(
@@ -1080,4 +1102,239 @@ fn start_failures_exit_with_the_documented_status() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(78), "{err}");
     assert!(err.contains("server.listen"), "{err}");
+}
+
+/// Drops the fields that change from one read to the next (`age_ms`, and `expires_ms` of a
+/// lease that is renewed).
+fn without_ages(mut v: Value) -> Value {
+    fn strip(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                m.remove("age_ms");
+                m.remove("expires_ms");
+                m.values_mut().for_each(strip);
+            }
+            Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut v);
+    v
+}
+
+/// `zkguard locks --json` (plus `extra` arguments) against the service's ZooKeeper and lock root.
+fn cli_locks(env: &Env, extra: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .args(["locks", "--json"])
+        .args(extra)
+        .env_remove("ZKGUARD_CONFIG")
+        .env("ZKGUARD_ZOOKEEPER_SERVERS", &env.zk)
+        .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &env.root)
+        .env("ZKGUARD_ELASTICSEARCH_URL", &env.es)
+        .envs(env.extra.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_explicit_lock_without_keepalive_passes_on_and_its_late_write_is_fenced() {
+    let env = Env::new(&shared_zk().connect_string(), "lapse");
+    let s = env.start("a");
+    let c = client();
+    let index = format!("lapse-{}", uuid_tag());
+
+    let (status, lock) = call(
+        &c,
+        Method::POST,
+        &s.url("/v1/locks/article-7?ttl=1500ms&info=editor"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{lock}");
+    let old_token = lock["token"].as_u64().unwrap();
+    let lock_id = lock["lock_id"].as_str().unwrap().to_string();
+    assert_eq!(lock["monitor"], "article-7");
+    assert_eq!(lock["ttl_ms"], 1500);
+    assert!(lock["expires"].as_u64().unwrap() > 0, "{lock}");
+
+    // The holder sends no keep-alive. A foreground write on the same monitor waits for the
+    // lease to lapse, then gets a newer token.
+    let (status, written) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/1?monitor=article-7&timeout=10s"),
+        &json!({"title": "saved after the lapse"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{written}");
+    let new_token = written["token"].as_u64().unwrap();
+    assert!(new_token > old_token, "{new_token} <= {old_token}");
+
+    // The lock is gone: its keep-alive and release say so.
+    let keepalive = s.url(&format!("/v1/locks/article-7/{lock_id}/keepalive"));
+    let (status, v) = call(&c, Method::POST, &keepalive, None).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::NOT_FOUND,
+        "unknown_lock",
+        "lease lapsed",
+    );
+    let release = s.url(&format!("/v1/locks/article-7/{lock_id}"));
+    let (status, v) = call(&c, Method::DELETE, &release, None).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::NOT_FOUND,
+        "unknown_lock",
+        "released",
+    );
+
+    // The late writer, writing directly with its old token, is fenced by Elasticsearch.
+    let late = format!(
+        "{}/{index}/_doc/1?version={old_token}&version_type=external_gte",
+        shared_es().url()
+    );
+    let (status, v) = call(
+        &c,
+        Method::PUT,
+        &late,
+        Some(json!({"title": "late write"}).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    let doc = es_doc(&c, &index, "1").await;
+    assert_eq!(doc["_source"]["title"], "saved after the lapse", "{doc}");
+    assert_eq!(doc["_version"].as_u64(), Some(new_token), "{doc}");
+    assert!(s.log().contains("lapsed"), "{}", s.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn explicit_locks_keep_alive_release_list_and_are_capped() {
+    let env = Env::new(&shared_zk().connect_string(), "explicit")
+        .with("ZKGUARD_SERVER_LOCK_MAX", "1")
+        .with("ZKGUARD_SERVER_LOCK_TTL_MAX", "60000");
+    let s = env.start("a");
+    let c = client();
+
+    // Bad requests.
+    let (status, v) = call(&c, Method::POST, &s.url("/v1/locks/m1?ttl=2m"), None).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::BAD_REQUEST,
+        "bad_parameter",
+        "server.lock.ttl.max",
+    );
+    let (status, v) = call(&c, Method::POST, &s.url("/v1/locks/m1?lease=1s"), None).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::BAD_REQUEST,
+        "bad_parameter",
+        "lease",
+    );
+    let (status, v) = call(&c, Method::POST, &s.url("/v1/locks/privateLock"), None).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::BAD_REQUEST,
+        "bad_monitor",
+        "reserved",
+    );
+    let (status, v) = call(&c, Method::POST, &s.url("/v1/locks/m1/xyz/keepalive"), None).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::BAD_REQUEST,
+        "bad_lock_id",
+        "not a UUID",
+    );
+
+    // A lock with a 1 s lease, kept alive past it by keep-alives.
+    let (status, lock) = call(&c, Method::POST, &s.url("/v1/locks/m1?ttl=1s"), None).await;
+    assert_eq!(status, StatusCode::OK, "{lock}");
+    let id = lock["lock_id"].as_str().unwrap().to_string();
+    let token = lock["token"].as_u64().unwrap();
+    let keepalive = s.url(&format!("/v1/locks/m1/{id}/keepalive"));
+    let mut expires = lock["expires"].as_u64().unwrap();
+    for _ in 0..8 {
+        // A client's keep-alive cadence: a third of the lease.
+        tokio::time::sleep(Duration::from_millis(330)).await;
+        let (status, v) = call(&c, Method::POST, &keepalive, None).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["token"].as_u64(), Some(token));
+        assert!(v["expires"].as_u64().unwrap() >= expires, "{v}");
+        expires = v["expires"].as_u64().unwrap();
+    }
+    // Still held, more than twice its lease later: the listing shows it with its token, as
+    // `zkguard locks --json` does.
+    let (status, v) = call(&c, Method::GET, &s.url("/v1/locks/m1"), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v[0]["monitor"], "m1", "{v}");
+    assert_eq!(v[0]["token"].as_u64(), Some(token), "{v}");
+    assert_eq!(v[0]["holder"]["info"], "zkguard serve explicit lock", "{v}");
+    assert_eq!(
+        without_ages(v),
+        without_ages(cli_locks(&env, &["--monitor", "m1"]))
+    );
+    let (status, all) = call(&c, Method::GET, &s.url("/v1/locks"), None).await;
+    assert_eq!(status, StatusCode::OK, "{all}");
+    assert_eq!(without_ages(all), without_ages(cli_locks(&env, &[])));
+    assert_eq!(
+        scrape(&c, &s).await.get("zkguard_explicit_locks"),
+        Some(&1.0)
+    );
+    // The limit is per service: a lock on another monitor is refused.
+    let (status, v) = call(&c, Method::POST, &s.url("/v1/locks/m2"), None).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too_many_locks",
+        "server.lock.max",
+    );
+
+    // Released: a try-once contender gets it at once.
+    let release = s.url(&format!("/v1/locks/m1/{id}"));
+    let (status, v) = call(&c, Method::DELETE, &release, None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["released"], true);
+    let (status, v) = call(&c, Method::DELETE, &release, None).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::NOT_FOUND,
+        "unknown_lock",
+        "released",
+    );
+    let (status, again) = call(&c, Method::POST, &s.url("/v1/locks/m1?timeout=0"), None).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert!(again["token"].as_u64().unwrap() > token, "{again}");
+    // Held by another one: a try-once contender on the same monitor is 423 (after a release
+    // there is room again).
+    let again_id = again["lock_id"].as_str().unwrap();
+    let (status, v) = call(
+        &c,
+        Method::DELETE,
+        &s.url(&format!("/v1/locks/m1/{again_id}")),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (_held_by, _g) = hold_lock(&env, "m1").await;
+    let (status, v) = call(&c, Method::POST, &s.url("/v1/locks/m1?timeout=0"), None).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::LOCKED,
+        "lock_timeout",
+        "not acquired",
+    );
+    assert_eq!(
+        scrape(&c, &s).await.get("zkguard_explicit_locks"),
+        Some(&0.0)
+    );
 }

@@ -123,6 +123,9 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("server.max.concurrent", "256", "requests `zkguard serve` handles at once; more are refused with 503 and Retry-After"),
     ("server.request.timeout", "30000", "longest time `zkguard serve` spends on one request (ms)"),
     ("server.drain.timeout", "10000", "on SIGTERM, how long in-flight requests may take to finish (ms)"),
+    ("server.lock.ttl", "30000", "lease of an explicit lock taken through `zkguard serve` when the request names none (ms)"),
+    ("server.lock.ttl.max", "300000", "longest lease an explicit lock may ask for (ms)"),
+    ("server.lock.max", "1000", "explicit locks one `zkguard serve` holds at once; more are refused with 503"),
 ];
 
 /// The lock-service backend.
@@ -282,6 +285,12 @@ pub struct ServerSettings {
     pub request_timeout: Duration,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub drain_timeout: Duration,
+    /// Lease of an explicit lock that names none.
+    pub lock_ttl: Duration,
+    /// Longest lease an explicit lock may ask for.
+    pub lock_ttl_max: Duration,
+    /// Explicit locks held at once.
+    pub lock_max: usize,
 }
 
 /// The whole configuration, typed.
@@ -776,7 +785,19 @@ impl Settings {
             max_concurrent: r.int::<usize>("server.max.concurrent", 1)?,
             request_timeout: r.duration_min("server.request.timeout", Duration::from_millis(1))?,
             drain_timeout: r.duration("server.drain.timeout")?,
+            lock_ttl: r.duration_min("server.lock.ttl", Duration::from_millis(100))?,
+            lock_ttl_max: r.duration_min("server.lock.ttl.max", Duration::from_millis(100))?,
+            lock_max: r.int::<usize>("server.lock.max", 1)?,
         };
+        if server.lock_ttl > server.lock_ttl_max {
+            return Err(r.err(
+                "server.lock.ttl",
+                format!(
+                    "at most server.lock.ttl.max ({}ms)",
+                    server.lock_ttl_max.as_millis()
+                ),
+            ));
+        }
         Ok(Self {
             zookeeper,
             elasticsearch,

@@ -75,6 +75,8 @@ pub struct Metrics {
     pub journal_depth: Gauge,
     /// Background operations waiting to be started by the executor.
     pub queue_depth: Gauge,
+    /// Explicit locks held for callers.
+    pub explicit_locks: Gauge,
     /// 1 when the ZooKeeper session is connected (or the lock backend is reachable).
     pub zk_connected: Gauge,
     /// Times the lock backend came back after being unavailable.
@@ -164,6 +166,12 @@ impl Metrics {
             "Accepted background operations not finished yet",
             journal_depth.clone(),
         );
+        let explicit_locks = Gauge::default();
+        registry.register(
+            "explicit_locks",
+            "Explicit locks held for callers (POST /v1/locks)",
+            explicit_locks.clone(),
+        );
         let queue_depth = Gauge::default();
         registry.register(
             "background_queue_depth",
@@ -196,6 +204,7 @@ impl Metrics {
             parked,
             journal_depth,
             queue_depth,
+            explicit_locks,
             zk_connected,
             zk_reconnects,
             seen: Mutex::new((0, 0)),

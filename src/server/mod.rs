@@ -7,6 +7,8 @@
 //!   done) or background (answered 202 once journaled);
 //! - `POST /v1/bulk`: NDJSON background operations, one journal batch;
 //! - `GET /v1/operations/{id}`: queued, applied, rejected or parked;
+//! - `/v1/locks`: explicit locks (take, keep alive, release, list) for callers that write
+//!   themselves;
 //! - `GET /healthz`, `GET /readyz`, `GET /metrics`.
 //!
 //! At start it prints one JSON line on stdout with the address it listens on. SIGTERM (or
@@ -29,6 +31,7 @@ use crate::cli::{CliError, EX_CONFIG, EX_SOFTWARE, EX_UNAVAILABLE};
 
 mod errors;
 mod journal;
+mod locks;
 mod metrics;
 mod routes;
 mod state;
@@ -106,15 +109,18 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
                 &settings,
                 store.clone() as Arc<dyn DocStore>,
             )?;
-            (Arc::new(service), Backend::Elasticsearch)
+            (Arc::new(service.clone()), Backend::Elasticsearch(service))
         }
     };
     let doc_store: Arc<dyn DocStore> = store.clone();
     let writer = GuardedWriter::new(locks.clone(), doc_store.clone());
     let sink = zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(doc_store))
         .map_err(|e| CliError::new(EX_CONFIG, e))?;
-    let executor =
-        zkguard::write::background::BackgroundExecutor::from_settings(writer.clone(), sink, &settings);
+    let executor = zkguard::write::background::BackgroundExecutor::from_settings(
+        writer.clone(),
+        sink,
+        &settings,
+    );
 
     let (state, queue) = AppState::new(
         writer,
@@ -207,6 +213,10 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     {
         tracing::warn!("requests still running after server.drain.timeout; abandoning them (their locks are released)");
         server.abort();
+    }
+    let released = state.explicit.release_all(Duration::from_secs(5)).await;
+    if released > 0 {
+        tracing::info!(released, "explicit locks released");
     }
     let _ = dispatcher.await;
     let _ = monitor.await;

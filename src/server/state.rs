@@ -9,14 +9,15 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::AbortHandle;
 use uuid::Uuid;
-use zkguard::write::background::{BackgroundExecutor, Outcome};
 use zkguard::config::ServerSettings;
 use zkguard::es::EsStore;
+use zkguard::write::background::{BackgroundExecutor, Outcome};
 use zkguard::write::guarded::GuardedWriter;
 use zkguard::write::ops::Operation;
 use zkguard::ZkSession;
 
 use super::journal::{Finished, Journal, OpState};
+use super::locks::ExplicitLocks;
 use super::metrics::Metrics;
 
 /// The lock backend, as far as readiness is concerned.
@@ -25,7 +26,7 @@ pub enum Backend {
     /// The ZooKeeper priority lock, over one session.
     ZooKeeper(ZkSession),
     /// The Elasticsearch lease lock: usable when Elasticsearch answers.
-    Elasticsearch,
+    Elasticsearch(zkguard::eslock::EsLockService),
 }
 
 /// Everything the handlers share.
@@ -52,6 +53,8 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// Concurrency limit of API requests.
     pub permits: Arc<Semaphore>,
+    /// Locks held for callers that write themselves.
+    pub explicit: ExplicitLocks,
     queue: mpsc::UnboundedSender<Operation>,
     waiting: AtomicUsize,
     es_ok: watch::Sender<Result<(), String>>,
@@ -74,6 +77,7 @@ impl AppState {
     ) -> (Arc<Self>, QueueReceiver) {
         let (queue, rx) = mpsc::unbounded_channel();
         let permits = Arc::new(Semaphore::new(settings.max_concurrent));
+        let explicit = ExplicitLocks::new(settings.lock_max);
         let state = Self {
             writer,
             executor,
@@ -85,6 +89,7 @@ impl AppState {
             settings,
             draining: AtomicBool::new(false),
             permits,
+            explicit,
             queue,
             waiting: AtomicUsize::new(0),
             es_ok: watch::channel(Ok(())).0,
@@ -101,7 +106,7 @@ impl AppState {
                 s.settings().servers
             )),
             Backend::ZooKeeper(_) => None,
-            Backend::Elasticsearch => self.es_ok.borrow().clone().err(),
+            Backend::Elasticsearch(_) => self.es_ok.borrow().clone().err(),
         }
     }
 
@@ -141,6 +146,7 @@ impl AppState {
     pub fn refresh_gauges(&self) {
         let m = &self.metrics;
         m.journal_depth.set(self.journal.depth() as i64);
+        m.explicit_locks.set(self.explicit.len() as i64);
         m.queue_depth
             .set(self.waiting.load(Ordering::Relaxed) as i64);
         m.sync_executor(&self.executor.stats());
