@@ -71,6 +71,8 @@ pub struct Metrics {
     pub retries: Counter,
     /// Operations parked in the dead-letter sink.
     pub parked: Counter,
+    /// Dead letters replayed into their documents (`POST /v1/deadletters/replay`).
+    pub replayed: Counter,
     /// Accepted background operations not finished yet (in the journal).
     pub journal_depth: Gauge,
     /// Background operations waiting to be started by the executor.
@@ -160,6 +162,12 @@ impl Metrics {
             "Operations parked in the dead-letter sink",
             parked.clone(),
         );
+        let replayed = Counter::default();
+        registry.register(
+            "deadletters_replayed",
+            "Dead letters replayed into their documents",
+            replayed.clone(),
+        );
         let journal_depth = Gauge::default();
         registry.register(
             "journal_depth",
@@ -202,6 +210,7 @@ impl Metrics {
             operations,
             retries,
             parked,
+            replayed,
             journal_depth,
             queue_depth,
             explicit_locks,

@@ -7,6 +7,7 @@
 //!   done) or background (answered 202 once journaled);
 //! - `POST /v1/bulk`: NDJSON background operations, one journal batch;
 //! - `GET /v1/operations/{id}`: queued, applied, rejected or parked;
+//! - `/v1/deadletters`, `/v1/transfers`: dead letters (list, replay) and 2PC transfers;
 //! - `/v1/locks`: explicit locks (take, keep alive, release, list) for callers that write
 //!   themselves;
 //! - `GET /healthz`, `GET /readyz`, `GET /metrics`.
@@ -29,6 +30,7 @@ use zkguard::write::guarded::GuardedWriter;
 
 use crate::cli::{CliError, EX_CONFIG, EX_SOFTWARE, EX_UNAVAILABLE};
 
+mod admin;
 mod errors;
 mod journal;
 mod locks;
@@ -114,14 +116,18 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     };
     let doc_store: Arc<dyn DocStore> = store.clone();
     let writer = GuardedWriter::new(locks.clone(), doc_store.clone());
-    let sink = zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(doc_store))
-        .map_err(|e| CliError::new(EX_CONFIG, e))?;
+    let sink =
+        zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(doc_store.clone()))
+            .map_err(|e| CliError::new(EX_CONFIG, e))?;
     let executor = zkguard::write::background::BackgroundExecutor::from_settings(
         writer.clone(),
         sink,
         &settings,
     );
 
+    let coordinator = zkguard::txn::Coordinator::new(doc_store.clone(), settings.txn.clone())
+        .with_retry(zkguard::txn::RetryPolicy::from_settings(&settings.retry))
+        .with_lock_service(locks.clone());
     let (state, queue) = AppState::new(
         writer,
         executor,
@@ -130,6 +136,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         store,
         settings.server.clone(),
         settings.zookeeper.timeout(zkguard::LockType::Foreground),
+        coordinator,
     );
     if let Err(problem) = state.ping_es().await {
         return Err(CliError::new(

@@ -40,6 +40,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/operations/{id}", get(get_operation))
         .route("/v1/bulk", post(bulk))
+        .route("/v1/deadletters", get(super::admin::list_deadletters))
+        .route(
+            "/v1/deadletters/replay",
+            post(super::admin::replay_deadletters),
+        )
+        .route("/v1/transfers", post(super::admin::transfer))
+        .route("/v1/transfers/{id}", get(super::admin::get_transfer))
         .route("/v1/locks", get(list_locks))
         .route("/v1/locks/{monitor}", get(monitor_locks).post(take_lock))
         .route("/v1/locks/{monitor}/{lock_id}", delete(release_lock))

@@ -53,6 +53,8 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// Concurrency limit of API requests.
     pub permits: Arc<Semaphore>,
+    /// Two-phase-commit transfers (with the service's lock on each transaction).
+    pub coordinator: zkguard::txn::Coordinator,
     /// Locks held for callers that write themselves.
     pub explicit: ExplicitLocks,
     queue: mpsc::UnboundedSender<Operation>,
@@ -66,6 +68,7 @@ pub type QueueReceiver = mpsc::UnboundedReceiver<Operation>;
 
 impl AppState {
     /// The state, and the receiving end of the background queue (for [`dispatch`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         writer: GuardedWriter,
         executor: BackgroundExecutor,
@@ -74,6 +77,7 @@ impl AppState {
         store: Arc<EsStore>,
         settings: ServerSettings,
         fg_timeout: Duration,
+        coordinator: zkguard::txn::Coordinator,
     ) -> (Arc<Self>, QueueReceiver) {
         let (queue, rx) = mpsc::unbounded_channel();
         let permits = Arc::new(Semaphore::new(settings.max_concurrent));
@@ -90,6 +94,7 @@ impl AppState {
             draining: AtomicBool::new(false),
             permits,
             explicit,
+            coordinator,
             queue,
             waiting: AtomicUsize::new(0),
             es_ok: watch::channel(Ok(())).0,
