@@ -29,10 +29,11 @@ use super::state::AppState;
 /// Info recorded in the lock nodes of the service's writes.
 const INFO: &str = "zkguard serve";
 
-/// The application: API routes under `/v1` (concurrency limit, request timeout, body limit),
+/// The application: API routes under `/v1` (bearer tokens when configured, concurrency limit,
+/// request timeout, body limit),
 /// `/healthz`, `/readyz`, `/metrics`; JSON errors for unknown routes and methods; request
 /// counting; panics turned into 500 answers.
-pub fn router(state: Arc<AppState>) -> Router {
+pub fn router(state: Arc<AppState>, tokens: Arc<super::access::Tokens>) -> Router {
     let api = Router::new()
         .route(
             "/v1/indices/{index}/docs/{id}",
@@ -52,6 +53,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/locks/{monitor}/{lock_id}", delete(release_lock))
         .route("/v1/locks/{monitor}/{lock_id}/keepalive", post(keep_alive))
         .route_layer(middleware::from_fn_with_state(state.clone(), guard_load))
+        .route_layer(middleware::from_fn_with_state(
+            tokens,
+            super::access::authenticate,
+        ))
         .layer(DefaultBodyLimit::max(state.settings.max_body));
     Router::new()
         .merge(api)
