@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -60,7 +60,11 @@ pub struct AppState {
     queue: mpsc::UnboundedSender<Operation>,
     waiting: AtomicUsize,
     es_ok: watch::Sender<Result<(), String>>,
-    running: Mutex<HashMap<Uuid, AbortHandle>>,
+    /// Whether the lock backend is usable, as [`monitor`] last saw it; it notifies on every
+    /// change and on every check while the backend is down.
+    backend_up: watch::Sender<bool>,
+    /// Background operations running, by id; watched so that shutdown can wait until none is.
+    running: watch::Sender<HashMap<Uuid, AbortHandle>>,
 }
 
 /// Receives the operations the dispatcher feeds to the executor.
@@ -98,7 +102,8 @@ impl AppState {
             queue,
             waiting: AtomicUsize::new(0),
             es_ok: watch::channel(Ok(())).0,
-            running: Mutex::new(HashMap::new()),
+            backend_up: watch::channel(true).0,
+            running: watch::channel(HashMap::new()).0,
         };
         (Arc::new(state), rx)
     }
@@ -161,22 +166,14 @@ impl AppState {
     /// to `limit` until they are gone (their guards dropped). Returns how many were stopped.
     pub async fn stop_running(&self, limit: Duration) -> usize {
         let stopped = {
-            let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            let running = self.running.borrow();
             for handle in running.values() {
                 handle.abort();
             }
             running.len()
         };
-        let gone = || {
-            self.running
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
-        };
-        let deadline = tokio::time::Instant::now() + limit;
-        while !gone() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let mut running = self.running.subscribe();
+        let _ = tokio::time::timeout(limit, running.wait_for(HashMap::is_empty)).await;
         stopped
     }
 }
@@ -200,6 +197,12 @@ pub async fn monitor(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
             }
         }
         let up = state.lock_problem().is_none();
+        // Wakes the dispatcher on a change, and at every check while the backend is down.
+        state.backend_up.send_if_modified(|seen| {
+            let notify = *seen != up || !up;
+            *seen = up;
+            notify
+        });
         state.metrics.zk_connected.set(i64::from(up));
         if up && !was_up {
             state.metrics.zk_reconnects.inc();
@@ -226,14 +229,16 @@ pub async fn dispatch(
     mut rx: QueueReceiver,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut backend_up = state.backend_up.subscribe();
     loop {
         let op = tokio::select! {
             op = rx.recv() => match op { Some(op) => op, None => return },
             _ = stop.changed() => return,
         };
+        backend_up.mark_unchanged();
         while state.lock_problem().is_some() {
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                changed = backend_up.changed() => if changed.is_err() { return },
                 _ = stop.changed() => return,
             }
         }
@@ -242,19 +247,16 @@ pub async fn dispatch(
             _ = stop.changed() => return,
         };
         state.waiting.fetch_sub(1, Ordering::Relaxed);
-        state
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(op.id, handle.abort_handle());
+        state.running.send_modify(|r| {
+            r.insert(op.id, handle.abort_handle());
+        });
         let st = state.clone();
         let mut task_stop = stop.clone();
         tokio::spawn(async move {
             let outcome = handle.await;
-            st.running
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&op.id);
+            st.running.send_modify(|r| {
+                r.remove(&op.id);
+            });
             match outcome {
                 Ok(Ok(outcome)) => record(&st, outcome).await,
                 // Neither applied nor parked: the dead-letter sink refused it. It is still in
