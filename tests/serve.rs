@@ -1933,3 +1933,30 @@ async fn the_python_example_saves_in_the_foreground_and_submits_a_bulk_job() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("401") && err.contains("not accepted"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_releases_explicit_leases_on_the_elasticsearch_lock() {
+    let env = Env::new(&shared_zk().connect_string(), "term-es")
+        .with("ZKGUARD_LOCK_BACKEND", "elasticsearch")
+        .with(
+            "ZKGUARD_ELASTICSEARCH_LOCK_INDEX",
+            &format!("term-locks-{}", uuid_tag()),
+        )
+        .with("ZKGUARD_ELASTICSEARCH_LOCK_TTL", "60000");
+    let mut s = env.start("a");
+    let c = client();
+    let (status, lock) = call(&c, Method::POST, &s.url("/v1/locks/term-m?ttl=60s"), None).await;
+    assert_eq!(status, StatusCode::OK, "{lock}");
+    assert_eq!(
+        cli_locks(&env, &["--monitor", "term-m"])[0]["state"],
+        "held"
+    );
+
+    s.signal(nix::sys::signal::Signal::SIGTERM);
+    let code = tokio::task::block_in_place(|| s.child.wait().unwrap());
+    assert_eq!(code.code(), Some(0), "{}", s.log());
+    // The lease was released, not left to expire in a minute.
+    let listed = cli_locks(&env, &["--monitor", "term-m"]);
+    assert_eq!(listed[0]["state"], "free", "{listed}");
+    assert!(s.log().contains("explicit locks released"), "{}", s.log());
+}
