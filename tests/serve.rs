@@ -1960,3 +1960,66 @@ async fn sigterm_releases_explicit_leases_on_the_elasticsearch_lock() {
     assert_eq!(listed[0]["state"], "free", "{listed}");
     assert!(s.log().contains("explicit locks released"), "{}", s.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn explicit_locks_exclude_each_other_across_two_instances() {
+    let env = Env::new(&shared_zk().connect_string(), "explicit-two");
+    let (a, b) = (env.start("a"), env.start("b"));
+    let c = client();
+    let (status, held) = call(&c, Method::POST, &a.url("/v1/locks/shared-m?ttl=30s"), None).await;
+    assert_eq!(status, StatusCode::OK, "{held}");
+    // The other instance lists the holder and cannot take the lock.
+    let (_, listed) = call(&c, Method::GET, &b.url("/v1/locks/shared-m"), None).await;
+    assert_eq!(listed[0]["token"], held["token"], "{listed}");
+    let (status, v) = call(
+        &c,
+        Method::POST,
+        &b.url("/v1/locks/shared-m?timeout=0"),
+        None,
+    )
+    .await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::LOCKED,
+        "lock_timeout",
+        "not acquired",
+    );
+    // A lock id belongs to the instance that gave it.
+    let id = held["lock_id"].as_str().unwrap();
+    let (status, v) = call(
+        &c,
+        Method::POST,
+        &b.url(&format!("/v1/locks/shared-m/{id}/keepalive")),
+        None,
+    )
+    .await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::NOT_FOUND,
+        "unknown_lock",
+        "held here",
+    );
+    // Released on the first instance: the second one takes it, with a greater token.
+    let (status, v) = call(
+        &c,
+        Method::DELETE,
+        &a.url(&format!("/v1/locks/shared-m/{id}")),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, next) = call(
+        &c,
+        Method::POST,
+        &b.url("/v1/locks/shared-m?timeout=0"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{next}");
+    assert!(
+        next["token"].as_u64().unwrap() > held["token"].as_u64().unwrap(),
+        "{next} after {held}"
+    );
+}
