@@ -1,4 +1,4 @@
-.PHONY: demo test bench deps check
+.PHONY: demo test bench bench-service deps check
 
 # The main job: installs ZooKeeper and osmem-server if missing, starts them on free loopback
 # ports, runs the demo and stops them.
@@ -15,6 +15,11 @@ test: deps
 # Benchmarks zkguard against Apache Curator and kazoo on one local ZooKeeper.
 bench: deps
 	scripts/bench.sh
+
+# Writes through `zkguard serve` over HTTP beside the in-process library and `zkguard exec`, on a
+# local ZooKeeper and osmem-server: foreground save p50/p99 and background operations per second.
+bench-service: deps
+	cargo run --release --features testkit --bin zkguard -- bench --service --local --contenders 8 --monitors 64 --iterations 400
 
 # Installs ZooKeeper, the benchmark peers, osmem-server and tansu (Debian/Ubuntu), only what is
 # missing.

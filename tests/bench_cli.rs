@@ -229,3 +229,47 @@ fn bad_arguments_exit_64() {
         );
     }
 }
+
+/// `zkguard bench --service --local --json`: the three paths' figures are positive numbers, and
+/// every write was made.
+#[test]
+fn service_benchmark_reports_the_three_paths() {
+    let out = zkguard(&[
+        "--service",
+        "--local",
+        "--json",
+        "--iterations",
+        "8",
+        "--contenders",
+        "2",
+        "--monitors",
+        "3",
+    ]);
+    assert!(
+        out.status.success(),
+        "exit {:?}; stderr:\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(text(&out.stdout).trim()).expect("one JSON object");
+    for path in ["library", "service", "exec"] {
+        assert_eq!(report[format!("{path}_fg_saves")], 8, "{report}");
+        assert_eq!(report[format!("{path}_bg_ops")], 8, "{report}");
+        for figure in ["fg_p50_ms", "fg_p99_ms", "bg_ops_per_sec"] {
+            let v = report[format!("{path}_{figure}")].as_f64().unwrap_or(-1.0);
+            assert!(v > 0.0, "{path}_{figure} = {v}: {report}");
+        }
+    }
+    for ratio in [
+        "service_over_library_fg_p50",
+        "service_over_exec_bg_throughput",
+    ] {
+        assert!(
+            report[ratio].as_f64().unwrap_or(-1.0) > 0.0,
+            "{ratio}: {report}"
+        );
+    }
+    // Usage: fewer saves than clients is refused.
+    let bad = zkguard(&["--service", "--iterations", "1", "--contenders", "2"]);
+    assert_eq!(bad.status.code(), Some(64), "{}", text(&bad.stderr));
+}

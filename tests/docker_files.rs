@@ -80,7 +80,7 @@ fn compose_runs_the_demo_against_the_configured_services() {
     let settings = Settings::load_with_env(Some(&path), |_| None).unwrap();
     let (_, compose) = docker_file("compose.yaml");
     let services = compose_services(&compose);
-    for service in ["zk1", "zk2", "zk3", "elasticsearch", "demo"] {
+    for service in ["zk1", "zk2", "zk3", "elasticsearch", "demo", "serve"] {
         assert!(
             services.iter().any(|s| s == service),
             "compose.yaml lacks service {service}: {services:?}"
@@ -121,6 +121,52 @@ fn compose_runs_the_demo_against_the_configured_services() {
     // The dead-letter file lives in the mounted volume.
     assert!(settings.retry.file_path.starts_with("/var/lib/zkguard"));
     assert!(compose.contains("zkguard-data:/var/lib/zkguard"));
+}
+
+#[test]
+fn compose_runs_the_service_with_its_journal_in_a_volume() {
+    let (path, _) = docker_file("zkguard.properties");
+    let settings = Settings::load_with_env(Some(&path), |_| None).unwrap();
+    let (_, compose) = docker_file("compose.yaml");
+    let serve = compose
+        .split("\n  serve:\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .expect("a serve service in compose.yaml");
+    assert!(
+        serve.contains(r#"command: ["--config", "/etc/zkguard/zkguard.properties", "serve", "--log-format", "json"]"#),
+        "{serve}"
+    );
+    assert!(serve.contains("./zkguard.properties:/etc/zkguard/zkguard.properties:ro"));
+    assert!(serve.contains("dockerfile: docker/Dockerfile"));
+    // The service listens on every interface inside the container, on the port compose
+    // publishes (on the host's loopback only, since no bearer tokens are set).
+    assert!(settings.server.listen.ip().is_unspecified());
+    let port = settings.server.listen.port();
+    assert!(
+        serve.contains(&format!("\"127.0.0.1:{port}:{port}\"")),
+        "{serve}"
+    );
+    assert!(settings.server.auth_tokens_file.is_none());
+    // The journal survives the container: it lives in a named volume.
+    assert!(settings.server.journal_path.starts_with("/var/lib/zkguard"));
+    assert!(serve.contains("zkguard-serve-data:/var/lib/zkguard"));
+    assert!(compose.contains("\n  zkguard-serve-data:"));
+    // Readiness is checked on /readyz, and SIGTERM gets more than the drain timeout.
+    assert!(serve.contains(&format!("/dev/tcp/127.0.0.1/{port}")) && serve.contains("/readyz"));
+    let grace: u64 = serve
+        .split("stop_grace_period: ")
+        .nth(1)
+        .and_then(|r| r.split('s').next())
+        .and_then(|n| n.parse().ok())
+        .expect("stop_grace_period in seconds");
+    assert!(grace > settings.server.drain_timeout.as_secs(), "{grace}");
+    for dep in ["zk1", "zk2", "zk3", "elasticsearch"] {
+        assert!(
+            serve.contains(&format!("      {dep}:\n        condition: service_healthy")),
+            "{dep}"
+        );
+    }
 }
 
 #[test]

@@ -81,6 +81,12 @@ pub struct BenchArgs {
     /// it at the end.
     #[arg(long)]
     pub local: bool,
+    /// Measure writes through `zkguard serve` over HTTP beside the in-process library and
+    /// `zkguard exec`: --contenders concurrent clients on --monitors documents, --iterations
+    /// foreground saves and background operations per path (at most 100 through exec). With
+    /// --local, starts both a ZooKeeper and an osmem-server.
+    #[arg(long, conflicts_with = "backend")]
+    pub service: bool,
     /// Async runtime of the benchmark (diagnostics).
     #[arg(long, value_enum, default_value_t = RuntimeArg::CurrentThread, hide = true)]
     pub runtime: RuntimeArg,
@@ -399,6 +405,9 @@ pub async fn run(mut settings: Settings, args: BenchArgs) -> Result<u8, CliError
     if let Some(es) = &args.es {
         settings.elasticsearch.urls = parse_es_urls(es)?;
     }
+    if args.service {
+        return run_service(settings, &args).await;
+    }
     let mut plan = BenchPlan::new(args.iterations, args.contenders, args.monitors);
     if let Some(w) = args.warmup {
         plan = plan.with_warmup(w);
@@ -432,6 +441,40 @@ pub async fn run(mut settings: Settings, args: BenchArgs) -> Result<u8, CliError
         println!("{}", report.to_json());
     } else {
         print_table(&report, &at, args.local);
+    }
+    Ok(0)
+}
+
+/// `zkguard bench --service`.
+async fn run_service(mut settings: Settings, args: &BenchArgs) -> Result<u8, CliError> {
+    use crate::workload::service_bench::{self, ServicePlan};
+    if args.iterations < args.contenders {
+        return Err(CliError::usage(
+            "--iterations must be at least --contenders (each client makes iterations / contenders saves)",
+        ));
+    }
+    let mut locals = Vec::new();
+    if args.local {
+        locals.push(start_local(&mut settings, LockBackendKind::ZooKeeper).await?);
+        locals.push(start_local(&mut settings, LockBackendKind::Elasticsearch).await?);
+    }
+    if !args.json {
+        eprintln!("zkguard bench --service: library, zkguard serve and zkguard exec ...");
+    }
+    let plan = ServicePlan {
+        clients: args.contenders,
+        docs: args.monitors,
+        saves: args.iterations,
+    };
+    let result = service_bench::run(settings, plan).await;
+    for server in locals {
+        server.stop().await;
+    }
+    let report = result.map_err(|e| CliError::new(EX_UNAVAILABLE, e))?;
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.table());
     }
     Ok(0)
 }

@@ -118,27 +118,7 @@ async fn run_es(settings: &Settings, args: &LocksArgs) -> Result<u8, CliError> {
     }
     let store = zkguard::es::EsStore::new(&settings.elasticsearch)?;
     let service = EsLockService::from_settings(settings, std::sync::Arc::new(store))?;
-    let statuses = match &args.monitor {
-        Some(m) => service.status(m).await?.into_iter().collect(),
-        None => service.list().await?,
-    };
-    let mut rows = Vec::new();
-    for s in &statuses {
-        let r = &s.record;
-        let waiters = service.foreground_waiters(&r.monitor).await?.len();
-        rows.push(serde_json::json!({
-            "monitor": r.monitor,
-            "state": format!("{:?}", r.state).to_lowercase(),
-            "owner": r.owner,
-            "info": r.info,
-            "lock_type": r.lock_type,
-            "token": r.token,
-            "acquired_ms": r.acquired,
-            "expires_ms": r.expires,
-            "takeable": s.takeable,
-            "foreground_waiters": waiters,
-        }));
-    }
+    let rows = es_rows(&service, args.monitor.as_deref()).await?;
     if args.json {
         println!(
             "{}",
@@ -171,4 +151,37 @@ async fn run_es(settings: &Settings, args: &LocksArgs) -> Result<u8, CliError> {
         }
     }
     Ok(0)
+}
+
+/// The lease documents of the Elasticsearch lock, as `zkguard locks --json` prints them: every
+/// monitor, or only `monitor`.
+///
+/// # Errors
+/// Elasticsearch errors reading the lock index.
+pub async fn es_rows(
+    service: &zkguard::eslock::EsLockService,
+    monitor: Option<&str>,
+) -> Result<Vec<serde_json::Value>, zkguard::LockError> {
+    let statuses = match monitor {
+        Some(m) => service.status(m).await?.into_iter().collect(),
+        None => service.list().await?,
+    };
+    let mut rows = Vec::new();
+    for s in &statuses {
+        let r = &s.record;
+        let waiters = service.foreground_waiters(&r.monitor).await?.len();
+        rows.push(serde_json::json!({
+            "monitor": r.monitor,
+            "state": format!("{:?}", r.state).to_lowercase(),
+            "owner": r.owner,
+            "info": r.info,
+            "lock_type": r.lock_type,
+            "token": r.token,
+            "acquired_ms": r.acquired,
+            "expires_ms": r.expires,
+            "takeable": s.takeable,
+            "foreground_waiters": waiters,
+        }));
+    }
+    Ok(rows)
 }

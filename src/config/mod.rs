@@ -130,6 +130,12 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("server.max.concurrent", "256", "requests `zkguard serve` handles at once; more are refused with 503 and Retry-After"),
     ("server.request.timeout", "30000", "longest time `zkguard serve` spends on one request (ms)"),
     ("server.drain.timeout", "10000", "on SIGTERM, how long in-flight requests may take to finish (ms)"),
+    ("server.lock.ttl", "30000", "lease of an explicit lock taken through `zkguard serve` when the request names none (ms)"),
+    ("server.lock.ttl.max", "300000", "longest lease an explicit lock may ask for (ms)"),
+    ("server.lock.max", "1000", "explicit locks one `zkguard serve` holds at once; more are refused with 503"),
+    ("server.auth.tokens.file", "", "file of bearer tokens `zkguard serve` accepts, one per line, reloaded on SIGHUP (empty = no authentication)"),
+    ("server.tls.cert", "", "PEM certificate chain for HTTPS (with server.tls.key; empty = plain HTTP)"),
+    ("server.tls.key", "", "PEM private key for HTTPS"),
 ];
 
 /// The lock-service backend.
@@ -313,6 +319,16 @@ pub struct ServerSettings {
     pub request_timeout: Duration,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub drain_timeout: Duration,
+    /// Lease of an explicit lock that names none.
+    pub lock_ttl: Duration,
+    /// Longest lease an explicit lock may ask for.
+    pub lock_ttl_max: Duration,
+    /// Explicit locks held at once.
+    pub lock_max: usize,
+    /// File of accepted bearer tokens; `None`: no authentication.
+    pub auth_tokens_file: Option<PathBuf>,
+    /// Certificate chain and private key (PEM files) for HTTPS; `None`: plain HTTP.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// The whole configuration, typed.
@@ -827,7 +843,41 @@ impl Settings {
             max_concurrent: r.int::<usize>("server.max.concurrent", 1)?,
             request_timeout: r.duration_min("server.request.timeout", Duration::from_millis(1))?,
             drain_timeout: r.duration("server.drain.timeout")?,
+            lock_ttl: r.duration_min("server.lock.ttl", Duration::from_millis(100))?,
+            lock_ttl_max: r.duration_min("server.lock.ttl.max", Duration::from_millis(100))?,
+            lock_max: r.int::<usize>("server.lock.max", 1)?,
+            auth_tokens_file: r
+                .optional_string("server.auth.tokens.file")
+                .map(PathBuf::from),
+            tls: match (
+                r.optional_string("server.tls.cert"),
+                r.optional_string("server.tls.key"),
+            ) {
+                (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+                (None, None) => None,
+                (Some(_), None) => {
+                    return Err(r.err(
+                        "server.tls.key",
+                        "a PEM private key file, since server.tls.cert is set (or unset both)",
+                    ))
+                }
+                (None, Some(_)) => {
+                    return Err(r.err(
+                        "server.tls.cert",
+                        "a PEM certificate file, since server.tls.key is set (or unset both)",
+                    ))
+                }
+            },
         };
+        if server.lock_ttl > server.lock_ttl_max {
+            return Err(r.err(
+                "server.lock.ttl",
+                format!(
+                    "at most server.lock.ttl.max ({}ms)",
+                    server.lock_ttl_max.as_millis()
+                ),
+            ));
+        }
         Ok(Self {
             zookeeper,
             elasticsearch,

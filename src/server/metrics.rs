@@ -71,10 +71,14 @@ pub struct Metrics {
     pub retries: Counter,
     /// Operations parked in the dead-letter sink.
     pub parked: Counter,
+    /// Dead letters replayed into their documents (`POST /v1/deadletters/replay`).
+    pub replayed: Counter,
     /// Accepted background operations not finished yet (in the journal).
     pub journal_depth: Gauge,
     /// Background operations waiting to be started by the executor.
     pub queue_depth: Gauge,
+    /// Explicit locks held for callers.
+    pub explicit_locks: Gauge,
     /// 1 when the ZooKeeper session is connected (or the lock backend is reachable).
     pub zk_connected: Gauge,
     /// Times the lock backend came back after being unavailable.
@@ -158,11 +162,23 @@ impl Metrics {
             "Operations parked in the dead-letter sink",
             parked.clone(),
         );
+        let replayed = Counter::default();
+        registry.register(
+            "deadletters_replayed",
+            "Dead letters replayed into their documents",
+            replayed.clone(),
+        );
         let journal_depth = Gauge::default();
         registry.register(
             "journal_depth",
             "Accepted background operations not finished yet",
             journal_depth.clone(),
+        );
+        let explicit_locks = Gauge::default();
+        registry.register(
+            "explicit_locks",
+            "Explicit locks held for callers (POST /v1/locks)",
+            explicit_locks.clone(),
         );
         let queue_depth = Gauge::default();
         registry.register(
@@ -194,8 +210,10 @@ impl Metrics {
             operations,
             retries,
             parked,
+            replayed,
             journal_depth,
             queue_depth,
+            explicit_locks,
             zk_connected,
             zk_reconnects,
             seen: Mutex::new((0, 0)),

@@ -7,6 +7,9 @@
 //!   done) or background (answered 202 once journaled);
 //! - `POST /v1/bulk`: NDJSON background operations, one journal batch;
 //! - `GET /v1/operations/{id}`: queued, applied, rejected or parked;
+//! - `/v1/deadletters`, `/v1/transfers`: dead letters (list, replay) and 2PC transfers;
+//! - `/v1/locks`: explicit locks (take, keep alive, release, list) for callers that write
+//!   themselves;
 //! - `GET /healthz`, `GET /readyz`, `GET /metrics`.
 //!
 //! At start it prints one JSON line on stdout with the address it listens on. SIGTERM (or
@@ -27,8 +30,11 @@ use zkguard::write::guarded::GuardedWriter;
 
 use crate::cli::{CliError, EX_CONFIG, EX_SOFTWARE, EX_UNAVAILABLE};
 
+mod access;
+mod admin;
 mod errors;
 mod journal;
+mod locks;
 mod metrics;
 mod routes;
 mod state;
@@ -92,6 +98,16 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
             journal::JournalError::Io { .. } => CliError::new(EX_SOFTWARE, e),
         })?;
 
+    let tokens = Arc::new(
+        access::Tokens::load(settings.server.auth_tokens_file.as_deref())
+            .map_err(|e| CliError::new(EX_CONFIG, e))?,
+    );
+    let tls = match &settings.server.tls {
+        Some((cert, key)) => {
+            Some(access::acceptor(cert, key).map_err(|e| CliError::new(EX_CONFIG, e))?)
+        }
+        None => None,
+    };
     let store = Arc::new(EsStore::new(&settings.elasticsearch)?);
     let (locks, backend): (Arc<dyn zkguard::LockService>, Backend) = match settings.backend {
         LockBackendKind::ZooKeeper => {
@@ -106,19 +122,23 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
                 &settings,
                 store.clone() as Arc<dyn DocStore>,
             )?;
-            (Arc::new(service), Backend::Elasticsearch)
+            (Arc::new(service.clone()), Backend::Elasticsearch(service))
         }
     };
     let doc_store: Arc<dyn DocStore> = store.clone();
     let writer = GuardedWriter::new(locks.clone(), doc_store.clone());
-    let sink = zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(doc_store))
-        .map_err(|e| CliError::new(EX_CONFIG, e))?;
+    let sink =
+        zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(doc_store.clone()))
+            .map_err(|e| CliError::new(EX_CONFIG, e))?;
     let executor = zkguard::write::background::BackgroundExecutor::from_settings(
         writer.clone(),
         sink,
         &settings,
     );
 
+    let coordinator = zkguard::txn::Coordinator::new(doc_store.clone(), settings.txn.clone())
+        .with_retry(zkguard::txn::RetryPolicy::from_settings(&settings.retry))
+        .with_lock_service(locks.clone());
     let (state, queue) = AppState::new(
         writer,
         executor,
@@ -127,6 +147,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         store,
         settings.server.clone(),
         settings.zookeeper.timeout(zkguard::LockType::Foreground),
+        coordinator,
     );
     if let Err(problem) = state.ping_es().await {
         return Err(CliError::new(
@@ -156,27 +177,73 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
 
-    let app = routes::router(state.clone());
+    let mut sighup = signal(SignalKind::hangup()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
+    let reloader = {
+        let tokens = tokens.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = sighup.recv() => {}
+                    _ = stop.changed() => return,
+                }
+                if !tokens.enabled() {
+                    tracing::info!(
+                        "SIGHUP: no server.auth.tokens.file is configured; nothing to reload"
+                    );
+                    continue;
+                }
+                match tokens.reload() {
+                    Ok(n) => tracing::info!(tokens = n, "SIGHUP: bearer tokens reloaded"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "SIGHUP: the bearer tokens were not reloaded; the previous ones stay in use")
+                    }
+                }
+            }
+        })
+    };
+
+    let app = routes::router(state.clone(), tokens.clone());
     let mut server_stop = stop_rx.clone();
-    let mut server = tokio::spawn(
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = server_stop.changed().await;
-            })
-            .into_future(),
-    );
+    let shutdown = async move {
+        let _ = server_stop.changed().await;
+    };
+    let mut server = match &tls {
+        Some(acceptor) => {
+            let listener = access::TlsListener::new(listener, acceptor.clone())
+                .map_err(|e| CliError::new(EX_SOFTWARE, e))?;
+            tokio::spawn(
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .into_future(),
+            )
+        }
+        None => tokio::spawn(
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .into_future(),
+        ),
+    };
 
     let started = serde_json::json!({
         "listening": bound.to_string(),
         "backend": locks.backend_name(),
         "journal": journal.path().display().to_string(),
         "replayed": replayed,
+        "tls": tls.is_some(),
+        "auth": tokens.enabled(),
     });
     println!("{started}");
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    if !bound.ip().is_loopback() {
-        tracing::warn!(%bound, "listening beyond loopback without authentication: every client that reaches this address can write");
+    if tokens.enabled() {
+        tracing::info!(
+            "bearer tokens required on /v1 (server.auth.tokens.file; SIGHUP reloads it)"
+        );
+    } else if bound.ip().is_loopback() {
+        tracing::info!(%bound, "no bearer tokens configured (server.auth.tokens.file): listening on loopback only, so only this host can write");
+    } else {
+        tracing::warn!(%bound, "listening beyond loopback without authentication: every client that reaches this address can write; set server.auth.tokens.file");
     }
     tracing::info!(%bound, replayed, backend = locks.backend_name(), "zkguard serve started");
 
@@ -211,6 +278,11 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         tracing::warn!("requests still running after server.drain.timeout; abandoning them (their locks are released)");
         server.abort();
     }
+    let released = state.explicit.release_all(Duration::from_secs(5)).await;
+    if released > 0 {
+        tracing::info!(released, "explicit locks released");
+    }
+    let _ = reloader.await;
     let _ = dispatcher.await;
     let _ = monitor.await;
     let stopped = state.stop_running(Duration::from_secs(5)).await;

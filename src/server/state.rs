@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -17,6 +17,7 @@ use zkguard::write::ops::Operation;
 use zkguard::ZkSession;
 
 use super::journal::{Finished, Journal, OpState};
+use super::locks::ExplicitLocks;
 use super::metrics::Metrics;
 
 /// The lock backend, as far as readiness is concerned.
@@ -25,7 +26,7 @@ pub enum Backend {
     /// The ZooKeeper priority lock, over one session.
     ZooKeeper(ZkSession),
     /// The Elasticsearch lease lock: usable when Elasticsearch answers.
-    Elasticsearch,
+    Elasticsearch(zkguard::eslock::EsLockService),
 }
 
 /// Everything the handlers share.
@@ -52,10 +53,18 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// Concurrency limit of API requests.
     pub permits: Arc<Semaphore>,
+    /// Two-phase-commit transfers (with the service's lock on each transaction).
+    pub coordinator: zkguard::txn::Coordinator,
+    /// Locks held for callers that write themselves.
+    pub explicit: ExplicitLocks,
     queue: mpsc::UnboundedSender<Operation>,
     waiting: AtomicUsize,
     es_ok: watch::Sender<Result<(), String>>,
-    running: Mutex<HashMap<Uuid, AbortHandle>>,
+    /// Whether the lock backend is usable, as [`monitor`] last saw it; it notifies on every
+    /// change and on every check while the backend is down.
+    backend_up: watch::Sender<bool>,
+    /// Background operations running, by id; watched so that shutdown can wait until none is.
+    running: watch::Sender<HashMap<Uuid, AbortHandle>>,
 }
 
 /// Receives the operations the dispatcher feeds to the executor.
@@ -63,6 +72,7 @@ pub type QueueReceiver = mpsc::UnboundedReceiver<Operation>;
 
 impl AppState {
     /// The state, and the receiving end of the background queue (for [`dispatch`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         writer: GuardedWriter,
         executor: BackgroundExecutor,
@@ -71,9 +81,11 @@ impl AppState {
         store: Arc<EsStore>,
         settings: ServerSettings,
         fg_timeout: Duration,
+        coordinator: zkguard::txn::Coordinator,
     ) -> (Arc<Self>, QueueReceiver) {
         let (queue, rx) = mpsc::unbounded_channel();
         let permits = Arc::new(Semaphore::new(settings.max_concurrent));
+        let explicit = ExplicitLocks::new(settings.lock_max);
         let state = Self {
             writer,
             executor,
@@ -85,10 +97,13 @@ impl AppState {
             settings,
             draining: AtomicBool::new(false),
             permits,
+            explicit,
+            coordinator,
             queue,
             waiting: AtomicUsize::new(0),
             es_ok: watch::channel(Ok(())).0,
-            running: Mutex::new(HashMap::new()),
+            backend_up: watch::channel(true).0,
+            running: watch::channel(HashMap::new()).0,
         };
         (Arc::new(state), rx)
     }
@@ -101,7 +116,7 @@ impl AppState {
                 s.settings().servers
             )),
             Backend::ZooKeeper(_) => None,
-            Backend::Elasticsearch => self.es_ok.borrow().clone().err(),
+            Backend::Elasticsearch(_) => self.es_ok.borrow().clone().err(),
         }
     }
 
@@ -141,6 +156,7 @@ impl AppState {
     pub fn refresh_gauges(&self) {
         let m = &self.metrics;
         m.journal_depth.set(self.journal.depth() as i64);
+        m.explicit_locks.set(self.explicit.len() as i64);
         m.queue_depth
             .set(self.waiting.load(Ordering::Relaxed) as i64);
         m.sync_executor(&self.executor.stats());
@@ -150,22 +166,14 @@ impl AppState {
     /// to `limit` until they are gone (their guards dropped). Returns how many were stopped.
     pub async fn stop_running(&self, limit: Duration) -> usize {
         let stopped = {
-            let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            let running = self.running.borrow();
             for handle in running.values() {
                 handle.abort();
             }
             running.len()
         };
-        let gone = || {
-            self.running
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
-        };
-        let deadline = tokio::time::Instant::now() + limit;
-        while !gone() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let mut running = self.running.subscribe();
+        let _ = tokio::time::timeout(limit, running.wait_for(HashMap::is_empty)).await;
         stopped
     }
 }
@@ -189,6 +197,12 @@ pub async fn monitor(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
             }
         }
         let up = state.lock_problem().is_none();
+        // Wakes the dispatcher on a change, and at every check while the backend is down.
+        state.backend_up.send_if_modified(|seen| {
+            let notify = *seen != up || !up;
+            *seen = up;
+            notify
+        });
         state.metrics.zk_connected.set(i64::from(up));
         if up && !was_up {
             state.metrics.zk_reconnects.inc();
@@ -215,14 +229,16 @@ pub async fn dispatch(
     mut rx: QueueReceiver,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut backend_up = state.backend_up.subscribe();
     loop {
         let op = tokio::select! {
             op = rx.recv() => match op { Some(op) => op, None => return },
             _ = stop.changed() => return,
         };
+        backend_up.mark_unchanged();
         while state.lock_problem().is_some() {
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                changed = backend_up.changed() => if changed.is_err() { return },
                 _ = stop.changed() => return,
             }
         }
@@ -231,19 +247,16 @@ pub async fn dispatch(
             _ = stop.changed() => return,
         };
         state.waiting.fetch_sub(1, Ordering::Relaxed);
-        state
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(op.id, handle.abort_handle());
+        state.running.send_modify(|r| {
+            r.insert(op.id, handle.abort_handle());
+        });
         let st = state.clone();
         let mut task_stop = stop.clone();
         tokio::spawn(async move {
             let outcome = handle.await;
-            st.running
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&op.id);
+            st.running.send_modify(|r| {
+                r.remove(&op.id);
+            });
             match outcome {
                 Ok(Ok(outcome)) => record(&st, outcome).await,
                 // Neither applied nor parked: the dead-letter sink refused it. It is still in

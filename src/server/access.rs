@@ -1,0 +1,271 @@
+//! Access to the service: optional bearer tokens (`server.auth.tokens.file`, reloaded on SIGHUP,
+//! compared in constant time, never logged) and HTTPS (`server.tls.cert`, `server.tls.key`,
+//! rustls).
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use subtle::ConstantTimeEq;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+use super::errors::ApiError;
+
+/// The accepted bearer tokens, if authentication is on.
+#[derive(Debug)]
+pub struct Tokens {
+    path: Option<PathBuf>,
+    tokens: RwLock<Vec<Vec<u8>>>,
+}
+
+/// Why the tokens file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokensError {
+    /// The file cannot be read.
+    #[error("cannot read the bearer tokens file {path} (server.auth.tokens.file): {source}; create it with one token per line, or unset the key")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The file holds no token.
+    #[error("the bearer tokens file {path} (server.auth.tokens.file) holds no token; put one token per line in it, or unset the key")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+fn read_tokens(path: &Path) -> Result<Vec<Vec<u8>>, TokensError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TokensError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let tokens: Vec<Vec<u8>> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l.as_bytes().to_vec())
+        .collect();
+    if tokens.is_empty() {
+        return Err(TokensError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(tokens)
+}
+
+impl Tokens {
+    /// Reads the tokens file, if one is configured.
+    ///
+    /// # Errors
+    /// The file cannot be read or holds no token.
+    pub fn load(path: Option<&Path>) -> Result<Self, TokensError> {
+        let tokens = match path {
+            Some(p) => read_tokens(p)?,
+            None => Vec::new(),
+        };
+        Ok(Self {
+            path: path.map(Path::to_path_buf),
+            tokens: RwLock::new(tokens),
+        })
+    }
+
+    /// Whether requests must carry a token.
+    pub fn enabled(&self) -> bool {
+        self.path.is_some()
+    }
+
+    /// Reads the file again (SIGHUP). On failure the tokens in use stay. Returns how many
+    /// tokens are accepted now.
+    ///
+    /// # Errors
+    /// The file cannot be read or holds no token.
+    pub fn reload(&self) -> Result<usize, TokensError> {
+        let Some(path) = &self.path else {
+            return Ok(0);
+        };
+        let fresh = read_tokens(path)?;
+        let n = fresh.len();
+        *self.tokens.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+        Ok(n)
+    }
+
+    /// Whether `presented` is one of the tokens. Every token is compared, each in constant
+    /// time, so the answer's timing does not tell which bytes matched.
+    fn accepts(&self, presented: &[u8]) -> bool {
+        let tokens = self.tokens.read().unwrap_or_else(|p| p.into_inner());
+        tokens
+            .iter()
+            .fold(subtle::Choice::from(0), |found, t| {
+                found | t.as_slice().ct_eq(presented)
+            })
+            .into()
+    }
+}
+
+fn unauthorized(message: &str) -> Response {
+    let mut response =
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"zkguard\""),
+    );
+    response
+}
+
+/// Refuses API requests without an accepted bearer token (401), when tokens are configured.
+pub async fn authenticate(
+    State(tokens): State<Arc<Tokens>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if !tokens.enabled() {
+        return next.run(request).await;
+    }
+    let Some(value) = request.headers().get(header::AUTHORIZATION) else {
+        return unauthorized(
+            "this service requires a bearer token: send the header `Authorization: Bearer <token>` with a token from server.auth.tokens.file",
+        );
+    };
+    let presented = value
+        .to_str()
+        .ok()
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    match presented {
+        None => unauthorized(
+            "the Authorization header is not a bearer token: send `Authorization: Bearer <token>`",
+        ),
+        Some(t) if tokens.accepts(t.as_bytes()) => next.run(request).await,
+        Some(_) => unauthorized(
+            "the bearer token is not accepted: use a token listed in server.auth.tokens.file",
+        ),
+    }
+}
+
+/// Why HTTPS cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// The certificate file cannot be used.
+    #[error("cannot use the certificate {path} (server.tls.cert): {detail}; give a PEM file with the server certificate first, then its chain")]
+    Cert {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        detail: String,
+    },
+    /// The key file cannot be used.
+    #[error("cannot use the private key {path} (server.tls.key): {detail}; give a PEM file with the certificate's private key (PKCS#8, PKCS#1 or SEC1)")]
+    Key {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        detail: String,
+    },
+}
+
+/// The rustls acceptor for `server.tls.cert` and `server.tls.key`.
+///
+/// # Errors
+/// A file cannot be read or parsed, or the key does not fit the certificate.
+pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
+    let cert_err = |detail: String| TlsError::Cert {
+        path: cert.to_path_buf(),
+        detail,
+    };
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| cert_err(e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| cert_err(e.to_string()))?;
+    if chain.is_empty() {
+        return Err(cert_err("it holds no certificate".into()));
+    }
+    let private = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Key {
+        path: key.to_path_buf(),
+        detail: e.to_string(),
+    })?;
+    let config = tokio_rustls::rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, private)
+        .map_err(|e| TlsError::Key {
+            path: key.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// A listener that hands axum TLS connections. Handshakes run in tasks of their own (at most
+/// 10 s each), so that a slow or silent client does not hold up the others.
+pub struct TlsListener {
+    local: SocketAddr,
+    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+}
+
+impl TlsListener {
+    /// Accepts on `listener` and shakes hands with `acceptor`.
+    pub fn new(listener: TcpListener, acceptor: TlsAcceptor) -> io::Result<Self> {
+        let local = listener.local_addr()?;
+        let (tx, ready) = mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "accepting a connection");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    },
+                    _ = tx.closed() => return,
+                };
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
+                    {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(Self { local, ready })
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(conn) => conn,
+            // The acceptor task is gone (it only ends when this listener is dropped).
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}

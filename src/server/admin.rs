@@ -1,0 +1,236 @@
+//! Dead letters and transactions over HTTP: `GET /v1/deadletters`,
+//! `POST /v1/deadletters/replay`, `POST /v1/transfers`, `GET /v1/transfers/{id}`.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use uuid::Uuid;
+use zkguard::txn::{TransferRequest, TxnError};
+use zkguard::write::deadletter::{self, DeadLetterError, ReplayResult, ReplaySelection};
+
+use super::errors::ApiError;
+use super::journal::{Finished, OpState};
+use super::state::AppState;
+
+fn sink_error(e: DeadLetterError) -> ApiError {
+    match &e {
+        DeadLetterError::NoSuchEntry { .. } => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_deadletter",
+            format!("{e}; GET /v1/deadletters lists the parked operations"),
+        ),
+        DeadLetterError::Json { .. } => ApiError::internal(e.to_string()),
+        _ => ApiError::unavailable("deadletters_unavailable", e.to_string()),
+    }
+}
+
+/// `GET /v1/deadletters`: the parked operations, oldest first, as `zkguard dlq list --json`
+/// prints them.
+pub async fn list_deadletters(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    no_query(query, "/v1/deadletters")?;
+    let letters = state.executor.sink().list().await.map_err(sink_error)?;
+    Ok(Json(serde_json::to_value(letters).map_err(|e| {
+        ApiError::internal(format!("cannot encode the dead letters: {e}"))
+    })?))
+}
+
+fn no_query(query: Option<String>, route: &str) -> Result<(), ApiError> {
+    match query.filter(|q| !q.is_empty()) {
+        Some(q) => Err(ApiError::bad(
+            "bad_parameter",
+            format!("{route} takes no query parameters (got `{q}`)"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Body of `POST /v1/deadletters/replay`: `{"id": "..."}` or `{"all": true}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayBody {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+/// `POST /v1/deadletters/replay`: runs one parked operation (`{"id": ...}`) or all of them
+/// (`{"all": true}`) again under its lock, as `zkguard dlq replay` does; an entry is removed only
+/// once its operation is in the document. Answers 200 with one result per entry.
+pub async fn replay_deadletters(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    no_query(query, "/v1/deadletters/replay")?;
+    let body = body.map_err(|e| ApiError::bad("bad_body", format!("cannot read the body: {e}")))?;
+    let usage = "send {\"id\": \"<dead letter id>\"} or {\"all\": true}";
+    let parsed: ReplayBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad(
+            "malformed_json",
+            format!("the body is not valid ({e}); {usage}"),
+        )
+    })?;
+    let selection = match (parsed.id, parsed.all) {
+        (Some(_), true) => {
+            return Err(ApiError::bad(
+                "bad_body",
+                format!("both id and all were given; {usage}"),
+            ))
+        }
+        (Some(id), false) => ReplaySelection::Id(Uuid::parse_str(id.trim()).map_err(|_| {
+            ApiError::bad(
+                "bad_body",
+                format!(
+                    "id `{id}` is not a dead letter id (a UUID); GET /v1/deadletters lists them"
+                ),
+            )
+        })?),
+        (None, true) => ReplaySelection::All,
+        (None, false) => {
+            return Err(ApiError::bad(
+                "bad_body",
+                format!("say which entries to replay: {usage}"),
+            ))
+        }
+    };
+    let results = deadletter::replay(&state.writer, state.executor.sink().as_ref(), selection)
+        .await
+        .map_err(sink_error)?;
+    let mut counts = [0usize; 4];
+    let mut out = Vec::with_capacity(results.len());
+    for r in &results {
+        let (kind, error) = match &r.result {
+            ReplayResult::Applied => (0, None),
+            ReplayResult::AlreadyApplied => (1, None),
+            ReplayResult::StillParked { error, .. } => (2, Some(error.clone())),
+            ReplayResult::NotRemoved { error } => (3, Some(error.clone())),
+        };
+        counts[kind] += 1;
+        let result = ["applied", "already_applied", "still_parked", "not_removed"][kind];
+        if kind != 2 {
+            state.metrics.replayed.inc();
+            // The operation is in its document now: its status says so from here on.
+            if let Err(e) = state
+                .journal
+                .finish(Finished {
+                    id: r.id,
+                    status: OpState::Applied,
+                    reason: None,
+                    token: None,
+                    attempts: None,
+                })
+                .await
+            {
+                tracing::warn!(op = %r.id, error = %e, "cannot record a replayed operation in the journal");
+            }
+        }
+        let mut entry = json!({"id": r.id.to_string(), "summary": r.summary, "result": result});
+        if let Some(e) = error {
+            entry["error"] = json!(e);
+        }
+        out.push(entry);
+    }
+    tracing::info!(
+        replayed = results.len(),
+        applied = counts[0],
+        already_applied = counts[1],
+        still_parked = counts[2],
+        "dead letters replayed"
+    );
+    Ok(Json(json!({
+        "replayed": results.len(),
+        "applied": counts[0],
+        "already_applied": counts[1],
+        "still_parked": counts[2],
+        "not_removed": counts[3],
+        "results": out,
+    })))
+}
+
+/// Body of `POST /v1/transfers`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TransferBody {
+    from: String,
+    to: String,
+    amount: i64,
+    #[serde(default)]
+    id: Option<String>,
+}
+
+fn txn_error(e: TxnError) -> Response {
+    let message = e.to_string();
+    let (status, kind) = match &e {
+        TxnError::Rejected { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "rejected"),
+        TxnError::RolledBack { transaction } => {
+            let body =
+                json!({"error": "rolled_back", "message": message, "transaction": transaction});
+            return (StatusCode::CONFLICT, Json(body)).into_response();
+        }
+        TxnError::IdConflict { .. } => (StatusCode::CONFLICT, "id_conflict"),
+        TxnError::NotFound { .. } => (StatusCode::NOT_FOUND, "unknown_transaction"),
+        TxnError::InvalidId { .. } => (StatusCode::BAD_REQUEST, "bad_id"),
+        TxnError::Busy { .. } | TxnError::Contention { .. } | TxnError::Interrupted { .. } => {
+            return ApiError::unavailable("txn_busy", message).into_response()
+        }
+        TxnError::Store { source, .. } if source.is_transient() => {
+            return ApiError::unavailable("es_unavailable", message).into_response()
+        }
+        e if e.is_bad_input() => (StatusCode::UNPROCESSABLE_ENTITY, "rejected"),
+        _ => return ApiError::internal(message).into_response(),
+    };
+    ApiError::new(status, kind, message).into_response()
+}
+
+/// `POST /v1/transfers`: `{"from", "to", "amount", "id"?}`, the two-phase-commit transfer of
+/// `zkguard txn transfer`. 200 with the transaction once committed and applied; sending the
+/// same id again resumes or reports that transaction.
+pub async fn transfer(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    no_query(query, "/v1/transfers")?;
+    let body = body.map_err(|e| ApiError::bad("bad_body", format!("cannot read the body: {e}")))?;
+    let parsed: TransferBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad(
+            "malformed_json",
+            format!("the body is not a transfer ({e}); send {{\"from\": \"A\", \"to\": \"B\", \"amount\": 100}} with an optional \"id\""),
+        )
+    })?;
+    let mut request = TransferRequest::new(parsed.from, parsed.to, parsed.amount);
+    if let Some(id) = parsed.id {
+        request = request.with_id(id);
+    }
+    Ok(match state.coordinator.transfer(request).await {
+        Ok(txn) => Json(json!(txn)).into_response(),
+        Err(e) => txn_error(e),
+    })
+}
+
+/// `GET /v1/transfers/{id}`: the transaction, as `zkguard txn show --json` prints it.
+pub async fn get_transfer(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(id) = path.map_err(|e| ApiError::bad("bad_path", e.to_string()))?;
+    Ok(match state.coordinator.transaction(&id).await {
+        Ok(Some(txn)) => Json(json!(txn)).into_response(),
+        Ok(None) => txn_error(TxnError::NotFound {
+            id,
+            index: state.coordinator.settings().transactions_index.clone(),
+        }),
+        Err(e) => txn_error(e),
+    })
+}

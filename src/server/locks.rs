@@ -1,0 +1,241 @@
+//! Explicit locks: callers that write to Elasticsearch themselves take a lock through the service,
+//! keep it alive, and release it. A lock whose lease lapses without a keep-alive is released by
+//! the service; its fencing token still fences the late writer, since every later holder's token
+//! is greater.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use uuid::Uuid;
+use zkguard::{Guard, LockType};
+
+/// Why an explicit lock ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Released by its holder (`DELETE`) or by the service's shutdown.
+    Released,
+    /// Its lease lapsed without a keep-alive.
+    Lapsed,
+    /// The lock backend lost it (session expired, lease taken over).
+    Lost,
+}
+
+/// One lock held for a caller.
+#[derive(Debug)]
+struct Held {
+    monitor: String,
+    token: u64,
+    lock_type: LockType,
+    ttl: Duration,
+    /// The lease's end; dropping the sender asks the lock's task to release it.
+    deadline: watch::Sender<Instant>,
+    expires_ms: u64,
+    task: JoinHandle<Ended>,
+}
+
+/// What a caller learns about its lock.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LockView {
+    /// The lock's id in this service.
+    pub lock_id: String,
+    /// The monitor object.
+    pub monitor: String,
+    /// The fencing token: send it as the external version of every write made under the lock.
+    pub token: u64,
+    /// `foreground` or `background`.
+    pub lock_type: LockType,
+    /// End of the lease, in milliseconds since the Unix epoch.
+    pub expires: u64,
+    /// The lease, in milliseconds: each keep-alive extends it by this much from now.
+    pub ttl_ms: u64,
+}
+
+/// Why an explicit-lock request was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// `server.lock.max` locks are held already.
+    Full(usize),
+    /// No such lock (released, lapsed or lost), or it belongs to another monitor.
+    Unknown,
+}
+
+/// The explicit locks this service holds for its callers.
+#[derive(Debug)]
+pub struct ExplicitLocks {
+    held: Arc<Mutex<HashMap<Uuid, Held>>>,
+    max: usize,
+}
+
+fn epoch_ms_after(d: Duration) -> u64 {
+    (SystemTime::now() + d)
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |t| t.as_millis() as u64)
+}
+
+impl ExplicitLocks {
+    /// At most `max` locks at once.
+    pub fn new(max: usize) -> Self {
+        Self {
+            held: Arc::new(Mutex::new(HashMap::new())),
+            max,
+        }
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether another lock may be taken now (checked before waiting for it).
+    pub fn has_room(&self) -> Result<(), Refused> {
+        if self.table().len() >= self.max {
+            return Err(Refused::Full(self.max));
+        }
+        Ok(())
+    }
+
+    /// Number of locks held.
+    pub fn len(&self) -> usize {
+        self.table().len()
+    }
+
+    /// Takes charge of an acquired lock for `ttl`: a task releases it when the lease lapses, when
+    /// the holder releases it, or notes its loss. `on_end` is called once with the reason.
+    pub fn insert(
+        &self,
+        guard: Box<dyn Guard>,
+        ttl: Duration,
+        on_end: impl FnOnce(Ended) + Send + 'static,
+    ) -> Result<LockView, (Refused, Box<dyn Guard>)> {
+        let mut table = self.table();
+        if table.len() >= self.max {
+            return Err((Refused::Full(self.max), guard));
+        }
+        let id = Uuid::new_v4();
+        let (deadline, mut rx) = watch::channel(Instant::now() + ttl);
+        let held_table = self.held.clone();
+        let monitor = guard.monitor().to_string();
+        let token = guard.fencing_token();
+        let lock_type = guard.lock_type();
+        let task_monitor = monitor.clone();
+        let task = tokio::spawn(async move {
+            let ended = loop {
+                let until = *rx.borrow_and_update();
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until) => {
+                        // Decided under the table's lock, so that a keep-alive either lands
+                        // before (and the lease goes on) or finds the lock gone.
+                        let mut table = held_table.lock().unwrap_or_else(|p| p.into_inner());
+                        if *rx.borrow_and_update() <= Instant::now() {
+                            table.remove(&id);
+                            break Ended::Lapsed;
+                        }
+                    }
+                    changed = rx.changed() => if changed.is_err() { break Ended::Released },
+                    _ = guard.lost() => {
+                        held_table.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                        break Ended::Lost;
+                    }
+                }
+            };
+            match ended {
+                Ended::Lapsed => {
+                    tracing::warn!(lock = %id, monitor = %task_monitor, token, "explicit lock's lease lapsed without keep-alive; releasing it")
+                }
+                Ended::Lost => {
+                    tracing::warn!(lock = %id, monitor = %task_monitor, token, "explicit lock lost by the lock backend")
+                }
+                Ended::Released => {
+                    tracing::debug!(lock = %id, monitor = %task_monitor, "explicit lock released")
+                }
+            }
+            if let Err(e) = guard.unlock().await {
+                tracing::debug!(lock = %id, error = %e, "releasing an explicit lock");
+            }
+            on_end(ended);
+            ended
+        });
+        let expires_ms = epoch_ms_after(ttl);
+        table.insert(
+            id,
+            Held {
+                monitor: monitor.clone(),
+                token,
+                lock_type,
+                ttl,
+                deadline,
+                expires_ms,
+                task,
+            },
+        );
+        Ok(LockView {
+            lock_id: id.to_string(),
+            monitor,
+            token,
+            lock_type,
+            expires: expires_ms,
+            ttl_ms: ttl.as_millis() as u64,
+        })
+    }
+
+    /// Extends the lease of lock `id` on `monitor` by `ttl` (or its own lease) from now.
+    pub fn keep_alive(
+        &self,
+        monitor: &str,
+        id: &Uuid,
+        ttl: Option<Duration>,
+    ) -> Result<LockView, Refused> {
+        let mut table = self.table();
+        let held = table
+            .get_mut(id)
+            .filter(|h| h.monitor == monitor)
+            .ok_or(Refused::Unknown)?;
+        if let Some(t) = ttl {
+            held.ttl = t;
+        }
+        held.deadline.send_replace(Instant::now() + held.ttl);
+        held.expires_ms = epoch_ms_after(held.ttl);
+        Ok(LockView {
+            lock_id: id.to_string(),
+            monitor: held.monitor.clone(),
+            token: held.token,
+            lock_type: held.lock_type,
+            expires: held.expires_ms,
+            ttl_ms: held.ttl.as_millis() as u64,
+        })
+    }
+
+    /// Releases lock `id` on `monitor` and waits until the backend has released it.
+    pub async fn release(&self, monitor: &str, id: &Uuid) -> Result<u64, Refused> {
+        let held = {
+            let mut table = self.table();
+            match table.get(id) {
+                Some(h) if h.monitor == monitor => table.remove(id),
+                _ => None,
+            }
+        }
+        .ok_or(Refused::Unknown)?;
+        let token = held.token;
+        drop(held.deadline);
+        let _ = held.task.await;
+        Ok(token)
+    }
+
+    /// Releases every lock (shutdown) and waits up to `limit` for the backend.
+    pub async fn release_all(&self, limit: Duration) -> usize {
+        let all: Vec<Held> = self.table().drain().map(|(_, h)| h).collect();
+        let n = all.len();
+        let tasks: Vec<JoinHandle<Ended>> = all
+            .into_iter()
+            .map(|h| {
+                drop(h.deadline);
+                h.task
+            })
+            .collect();
+        let _ = tokio::time::timeout(limit, futures::future::join_all(tasks)).await;
+        n
+    }
+}

@@ -1,0 +1,537 @@
+//! `zkguard bench --service`: one write workload through three paths, side by side.
+//!
+//! - **library**: in-process [`GuardedWriter`] (foreground) and [`BackgroundExecutor`]
+//!   (background) over one ZooKeeper session and one Elasticsearch client;
+//! - **service**: a `zkguard serve` child process driven over HTTP by `clients` concurrent
+//!   clients (keep-alive connections);
+//! - **exec**: one `zkguard exec --monitor M -- curl ...` process per write, the command writing
+//!   the document with the fencing token as its external version (what callers in other
+//!   languages did before the service).
+//!
+//! Each path saves `saves` documents in the foreground from `clients` concurrent clients on
+//! `docs` shared documents (latency per save: p50, p99), then runs the same number of
+//! background operations (operations per second, from the first submission until the last is
+//! applied; for the service, until its journal is empty). `zkguard exec` runs at most 100 of each,
+//! since every run is a process and a ZooKeeper session of its own.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use zkguard::config::Settings;
+use zkguard::es::{DocStore, EsStore};
+use zkguard::write::background::BackgroundExecutor;
+use zkguard::write::guarded::GuardedWriter;
+use zkguard::write::ops::Operation;
+use zkguard::LockType;
+
+use super::bench::percentile;
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct ServicePlan {
+    /// Concurrent clients.
+    pub clients: u32,
+    /// Shared documents.
+    pub docs: u32,
+    /// Foreground saves, and background operations, per path.
+    pub saves: u32,
+}
+
+/// The figures of one path.
+#[derive(Debug, Clone, Default)]
+pub struct PathFigures {
+    /// Foreground saves measured.
+    pub saves: usize,
+    /// Foreground save latency, median.
+    pub p50: Duration,
+    /// Foreground save latency, 99th percentile.
+    pub p99: Duration,
+    /// Background operations run.
+    pub background: usize,
+    /// Background operations per second.
+    pub background_per_sec: f64,
+}
+
+impl PathFigures {
+    fn to_json(&self, name: &str) -> Value {
+        json!({
+            format!("{name}_fg_saves"): self.saves,
+            format!("{name}_fg_p50_ms"): ms(self.p50),
+            format!("{name}_fg_p99_ms"): ms(self.p99),
+            format!("{name}_bg_ops"): self.background,
+            format!("{name}_bg_ops_per_sec"): (self.background_per_sec * 10.0).round() / 10.0,
+        })
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0 * 100.0).round() / 100.0
+}
+
+/// The three paths.
+#[derive(Debug, Clone)]
+pub struct ServiceReport {
+    /// The plan.
+    pub plan: ServicePlan,
+    /// In-process library.
+    pub library: PathFigures,
+    /// `zkguard serve` over HTTP.
+    pub service: PathFigures,
+    /// `zkguard exec` per write.
+    pub exec: PathFigures,
+}
+
+impl ServiceReport {
+    /// Foreground p50 through the service over the library's.
+    pub fn fg_ratio(&self) -> f64 {
+        self.service.p50.as_secs_f64() / self.library.p50.as_secs_f64().max(1e-9)
+    }
+
+    /// Background throughput through the service over `zkguard exec`'s.
+    pub fn bg_ratio(&self) -> f64 {
+        self.service.background_per_sec / self.exec.background_per_sec.max(1e-9)
+    }
+
+    /// One flat JSON object.
+    pub fn to_json(&self) -> Value {
+        let mut v = json!({
+            "clients": self.plan.clients,
+            "docs": self.plan.docs,
+            "saves": self.plan.saves,
+            "service_over_library_fg_p50": (self.fg_ratio() * 100.0).round() / 100.0,
+            "service_over_exec_bg_throughput": (self.bg_ratio() * 10.0).round() / 10.0,
+        });
+        for (name, f) in [
+            ("library", &self.library),
+            ("service", &self.service),
+            ("exec", &self.exec),
+        ] {
+            if let (Value::Object(all), Value::Object(more)) = (&mut v, f.to_json(name)) {
+                all.extend(more);
+            }
+        }
+        v
+    }
+
+    /// A table.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "{} clients, {} documents, {} foreground saves and {} background operations per path\n\n{:<28} {:>10} {:>10} {:>16}\n",
+            self.plan.clients, self.plan.docs, self.plan.saves, self.plan.saves,
+            "path", "fg p50", "fg p99", "bg ops/s"
+        );
+        for (name, f) in [
+            ("library (in-process)", &self.library),
+            ("zkguard serve (HTTP)", &self.service),
+            ("zkguard exec + curl", &self.exec),
+        ] {
+            out.push_str(&format!(
+                "{name:<28} {:>8.2}ms {:>8.2}ms {:>16.1}\n",
+                ms(f.p50),
+                ms(f.p99),
+                f.background_per_sec
+            ));
+        }
+        out.push_str(&format!(
+            "\nforeground p50, service / library: {:.2}x (goal: at most 1.5x)\nbackground throughput, service / exec: {:.1}x (goal: at least 10x)\n",
+            self.fg_ratio(),
+            self.bg_ratio()
+        ));
+        out
+    }
+}
+
+fn doc_of(client: u32, i: u32, docs: u32) -> u32 {
+    (client.wrapping_mul(7919).wrapping_add(i)) % docs
+}
+
+fn latencies(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    (percentile(&samples, 0.50), percentile(&samples, 0.99))
+}
+
+/// Runs the three paths against `settings`' ZooKeeper and Elasticsearch.
+///
+/// # Errors
+/// A path failed (the message says which and why).
+pub async fn run(settings: Settings, plan: ServicePlan) -> Result<ServiceReport, String> {
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let mut settings = settings;
+    settings.zookeeper.lock_root = format!("/zkguard-bench-service/{tag}");
+    let library = library(&settings, plan, &format!("bench-lib-{tag}")).await?;
+    let service = service(&settings, plan, &format!("bench-svc-{tag}")).await?;
+    let exec_plan = ServicePlan {
+        saves: plan.saves.min(100),
+        ..plan
+    };
+    let exec = exec(&settings, exec_plan, &format!("bench-exec-{tag}")).await?;
+    Ok(ServiceReport {
+        plan,
+        library,
+        service,
+        exec,
+    })
+}
+
+async fn library(
+    settings: &Settings,
+    plan: ServicePlan,
+    index: &str,
+) -> Result<PathFigures, String> {
+    let store: Arc<dyn DocStore> =
+        Arc::new(EsStore::new(&settings.elasticsearch).map_err(|e| e.to_string())?);
+    let session = zkguard::ZkSession::connect(&settings.zookeeper)
+        .await
+        .map_err(|e| e.to_string())?;
+    let locks: Arc<dyn zkguard::LockService> =
+        Arc::new(zkguard::ZkLockService::new(session.clone()));
+    let writer = GuardedWriter::new(locks, store.clone());
+    // Warm-up: the index exists and the connections are open.
+    writer
+        .run(&Operation::index(
+            "warm",
+            index,
+            "warm",
+            json!({"warm": true}),
+        ))
+        .await
+        .map_err(|e| e.to_string())?;
+
+    let per = plan.saves / plan.clients;
+    let mut tasks = Vec::new();
+    for c in 0..plan.clients {
+        let writer = writer.clone();
+        let index = index.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::with_capacity(per as usize);
+            for i in 0..per {
+                let d = doc_of(c, i, plan.docs);
+                let op = Operation::index(
+                    format!("{index}:{d}"),
+                    &index,
+                    d.to_string(),
+                    json!({"client": c, "n": i}),
+                );
+                let t = Instant::now();
+                writer.run(&op).await.map_err(|e| e.to_string())?;
+                out.push(t.elapsed());
+            }
+            Ok::<_, String>(out)
+        }));
+    }
+    let mut samples = Vec::new();
+    for t in tasks {
+        samples.extend(t.await.map_err(|e| e.to_string())??);
+    }
+    let (p50, p99) = latencies(samples.clone());
+
+    let sink = zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(store))
+        .map_err(|e| e.to_string())?;
+    let executor = BackgroundExecutor::from_settings(writer, sink, settings);
+    let n = per * plan.clients;
+    let started = Instant::now();
+    let mut handles = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let d = i % plan.docs;
+        let op = Operation::index(
+            format!("{index}:{d}"),
+            index,
+            d.to_string(),
+            json!({"bg": i}),
+        )
+        .with_type(LockType::Background);
+        handles.push(executor.submit(op).await);
+    }
+    for h in handles {
+        h.await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    }
+    let elapsed = started.elapsed();
+    session.close();
+    Ok(PathFigures {
+        saves: samples.len(),
+        p50,
+        p99,
+        background: n as usize,
+        background_per_sec: f64::from(n) / elapsed.as_secs_f64(),
+    })
+}
+
+/// A `zkguard serve` child process; killed when dropped.
+struct Served {
+    child: tokio::process::Child,
+    base: String,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn zkguard_command(settings: &Settings) -> Result<tokio::process::Command, String> {
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the zkguard binary: {e}"))?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.env_remove("ZKGUARD_CONFIG")
+        .env("ZKGUARD_ZOOKEEPER_SERVERS", &settings.zookeeper.servers)
+        .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &settings.zookeeper.lock_root)
+        .env(
+            "ZKGUARD_ELASTICSEARCH_URL",
+            settings
+                .elasticsearch
+                .urls
+                .iter()
+                .map(url::Url::as_str)
+                .collect::<Vec<_>>()
+                .join(","),
+        )
+        .stdin(std::process::Stdio::null());
+    Ok(cmd)
+}
+
+async fn start_service(settings: &Settings, plan: ServicePlan) -> Result<Served, String> {
+    use tokio::io::AsyncBufReadExt;
+    let dir = std::env::temp_dir().join(format!("zkguard-bench-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut cmd = zkguard_command(settings)?;
+    cmd.args(["serve", "--listen", "127.0.0.1:0"])
+        .env("ZKGUARD_SERVER_JOURNAL_PATH", dir.join("journal.jsonl"))
+        .env(
+            "ZKGUARD_DEADLETTER_FILE_PATH",
+            dir.join("deadletters.jsonl"),
+        )
+        .env(
+            "ZKGUARD_SERVER_MAX_CONCURRENT",
+            (plan.clients * 4 + 16).to_string(),
+        )
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start zkguard serve: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut line = String::new();
+    tokio::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .await
+        .map_err(|e| e.to_string())?;
+    let started: Value = serde_json::from_str(&line)
+        .map_err(|_| format!("zkguard serve did not start: {line:?}"))?;
+    let addr = started["listening"].as_str().ok_or("no address")?;
+    Ok(Served {
+        base: format!("http://{addr}"),
+        child,
+        dir,
+    })
+}
+
+async fn journal_empty(http: &reqwest::Client, base: &str) -> Result<bool, String> {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(text.lines().any(|l| l == "zkguard_journal_depth 0"))
+}
+
+async fn service(
+    settings: &Settings,
+    plan: ServicePlan,
+    index: &str,
+) -> Result<PathFigures, String> {
+    let served = start_service(settings, plan).await?;
+    let base = served.base.clone();
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(plan.clients as usize * 2)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let put = |http: &reqwest::Client, d: u32, query: &str, body: Value| {
+        http.put(format!("{base}/v1/indices/{index}/docs/{d}{query}"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+    };
+    let warm = put(&http, 0, "", json!({"warm": true}))
+        .await
+        .map_err(|e| e.to_string())?;
+    if !warm.status().is_success() {
+        return Err(format!(
+            "zkguard serve answered {} to a save",
+            warm.status()
+        ));
+    }
+
+    let per = plan.saves / plan.clients;
+    let mut tasks = Vec::new();
+    for c in 0..plan.clients {
+        let http = http.clone();
+        let base = base.clone();
+        let index = index.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::with_capacity(per as usize);
+            for i in 0..per {
+                let d = doc_of(c, i, plan.docs);
+                let t = Instant::now();
+                let r = http
+                    .put(format!("{base}/v1/indices/{index}/docs/{d}"))
+                    .header("content-type", "application/json")
+                    .body(json!({"client": c, "n": i}).to_string())
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let status = r.status();
+                let _ = r.bytes().await;
+                if !status.is_success() {
+                    return Err(format!("zkguard serve answered {status} to a save"));
+                }
+                out.push(t.elapsed());
+            }
+            Ok::<_, String>(out)
+        }));
+    }
+    let mut samples = Vec::new();
+    for t in tasks {
+        samples.extend(t.await.map_err(|e| e.to_string())??);
+    }
+    let (p50, p99) = latencies(samples.clone());
+
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..plan.clients {
+        let http = http.clone();
+        let base = base.clone();
+        let index = index.to_string();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..per {
+                let d = doc_of(c, i, plan.docs);
+                let r = http
+                    .put(format!(
+                        "{base}/v1/indices/{index}/docs/{d}?type=background"
+                    ))
+                    .header("content-type", "application/json")
+                    .body(json!({"bg": i, "client": c}).to_string())
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let status = r.status();
+                let _ = r.bytes().await;
+                if status != reqwest::StatusCode::ACCEPTED {
+                    return Err(format!(
+                        "zkguard serve answered {status} to a background write"
+                    ));
+                }
+            }
+            Ok::<_, String>(())
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    // Until every accepted operation is applied (the journal holds no unfinished one).
+    while !journal_empty(&http, &base).await? {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let elapsed = started.elapsed();
+    let n = per * plan.clients;
+    drop(served);
+    Ok(PathFigures {
+        saves: samples.len(),
+        p50,
+        p99,
+        background: n as usize,
+        background_per_sec: f64::from(n) / elapsed.as_secs_f64(),
+    })
+}
+
+async fn exec(settings: &Settings, plan: ServicePlan, index: &str) -> Result<PathFigures, String> {
+    let es = settings
+        .elasticsearch
+        .urls
+        .first()
+        .ok_or("no elasticsearch.url")?
+        .as_str()
+        .trim_end_matches('/')
+        .to_string();
+    let settings = Arc::new(settings.clone());
+    let index = index.to_string();
+    let once = move |settings: Arc<Settings>, kind: &'static str, d: u32, i: u32| {
+        let es = es.clone();
+        let index = index.clone();
+        async move {
+            let url = format!("{es}/{index}/_doc/{d}?version_type=external_gte&version=");
+            let body = json!({"n": i}).to_string();
+            let mut cmd = zkguard_command(&settings)?;
+            cmd.args(["exec", "--monitor", &format!("{index}:{d}"), "--type", kind, "--"])
+                .args(["sh", "-c"])
+                .arg(format!(
+                    "curl -sf -o /dev/null -XPUT -H 'content-type: application/json' \"{url}$ZKGUARD_FENCING_TOKEN\" -d '{body}'"
+                ))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            let t = Instant::now();
+            let status = cmd
+                .status()
+                .await
+                .map_err(|e| format!("zkguard exec: {e}"))?;
+            if !status.success() {
+                return Err(format!("zkguard exec with curl exited {status}"));
+            }
+            Ok::<_, String>(t.elapsed())
+        }
+    };
+    once(settings.clone(), "foreground", 0, 0).await?;
+
+    let per = plan.saves / plan.clients;
+    let mut tasks = Vec::new();
+    for c in 0..plan.clients {
+        let settings = settings.clone();
+        let once = once.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            for i in 0..per {
+                out.push(once(settings.clone(), "foreground", doc_of(c, i, plan.docs), i).await?);
+            }
+            Ok::<_, String>(out)
+        }));
+    }
+    let mut samples = Vec::new();
+    for t in tasks {
+        samples.extend(t.await.map_err(|e| e.to_string())??);
+    }
+    let (p50, p99) = latencies(samples.clone());
+
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..plan.clients {
+        let settings = settings.clone();
+        let once = once.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..per {
+                once(settings.clone(), "background", doc_of(c, i, plan.docs), i).await?;
+            }
+            Ok::<_, String>(())
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    let elapsed = started.elapsed();
+    let n = per * plan.clients;
+    Ok(PathFigures {
+        saves: samples.len(),
+        p50,
+        p99,
+        background: n as usize,
+        background_per_sec: f64::from(n) / elapsed.as_secs_f64(),
+    })
+}
