@@ -346,19 +346,66 @@ async fn recover(
     let interval = args
         .interval
         .unwrap_or_else(|| (settings.txn.recovery_after / 2).max(Duration::from_secs(1)));
-    let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
+    // Installed before the first pass, so a stop request that comes at any time after start is
+    // seen. A pass that has begun runs to its end (each transaction left at a step boundary,
+    // never half-way through one), then the command exits 0.
+    let mut stop = StopSignal::install()?;
     loop {
-        tokio::select! {
-            _ = &mut ctrl_c => return Ok(0),
-            result = coordinator.recover_once() => match result {
-                Ok(report) if report.examined > 0 => print_report(&report, args.json)?,
-                Ok(_) => {}
-                Err(e) => eprintln!("zkguard: recovery pass failed (retrying in {}): {e}", humantime::format_duration(interval)),
-            },
+        match coordinator.recover_once().await {
+            Ok(report) if report.examined > 0 => print_report(&report, args.json)?,
+            Ok(_) => {}
+            Err(e) => eprintln!(
+                "zkguard: recovery pass failed (retrying in {}): {e}",
+                humantime::format_duration(interval)
+            ),
+        }
+        if stop.requested() {
+            return Ok(0);
         }
         tokio::select! {
-            _ = &mut ctrl_c => return Ok(0),
+            _ = stop.wait() => return Ok(0),
             _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// Ctrl-C (SIGINT) or SIGTERM, the signal service managers (systemd, Kubernetes) stop with.
+struct StopSignal {
+    requested: Arc<std::sync::atomic::AtomicBool>,
+    notify: Arc<tokio::sync::Notify>,
+}
+
+impl StopSignal {
+    fn install() -> Result<Self, CliError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let requested = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let notify = Arc::new(tokio::sync::Notify::new());
+        let mut signals = Vec::new();
+        for kind in [SignalKind::interrupt(), SignalKind::terminate()] {
+            signals.push(signal(kind).map_err(|e| {
+                CliError::new(EX_SOFTWARE, format!("cannot watch for stop signals: {e}"))
+            })?);
+        }
+        for mut s in signals {
+            let requested = requested.clone();
+            let notify = notify.clone();
+            tokio::spawn(async move {
+                if s.recv().await.is_some() {
+                    requested.store(true, std::sync::atomic::Ordering::SeqCst);
+                    notify.notify_one();
+                }
+            });
+        }
+        Ok(Self { requested, notify })
+    }
+
+    fn requested(&self) -> bool {
+        self.requested.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn wait(&mut self) {
+        while !self.requested() {
+            self.notify.notified().await;
         }
     }
 }
