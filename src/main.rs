@@ -44,6 +44,13 @@ pub enum Command {
     Txn(cli::txn::TxnArgs),
     /// Run the lock service: guarded writes over HTTP, a durable background queue, metrics.
     Serve(server::ServeArgs),
+    /// Check the configuration, or show the effective settings and where each comes from.
+    Config(cli::config::ConfigArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(cli::meta::CompletionsArgs),
+    /// Print the man page zkguard(1) in roff.
+    #[command(hide = true)]
+    Man,
 }
 
 fn main() -> ExitCode {

@@ -6,10 +6,12 @@ use zkguard::LockError;
 use crate::{Cli, Command};
 
 pub mod bench;
+pub mod config;
 pub mod demo;
 pub mod dlq;
 pub mod exec;
 pub mod locks;
+pub mod meta;
 pub mod txn;
 
 /// Bad usage (sysexits `EX_USAGE`).
@@ -121,6 +123,13 @@ pub async fn lock_service(
 
 /// Runs a parsed command line; `Ok(status)` is the process exit status.
 pub async fn run(cli: Cli) -> Result<u8, CliError> {
+    // These read no configuration, or check it themselves.
+    match &cli.command {
+        Command::Config(args) => return config::run(&cli, args),
+        Command::Completions(args) => return meta::completions(args),
+        Command::Man => return meta::man(),
+        _ => {}
+    }
     let settings = settings(&cli)?;
     match cli.command {
         Command::Exec(args) => exec::run(settings, args).await,
@@ -130,5 +139,6 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Dlq(args) => dlq::run(settings, args).await,
         Command::Txn(args) => txn::run(settings, args).await,
         Command::Serve(args) => crate::server::run(settings, args).await,
+        Command::Config(_) | Command::Completions(_) | Command::Man => Ok(0),
     }
 }
