@@ -53,6 +53,38 @@ pub enum Command {
     Man,
 }
 
+impl Command {
+    /// Whether the command was given `--json`: its errors are then printed as JSON too.
+    pub fn wants_json(&self) -> bool {
+        use cli::config::ConfigCommand;
+        use cli::dlq::DlqCommand;
+        use cli::txn::TxnCommand;
+        match self {
+            Self::Exec(a) => a.json,
+            Self::Locks(a) => a.json,
+            Self::Bench(a) => a.json,
+            Self::Demo(a) => a.json,
+            Self::Dlq(a) => match &a.command {
+                DlqCommand::List { json } => *json,
+                DlqCommand::Replay(r) => r.json,
+            },
+            Self::Txn(a) => match &a.command {
+                TxnCommand::Init(x) => x.json,
+                TxnCommand::Transfer(x) => x.json,
+                TxnCommand::Show(x) => x.json,
+                TxnCommand::Rollback(x) => x.json,
+                TxnCommand::Recover(x) => x.json,
+                TxnCommand::Audit(x) => x.json,
+            },
+            Self::Config(a) => match &a.command {
+                ConfigCommand::Check(x) => x.json,
+                ConfigCommand::Show(x) => x.json,
+            },
+            Self::Serve(_) | Self::Completions(_) | Self::Man => false,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -62,15 +94,26 @@ fn main() -> ExitCode {
                 ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
                 _ => cli::EX_USAGE,
             };
-            let _ = e.print();
+            if code != 0 && std::env::args_os().any(|a| a == "--json") {
+                let full = e.to_string();
+                let text = full
+                    .lines()
+                    .next()
+                    .unwrap_or("bad usage")
+                    .trim_start_matches("error: ");
+                cli::print_error_json(&cli::CliError::usage(text));
+            } else {
+                let _ = e.print();
+            }
             return ExitCode::from(code);
         }
     };
+    let json = cli.command.wants_json();
     // The demo expects faults (parked operations, a fenced writer): keep its screen to the report.
     let quiet = matches!(cli.command, Command::Demo(_));
     match &cli.command {
         Command::Serve(args) => server::init_tracing(cli.verbose, args.log_format),
-        _ => cli::init_tracing(cli.verbose, quiet),
+        _ => cli::init_tracing(cli.verbose, quiet, json),
     }
     install_panic_hook();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -106,7 +149,11 @@ fn main() -> ExitCode {
     match result {
         Some(Ok(code)) => ExitCode::from(code),
         Some(Err(e)) => {
-            eprintln!("zkguard: {}", e.message);
+            if json {
+                cli::print_error_json(&e);
+            } else {
+                eprintln!("zkguard: {}", e.message);
+            }
             ExitCode::from(e.code)
         }
         None => ExitCode::from(cli::EX_SOFTWARE),

@@ -292,3 +292,46 @@ fn recover_stops_cleanly_on_sigterm() {
     assert_eq!(audit["pending"], serde_json::json!({}));
     assert_eq!(audit["anomalies"], serde_json::json!([]));
 }
+
+/// `txn init --json`: one JSON object naming the indices and each account's outcome; errors as
+/// `{"error", "message"}` on stderr.
+#[test]
+fn init_reports_as_json() {
+    let server = OsmemServer::start().expect("start osmem-server (run scripts/install-deps.sh)");
+    let cli = Cli::new(server.url());
+    let r = cli.expect(&["init", "--accounts", "A=5", "--json"], 0, "\"accounts\"");
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert!(v["accounts_index"]
+        .as_str()
+        .unwrap()
+        .starts_with("cli-acc-"));
+    assert!(v["transactions_index"]
+        .as_str()
+        .unwrap()
+        .starts_with("cli-txn-"));
+    assert_eq!(
+        v["accounts"],
+        serde_json::json!([{"id": "A", "balance": 5, "result": "created"}])
+    );
+    let r = cli.expect(
+        &["init", "--accounts", "A=5,B=1", "--json"],
+        0,
+        "\"accounts\"",
+    );
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        v["accounts"],
+        serde_json::json!([
+            {"id": "A", "balance": 5, "result": "unchanged"},
+            {"id": "B", "balance": 1, "result": "created"}
+        ])
+    );
+    let r = cli.expect(&["init", "--accounts", "A=7", "--json"], 65, "\"error\"");
+    let e: serde_json::Value = serde_json::from_str(&r.stderr).unwrap();
+    assert_eq!(e["error"], "data");
+    assert!(e["message"].as_str().unwrap().contains("already exists"));
+    let r = cli.run_with_url("http://127.0.0.1:1", &["audit", "--json"]);
+    assert_eq!(r.code, 69);
+    let e: serde_json::Value = serde_json::from_str(&r.stderr).unwrap();
+    assert_eq!(e["error"], "unavailable");
+}

@@ -48,6 +48,33 @@ impl CliError {
     }
 }
 
+impl CliError {
+    /// A short name of the kind of error, from the exit status: `usage`, `data`, `unavailable`,
+    /// `internal`, `timeout`, `config`, `not_runnable`, `not_found`, or `failed`.
+    pub fn kind(&self) -> &'static str {
+        match self.code {
+            EX_USAGE => "usage",
+            txn::EX_DATAERR => "data",
+            EX_UNAVAILABLE => "unavailable",
+            EX_SOFTWARE => "internal",
+            EX_TEMPFAIL => "timeout",
+            EX_CONFIG => "config",
+            126 => "not_runnable",
+            127 => "not_found",
+            _ => "failed",
+        }
+    }
+}
+
+/// Prints `{"error": KIND, "message": TEXT}` as one line on stderr (the form of errors when
+/// `--json` is given).
+pub fn print_error_json(e: &CliError) {
+    eprintln!(
+        "{}",
+        serde_json::json!({"error": e.kind(), "message": e.message})
+    );
+}
+
 impl From<ConfigError> for CliError {
     fn from(e: ConfigError) -> Self {
         Self::new(EX_CONFIG, e)
@@ -72,8 +99,9 @@ impl From<zkguard::es::EsError> for CliError {
     }
 }
 
-/// Logging to stderr; `-v` raises the level, `RUST_LOG` overrides.
-pub fn init_tracing(verbose: u8, quiet: bool) {
+/// Logging to stderr; `-v` raises the level, `RUST_LOG` overrides. With `json` (a command given
+/// `--json`) each log event is a JSON line, so that everything zkguard writes on stderr parses.
+pub fn init_tracing(verbose: u8, quiet: bool, json: bool) {
     let default = match verbose {
         0 if quiet => "error",
         0 => "warn",
@@ -84,6 +112,14 @@ pub fn init_tracing(verbose: u8, quiet: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     use std::io::IsTerminal;
+    if json {
+        let _ = tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+        return;
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -57,6 +57,10 @@ pub struct InitArgs {
     /// units if transactions touch them: for demos only.
     #[arg(long)]
     pub reset: bool,
+    /// Print the outcome as one JSON object: `{"accounts_index", "transactions_index",
+    /// "accounts": [{"id", "balance", "result": "created"|"unchanged"|"reset"}]}`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `zkguard txn transfer`.
@@ -250,26 +254,44 @@ pub async fn run(settings: Settings, args: TxnArgs) -> Result<u8, CliError> {
 async fn init(coordinator: &Coordinator, args: InitArgs) -> Result<u8, CliError> {
     coordinator.ensure_indices().await.map_err(cli_error)?;
     let s = coordinator.settings();
-    println!(
-        "indices ready: accounts `{}`, transactions `{}`",
-        s.accounts_index, s.transactions_index
-    );
+    if !args.json {
+        println!(
+            "indices ready: accounts `{}`, transactions `{}`",
+            s.accounts_index, s.transactions_index
+        );
+    }
+    let mut accounts = Vec::new();
     for (id, balance) in args.accounts.into_iter().flatten() {
-        if args.reset {
+        let result = if args.reset {
             coordinator
                 .reset_account(&id, balance)
                 .await
                 .map_err(cli_error)?;
-            println!("account {id}: reset to {balance}");
+            "reset"
         } else if coordinator
             .create_account(&id, balance)
             .await
             .map_err(cli_error)?
         {
-            println!("account {id}: created with {balance}");
+            "created"
         } else {
-            println!("account {id}: already exists with {balance}, unchanged");
+            "unchanged"
+        };
+        if !args.json {
+            match result {
+                "reset" => println!("account {id}: reset to {balance}"),
+                "created" => println!("account {id}: created with {balance}"),
+                _ => println!("account {id}: already exists with {balance}, unchanged"),
+            }
         }
+        accounts.push(serde_json::json!({"id": id, "balance": balance, "result": result}));
+    }
+    if args.json {
+        print_json(&serde_json::json!({
+            "accounts_index": s.accounts_index,
+            "transactions_index": s.transactions_index,
+            "accounts": accounts,
+        }))?;
     }
     Ok(0)
 }
