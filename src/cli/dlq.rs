@@ -68,6 +68,7 @@ fn dlq_error(e: DeadLetterError) -> CliError {
         DeadLetterError::NoStore => EX_CONFIG,
         DeadLetterError::Json { .. } => EX_SOFTWARE,
         DeadLetterError::Io { .. } | DeadLetterError::Store { .. } => EX_UNAVAILABLE,
+        _ => EX_SOFTWARE,
     };
     CliError::new(code, e)
 }

@@ -37,6 +37,7 @@ use crate::lock::LockType;
 
 /// A configuration error: which key, which value, where it came from and what is expected.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// A value could not be parsed or is out of range.
     #[error("invalid value `{value}` for `{key}` (from {origin}): {expected}")]
