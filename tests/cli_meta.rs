@@ -53,6 +53,32 @@ fn config_check_accepts_a_valid_configuration_without_connecting() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["valid"], true);
     assert_eq!(v["file"], file.path().display().to_string());
+    assert_eq!(v["warnings"], serde_json::json!([]));
+
+    // A misspelt variable is valid configuration with a warning: in the object with --json, as
+    // a JSON line on stderr for the other --json commands.
+    let out = run(zkguard()
+        .env("ZKGUARD_ZOOKEEPER_SESION_TIMEOUT", "3000")
+        .args(["config", "check", "--json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("did you mean ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT"),
+        "{v}"
+    );
+    let out = run(zkguard()
+        .env("ZKGUARD_ZOOKEEPER_SESION_TIMEOUT", "3000")
+        .args(["config", "show", "--json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let w: serde_json::Value = serde_json::from_slice(&out.stderr).expect("a JSON warning");
+    assert_eq!(w["warning"], "config");
+    assert!(w["message"]
+        .as_str()
+        .unwrap()
+        .contains("ZKGUARD_ZOOKEEPER_SESION_TIMEOUT"));
 }
 
 #[test]

@@ -124,7 +124,12 @@ pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
         tokio::select! {
             status = child.wait() => break status,
             reason = guard.lost(), if lost.is_none() => {
-                eprintln!("zkguard: lock on `{}` lost while the command ran: {reason}; sending SIGTERM to the command", args.monitor);
+                let message = format!("lock on `{}` lost while the command ran: {reason}; sending SIGTERM to the command", args.monitor);
+                if args.json {
+                    eprintln!("{}", serde_json::json!({"warning": "lock_lost", "message": message}));
+                } else {
+                    eprintln!("zkguard: {message}");
+                }
                 lost = Some(reason);
                 terminate(&target, &mut child, args.kill_after).await;
             }

@@ -130,8 +130,13 @@ pub fn init_tracing(verbose: u8, quiet: bool, json: bool) {
 /// Loads the configuration named by `--config`; prints its warnings on stderr.
 pub fn settings(cli: &Cli) -> Result<Settings, CliError> {
     let settings = Settings::load(cli.config.as_deref())?;
+    let json = cli.command.wants_json();
     for w in &settings.warnings {
-        eprintln!("zkguard: warning: {w}");
+        if json {
+            eprintln!("{}", serde_json::json!({"warning": "config", "message": w}));
+        } else {
+            eprintln!("zkguard: warning: {w}");
+        }
     }
     Ok(settings)
 }
