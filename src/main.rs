@@ -95,13 +95,16 @@ fn main() -> ExitCode {
                 _ => cli::EX_USAGE,
             };
             if code != 0 && std::env::args_os().any(|a| a == "--json") {
+                // The message without clap's usage and help hints, on one line.
                 let full = e.to_string();
-                let text = full
+                let text: Vec<&str> = full
                     .lines()
-                    .next()
-                    .unwrap_or("bad usage")
-                    .trim_start_matches("error: ");
-                cli::print_error_json(&cli::CliError::usage(text));
+                    .map(str::trim)
+                    .take_while(|l| !l.starts_with("Usage:"))
+                    .filter(|l| !l.is_empty() && !l.starts_with("tip:") && !l.starts_with("For more information"))
+                    .collect();
+                let text = text.join(" ");
+                cli::print_error_json(&cli::CliError::usage(text.trim_start_matches("error: ")));
             } else {
                 let _ = e.print();
             }

@@ -718,6 +718,10 @@ fn json_reports_token_wait_and_hold_times() {
         let e: serde_json::Value = serde_json::from_str(stderr(&o).trim())
             .unwrap_or_else(|_| panic!("{args:?}: not one JSON object: {}", stderr(&o)));
         assert_eq!(e["error"], kind, "{args:?}");
+        if args.len() == 4 {
+            // A missing option is named.
+            assert!(e["message"].as_str().unwrap().contains("--monitor"), "{e}");
+        }
         assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()));
     }
     let closed = format!("127.0.0.1:{}", zkguard::testkit::free_port().unwrap());
