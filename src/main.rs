@@ -101,7 +101,11 @@ fn main() -> ExitCode {
                     .lines()
                     .map(str::trim)
                     .take_while(|l| !l.starts_with("Usage:"))
-                    .filter(|l| !l.is_empty() && !l.starts_with("tip:") && !l.starts_with("For more information"))
+                    .filter(|l| {
+                        !l.is_empty()
+                            && !l.starts_with("tip:")
+                            && !l.starts_with("For more information")
+                    })
                     .collect();
                 let text = text.join(" ");
                 cli::print_error_json(&cli::CliError::usage(text.trim_start_matches("error: ")));
