@@ -44,6 +44,45 @@ pub enum Command {
     Txn(cli::txn::TxnArgs),
     /// Run the lock service: guarded writes over HTTP, a durable background queue, metrics.
     Serve(server::ServeArgs),
+    /// Check the configuration, or show the effective settings and where each comes from.
+    Config(cli::config::ConfigArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(cli::meta::CompletionsArgs),
+    /// Print the man page zkguard(1) in roff.
+    #[command(hide = true)]
+    Man,
+}
+
+impl Command {
+    /// Whether the command was given `--json`: its errors are then printed as JSON too.
+    pub fn wants_json(&self) -> bool {
+        use cli::config::ConfigCommand;
+        use cli::dlq::DlqCommand;
+        use cli::txn::TxnCommand;
+        match self {
+            Self::Exec(a) => a.json,
+            Self::Locks(a) => a.json,
+            Self::Bench(a) => a.json,
+            Self::Demo(a) => a.json,
+            Self::Dlq(a) => match &a.command {
+                DlqCommand::List { json } => *json,
+                DlqCommand::Replay(r) => r.json,
+            },
+            Self::Txn(a) => match &a.command {
+                TxnCommand::Init(x) => x.json,
+                TxnCommand::Transfer(x) => x.json,
+                TxnCommand::Show(x) => x.json,
+                TxnCommand::Rollback(x) => x.json,
+                TxnCommand::Recover(x) => x.json,
+                TxnCommand::Audit(x) => x.json,
+            },
+            Self::Config(a) => match &a.command {
+                ConfigCommand::Check(x) => x.json,
+                ConfigCommand::Show(x) => x.json,
+            },
+            Self::Serve(_) | Self::Completions(_) | Self::Man => false,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -55,15 +94,33 @@ fn main() -> ExitCode {
                 ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
                 _ => cli::EX_USAGE,
             };
-            let _ = e.print();
+            if code != 0 && std::env::args_os().any(|a| a == "--json") {
+                // The message without clap's usage and help hints, on one line.
+                let full = e.to_string();
+                let text: Vec<&str> = full
+                    .lines()
+                    .map(str::trim)
+                    .take_while(|l| !l.starts_with("Usage:"))
+                    .filter(|l| {
+                        !l.is_empty()
+                            && !l.starts_with("tip:")
+                            && !l.starts_with("For more information")
+                    })
+                    .collect();
+                let text = text.join(" ");
+                cli::print_error_json(&cli::CliError::usage(text.trim_start_matches("error: ")));
+            } else {
+                let _ = e.print();
+            }
             return ExitCode::from(code);
         }
     };
+    let json = cli.command.wants_json();
     // The demo expects faults (parked operations, a fenced writer): keep its screen to the report.
     let quiet = matches!(cli.command, Command::Demo(_));
     match &cli.command {
         Command::Serve(args) => server::init_tracing(cli.verbose, args.log_format),
-        _ => cli::init_tracing(cli.verbose, quiet),
+        _ => cli::init_tracing(cli.verbose, quiet, json),
     }
     install_panic_hook();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -99,7 +156,11 @@ fn main() -> ExitCode {
     match result {
         Some(Ok(code)) => ExitCode::from(code),
         Some(Err(e)) => {
-            eprintln!("zkguard: {}", e.message);
+            if json {
+                cli::print_error_json(&e);
+            } else {
+                eprintln!("zkguard: {}", e.message);
+            }
             ExitCode::from(e.code)
         }
         None => ExitCode::from(cli::EX_SOFTWARE),

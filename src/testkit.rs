@@ -75,6 +75,7 @@ const LOG_TAIL_LINES: usize = 40;
 
 /// Why a server could not be started or controlled.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServerError {
     /// A program or package the server needs is not installed.
     #[error("{what} is not available: {detail}. Install it with `{INSTALL_COMMAND}` (as root or through sudo)")]

@@ -521,7 +521,10 @@ async fn an_operation_the_sink_refuses_is_lost_not_rejected() {
         tries,
         ref letter,
         ..
-    } = err;
+    } = err
+    else {
+        panic!("expected BackgroundError::Lost, got {err}");
+    };
     assert_eq!(op_id, op.id);
     assert_eq!(tries, PARK_TRIES);
     assert_eq!(

@@ -187,8 +187,17 @@ fn assert_one_line_error(out: &Output, code: i32, needle: &str) {
 #[test]
 fn unreachable_zookeeper_exits_69() {
     let zk = format!("127.0.0.1:{}", closed_port());
-    let out = zkguard(&["--json", "--zk", &zk, "--iterations", "5"]);
+    let out = zkguard(&["--zk", &zk, "--iterations", "5"]);
     assert_one_line_error(&out, 69, &zk);
+    // With --json, the error is a JSON line on stderr, the last one.
+    let out = zkguard(&["--json", "--zk", &zk, "--iterations", "5"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    let last: serde_json::Value =
+        serde_json::from_str(stderr.lines().last().unwrap()).expect("a JSON error line");
+    assert_eq!(last["error"], "unavailable", "{stderr}");
+    assert!(last["message"].as_str().unwrap().contains(&zk), "{stderr}");
 }
 
 #[test]

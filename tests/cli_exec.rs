@@ -661,3 +661,81 @@ async fn locks_reports_a_stray_mutex_and_clears_it_on_request() {
     .unwrap();
     holder.wait().unwrap();
 }
+
+/// `exec --json`: the command's stdout untouched, a final JSON line on stderr with token, wait
+/// and hold times and the status; errors of zkguard itself as `{"error", "message"}`.
+#[test]
+fn json_reports_token_wait_and_hold_times() {
+    let zk = shared();
+    let r = root("json");
+    let o = zkguard(&zk.connect_string(), &r)
+        .args(["exec", "--json", "--monitor", "mj", "--", "sh", "-c"])
+        .arg(r#"echo "out $ZKGUARD_FENCING_TOKEN"; exit 3"#)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let err = stderr(&o);
+    let last: serde_json::Value =
+        serde_json::from_str(err.lines().last().expect("a final line")).expect("JSON");
+    let token = last["token"].as_u64().expect("a token");
+    assert!(token > 0, "{last}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), format!("out {token}\n"));
+    assert_eq!(last["monitor"], "mj");
+    assert_eq!(last["lock_type"], "foreground");
+    assert_eq!(last["backend"], "zookeeper");
+    assert_eq!(last["status"], 3);
+    assert_eq!(last["lock_lost"], false);
+    assert!(last["wait_ms"].as_f64().unwrap() >= 0.0, "{last}");
+    assert!(last["hold_ms"].as_f64().unwrap() > 0.0, "{last}");
+
+    // Without --json: no such line.
+    let o = zkguard(&zk.connect_string(), &r)
+        .args(["exec", "--monitor", "mj", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stderr(&o), "");
+
+    // zkguard's own errors: one JSON object on stderr.
+    for (args, code, kind) in [
+        (
+            vec!["exec", "--json", "--monitor", "a/b", "--", "true"],
+            64,
+            "usage",
+        ),
+        (vec!["exec", "--json", "--", "true"], 64, "usage"),
+        (
+            vec!["exec", "--json", "--monitor", "m", "--", "/no/such/cmd"],
+            127,
+            "not_found",
+        ),
+    ] {
+        let o = zkguard(&zk.connect_string(), &r)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {}", stderr(&o));
+        let e: serde_json::Value = serde_json::from_str(stderr(&o).trim())
+            .unwrap_or_else(|_| panic!("{args:?}: not one JSON object: {}", stderr(&o)));
+        assert_eq!(e["error"], kind, "{args:?}");
+        if args.len() == 4 {
+            // A missing option is named.
+            assert!(e["message"].as_str().unwrap().contains("--monitor"), "{e}");
+        }
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    let closed = format!("127.0.0.1:{}", zkguard::testkit::free_port().unwrap());
+    let o = zkguard(&closed, &r)
+        .args(["exec", "--json", "--monitor", "m", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
+    // The connection attempts are logged as JSON lines too; the error comes last.
+    let lines: Vec<serde_json::Value> = stderr(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+        .collect();
+    let e = lines.last().expect("an error line");
+    assert_eq!(e["error"], "unavailable");
+    assert!(e["message"].as_str().unwrap().contains("zookeeper.servers"));
+}

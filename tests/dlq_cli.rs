@@ -384,3 +384,56 @@ async fn replay_says_when_the_sink_refuses_to_record_a_failed_attempt() {
     let left = sink.list().await.unwrap();
     assert_eq!((left.len(), left[0].attempts), (1, 3), "{left:?}");
 }
+
+/// `dlq replay --json`: one JSON object with the counts and each entry's result; errors as
+/// `{"error", "message"}` on stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_reports_as_json() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let config = write_config(dir.path(), &settings);
+    let es = store(&settings);
+    let index = format!("cli-json-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    GuardedWriter::new(l, es.clone())
+        .on("cli-json")
+        .index(&index, "1", json!({"n": 0}))
+        .await
+        .unwrap();
+
+    let empty = zkguard(&config, &["dlq", "replay", "--all", "--json"]);
+    assert_eq!(status(&empty), 0, "{empty:?}");
+    let v: Value = serde_json::from_slice(&empty.stdout).unwrap();
+    assert_eq!(v["replayed"], 0);
+    assert_eq!(v["results"], json!([]));
+
+    let sink = FileSink::new(&settings.retry.file_path);
+    let ok = park_increments(&sink, "cli-json", &index, "1", &[5]).await;
+    let bad = park_increments(&sink, "cli-json", &index, "no-such-doc", &[1]).await;
+    let out = zkguard(&config, &["dlq", "replay", "--all", "--json"]);
+    assert_eq!(status(&out), 75, "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["replayed"], 2);
+    assert_eq!(v["applied"], 1);
+    assert_eq!(v["still_parked"], 1);
+    let results = v["results"].as_array().unwrap();
+    let find = |id: uuid::Uuid| {
+        results
+            .iter()
+            .find(|r| r["id"] == id.to_string())
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(find(ok[0].id)["result"], "applied");
+    assert_eq!(find(ok[0].id)["error"], Value::Null);
+    assert_eq!(find(bad[0].id)["result"], "still_parked");
+    assert!(find(bad[0].id)["error"].is_string());
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 5);
+
+    let usage = zkguard(&config, &["dlq", "replay", "--id", "not-an-id", "--json"]);
+    assert_eq!(status(&usage), 64);
+    let e: Value = serde_json::from_slice(&usage.stderr).expect("a JSON error");
+    assert_eq!(e["error"], "usage");
+    assert!(e["message"].as_str().unwrap().contains("not-an-id"));
+}

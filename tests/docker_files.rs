@@ -176,6 +176,14 @@ fn dockerfile_ships_the_binary_and_the_configuration() {
     assert!(dockerfile.contains("FROM debian:${DEBIAN_RELEASE}-slim"));
     assert!(dockerfile.contains("COPY conf/ /etc/zkguard/"));
     assert!(dockerfile.contains(r#"ENTRYPOINT ["/usr/local/bin/zkguard"]"#));
+    // The man page and the completions come from the installed binary.
+    assert!(dockerfile.contains("zkguard man > /usr/local/share/man/man1/zkguard.1"));
+    for shell in ["bash", "zsh", "fish"] {
+        assert!(
+            dockerfile.contains(&format!("zkguard completions {shell} > ")),
+            "completions for {shell} not installed"
+        );
+    }
     // The binary is declared under that name.
     let manifest =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();

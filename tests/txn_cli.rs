@@ -220,3 +220,118 @@ fn init_transfer_recover_and_audit_through_the_binary() {
         r.stderr
     );
 }
+
+/// `txn recover` (without `--once`) stops on SIGTERM as on Ctrl-C: exit 0, every transaction
+/// left at a step boundary, so the audit finds nothing half-done.
+#[test]
+fn recover_stops_cleanly_on_sigterm() {
+    use std::io::BufRead;
+    use std::process::Stdio;
+
+    let server = OsmemServer::start().expect("start osmem-server (run scripts/install-deps.sh)");
+    let cli = Cli::new(server.url());
+    cli.expect(&["init", "--accounts", "A=500,B=500"], 0, "created");
+    for (i, step) in ["mark-pending", "apply-source", "mark-committed"]
+        .iter()
+        .enumerate()
+    {
+        let id = format!("s{i}");
+        cli.expect(
+            &[
+                "transfer",
+                "--from",
+                "A",
+                "--to",
+                "B",
+                "--amount",
+                "10",
+                "--id",
+                &id,
+                "--crash-after",
+                step,
+            ],
+            75,
+            "stopped after step",
+        );
+    }
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .arg("--config")
+        .arg(cli.config.path())
+        .args(["txn", "recover", "--interval", "1h"])
+        .env("ZKGUARD_ELASTICSEARCH_URL", &cli.url)
+        .env_remove("RUST_LOG")
+        .env_remove("ZKGUARD_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run zkguard txn recover");
+    // The first report is printed after the signal handlers are in place.
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains("recovery: examined 3"), "{line:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let audit = cli.expect(
+        &["audit", "--json", "--expect-total", "1000"],
+        0,
+        "\"total_balance\": 1000",
+    );
+    let audit: serde_json::Value = serde_json::from_str(&audit.stdout).unwrap();
+    assert_eq!(audit["pending"], serde_json::json!({}));
+    assert_eq!(audit["anomalies"], serde_json::json!([]));
+}
+
+/// `txn init --json`: one JSON object naming the indices and each account's outcome; errors as
+/// `{"error", "message"}` on stderr.
+#[test]
+fn init_reports_as_json() {
+    let server = OsmemServer::start().expect("start osmem-server (run scripts/install-deps.sh)");
+    let cli = Cli::new(server.url());
+    let r = cli.expect(&["init", "--accounts", "A=5", "--json"], 0, "\"accounts\"");
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert!(v["accounts_index"]
+        .as_str()
+        .unwrap()
+        .starts_with("cli-acc-"));
+    assert!(v["transactions_index"]
+        .as_str()
+        .unwrap()
+        .starts_with("cli-txn-"));
+    assert_eq!(
+        v["accounts"],
+        serde_json::json!([{"id": "A", "balance": 5, "result": "created"}])
+    );
+    let r = cli.expect(
+        &["init", "--accounts", "A=5,B=1", "--json"],
+        0,
+        "\"accounts\"",
+    );
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        v["accounts"],
+        serde_json::json!([
+            {"id": "A", "balance": 5, "result": "unchanged"},
+            {"id": "B", "balance": 1, "result": "created"}
+        ])
+    );
+    let r = cli.expect(&["init", "--accounts", "A=7", "--json"], 65, "\"error\"");
+    let e: serde_json::Value = serde_json::from_str(&r.stderr).unwrap();
+    assert_eq!(e["error"], "data");
+    assert!(e["message"].as_str().unwrap().contains("already exists"));
+    let r = cli.run_with_url("http://127.0.0.1:1", &["audit", "--json"]);
+    assert_eq!(r.code, 69);
+    let e: serde_json::Value = serde_json::from_str(&r.stderr).unwrap();
+    assert_eq!(e["error"], "unavailable");
+}

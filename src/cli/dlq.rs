@@ -62,6 +62,10 @@ pub struct ReplayArgs {
     /// Replay every entry, oldest first.
     #[arg(long)]
     pub all: bool,
+    /// Print the outcome as one JSON object: `{"replayed", "applied", "already_applied",
+    /// "still_parked", "not_removed", "results": [{"id", "operation", "result", "error"}]}`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn dlq_error(e: DeadLetterError) -> CliError {
@@ -73,6 +77,7 @@ fn dlq_error(e: DeadLetterError) -> CliError {
         DeadLetterError::Io { .. } | DeadLetterError::Store { .. } | DeadLetterError::Kafka(_) => {
             EX_UNAVAILABLE
         }
+        _ => EX_SOFTWARE,
     };
     CliError::new(code, e)
 }
@@ -175,7 +180,11 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
     };
     let (sink, store, kafka) = open_sink(settings).await?;
     if selection == ReplaySelection::All && sink.list().await.map_err(dlq_error)?.is_empty() {
-        println!("no parked operations in {}", sink.describe());
+        if args.json {
+            print_replay_json(&[])?;
+        } else {
+            println!("no parked operations in {}", sink.describe());
+        }
         return Ok(0);
     }
     let store = match store {
@@ -189,6 +198,14 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
         None => deadletter::replay(&writer, sink.as_ref(), selection).await,
     }
     .map_err(dlq_error)?;
+    if args.json {
+        let (parked, unremoved) = print_replay_json(&results)?;
+        return Ok(if parked + unremoved > 0 {
+            EX_TEMPFAIL
+        } else {
+            0
+        });
+    }
     let (mut applied, mut already, mut parked, mut unremoved) = (0, 0, 0, 0);
     for r in &results {
         match &r.result {
@@ -235,4 +252,57 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
     } else {
         0
     })
+}
+
+/// Prints the outcome of a replay as one JSON object; returns the counts of entries still
+/// parked and of entries applied but not removed.
+fn print_replay_json(results: &[deadletter::ReplayEntry]) -> Result<(usize, usize), CliError> {
+    let (mut applied, mut already, mut parked, mut unremoved) = (0, 0, 0, 0);
+    let mut list = Vec::new();
+    for r in results {
+        let (result, error) = match &r.result {
+            ReplayResult::Applied => {
+                applied += 1;
+                ("applied", None)
+            }
+            ReplayResult::AlreadyApplied => {
+                already += 1;
+                ("already_applied", None)
+            }
+            ReplayResult::NotRemoved { error } => {
+                unremoved += 1;
+                ("not_removed", Some(error.to_string()))
+            }
+            ReplayResult::StillParked {
+                error,
+                not_recorded,
+                ..
+            } => {
+                parked += 1;
+                let error = match not_recorded {
+                    None => error.to_string(),
+                    Some(e) => format!(
+                        "{error} (the entry stays as it was: recording this attempt failed: {e})"
+                    ),
+                };
+                ("still_parked", Some(error))
+            }
+        };
+        list.push(serde_json::json!({
+            "id": r.id.to_string(),
+            "operation": r.summary,
+            "result": result,
+            "error": error,
+        }));
+    }
+    let value = serde_json::json!({
+        "replayed": results.len(),
+        "applied": applied,
+        "already_applied": already,
+        "still_parked": parked,
+        "not_removed": unremoved,
+        "results": list,
+    });
+    println!("{value}");
+    Ok((parked, unremoved))
 }

@@ -49,6 +49,11 @@ pub struct ExecArgs {
     /// How long CMD gets to exit after SIGTERM (lock lost or zkguard interrupted) before SIGKILL.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_cli_duration)]
     pub kill_after: Duration,
+    /// Errors as `{"error", "message"}` and, when the command has run, a final JSON line on
+    /// stderr: `{"monitor", "lock_type", "backend", "token", "wait_ms", "hold_ms", "status"}`
+    /// (stderr, so that the command's own stdout stays as it wrote it).
+    #[arg(long)]
+    pub json: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -72,7 +77,9 @@ pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
     if let Some(t) = args.timeout {
         request = request.with_timeout(t);
     }
+    let asked = std::time::Instant::now();
     let guard = service.acquire(request).await?;
+    let acquired = std::time::Instant::now();
     let token = guard.fencing_token();
     tracing::info!(monitor = %args.monitor, token, "running the command under the lock");
 
@@ -117,7 +124,12 @@ pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
         tokio::select! {
             status = child.wait() => break status,
             reason = guard.lost(), if lost.is_none() => {
-                eprintln!("zkguard: lock on `{}` lost while the command ran: {reason}; sending SIGTERM to the command", args.monitor);
+                let message = format!("lock on `{}` lost while the command ran: {reason}; sending SIGTERM to the command", args.monitor);
+                if args.json {
+                    eprintln!("{}", serde_json::json!({"warning": "lock_lost", "message": message}));
+                } else {
+                    eprintln!("zkguard: {message}");
+                }
                 lost = Some(reason);
                 terminate(&target, &mut child, args.kill_after).await;
             }
@@ -128,20 +140,53 @@ pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
     // Nothing the command started may run on once the lock is released.
     target.kill_leftovers();
     let release = guard.unlock().await;
+    let held = acquired.elapsed();
+    let report = |status: u8| {
+        if args.json {
+            eprintln!(
+                "{}",
+                serde_json::json!({
+                    "monitor": args.monitor,
+                    "lock_type": args.lock_type.to_string(),
+                    "backend": service.backend_name(),
+                    "token": token,
+                    "wait_ms": millis(acquired - asked),
+                    "hold_ms": millis(held),
+                    "status": status,
+                    "lock_lost": lost.is_some(),
+                })
+            );
+        }
+    };
     if lost.is_some() {
+        report(EX_UNAVAILABLE);
         return Ok(EX_UNAVAILABLE);
     }
     if let Err(e) = release {
-        eprintln!("zkguard: warning: {e}");
+        if args.json {
+            eprintln!(
+                "{}",
+                serde_json::json!({"warning": "release", "message": e.to_string()})
+            );
+        } else {
+            eprintln!("zkguard: warning: {e}");
+        }
     }
     let status =
         status.map_err(|e| CliError::new(EX_SOFTWARE, format!("waiting for the command: {e}")))?;
     use std::os::unix::process::ExitStatusExt;
-    Ok(match (status.code(), status.signal()) {
+    let code = match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
         (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
         _ => EX_SOFTWARE,
-    })
+    };
+    report(code);
+    Ok(code)
+}
+
+/// Milliseconds with three decimals (microsecond resolution).
+fn millis(d: Duration) -> f64 {
+    (d.as_micros() as f64) / 1000.0
 }
 
 /// Makes the command die with zkguard: on Linux a parent-death signal (SIGKILL) set in the

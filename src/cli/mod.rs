@@ -6,10 +6,12 @@ use zkguard::LockError;
 use crate::{Cli, Command};
 
 pub mod bench;
+pub mod config;
 pub mod demo;
 pub mod dlq;
 pub mod exec;
 pub mod locks;
+pub mod meta;
 pub mod txn;
 
 /// Bad usage (sysexits `EX_USAGE`).
@@ -46,6 +48,33 @@ impl CliError {
     }
 }
 
+impl CliError {
+    /// A short name of the kind of error, from the exit status: `usage`, `data`, `unavailable`,
+    /// `internal`, `timeout`, `config`, `not_runnable`, `not_found`, or `failed`.
+    pub fn kind(&self) -> &'static str {
+        match self.code {
+            EX_USAGE => "usage",
+            txn::EX_DATAERR => "data",
+            EX_UNAVAILABLE => "unavailable",
+            EX_SOFTWARE => "internal",
+            EX_TEMPFAIL => "timeout",
+            EX_CONFIG => "config",
+            126 => "not_runnable",
+            127 => "not_found",
+            _ => "failed",
+        }
+    }
+}
+
+/// Prints `{"error": KIND, "message": TEXT}` as one line on stderr (the form of errors when
+/// `--json` is given).
+pub fn print_error_json(e: &CliError) {
+    eprintln!(
+        "{}",
+        serde_json::json!({"error": e.kind(), "message": e.message})
+    );
+}
+
 impl From<ConfigError> for CliError {
     fn from(e: ConfigError) -> Self {
         Self::new(EX_CONFIG, e)
@@ -70,8 +99,9 @@ impl From<zkguard::es::EsError> for CliError {
     }
 }
 
-/// Logging to stderr; `-v` raises the level, `RUST_LOG` overrides.
-pub fn init_tracing(verbose: u8, quiet: bool) {
+/// Logging to stderr; `-v` raises the level, `RUST_LOG` overrides. With `json` (a command given
+/// `--json`) each log event is a JSON line, so that everything zkguard writes on stderr parses.
+pub fn init_tracing(verbose: u8, quiet: bool, json: bool) {
     let default = match verbose {
         0 if quiet => "error",
         // The Kafka client warns about every reconnection attempt; zkguard reports the outcome.
@@ -83,6 +113,14 @@ pub fn init_tracing(verbose: u8, quiet: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     use std::io::IsTerminal;
+    if json {
+        let _ = tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+        return;
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -93,8 +131,13 @@ pub fn init_tracing(verbose: u8, quiet: bool) {
 /// Loads the configuration named by `--config`; prints its warnings on stderr.
 pub fn settings(cli: &Cli) -> Result<Settings, CliError> {
     let settings = Settings::load(cli.config.as_deref())?;
+    let json = cli.command.wants_json();
     for w in &settings.warnings {
-        eprintln!("zkguard: warning: {w}");
+        if json {
+            eprintln!("{}", serde_json::json!({"warning": "config", "message": w}));
+        } else {
+            eprintln!("zkguard: warning: {w}");
+        }
     }
     Ok(settings)
 }
@@ -122,6 +165,13 @@ pub async fn lock_service(
 
 /// Runs a parsed command line; `Ok(status)` is the process exit status.
 pub async fn run(cli: Cli) -> Result<u8, CliError> {
+    // These read no configuration, or check it themselves.
+    match &cli.command {
+        Command::Config(args) => return config::run(&cli, args),
+        Command::Completions(args) => return meta::completions(args),
+        Command::Man => return meta::man(),
+        _ => {}
+    }
     let settings = settings(&cli)?;
     match cli.command {
         Command::Exec(args) => exec::run(settings, args).await,
@@ -131,5 +181,6 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Dlq(args) => dlq::run(settings, args).await,
         Command::Txn(args) => txn::run(settings, args).await,
         Command::Serve(args) => crate::server::run(settings, args).await,
+        Command::Config(_) | Command::Completions(_) | Command::Man => Ok(0),
     }
 }

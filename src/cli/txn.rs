@@ -57,6 +57,10 @@ pub struct InitArgs {
     /// units if transactions touch them: for demos only.
     #[arg(long)]
     pub reset: bool,
+    /// Print the outcome as one JSON object: `{"accounts_index", "transactions_index",
+    /// "accounts": [{"id", "balance", "result": "created"|"unchanged"|"reset"}]}`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `zkguard txn transfer`.
@@ -250,26 +254,44 @@ pub async fn run(settings: Settings, args: TxnArgs) -> Result<u8, CliError> {
 async fn init(coordinator: &Coordinator, args: InitArgs) -> Result<u8, CliError> {
     coordinator.ensure_indices().await.map_err(cli_error)?;
     let s = coordinator.settings();
-    println!(
-        "indices ready: accounts `{}`, transactions `{}`",
-        s.accounts_index, s.transactions_index
-    );
+    if !args.json {
+        println!(
+            "indices ready: accounts `{}`, transactions `{}`",
+            s.accounts_index, s.transactions_index
+        );
+    }
+    let mut accounts = Vec::new();
     for (id, balance) in args.accounts.into_iter().flatten() {
-        if args.reset {
+        let result = if args.reset {
             coordinator
                 .reset_account(&id, balance)
                 .await
                 .map_err(cli_error)?;
-            println!("account {id}: reset to {balance}");
+            "reset"
         } else if coordinator
             .create_account(&id, balance)
             .await
             .map_err(cli_error)?
         {
-            println!("account {id}: created with {balance}");
+            "created"
         } else {
-            println!("account {id}: already exists with {balance}, unchanged");
+            "unchanged"
+        };
+        if !args.json {
+            match result {
+                "reset" => println!("account {id}: reset to {balance}"),
+                "created" => println!("account {id}: created with {balance}"),
+                _ => println!("account {id}: already exists with {balance}, unchanged"),
+            }
         }
+        accounts.push(serde_json::json!({"id": id, "balance": balance, "result": result}));
+    }
+    if args.json {
+        print_json(&serde_json::json!({
+            "accounts_index": s.accounts_index,
+            "transactions_index": s.transactions_index,
+            "accounts": accounts,
+        }))?;
     }
     Ok(0)
 }
@@ -346,19 +368,66 @@ async fn recover(
     let interval = args
         .interval
         .unwrap_or_else(|| (settings.txn.recovery_after / 2).max(Duration::from_secs(1)));
-    let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
+    // Installed before the first pass, so a stop request that comes at any time after start is
+    // seen. A pass that has begun runs to its end (each transaction left at a step boundary,
+    // never half-way through one), then the command exits 0.
+    let mut stop = StopSignal::install()?;
     loop {
-        tokio::select! {
-            _ = &mut ctrl_c => return Ok(0),
-            result = coordinator.recover_once() => match result {
-                Ok(report) if report.examined > 0 => print_report(&report, args.json)?,
-                Ok(_) => {}
-                Err(e) => eprintln!("zkguard: recovery pass failed (retrying in {}): {e}", humantime::format_duration(interval)),
-            },
+        match coordinator.recover_once().await {
+            Ok(report) if report.examined > 0 => print_report(&report, args.json)?,
+            Ok(_) => {}
+            Err(e) => eprintln!(
+                "zkguard: recovery pass failed (retrying in {}): {e}",
+                humantime::format_duration(interval)
+            ),
+        }
+        if stop.requested() {
+            return Ok(0);
         }
         tokio::select! {
-            _ = &mut ctrl_c => return Ok(0),
+            _ = stop.wait() => return Ok(0),
             _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// Ctrl-C (SIGINT) or SIGTERM, the signal service managers (systemd, Kubernetes) stop with.
+struct StopSignal {
+    requested: Arc<std::sync::atomic::AtomicBool>,
+    notify: Arc<tokio::sync::Notify>,
+}
+
+impl StopSignal {
+    fn install() -> Result<Self, CliError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let requested = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let notify = Arc::new(tokio::sync::Notify::new());
+        let mut signals = Vec::new();
+        for kind in [SignalKind::interrupt(), SignalKind::terminate()] {
+            signals.push(signal(kind).map_err(|e| {
+                CliError::new(EX_SOFTWARE, format!("cannot watch for stop signals: {e}"))
+            })?);
+        }
+        for mut s in signals {
+            let requested = requested.clone();
+            let notify = notify.clone();
+            tokio::spawn(async move {
+                if s.recv().await.is_some() {
+                    requested.store(true, std::sync::atomic::Ordering::SeqCst);
+                    notify.notify_one();
+                }
+            });
+        }
+        Ok(Self { requested, notify })
+    }
+
+    fn requested(&self) -> bool {
+        self.requested.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn wait(&mut self) {
+        while !self.requested() {
+            self.notify.notified().await;
         }
     }
 }

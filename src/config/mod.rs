@@ -37,6 +37,7 @@ use crate::lock::LockType;
 
 /// A configuration error: which key, which value, where it came from and what is expected.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// A value could not be parsed or is out of range.
     #[error("invalid value `{value}` for `{key}` (from {origin}): {expected}")]
@@ -584,6 +585,91 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Where the effective value of a key came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ValueSource {
+    /// The built-in default (see [`KEYS`]).
+    Default,
+    /// The properties file given with `--config`.
+    File(PathBuf),
+    /// The environment variable named (`ZKGUARD_...`).
+    Environment(String),
+}
+
+impl ValueSource {
+    /// `default`, `file` or `env`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::File(_) => "file",
+            Self::Environment(_) => "env",
+        }
+    }
+}
+
+impl fmt::Display for ValueSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Default => f.write_str("default"),
+            Self::File(path) => write!(f, "file {}", path.display()),
+            Self::Environment(var) => write!(f, "environment variable {var}"),
+        }
+    }
+}
+
+/// One key of the effective configuration, as `zkguard config show` prints it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EffectiveValue {
+    /// The key (`zookeeper.servers`, ...).
+    pub key: String,
+    /// The value as given (trimmed), with secrets masked as `***`: a non-empty value of a key
+    /// whose name ends in `password`, `secret`, `token`, `key` or `credentials`, and the
+    /// user-info of URLs (`http://***@host:9200`).
+    pub value: String,
+    /// Where the value came from.
+    pub source: ValueSource,
+}
+
+/// Whether a key holds a secret (its name ends in password, secret, token, key or credentials).
+pub fn is_secret_key(key: &str) -> bool {
+    let last = key.rsplit(['.', '_', '-']).next().unwrap_or(key);
+    let last = last.to_ascii_lowercase();
+    ["password", "secret", "token", "key", "credentials"]
+        .iter()
+        .any(|s| last.ends_with(s))
+}
+
+/// `value` with secrets masked as `***` (see [`EffectiveValue::value`]).
+pub fn masked_value(key: &str, value: &str) -> String {
+    if is_secret_key(key) {
+        return if value.is_empty() {
+            String::new()
+        } else {
+            "***".into()
+        };
+    }
+    if !value.contains("://") {
+        return value.to_string();
+    }
+    value
+        .split(',')
+        .map(|part| {
+            let Some(scheme_end) = part.find("://") else {
+                return part.to_string();
+            };
+            let rest = &part[scheme_end + 3..];
+            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            match rest[..authority_end].rfind('@') {
+                Some(at) => format!("{}***{}", &part[..scheme_end + 3], &rest[at..]),
+                None => part.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A value as messages show it: URLs without user-info, passwords not at all.
 fn shown_value(key: &str, value: &str) -> String {
     match key {
@@ -661,62 +747,104 @@ impl Settings {
         path: Option<&Path>,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let mut raw: HashMap<String, (String, String)> = KEYS
-            .iter()
-            .map(|(k, v, _)| (k.to_string(), (v.to_string(), "defaults".to_string())))
-            .collect();
-        if let Some(path) = path {
-            let text = read_config_file(path)?;
-            let file = config::File::from_str(&text, PropertiesFormat);
-            let cfg =
-                Config::builder()
-                    .add_source(file)
-                    .build()
-                    .map_err(|e| ConfigError::File {
-                        path: path.to_path_buf(),
-                        reason: e.to_string(),
-                    })?;
-            let table: Map<String, Value> =
-                cfg.try_deserialize().map_err(|e| ConfigError::File {
-                    path: path.to_path_buf(),
-                    reason: e.to_string(),
-                })?;
-            let origin = path.display().to_string();
-            let mut flat = Vec::new();
-            flatten(String::new(), table, &mut flat);
-            for (key, value) in flat {
-                if !raw.contains_key(&key) {
-                    if OWNED_NAMESPACES.iter().any(|ns| key.starts_with(ns)) {
-                        return Err(ConfigError::UnknownKey {
-                            hint: did_you_mean(&key),
-                            key,
-                            origin,
-                        });
-                    }
-                    tracing::debug!(%key, "ignoring a key outside zkguard's namespaces");
-                    continue;
-                }
-                let text = value.into_string().map_err(|e| ConfigError::File {
-                    path: path.to_path_buf(),
-                    reason: e.to_string(),
-                })?;
-                raw.insert(key, (text.trim().to_string(), origin.clone()));
-            }
-        }
-        for (key, _, _) in KEYS {
-            let var = env_var_for(key);
-            if let Some(v) = env(&var) {
-                raw.insert(
-                    key.to_string(),
-                    (v.trim().to_string(), format!("environment variable {var}")),
-                );
-            }
-        }
+        let raw = raw_values(path, env)?;
         let mut settings = Self::from_raw(&raw, path)?;
         settings.source = path.map(Path::to_path_buf);
         Ok(settings)
     }
 
+    /// Every key's effective value and where it came from, after checking the whole
+    /// configuration as [`Settings::load_with_env`] does (no server is contacted). Secrets are
+    /// masked (see [`EffectiveValue::value`]).
+    ///
+    /// # Errors
+    /// See [`Settings::load`].
+    pub fn effective_values(
+        path: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Vec<EffectiveValue>, ConfigError> {
+        let raw = raw_values(path, env)?;
+        Self::from_raw(&raw, path)?;
+        Ok(KEYS
+            .iter()
+            .map(|(key, _, _)| {
+                let (value, origin) = &raw[*key];
+                let source = if origin == "defaults" {
+                    ValueSource::Default
+                } else if let Some(var) = origin.strip_prefix("environment variable ") {
+                    ValueSource::Environment(var.to_string())
+                } else {
+                    ValueSource::File(path.map(Path::to_path_buf).unwrap_or_default())
+                };
+                EffectiveValue {
+                    key: key.to_string(),
+                    value: masked_value(key, value),
+                    source,
+                }
+            })
+            .collect())
+    }
+}
+
+/// The raw text of every key with its origin (`defaults`, the file's path, or `environment
+/// variable NAME`): defaults, then the file, then the environment.
+fn raw_values(
+    path: Option<&Path>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<HashMap<String, (String, String)>, ConfigError> {
+    let mut raw: HashMap<String, (String, String)> = KEYS
+        .iter()
+        .map(|(k, v, _)| (k.to_string(), (v.to_string(), "defaults".to_string())))
+        .collect();
+    if let Some(path) = path {
+        let text = read_config_file(path)?;
+        let file = config::File::from_str(&text, PropertiesFormat);
+        let cfg = Config::builder()
+            .add_source(file)
+            .build()
+            .map_err(|e| ConfigError::File {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })?;
+        let table: Map<String, Value> = cfg.try_deserialize().map_err(|e| ConfigError::File {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let origin = path.display().to_string();
+        let mut flat = Vec::new();
+        flatten(String::new(), table, &mut flat);
+        for (key, value) in flat {
+            if !raw.contains_key(&key) {
+                if OWNED_NAMESPACES.iter().any(|ns| key.starts_with(ns)) {
+                    return Err(ConfigError::UnknownKey {
+                        hint: did_you_mean(&key),
+                        key,
+                        origin,
+                    });
+                }
+                tracing::debug!(%key, "ignoring a key outside zkguard's namespaces");
+                continue;
+            }
+            let text = value.into_string().map_err(|e| ConfigError::File {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })?;
+            raw.insert(key, (text.trim().to_string(), origin.clone()));
+        }
+    }
+    for (key, _, _) in KEYS {
+        let var = env_var_for(key);
+        if let Some(v) = env(&var) {
+            raw.insert(
+                key.to_string(),
+                (v.trim().to_string(), format!("environment variable {var}")),
+            );
+        }
+    }
+    Ok(raw)
+}
+
+impl Settings {
     fn from_raw(
         raw: &HashMap<String, (String, String)>,
         _path: Option<&Path>,

@@ -102,5 +102,6 @@ pub fn from_guarded(e: GuardedError) -> ApiError {
             ApiError::bad("es_rejected", message)
         }
         GuardedError::Store(_) => ApiError::unavailable("es_unavailable", message),
+        _ => ApiError::internal(message),
     }
 }

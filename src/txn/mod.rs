@@ -321,6 +321,7 @@ pub enum Rejection {
 
 /// Errors of the transaction layer.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TxnError {
     /// The transfer was refused before anything was written.
     #[error("transfer `{id}` rejected: {reason}")]

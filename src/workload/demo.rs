@@ -863,6 +863,11 @@ fn status_of(result: &Result<Outcome, BackgroundError>) -> OpStatus {
                 "not applied ({error}), and the dead-letter {sink} refused it {tries} times: {park_error}"
             ),
         },
+        Err(other) => OpStatus::Rejected {
+            kind: "error".into(),
+            reason: other.to_string(),
+            ambiguous: false,
+        },
     }
 }
 

@@ -150,6 +150,7 @@ pub const PARK_TRIES: u32 = 5;
 
 /// A background operation the caller must handle itself.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BackgroundError {
     /// The operation was not applied, and the dead-letter sink refused it every time it was
     /// tried: it is in neither place. The complete dead letter is in the error (and was written

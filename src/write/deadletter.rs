@@ -38,6 +38,7 @@ use crate::write::ops::Operation;
 
 /// Errors of dead-letter sinks.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DeadLetterError {
     /// The dead-letter file could not be read or written.
     #[error("cannot {action} dead-letter file {}: {source}; check that its directory exists and is writable (deadletter.file.path)", path.display())]

@@ -64,6 +64,7 @@ use crate::write::ops::{
 
 /// Errors of guarded writes.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum GuardedError {
     /// The operation is not well formed; it can never succeed as it is.
     #[error("invalid operation: {0}")]

@@ -44,6 +44,7 @@ pub const DEFAULT_OPS_WINDOW: usize = 100;
 
 /// An operation that is not well formed, whatever the state of the target document.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum OpError {
     /// The monitor object name cannot be used as a lock.
     #[error("invalid monitor object {monitor:?}: {reason}")]
@@ -85,6 +86,7 @@ pub enum OpError {
 
 /// A change applied to the stored document could not be computed from its current content.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ApplyError {
     /// The increment field (or one of its parents) holds something other than a number/object.
     #[error("field `{field}` holds {found}, not a number; fix the document or the operation")]

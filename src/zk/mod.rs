@@ -18,10 +18,12 @@ mod inspect;
 pub mod names;
 mod recipe;
 mod session;
+mod state;
 
 pub use inspect::{clear_stray, list_locks, Contender, MonitorState, StrayOutcome};
 pub use recipe::{LockGuard, NodeData, ZkBlockingWriteLock, ZkLockService};
 pub use session::{wait_for_sessions_to_end, ZkSession};
+pub use state::ConnectionState;
 
 use crate::lock::LockError;
 use zookeeper_client::Error as ZkError;

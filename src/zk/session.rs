@@ -338,6 +338,10 @@ struct Inner {
     current: RwLock<Option<Arc<Slot>>>,
     connecting: Mutex<()>,
     closed: AtomicBool,
+    /// The connection state reported by [`ZkSession::connection_state`].
+    state: super::state::StateSender,
+    /// The application's connector ([`ZkSession::from_connector`]), if any.
+    connector: Option<zookeeper_client::Connector>,
 }
 
 /// A ZooKeeper session serving many locks.
@@ -389,6 +393,13 @@ impl ZkSession {
     /// # Cancellation safety
     /// Cancel-safe: nothing is left behind.
     pub async fn connect(settings: &ZkSettings) -> Result<Self, LockError> {
+        Self::connect_with(settings, None).await
+    }
+
+    pub(super) async fn connect_with(
+        settings: &ZkSettings,
+        connector: Option<zookeeper_client::Connector>,
+    ) -> Result<Self, LockError> {
         let host = hostname::get()
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "unknown".into());
@@ -405,10 +416,16 @@ impl ZkSession {
                 current: RwLock::new(None),
                 connecting: Mutex::new(()),
                 closed: AtomicBool::new(false),
+                state: super::state::channel(),
+                connector,
             }),
         };
         session.slot().await?;
         Ok(session)
+    }
+
+    pub(super) fn state_sender(&self) -> &super::state::StateSender {
+        &self.inner.state
     }
 
     /// The settings this session was made with.
@@ -468,9 +485,12 @@ impl ZkSession {
         let attempts = s.connection_retry.max(1);
         let mut last = String::new();
         for attempt in 1..=attempts {
-            let connector = Client::connector()
-                .with_session_timeout(s.session_timeout)
-                .with_fail_eagerly();
+            let connector = match &self.inner.connector {
+                Some(c) => c.clone().with_fail_eagerly(),
+                None => Client::connector()
+                    .with_session_timeout(s.session_timeout)
+                    .with_fail_eagerly(),
+            };
             match tokio::time::timeout(
                 s.session_timeout.max(Duration::from_secs(2)),
                 connector.connect(&s.servers),
@@ -510,9 +530,12 @@ impl ZkSession {
         register_session(&client);
         let (health_tx, health_rx) = watch::channel(Health::Connected);
         let mut states = client.state_watcher();
+        let state_tx = self.inner.state.clone();
+        super::state::publish(&state_tx, super::ConnectionState::Connected);
         tokio::spawn(async move {
             loop {
                 let state = states.changed().await;
+                super::state::publish(&state_tx, state.into());
                 let health = match state {
                     SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
                         Health::Connected
@@ -588,6 +611,7 @@ impl ZkSession {
     /// session open, and this returns `false` at the limit. No new lock can be taken afterwards.
     pub async fn close_and_wait(&self, limit: Duration) -> bool {
         self.inner.closed.store(true, Ordering::Release);
+        super::state::publish(&self.inner.state, super::ConnectionState::Closed);
         let Some(slot) = self.inner.current.write().expect("slot lock").take() else {
             return true;
         };
@@ -615,6 +639,7 @@ impl ZkSession {
     /// be taken through this session afterwards.
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
+        super::state::publish(&self.inner.state, super::ConnectionState::Closed);
         self.inner.current.write().expect("slot lock").take();
     }
 }
