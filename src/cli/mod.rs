@@ -1,134 +1,13 @@
-//! Subcommand implementations and the exit-status contract.
-
-use zkguard::config::{ConfigError, Settings};
-use zkguard::LockError;
-
-use crate::{Cli, Command};
+//! The subcommands, one module each, the exit-status contract and the setup they share.
 
 pub mod bench;
 pub mod demo;
 pub mod dlq;
 pub mod exec;
 pub mod locks;
+mod setup;
+mod status;
 pub mod txn;
 
-/// Bad usage (sysexits `EX_USAGE`).
-pub const EX_USAGE: u8 = 64;
-/// ZooKeeper/Elasticsearch unreachable, or the lock was lost (`EX_UNAVAILABLE`).
-pub const EX_UNAVAILABLE: u8 = 69;
-/// Internal error (`EX_SOFTWARE`).
-pub const EX_SOFTWARE: u8 = 70;
-/// Lock not acquired in time (`EX_TEMPFAIL`).
-pub const EX_TEMPFAIL: u8 = 75;
-/// Bad configuration (`EX_CONFIG`).
-pub const EX_CONFIG: u8 = 78;
-
-/// An error that ends the command with an exit status and one line on stderr.
-#[derive(Debug)]
-pub struct CliError {
-    /// Exit status.
-    pub code: u8,
-    /// The line printed after `zkguard: `.
-    pub message: String,
-}
-
-impl CliError {
-    /// An error with a status.
-    pub fn new(code: u8, message: impl std::fmt::Display) -> Self {
-        Self {
-            code,
-            message: message.to_string().replace('\n', " "),
-        }
-    }
-    /// Bad usage.
-    pub fn usage(message: impl std::fmt::Display) -> Self {
-        Self::new(EX_USAGE, message)
-    }
-}
-
-impl From<ConfigError> for CliError {
-    fn from(e: ConfigError) -> Self {
-        Self::new(EX_CONFIG, e)
-    }
-}
-
-impl From<LockError> for CliError {
-    fn from(e: LockError) -> Self {
-        let code = match &e {
-            LockError::Timeout { .. } => EX_TEMPFAIL,
-            LockError::InvalidMonitor { .. } => EX_USAGE,
-            LockError::MissingChroot { .. } => EX_CONFIG,
-            _ => EX_UNAVAILABLE,
-        };
-        Self::new(code, e)
-    }
-}
-
-impl From<zkguard::es::EsError> for CliError {
-    fn from(e: zkguard::es::EsError) -> Self {
-        Self::new(EX_UNAVAILABLE, e)
-    }
-}
-
-/// Logging to stderr; `-v` raises the level, `RUST_LOG` overrides.
-pub fn init_tracing(verbose: u8, quiet: bool) {
-    let default = match verbose {
-        0 if quiet => "error",
-        0 => "warn",
-        1 => "info,zkguard=info",
-        2 => "info,zkguard=debug",
-        _ => "debug,zkguard=trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
-}
-
-/// Loads the configuration named by `--config`; prints its warnings on stderr.
-pub fn settings(cli: &Cli) -> Result<Settings, CliError> {
-    let settings = Settings::load(cli.config.as_deref())?;
-    for w in &settings.warnings {
-        eprintln!("zkguard: warning: {w}");
-    }
-    Ok(settings)
-}
-
-/// Connects the lock service selected by `lock.backend`.
-pub async fn lock_service(
-    settings: &Settings,
-) -> Result<std::sync::Arc<dyn zkguard::LockService>, CliError> {
-    use zkguard::config::LockBackendKind;
-    match settings.backend {
-        LockBackendKind::ZooKeeper => {
-            let session = zkguard::ZkSession::connect(&settings.zookeeper).await?;
-            Ok(std::sync::Arc::new(zkguard::ZkLockService::new(session)))
-        }
-        LockBackendKind::Elasticsearch => {
-            let store = zkguard::es::EsStore::new(&settings.elasticsearch)?;
-            let service = zkguard::eslock::EsLockService::from_settings(
-                settings,
-                std::sync::Arc::new(store),
-            )?;
-            Ok(std::sync::Arc::new(service))
-        }
-    }
-}
-
-/// Runs a parsed command line; `Ok(status)` is the process exit status.
-pub async fn run(cli: Cli) -> Result<u8, CliError> {
-    let settings = settings(&cli)?;
-    match cli.command {
-        Command::Exec(args) => exec::run(settings, args).await,
-        Command::Locks(args) => locks::run(settings, args).await,
-        Command::Bench(args) => bench::run(settings, args).await,
-        Command::Demo(args) => demo::run(settings, args).await,
-        Command::Dlq(args) => dlq::run(settings, args).await,
-        Command::Txn(args) => txn::run(settings, args).await,
-        Command::Serve(args) => crate::server::run(settings, args).await,
-    }
-}
+pub use setup::{init_tracing, lock_service};
+pub use status::{CliError, EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use config::{Config, Format, Map, Value, ValueKind};
 
-use crate::lock::LockType;
+use crate::lock::{znode_char, LockType};
 
 /// A configuration error: which key, which value, where it came from and what is expected.
 #[derive(Debug, thiserror::Error)]
@@ -1077,16 +1077,6 @@ fn check_chroot(chroot: &str) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Whether ZooKeeper accepts `c` in a node name: not a control character, not in U+D800–U+F8FF
-/// or U+FFF0–U+FFFF, and inside the Basic Multilingual Plane (the server sees a character beyond
-/// it as two surrogates, which it refuses).
-pub(crate) fn znode_char(c: char) -> bool {
-    !(c.is_control()
-        || ('\u{e000}'..='\u{f8ff}').contains(&c)
-        || ('\u{fff0}'..='\u{ffff}').contains(&c)
-        || c > '\u{ffff}')
 }
 
 /// `config` nests dotted keys into tables; zkguard's keys are flat property names again.

@@ -478,7 +478,7 @@ pub fn validate_monitor(name: &str) -> Result<(), LockError> {
     if name.contains('/') {
         return bad("it contains `/`; replace it (e.g. with `:`) since each monitor is one znode");
     }
-    if let Some(c) = name.chars().find(|c| !crate::config::znode_char(*c)) {
+    if let Some(c) = name.chars().find(|c| !znode_char(*c)) {
         if c > '\u{ffff}' {
             return bad(&format!(
                 "it contains the character U+{:04X} ({c}), outside the Basic Multilingual Plane, which ZooKeeper cannot store in a node name; use characters up to U+FFFF",
@@ -491,6 +491,16 @@ pub fn validate_monitor(name: &str) -> Result<(), LockError> {
         ));
     }
     Ok(())
+}
+
+/// Whether ZooKeeper accepts `c` in a node name: not a control character, not in U+D800–U+F8FF
+/// or U+FFF0–U+FFFF, and inside the Basic Multilingual Plane (the server sees a character beyond
+/// it as two surrogates, which it refuses).
+pub(crate) fn znode_char(c: char) -> bool {
+    !(c.is_control()
+        || ('\u{e000}'..='\u{f8ff}').contains(&c)
+        || ('\u{fff0}'..='\u{ffff}').contains(&c)
+        || c > '\u{ffff}')
 }
 
 #[cfg(test)]
