@@ -895,8 +895,9 @@ async fn a_journaled_operation_already_in_elasticsearch_is_not_applied_twice() {
     let env = Env::new(&shared_zk().connect_string(), "twice");
     let c = client();
     let index = format!("twice-{}", uuid_tag());
-    let op = zkguard::write::ops::Operation::index(format!("{index}:d"), &index, "d", json!({"v": 1}))
-        .with_type(LockType::Background);
+    let op =
+        zkguard::write::ops::Operation::index(format!("{index}:d"), &index, "d", json!({"v": 1}))
+            .with_type(LockType::Background);
     let token = {
         let s = env.start("writer");
         let (status, v) = put(

@@ -43,4 +43,3 @@ pub async fn lock_service(
         }
     }
 }
-

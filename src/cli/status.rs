@@ -60,4 +60,3 @@ impl From<zkguard::es::EsError> for CliError {
         Self::new(EX_UNAVAILABLE, e)
     }
 }
-

@@ -113,8 +113,11 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     let writer = GuardedWriter::new(locks.clone(), doc_store.clone());
     let sink = zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(doc_store))
         .map_err(|e| CliError::new(EX_CONFIG, e))?;
-    let executor =
-        zkguard::write::background::BackgroundExecutor::from_settings(writer.clone(), sink, &settings);
+    let executor = zkguard::write::background::BackgroundExecutor::from_settings(
+        writer.clone(),
+        sink,
+        &settings,
+    );
 
     let (state, queue) = AppState::new(
         writer,

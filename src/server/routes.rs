@@ -17,8 +17,8 @@ use futures::FutureExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
-use zkguard::write::guarded::GuardedError;
 use zkguard::lock::validate_monitor;
+use zkguard::write::guarded::GuardedError;
 use zkguard::write::ops::{DeleteMode, Operation};
 use zkguard::{LockError, LockType};
 
