@@ -87,6 +87,7 @@ const OWNED_NAMESPACES: &[&str] = &[
 ///
 /// `conf/zkguard.properties` documents each of them; the test suite checks that file against this
 /// table.
+#[doc(hidden)] // the table behind conf/zkguard.properties, checked by the tests
 pub const KEYS: &[(&str, &str, &str)] = &[
     ("zookeeper.servers", "localhost:2181", "comma-separated host:port list, optionally followed by a /chroot"),
     ("zookeeper.session.timeout", "5000", "ZooKeeper session timeout (ms)"),
@@ -285,6 +286,21 @@ pub struct ServerSettings {
 }
 
 /// The whole configuration, typed.
+///
+/// # Examples
+///
+/// ```
+/// use zkguard::config::Settings;
+///
+/// // Built-in defaults, overridden by ZKGUARD_* environment variables when set.
+/// let settings = Settings::load(None)?;
+/// println!("ZooKeeper at {}", settings.zookeeper.servers);
+/// for warning in &settings.warnings {
+///     eprintln!("warning: {warning}");
+/// }
+/// // From a properties file: Settings::load(Some("conf/zkguard.properties".as_ref()))
+/// # Ok::<(), zkguard::config::ConfigError>(())
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Settings {
@@ -320,7 +336,7 @@ impl Default for Settings {
 
 /// The `config` format for Java properties files, backed by `java-properties`.
 #[derive(Debug, Clone, Copy)]
-pub struct PropertiesFormat;
+pub(crate) struct PropertiesFormat;
 
 impl Format for PropertiesFormat {
     fn parse(
@@ -351,7 +367,7 @@ const ENV_PREFIX: &str = "ZKGUARD_";
 /// zkguard's own environment variables that are not configuration keys: the configuration file,
 /// what `zkguard exec` sets for its command (so a zkguard run inside `exec` stays quiet) and the
 /// test kit's. Any `ZKGUARD_TEST_*` variable is the test kit's too.
-pub const OWN_VARIABLES: &[&str] = &[
+pub(crate) const OWN_VARIABLES: &[&str] = &[
     "ZKGUARD_CONFIG",
     "ZKGUARD_FENCING_TOKEN",
     "ZKGUARD_MONITOR",
@@ -366,7 +382,7 @@ fn is_own_variable(name: &str) -> bool {
 }
 
 /// The environment variable that overrides `key`.
-pub fn env_var_for(key: &str) -> String {
+pub(crate) fn env_var_for(key: &str) -> String {
     format!(
         "{ENV_PREFIX}{}",
         key.to_ascii_uppercase().replace(['.', '-'], "_")
@@ -374,6 +390,7 @@ pub fn env_var_for(key: &str) -> String {
 }
 
 /// The longest duration any duration setting or option accepts: 7 days.
+#[doc(hidden)] // for the zkguard binary
 pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Parses a duration like [`parse_duration`] and checks it against [`MAX_DURATION`]; the error
@@ -381,6 +398,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 ///
 /// # Errors
 /// A one-line reason when `text` is not a duration or is longer than [`MAX_DURATION`].
+#[doc(hidden)] // for the zkguard binary
 pub fn parse_bounded_duration(text: &str) -> Result<Duration, String> {
     let d = parse_duration(text).ok_or_else(|| {
         format!(
@@ -438,6 +456,7 @@ fn read_config_file(path: &Path) -> Result<String, ConfigError> {
 
 /// A URL (or a list of them, or text that does not parse as one) without user-info: what
 /// messages, logs and `Debug` output show of `elasticsearch.url`.
+#[doc(hidden)] // for the zkguard binary
 pub fn redact_urls(text: &str) -> String {
     text.split(',')
         .map(|part| {
@@ -456,6 +475,7 @@ pub fn redact_urls(text: &str) -> String {
 }
 
 /// Parsed URLs shown without user-info, comma-separated and without trailing slashes.
+#[doc(hidden)] // for the zkguard binary
 pub fn display_urls(urls: &[url::Url]) -> String {
     urls.iter()
         .map(|u| {
@@ -474,7 +494,7 @@ pub fn display_urls(urls: &[url::Url]) -> String {
 /// # Errors
 /// A one-line reason when the URLs carry different credentials, or when both the URLs and
 /// `username`/`password` give them.
-pub fn split_url_credentials(
+pub(crate) fn split_url_credentials(
     urls: &mut [url::Url],
     username: Option<&str>,
     password: Option<&str>,
@@ -963,7 +983,7 @@ impl Reader<'_> {
 ///
 /// # Errors
 /// What is wrong with it, in a few words.
-pub fn check_zk_servers(text: &str) -> Result<String, String> {
+pub(crate) fn check_zk_servers(text: &str) -> Result<String, String> {
     let text = text.trim();
     if text.is_empty() {
         return Err("it is empty".into());
@@ -1036,7 +1056,7 @@ pub fn check_zk_servers(text: &str) -> Result<String, String> {
 }
 
 /// Splits a connect string into its hosts and its chroot (after the last host), if any.
-pub fn split_zk_chroot(servers: &str) -> (&str, Option<&str>) {
+pub(crate) fn split_zk_chroot(servers: &str) -> (&str, Option<&str>) {
     let last_start = servers.rfind(',').map_or(0, |i| i + 1);
     let last = &servers[last_start..];
     let skip = if last.trim_start().starts_with("tcp://") {
@@ -1095,6 +1115,7 @@ fn flatten(prefix: String, table: Map<String, Value>, out: &mut Vec<(String, Val
 }
 
 /// Parses `2000` (milliseconds) or a humantime duration such as `2s`.
+#[doc(hidden)] // for the zkguard binary
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let t = text.trim();
     if let Ok(ms) = t.parse::<u64>() {

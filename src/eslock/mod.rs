@@ -1,6 +1,6 @@
 //! The Elasticsearch lease lock: zkguard's lock service for deployments without ZooKeeper.
 //!
-//! [`EsLockService`] implements [`LockService`] with documents in one index
+//! [`EsLockService`] implements [`LockService`](crate::LockService) with documents in one index
 //! (`elasticsearch.lock.index`, default `zkguard-locks`). `docs/eslock.md` describes the protocol
 //! in full; in short:
 //!
@@ -18,8 +18,9 @@
 //!   `elasticsearch.lock.clock.skew`, the holder has stopped before anyone can take over.
 //! - **Keep-alive**: every guard renews its lease (conditional write) three times per validity
 //!   period; if the holder's deadline passes without a confirmed renewal, or a renewal finds
-//!   another owner, the guard's loss signal fires ([`LossReason::LeaseExpired`],
-//!   [`LossReason::TakenOver`]).
+//!   another owner, the guard's loss signal fires
+//!   ([`LossReason::LeaseExpired`](crate::LossReason::LeaseExpired),
+//!   [`LossReason::TakenOver`](crate::LossReason::TakenOver)).
 //! - **Fencing token**: every acquisition writes `token = max(previous + 1, now in µs)` with the
 //!   same conditional write that grants the lock, so tokens strictly increase per monitor and
 //!   exceed any internal `_version` a data document can reach.

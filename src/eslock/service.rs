@@ -174,6 +174,27 @@ impl EsLockServiceBuilder {
 }
 
 /// The Elasticsearch lease lock service. Cheap to clone; clones share the owner prefix.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use zkguard::{config::Settings, es::EsStore, eslock::EsLockService, LockRequest, LockType};
+///
+/// let settings = Settings::load(None)?;
+/// let store = Arc::new(EsStore::new(&settings.elasticsearch)?);
+/// let locks = EsLockService::builder(store)
+///     .ttl(Duration::from_secs(30))
+///     .clock_skew(Duration::from_secs(2))
+///     .build()?;
+/// let request = LockRequest::new("article-42", "Bulk Propagation").with_type(LockType::Background);
+/// let guard = locks.lock(request).await?;
+/// // ... write article-42 with guard.fencing_token() as its external version ...
+/// guard.must_release().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct EsLockService {
     inner: Arc<Inner>,

@@ -19,7 +19,7 @@ mod contender;
 mod guard;
 mod inspect;
 mod mutex;
-pub mod names;
+pub(crate) mod names;
 mod node;
 mod queue;
 mod reaper;
@@ -30,6 +30,7 @@ mod session;
 pub use acquire::{ZkBlockingWriteLock, ZkLockService};
 pub use guard::LockGuard;
 pub use inspect::{clear_stray, list_locks, Contender, MonitorState, StrayOutcome};
+pub use names::QueueNode;
 pub use node::NodeData;
 pub use session::{wait_for_sessions_to_end, ZkSession};
 

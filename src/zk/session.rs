@@ -334,6 +334,24 @@ struct Inner {
 /// asks for `zookeeper.session.timeout`, and after a session expiry connects a new session for
 /// the next lock (locks held by the expired session report [`crate::LossReason::SessionExpired`]).
 /// Cloning is cheap; clones share the session.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use zkguard::{config::Settings, LockRequest, LockService, ZkLockService, ZkSession};
+///
+/// let settings = Settings::load(None)?;
+/// let session = ZkSession::connect(&settings.zookeeper).await?;
+/// // One session serves every lock of the process.
+/// let locks = ZkLockService::new(session.clone());
+/// let guard = locks.acquire(LockRequest::new("article-42", "Save Content")).await?;
+/// guard.unlock().await?;
+/// // At the end: close the session and wait until ZooKeeper has removed its nodes.
+/// session.close_and_wait(Duration::from_secs(2)).await;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct ZkSession {
     inner: Arc<Inner>,

@@ -15,6 +15,23 @@ use super::{time_serde, DeadLetter, DeadLetterError, DeadLetterSink};
 /// any shape can be parked without mapping conflicts. `park` and `remove` use
 /// `refresh=wait_for`, so `list` sees them at once. Parking needs Elasticsearch to be up: when
 /// the failures to park for are Elasticsearch outages, prefer the file sink.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use zkguard::es::EsStore;
+/// use zkguard::write::deadletter::{DeadLetterSink, EsSink};
+///
+/// let store = Arc::new(EsStore::from_url("http://localhost:9200")?);
+/// let sink = EsSink::new(store, "zkguard-deadletters");
+/// for letter in sink.list().await? {
+///     let (id, attempts) = (letter.id, letter.attempts);
+///     println!("{id} parked after {attempts} attempt(s): {}", letter.last_error);
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct EsSink {
     store: Arc<dyn DocStore>,

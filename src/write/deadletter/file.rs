@@ -22,6 +22,20 @@ use super::{DeadLetter, DeadLetterError, DeadLetterSink};
 ///
 /// Several processes (executors, `zkguard dlq replay`) can share the file. Lines that cannot be
 /// parsed are reported in the log and kept as they are by rewrites.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use zkguard::write::deadletter::{DeadLetterSink, FileSink};
+///
+/// let dir = tempfile::tempdir()?;
+/// let sink = FileSink::new(dir.path().join("deadletters.jsonl"));
+/// // Nothing parked yet (a missing file is an empty sink).
+/// assert!(sink.list().await?.is_empty());
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct FileSink {
     path: PathBuf,
