@@ -20,7 +20,8 @@ bench: deps
 deps:
 	scripts/install-deps.sh
 
-# Formatting and lints.
+# Formatting, lints, and no import cycle between the files of src/.
 check:
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
+	python3 scripts/import-cycles.py
