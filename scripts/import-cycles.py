@@ -9,7 +9,8 @@ followed to the file that defines it. `mod` declarations and `pub use` re-export
 facade, not uses, so a parent that re-exports its children is not in a cycle with them.
 
 Exit status 0 and "no import cycle" when the graph is acyclic; 1 and each cycle otherwise.
-Run from the repository root: `python3 scripts/import-cycles.py`.
+Run from the repository root: `python3 scripts/import-cycles.py [--src DIR]` (default `src`;
+a crate root missing from DIR is skipped).
 """
 import os
 import re
@@ -203,10 +204,19 @@ def cycles(graph):
 
 
 def main():
+    args = sys.argv[1:]
+    src = SRC
+    if args[:1] == ["--src"] and len(args) == 2:
+        src = args[1]
+    elif args:
+        print("usage: import-cycles.py [--src DIR]", file=sys.stderr)
+        return 2
     found = []
     files = 0
     for root in ("lib.rs", "main.rs"):
-        mods = load_crate(os.path.join(SRC, root))
+        if not os.path.exists(os.path.join(src, root)):
+            continue
+        mods = load_crate(os.path.join(src, root))
         collect_reexports(mods)
         graph = edges(mods)
         files += len(graph)
@@ -218,7 +228,7 @@ def main():
                 print(f"  {f} uses {', '.join(deps)}")
     if found:
         return 1
-    print(f"no import cycle between the {files} files of src/ (library and binary)")
+    print(f"no import cycle between the {files} files of {src}/ (library and binary)")
     return 0
 
 
