@@ -26,7 +26,8 @@ bench-service: deps
 deps:
 	scripts/install-deps.sh
 
-# Formatting and lints.
+# Formatting, lints, and no import cycle between the files of src/.
 check:
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
+	python3 scripts/import-cycles.py

@@ -12,7 +12,7 @@
 //! - [`ZkBlockingWriteLock`]: the ZooKeeper priority lock (`A-`/`B-` queue nodes, a `privateLock`
 //!   mutex node, fencing tokens, loss detection), in [`zk`];
 //! - [`config::Settings`]: properties-file configuration with environment overrides;
-//! - [`write`]: guarded, fenced Elasticsearch writes, background retries and dead letters, over
+//! - [`write`](mod@write): guarded, fenced Elasticsearch writes, background retries and dead letters, over
 //!   the document-store layer [`es`];
 //! - [`eslock`]: an Elasticsearch-native lease lock behind the same [`LockService`] trait
 //!   ([`lock`]);
@@ -48,6 +48,7 @@ pub mod txn;
 pub mod write;
 pub mod zk;
 
+#[doc(hidden)] // for the zkguard binary (the demo's retry budget)
 pub use backoff::Backoff;
 pub use lock::{Blocker, Guard, LockError, LockRequest, LockService, LockType, LossReason};
 pub use zk::{LockGuard, ZkBlockingWriteLock, ZkLockService, ZkSession};

@@ -226,5 +226,43 @@ async fn run(cli: Cli) -> Result<u8, cli::CliError> {
         tokio::task::yield_now().await;
         panic!("test hook ZKGUARD_TEST_HOOK_PANIC_IN_MAIN");
     }
-    cli::run(cli).await
+    dispatch(cli).await
+}
+
+/// Runs a parsed command line; `Ok(status)` is the process exit status.
+async fn dispatch(cli: Cli) -> Result<u8, cli::CliError> {
+    // These read no configuration, or check it themselves.
+    match &cli.command {
+        Command::Config(args) => return cli::config::run(cli.config.as_deref(), args),
+        Command::Completions(args) => {
+            return cli::meta::completions(<Cli as clap::CommandFactory>::command(), args)
+        }
+        Command::Man => return cli::meta::man(<Cli as clap::CommandFactory>::command()),
+        _ => {}
+    }
+    let settings = settings(&cli)?;
+    match cli.command {
+        Command::Exec(args) => cli::exec::run(settings, args).await,
+        Command::Locks(args) => cli::locks::run(settings, args).await,
+        Command::Bench(args) => cli::bench::run(settings, args).await,
+        Command::Demo(args) => cli::demo::run(settings, args).await,
+        Command::Dlq(args) => cli::dlq::run(settings, args).await,
+        Command::Txn(args) => cli::txn::run(settings, args).await,
+        Command::Serve(args) => server::run(settings, args).await,
+        Command::Config(_) | Command::Completions(_) | Command::Man => Ok(0),
+    }
+}
+
+/// Loads the configuration named by `--config`; prints its warnings on stderr.
+fn settings(cli: &Cli) -> Result<zkguard::config::Settings, cli::CliError> {
+    let settings = zkguard::config::Settings::load(cli.config.as_deref())?;
+    let json = cli.command.wants_json();
+    for w in &settings.warnings {
+        if json {
+            eprintln!("{}", serde_json::json!({"warning": "config", "message": w}));
+        } else {
+            eprintln!("zkguard: warning: {w}");
+        }
+    }
+    Ok(settings)
 }

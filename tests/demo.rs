@@ -15,8 +15,8 @@ use zkguard::{LockService, ZkLockService, ZkSession};
 
 // The demo workload belongs to the `zkguard` binary, not to the library: these tests compile its
 // module from the binary's source tree (it uses the library's public API only).
-#[allow(dead_code)]
-#[path = "../src/workload/demo.rs"]
+#[allow(dead_code, unused_imports)]
+#[path = "../src/workload/demo/mod.rs"]
 mod demo;
 use demo::{reconcile, DemoEnv, DemoPlan, DemoProgress, OpStatus};
 

@@ -3,7 +3,6 @@
 use zkguard::config::{EffectiveValue, Settings};
 
 use super::{CliError, EX_SOFTWARE};
-use crate::Cli;
 
 /// Arguments of `zkguard config`.
 #[derive(Debug, clap::Args)]
@@ -41,8 +40,7 @@ pub struct ShowArgs {
 }
 
 /// Runs `zkguard config`; loads the configuration itself (the other commands get it loaded).
-pub fn run(cli: &Cli, args: &ConfigArgs) -> Result<u8, CliError> {
-    let path = cli.config.as_deref();
+pub fn run(path: Option<&std::path::Path>, args: &ConfigArgs) -> Result<u8, CliError> {
     match &args.command {
         ConfigCommand::Check(a) => {
             let settings = Settings::load(path)?;
@@ -65,7 +63,14 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> Result<u8, CliError> {
             Ok(0)
         }
         ConfigCommand::Show(a) => {
-            super::settings(cli)?;
+            // Valid first: `show` prints nothing for a configuration zkguard would refuse.
+            for w in &Settings::load(path)?.warnings {
+                if a.json {
+                    eprintln!("{}", serde_json::json!({"warning": "config", "message": w}));
+                } else {
+                    eprintln!("zkguard: warning: {w}");
+                }
+            }
             let values = Settings::effective_values(path, |var| std::env::var(var).ok())?;
             if a.json {
                 let list: Vec<_> = values.iter().map(json_entry).collect();

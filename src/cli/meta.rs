@@ -1,10 +1,7 @@
 //! `zkguard completions SHELL` and `zkguard man`: shell completion scripts and the man page,
 //! generated from the command-line definition.
 
-use clap::CommandFactory;
-
 use super::{CliError, EX_SOFTWARE};
-use crate::Cli;
 
 /// Arguments of `zkguard completions`.
 #[derive(Debug, clap::Args)]
@@ -14,9 +11,8 @@ pub struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
-/// Writes the completion script for `args.shell` to stdout.
-pub fn completions(args: &CompletionsArgs) -> Result<u8, CliError> {
-    let mut command = Cli::command();
+/// Writes the completion script for `args.shell` to stdout, for the command line `command`.
+pub fn completions(mut command: clap::Command, args: &CompletionsArgs) -> Result<u8, CliError> {
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, "zkguard", &mut script);
     write_stdout(&script)?;
@@ -36,9 +32,8 @@ pub fn write_stdout(bytes: &[u8]) -> Result<(), CliError> {
     }
 }
 
-/// Writes the man page `zkguard(1)` (roff) to stdout.
-pub fn man() -> Result<u8, CliError> {
-    let command = Cli::command();
+/// Writes the man page `zkguard(1)` (roff) of the command line `command` to stdout.
+pub fn man(command: clap::Command) -> Result<u8, CliError> {
     let mut page = Vec::new();
     clap_mangen::Man::new(command)
         .render(&mut page)

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use config::{Config, Format, Map, Value, ValueKind};
 
-use crate::lock::LockType;
+use crate::lock::{znode_char, LockType};
 
 /// A configuration error: which key, which value, where it came from and what is expected.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +88,7 @@ const OWNED_NAMESPACES: &[&str] = &[
 ///
 /// `conf/zkguard.properties` documents each of them; the test suite checks that file against this
 /// table.
+#[doc(hidden)] // the table behind conf/zkguard.properties, checked by the tests
 pub const KEYS: &[(&str, &str, &str)] = &[
     ("zookeeper.servers", "localhost:2181", "comma-separated host:port list, optionally followed by a /chroot"),
     ("zookeeper.session.timeout", "5000", "ZooKeeper session timeout (ms)"),
@@ -333,6 +334,21 @@ pub struct ServerSettings {
 }
 
 /// The whole configuration, typed.
+///
+/// # Examples
+///
+/// ```
+/// use zkguard::config::Settings;
+///
+/// // Built-in defaults, overridden by ZKGUARD_* environment variables when set.
+/// let settings = Settings::load(None)?;
+/// println!("ZooKeeper at {}", settings.zookeeper.servers);
+/// for warning in &settings.warnings {
+///     eprintln!("warning: {warning}");
+/// }
+/// // From a properties file: Settings::load(Some("conf/zkguard.properties".as_ref()))
+/// # Ok::<(), zkguard::config::ConfigError>(())
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Settings {
@@ -368,7 +384,7 @@ impl Default for Settings {
 
 /// The `config` format for Java properties files, backed by `java-properties`.
 #[derive(Debug, Clone, Copy)]
-pub struct PropertiesFormat;
+pub(crate) struct PropertiesFormat;
 
 impl Format for PropertiesFormat {
     fn parse(
@@ -399,7 +415,7 @@ const ENV_PREFIX: &str = "ZKGUARD_";
 /// zkguard's own environment variables that are not configuration keys: the configuration file,
 /// what `zkguard exec` sets for its command (so a zkguard run inside `exec` stays quiet) and the
 /// test kit's. Any `ZKGUARD_TEST_*` variable is the test kit's too.
-pub const OWN_VARIABLES: &[&str] = &[
+pub(crate) const OWN_VARIABLES: &[&str] = &[
     "ZKGUARD_CONFIG",
     "ZKGUARD_FENCING_TOKEN",
     "ZKGUARD_MONITOR",
@@ -415,7 +431,7 @@ fn is_own_variable(name: &str) -> bool {
 }
 
 /// The environment variable that overrides `key`.
-pub fn env_var_for(key: &str) -> String {
+pub(crate) fn env_var_for(key: &str) -> String {
     format!(
         "{ENV_PREFIX}{}",
         key.to_ascii_uppercase().replace(['.', '-'], "_")
@@ -423,6 +439,7 @@ pub fn env_var_for(key: &str) -> String {
 }
 
 /// The longest duration any duration setting or option accepts: 7 days.
+#[doc(hidden)] // for the zkguard binary
 pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Parses a duration like [`parse_duration`] and checks it against [`MAX_DURATION`]; the error
@@ -430,6 +447,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 ///
 /// # Errors
 /// A one-line reason when `text` is not a duration or is longer than [`MAX_DURATION`].
+#[doc(hidden)] // for the zkguard binary
 pub fn parse_bounded_duration(text: &str) -> Result<Duration, String> {
     let d = parse_duration(text).ok_or_else(|| {
         format!(
@@ -487,6 +505,7 @@ fn read_config_file(path: &Path) -> Result<String, ConfigError> {
 
 /// A URL (or a list of them, or text that does not parse as one) without user-info: what
 /// messages, logs and `Debug` output show of `elasticsearch.url`.
+#[doc(hidden)] // for the zkguard binary
 pub fn redact_urls(text: &str) -> String {
     text.split(',')
         .map(|part| {
@@ -505,6 +524,7 @@ pub fn redact_urls(text: &str) -> String {
 }
 
 /// Parsed URLs shown without user-info, comma-separated and without trailing slashes.
+#[doc(hidden)] // for the zkguard binary
 pub fn display_urls(urls: &[url::Url]) -> String {
     urls.iter()
         .map(|u| {
@@ -523,7 +543,7 @@ pub fn display_urls(urls: &[url::Url]) -> String {
 /// # Errors
 /// A one-line reason when the URLs carry different credentials, or when both the URLs and
 /// `username`/`password` give them.
-pub fn split_url_credentials(
+pub(crate) fn split_url_credentials(
     urls: &mut [url::Url],
     username: Option<&str>,
     password: Option<&str>,
@@ -1227,7 +1247,7 @@ impl Reader<'_> {
 ///
 /// # Errors
 /// What is wrong with it, in a few words.
-pub fn check_zk_servers(text: &str) -> Result<String, String> {
+pub(crate) fn check_zk_servers(text: &str) -> Result<String, String> {
     let text = text.trim();
     if text.is_empty() {
         return Err("it is empty".into());
@@ -1300,7 +1320,7 @@ pub fn check_zk_servers(text: &str) -> Result<String, String> {
 }
 
 /// Splits a connect string into its hosts and its chroot (after the last host), if any.
-pub fn split_zk_chroot(servers: &str) -> (&str, Option<&str>) {
+pub(crate) fn split_zk_chroot(servers: &str) -> (&str, Option<&str>) {
     let last_start = servers.rfind(',').map_or(0, |i| i + 1);
     let last = &servers[last_start..];
     let skip = if last.trim_start().starts_with("tcp://") {
@@ -1343,16 +1363,6 @@ fn check_chroot(chroot: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether ZooKeeper accepts `c` in a node name: not a control character, not in U+D800–U+F8FF
-/// or U+FFF0–U+FFFF, and inside the Basic Multilingual Plane (the server sees a character beyond
-/// it as two surrogates, which it refuses).
-pub(crate) fn znode_char(c: char) -> bool {
-    !(c.is_control()
-        || ('\u{e000}'..='\u{f8ff}').contains(&c)
-        || ('\u{fff0}'..='\u{ffff}').contains(&c)
-        || c > '\u{ffff}')
-}
-
 /// `config` nests dotted keys into tables; zkguard's keys are flat property names again.
 fn flatten(prefix: String, table: Map<String, Value>, out: &mut Vec<(String, Value)>) {
     for (k, v) in table {
@@ -1369,6 +1379,7 @@ fn flatten(prefix: String, table: Map<String, Value>, out: &mut Vec<(String, Val
 }
 
 /// Parses `2000` (milliseconds) or a humantime duration such as `2s`.
+#[doc(hidden)] // for the zkguard binary
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let t = text.trim();
     if let Ok(ms) = t.parse::<u64>() {

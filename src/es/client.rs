@@ -36,6 +36,8 @@ use crate::config::EsSettings;
 /// over the nodes, and a request whose connection is refused is retried on the next node (it was
 /// never sent, so the retry cannot apply a write twice). Other failures are returned as they are.
 ///
+/// # Examples
+///
 /// ```no_run
 /// # async fn demo() -> Result<(), zkguard::es::EsError> {
 /// use zkguard::es::{DocStore, EsStore, Refresh, WriteCondition};
@@ -68,7 +70,7 @@ impl fmt::Debug for EsStore {
 impl EsStore {
     /// Connects to the cluster named by `elasticsearch.url` (one or several comma-separated URLs),
     /// with basic authentication when `elasticsearch.username` is set or the URLs embed credentials
-    /// as `http://user:pass@host:9200` (not both: see [`crate::config::split_url_credentials`]),
+    /// as `http://user:pass@host:9200` (not both: the configuration is refused then),
     /// and `elasticsearch.request.timeout` as the per-request timeout. URLs are never shown with
     /// their credentials.
     ///

@@ -5,15 +5,18 @@
 //! document API call (no painless scripts, no ingest pipelines), so it runs on Elasticsearch,
 //! OpenSearch and compatible servers alike.
 //!
-//! [`HookedStore`] wraps any store to run a [`StoreHook`] around its calls (metrics, fault
-//! injection, staged races in tests); [`IndexGate`] is a ready hook that holds back `index` calls.
+//! With the `testkit` feature, `HookedStore` wraps any store to run a `StoreHook` around its
+//! calls (counting, fault injection, staged races in tests) and `IndexGate` is a ready hook that
+//! holds back `index` calls.
 
 use async_trait::async_trait;
 use serde_json::Value;
 
 mod client;
+#[cfg(feature = "testkit")]
 mod hook;
 pub use client::EsStore;
+#[cfg(feature = "testkit")]
 pub use hook::{HookedStore, IndexGate, StoreCall, StoreHook};
 
 /// Errors of the document-store layer. Each HTTP failure class maps to its own variant.

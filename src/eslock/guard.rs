@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::record::{LockRecord, LockState};
-use super::{es_error, Inner};
+use super::state::{es_error, Inner, LiveGuard};
 use crate::backoff::Backoff;
 use crate::es::{DocMeta, EsError};
 use crate::lock::{Guard, LockError, LockType, LossReason, LossSignal};
@@ -52,6 +52,12 @@ pub(crate) enum ReleaseOutcome {
     Released,
     ReleasedAfterLoss(LossReason),
     NotOurs(String),
+}
+
+impl LiveGuard for GuardShared {
+    fn retire(&self, reason: LossReason) {
+        self.declare_lost(reason);
+    }
 }
 
 impl GuardShared {

@@ -151,3 +151,48 @@ pub(crate) fn mappings() -> Value {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takeable_only_past_expiry_plus_skew() {
+        let rec = LockRecord {
+            kind: KIND_LOCK.into(),
+            monitor: "m".into(),
+            state: LockState::Held,
+            owner: "o".into(),
+            info: String::new(),
+            lock_type: LockType::Foreground,
+            token: 1,
+            acquired: 0,
+            expires: 1_000,
+            renewed: 0,
+            released: None,
+            host: String::new(),
+            pid: 0,
+        };
+        assert!(!rec.is_takeable(1_000, 100));
+        assert!(!rec.is_takeable(1_100, 100));
+        assert!(rec.is_takeable(1_101, 100));
+        let free = LockRecord {
+            state: LockState::Free,
+            ..rec
+        };
+        assert!(free.is_takeable(0, 100));
+    }
+
+    #[test]
+    fn waiter_live_until_expiry_plus_skew() {
+        let w = WaiterRecord {
+            id: "w".into(),
+            owner: "o".into(),
+            info: String::new(),
+            registered: 0,
+            expires: 500,
+        };
+        assert!(w.is_live(600, 100));
+        assert!(!w.is_live(601, 100));
+    }
+}

@@ -4,7 +4,7 @@
 use crate::es::{DocMeta, EsError, Refresh, WriteCondition};
 
 use super::record::{waiters_id, WaiterRecord, WaitersDoc, KIND_WAITERS};
-use super::Inner;
+use super::state::Inner;
 
 /// Attempts of one read-modify-write before giving up (each conflict means another waiter's
 /// update went through, so this bounds work, not progress).

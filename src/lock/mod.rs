@@ -305,6 +305,21 @@ impl LockError {
 }
 
 /// What to lock: a monitor object, a lock type, descriptive info and an optional timeout override.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use zkguard::{LockRequest, LockType};
+///
+/// let request = LockRequest::new("article-42", "Bulk Propagation")
+///     .with_type(LockType::Background)
+///     .with_timeout(Duration::from_secs(30));
+/// assert_eq!(request.monitor, "article-42");
+/// // A zero timeout tries once and never waits.
+/// let attempt = LockRequest::new("article-42", "Save Content").with_timeout(Duration::ZERO);
+/// assert_eq!(attempt.timeout, Some(Duration::ZERO));
+/// ```
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct LockRequest {
@@ -345,6 +360,35 @@ impl LockRequest {
 }
 
 /// A lock service: ZooKeeper or Elasticsearch.
+///
+/// Code that only needs "the lock of a monitor object" takes an `Arc<dyn LockService>`, so the
+/// backend (`lock.backend`) can change without touching it.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use zkguard::{config::Settings, es::EsStore, eslock::EsLockService};
+/// use zkguard::{LockRequest, LockService, LockType, ZkLockService, ZkSession};
+///
+/// async fn save(locks: &dyn LockService) -> Result<(), zkguard::LockError> {
+///     let guard = locks
+///         .acquire(LockRequest::new("article-42", "Save Content").with_type(LockType::Foreground))
+///         .await?;
+///     // ... write article-42 with guard.fencing_token() as its external version ...
+///     guard.unlock().await
+/// }
+///
+/// let settings = Settings::load(None)?;
+/// let zk: Arc<dyn LockService> =
+///     Arc::new(ZkLockService::new(ZkSession::connect(&settings.zookeeper).await?));
+/// save(zk.as_ref()).await?;
+/// let store = Arc::new(EsStore::new(&settings.elasticsearch)?);
+/// let es: Arc<dyn LockService> = Arc::new(EsLockService::from_settings(&settings, store)?);
+/// save(es.as_ref()).await?;
+/// # Ok(()) }
+/// ```
 #[async_trait]
 pub trait LockService: Send + Sync + 'static {
     /// Waits up to the request's timeout for the lock; with a zero timeout, tries once.
@@ -390,7 +434,7 @@ pub trait Guard: Send + Sync + fmt::Debug {
 
 /// A shared, awaitable loss flag used by guards of both backends.
 #[derive(Debug, Clone)]
-pub struct LossSignal {
+pub(crate) struct LossSignal {
     tx: Arc<watch::Sender<Option<LossReason>>>,
 }
 
@@ -479,7 +523,7 @@ pub fn validate_monitor(name: &str) -> Result<(), LockError> {
     if name.contains('/') {
         return bad("it contains `/`; replace it (e.g. with `:`) since each monitor is one znode");
     }
-    if let Some(c) = name.chars().find(|c| !crate::config::znode_char(*c)) {
+    if let Some(c) = name.chars().find(|c| !znode_char(*c)) {
         if c > '\u{ffff}' {
             return bad(&format!(
                 "it contains the character U+{:04X} ({c}), outside the Basic Multilingual Plane, which ZooKeeper cannot store in a node name; use characters up to U+FFFF",
@@ -492,6 +536,16 @@ pub fn validate_monitor(name: &str) -> Result<(), LockError> {
         ));
     }
     Ok(())
+}
+
+/// Whether ZooKeeper accepts `c` in a node name: not a control character, not in U+D800–U+F8FF
+/// or U+FFF0–U+FFFF, and inside the Basic Multilingual Plane (the server sees a character beyond
+/// it as two surrogates, which it refuses).
+pub(crate) fn znode_char(c: char) -> bool {
+    !(c.is_control()
+        || ('\u{e000}'..='\u{f8ff}').contains(&c)
+        || ('\u{fff0}'..='\u{ffff}').contains(&c)
+        || c > '\u{ffff}')
 }
 
 #[cfg(test)]

@@ -118,6 +118,7 @@ impl Coordinator {
     }
 
     /// Installs a [`StepHook`] (crash injection for tests and demos).
+    #[doc(hidden)]
     pub fn with_hook(mut self, hook: Arc<dyn StepHook>) -> Self {
         self.hook = Some(hook);
         self

@@ -225,6 +225,7 @@ impl std::str::FromStr for Step {
 
 /// Where a [`StepHook`] is called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[doc(hidden)] // fault injection for zkguard's own tests and `zkguard txn`
 pub enum HookPoint {
     /// After the step's reads and decision, just before its conditional write (not called when the
     /// step finds nothing to write).
@@ -244,6 +245,7 @@ impl fmt::Display for HookPoint {
 
 /// What the coordinator does after a [`StepHook`] returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[doc(hidden)] // fault injection for zkguard's own tests and `zkguard txn`
 pub enum HookAction {
     /// Go on.
     Continue,
@@ -258,6 +260,7 @@ pub enum HookAction {
 ///
 /// Closures `Fn(&str, HookPoint) -> HookAction` implement it.
 #[async_trait]
+#[doc(hidden)] // fault injection for zkguard's own tests and `zkguard txn`
 pub trait StepHook: Send + Sync + 'static {
     /// Called with the transaction id at each [`HookPoint`]. May wait (tests use this to force an
     /// interleaving between workers).

@@ -261,6 +261,37 @@ impl BackgroundExecutorBuilder {
 }
 
 /// Runs background operations with retries and dead letters. Cheap to clone (shared state).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use serde_json::json;
+/// use zkguard::config::Settings;
+/// use zkguard::es::EsStore;
+/// use zkguard::write::background::{BackgroundExecutor, Outcome};
+/// use zkguard::write::deadletter::sink_from_settings;
+/// use zkguard::write::guarded::GuardedWriter;
+/// use zkguard::write::ops::Operation;
+/// use zkguard::{ZkLockService, ZkSession};
+///
+/// let settings = Settings::load(None)?;
+/// let store = Arc::new(EsStore::new(&settings.elasticsearch)?);
+/// let locks = Arc::new(ZkLockService::new(ZkSession::connect(&settings.zookeeper).await?));
+/// let writer = GuardedWriter::new(locks, store.clone());
+/// let sink = sink_from_settings(&settings.retry, Some(store))?;
+/// let executor = BackgroundExecutor::from_settings(writer, sink, &settings);
+///
+/// let op = Operation::merge("article-42", "articles", "42", json!({"searchable": true}))
+///     .with_info("Bulk Propagation");
+/// match executor.run(op).await? {
+///     Outcome::Applied { attempts, .. } => println!("applied after {attempts} attempt(s)"),
+///     Outcome::Parked { reason, .. } => println!("parked as a dead letter: {reason}"),
+///     Outcome::Rejected { reason, .. } => println!("rejected: {reason}"),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct BackgroundExecutor {
     inner: Arc<Inner>,

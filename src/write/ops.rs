@@ -621,7 +621,7 @@ pub fn was_applied(source: &Value, id: &Uuid) -> bool {
 }
 
 /// A document source without the [`META_FIELD`] object.
-pub fn strip_meta(source: &Value) -> Value {
+pub(crate) fn strip_meta(source: &Value) -> Value {
     let mut v = source.clone();
     if let Value::Object(m) = &mut v {
         m.remove(META_FIELD);

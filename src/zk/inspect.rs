@@ -6,7 +6,7 @@ use serde::Serialize;
 use zookeeper_client::{Client, Error as ZkError, Stat};
 
 use super::names::{Queue, QueueNode, MUTEX_NODE};
-use super::recipe::NodeData;
+use super::node::NodeData;
 use super::{map_zk, ZkSession};
 use crate::lock::{Blocker, LockError};
 

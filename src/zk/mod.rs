@@ -14,14 +14,25 @@
 //! takes the mutex by creating `privateLock`; a holder is never preempted. See
 //! `docs/zookeeper-lock.md` for the state machines and the failure model.
 
+mod acquire;
+mod contender;
+mod guard;
 mod inspect;
-pub mod names;
-mod recipe;
+mod mutex;
+pub(crate) mod names;
+mod node;
+mod queue;
+mod reaper;
+mod recover;
+mod release;
 mod session;
 mod state;
 
+pub use acquire::{ZkBlockingWriteLock, ZkLockService};
+pub use guard::LockGuard;
 pub use inspect::{clear_stray, list_locks, Contender, MonitorState, StrayOutcome};
-pub use recipe::{LockGuard, NodeData, ZkBlockingWriteLock, ZkLockService};
+pub use names::QueueNode;
+pub use node::NodeData;
 pub use session::{wait_for_sessions_to_end, ZkSession};
 pub use state::ConnectionState;
 

@@ -17,6 +17,7 @@ use crate::config::ZkSettings;
 use crate::lock::LockError;
 
 use super::map_zk;
+use super::reaper::Reap;
 
 /// How many monitors' mutex watches one session keeps before evicting the least recently used.
 const MUTEX_WATCH_CAPACITY: usize = 1024;
@@ -69,19 +70,6 @@ pub(crate) enum Health {
     Expired,
     /// The client was closed.
     Closed,
-}
-
-/// Cleanup work handed to the session's reaper task: delete these nodes, retrying on connection
-/// loss until done or until the session ends (which deletes them anyway).
-#[derive(Debug)]
-pub(crate) struct Reap {
-    pub queue_node: Option<String>,
-    pub mutex: Option<String>,
-    /// A create was in flight when the waiter went away: find what it made under this monitor
-    /// path by session and attempt id, and delete it.
-    pub search: Option<(String, String)>,
-    /// The attempt id carried by the mutex node, checked before deleting it when in doubt.
-    pub attempt: String,
 }
 
 struct MutexWatch {
@@ -350,6 +338,24 @@ struct Inner {
 /// asks for `zookeeper.session.timeout`, and after a session expiry connects a new session for
 /// the next lock (locks held by the expired session report [`crate::LossReason::SessionExpired`]).
 /// Cloning is cheap; clones share the session.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use zkguard::{config::Settings, LockRequest, LockService, ZkLockService, ZkSession};
+///
+/// let settings = Settings::load(None)?;
+/// let session = ZkSession::connect(&settings.zookeeper).await?;
+/// // One session serves every lock of the process.
+/// let locks = ZkLockService::new(session.clone());
+/// let guard = locks.acquire(LockRequest::new("article-42", "Save Content")).await?;
+/// guard.unlock().await?;
+/// // At the end: close the session and wait until ZooKeeper has removed its nodes.
+/// session.close_and_wait(Duration::from_secs(2)).await;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct ZkSession {
     inner: Arc<Inner>,
@@ -553,22 +559,7 @@ impl ZkSession {
                 }
             }
         });
-        let (reaper, mut reap_rx) = mpsc::unbounded_channel::<Reap>();
-        let reap_client = client.clone();
-        tokio::spawn(async move {
-            while let Some(job) = reap_rx.recv().await {
-                let _ = super::recipe::delete_nodes(
-                    &reap_client,
-                    job.queue_node.as_deref(),
-                    job.mutex.as_deref(),
-                    &job.attempt,
-                )
-                .await;
-                if let Some((monitor, attempt)) = job.search {
-                    super::recipe::delete_by_attempt(&reap_client, &monitor, &attempt).await;
-                }
-            }
-        });
+        let reaper = super::reaper::spawn(client.clone());
         Slot {
             client,
             session_id,

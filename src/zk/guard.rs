@@ -1,0 +1,292 @@
+//! A held lock: its fencing token, loss detection while held, and release.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tracing::{debug, instrument, warn, Instrument};
+use zookeeper_client::Error as ZkError;
+
+use super::map_zk;
+use super::node::{NodeData, Paths};
+use super::reaper::Reap;
+use super::release::delete_nodes;
+use super::session::{Health, Slot};
+use crate::lock::{Guard, LockError, LockRequest, LockType, LossReason, LossSignal};
+
+/// A held ZooKeeper lock.
+///
+/// Dropping a held guard releases it in the background (never panics, needs no runtime in the
+/// dropping thread); [`LockGuard::unlock`] releases it and reports the outcome.
+#[derive(Debug)]
+pub struct LockGuard {
+    slot: Arc<Slot>,
+    monitor: String,
+    lock_type: LockType,
+    node_path: String,
+    mutex_path: String,
+    attempt: String,
+    token: u64,
+    loss: LossSignal,
+    released: Arc<AtomicBool>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl LockGuard {
+    pub(super) fn start(
+        slot: Arc<Slot>,
+        paths: Paths,
+        node: String,
+        attempt: String,
+        request: LockRequest,
+        token: u64,
+        mutex_rx: watch::Receiver<u64>,
+    ) -> Self {
+        let loss = LossSignal::new();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let released = Arc::new(AtomicBool::new(false));
+        let node_path = paths.child(&node);
+        let guard = Self {
+            slot: slot.clone(),
+            monitor: request.monitor.clone(),
+            lock_type: request.lock_type,
+            node_path,
+            mutex_path: paths.mutex.clone(),
+            attempt: attempt.clone(),
+            token,
+            loss: loss.clone(),
+            released,
+            stop: Some(stop_tx),
+        };
+        let span = tracing::info_span!("zk_lock_held", monitor = %request.monitor, token);
+        debug!(node = %node, "watching the held lock");
+        tokio::spawn(
+            watch_for_loss(slot, paths.mutex, attempt, mutex_rx, loss, stop_rx).instrument(span),
+        );
+        guard
+    }
+
+    /// The fencing token: strictly greater than every token issued before, for any monitor.
+    pub fn fencing_token(&self) -> u64 {
+        self.token
+    }
+
+    /// Whether the lock is still held.
+    pub fn is_held(&self) -> bool {
+        !self.released.load(Ordering::Acquire) && self.loss.get().is_none()
+    }
+
+    /// The loss reason, if lost.
+    pub fn loss(&self) -> Option<LossReason> {
+        self.loss.get()
+    }
+
+    /// The monitor object.
+    pub fn monitor(&self) -> &str {
+        &self.monitor
+    }
+
+    /// Completes when the lock is lost (session expired, disconnected longer than the grace,
+    /// mutex node deleted by someone else).
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: it only observes.
+    pub async fn lost(&self) -> LossReason {
+        self.loss.wait().await
+    }
+
+    /// Releases the lock: deletes the queue node and the mutex node in one multi.
+    ///
+    /// # Errors
+    /// - [`LockError::NoNode`]: the lock no longer existed (it was lost before the release);
+    /// - [`LockError::SessionExpired`]: the session expired (the nodes went with it).
+    ///
+    /// # Cancellation safety
+    /// Not cancel-safe in the sense that a cancelled release finishes in the background: the
+    /// nodes are removed either way.
+    #[instrument(name = "zk_unlock", skip_all, fields(monitor = %self.monitor, token = self.token))]
+    pub async fn unlock(mut self) -> Result<(), LockError> {
+        self.released.store(true, Ordering::Release);
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let mutex_deleted = self.loss.get() == Some(LossReason::MutexDeleted);
+        let mutex = (!mutex_deleted).then(|| self.mutex_path.clone());
+        let node = self.node_path.clone();
+        let slot = self.slot.clone();
+        // Hand the work to the reaper if this future is dropped midway.
+        let mut reap = Some(Reap {
+            queue_node: Some(node.clone()),
+            mutex: mutex.clone(),
+            search: None,
+            attempt: self.attempt.clone(),
+        });
+        struct ReapOnDrop<'a>(&'a Slot, &'a mut Option<Reap>);
+        impl Drop for ReapOnDrop<'_> {
+            fn drop(&mut self) {
+                if let Some(r) = self.1.take() {
+                    self.0.reap(r);
+                }
+            }
+        }
+        let on_drop = ReapOnDrop(&slot, &mut reap);
+        let result = delete_nodes(&slot.client, Some(&node), mutex.as_deref(), &self.attempt).await;
+        on_drop.1.take();
+        drop(on_drop);
+        match result {
+            Ok(()) if mutex_deleted => Err(LockError::NoNode {
+                monitor: self.monitor.clone(),
+                detail: "the mutex node had been deleted by someone else".into(),
+            }),
+            Ok(()) => {
+                debug!("lock released");
+                Ok(())
+            }
+            Err(ZkError::NoNode) => Err(LockError::NoNode {
+                monitor: self.monitor.clone(),
+                detail: format!("{node} or its mutex node was already gone"),
+            }),
+            Err(ZkError::SessionExpired | ZkError::ClientClosed) => {
+                Err(LockError::SessionExpired {
+                    context: format!("releasing `{}`", self.monitor),
+                })
+            }
+            Err(e) => Err(map_zk(e, "releasing the lock")),
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+            if !self.released.swap(true, Ordering::AcqRel) {
+                let mutex_deleted = self.loss.get() == Some(LossReason::MutexDeleted);
+                self.slot.reap(Reap {
+                    queue_node: Some(self.node_path.clone()),
+                    mutex: (!mutex_deleted).then(|| self.mutex_path.clone()),
+                    search: None,
+                    attempt: self.attempt.clone(),
+                });
+            }
+        }
+    }
+}
+
+/// Watches a held lock: session expiry, long disconnection, and the mutex node changing hands.
+pub(super) async fn watch_for_loss(
+    slot: Arc<Slot>,
+    mutex_path: String,
+    attempt: String,
+    mut mutex_rx: watch::Receiver<u64>,
+    loss: LossSignal,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut health = slot.health_watch();
+    // `mutex_rx` was marked just before the mutex was created: any deletion since is flagged.
+    let mut verify = false;
+    loop {
+        if verify {
+            verify = false;
+            let released = |stop: &mut tokio::sync::oneshot::Receiver<()>| {
+                !matches!(
+                    stop.try_recv(),
+                    Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+                )
+            };
+            // Released meanwhile: the deletion seen may be our own release.
+            if released(&mut stop) {
+                return;
+            }
+            debug!("verifying the mutex after a deletion event");
+            let lost = match slot.client.get_data(&mutex_path).await {
+                Ok((bytes, stat)) => {
+                    let ours = stat.ephemeral_owner == slot.session_id
+                        && serde_json::from_slice::<NodeData>(&bytes)
+                            .map(|d| d.attempt == attempt)
+                            .unwrap_or(false);
+                    (!ours).then_some("the mutex node now belongs to someone else: lock lost")
+                }
+                Err(ZkError::NoNode) => Some("the mutex node was deleted: lock lost"),
+                // Connection trouble: health decides.
+                Err(_) => None,
+            };
+            if let Some(what) = lost {
+                // Released while reading: not a loss.
+                if !released(&mut stop) {
+                    warn!("{what}");
+                    loss.fire(LossReason::MutexDeleted);
+                }
+                return;
+            }
+        }
+        let state = *health.borrow_and_update();
+        match state {
+            Health::Expired => {
+                warn!("session expired: lock lost");
+                loss.fire(LossReason::SessionExpired);
+                return;
+            }
+            Health::Closed => {
+                loss.fire(LossReason::Closed);
+                return;
+            }
+            Health::Disconnected { since } => {
+                let until = since + slot.grace;
+                tokio::select! {
+                biased;
+                        _ = &mut stop => return,
+                        _ = tokio::time::sleep_until(until.into()) => {
+                            if matches!(*health.borrow(), Health::Disconnected { .. }) {
+                                warn!(grace_ms = slot.grace.as_millis() as u64, "disconnected longer than the grace: lock counts as lost");
+                                loss.fire(LossReason::Disconnected { grace: slot.grace });
+                                return;
+                            }
+                        }
+                        r = health.changed() => if r.is_err() { loss.fire(LossReason::SessionExpired); return; },
+                    }
+                continue;
+            }
+            Health::Connected => {}
+        }
+        tokio::select! {
+            biased;
+            _ = &mut stop => return,
+            r = mutex_rx.changed() => {
+                if r.is_err() { loss.fire(LossReason::SessionExpired); return; }
+                verify = true;
+            }
+            r = health.changed() => {
+                if r.is_err() { loss.fire(LossReason::SessionExpired); return; }
+                // After a reconnection the mutex may have changed unseen: check it.
+                if *health.borrow() == Health::Connected { verify = true; }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Guard for LockGuard {
+    fn monitor(&self) -> &str {
+        &self.monitor
+    }
+    fn lock_type(&self) -> LockType {
+        self.lock_type
+    }
+    fn fencing_token(&self) -> u64 {
+        self.token
+    }
+    fn is_held(&self) -> bool {
+        LockGuard::is_held(self)
+    }
+    fn loss(&self) -> Option<LossReason> {
+        LockGuard::loss(self)
+    }
+    async fn lost(&self) -> LossReason {
+        LockGuard::lost(self).await
+    }
+    async fn unlock(self: Box<Self>) -> Result<(), LockError> {
+        LockGuard::unlock(*self).await
+    }
+}

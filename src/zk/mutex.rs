@@ -1,0 +1,136 @@
+//! The mutex (`privateLock`): taking it when first in order, giving it back.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tracing::debug;
+use zookeeper_client::{Client, Error as ZkError};
+
+use super::contender::{wait_connected, Pending, Step};
+use super::map_zk;
+use super::names::Queue;
+use super::node::{encode, NodeData, Paths, EPHEMERAL};
+use super::release::delete_nodes;
+use crate::lock::LockError;
+
+/// Tries to create the mutex node. With `verify`, the queue is read in the same round trip and
+/// the mutex given back if someone else is first; without, the caller has just seen itself first.
+pub(super) async fn take_mutex(
+    client: &Client,
+    paths: &Paths,
+    data: &NodeData,
+    node: &str,
+    pending: &mut Pending,
+    mutex_rx: &mut watch::Receiver<u64>,
+    verify: bool,
+) -> Result<Step, LockError> {
+    // Deletions before this point cannot concern the mutex we may create below; any later one
+    // is flagged on `mutex_rx` (which the guard inherits).
+    pending.slot.flush_mutex_events(&paths.mutex);
+    mutex_rx.borrow_and_update();
+    let mut mutex_data = data.clone();
+    mutex_data.node = Some(node.to_string());
+    let bytes = encode(&mutex_data);
+    let create = client.create(&paths.mutex, &bytes, &EPHEMERAL);
+    pending.in_flight = true;
+    let (created, children) = if verify {
+        let children = client.get_children(&paths.monitor);
+        let (a, b) = tokio::join!(create, children);
+        (a, Some(b))
+    } else {
+        (create.await, None)
+    };
+    pending.in_flight = matches!(
+        created,
+        Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_))
+    );
+    match created {
+        Ok((stat, _)) => {
+            pending.holds_mutex = true;
+            let token = stat.czxid as u64;
+            match children {
+                None => Ok(Step::Acquired { token }),
+                Some(Ok((children, _))) => {
+                    let queue = Queue::from_children(&children);
+                    if queue.position(node) == Some(0) {
+                        Ok(Step::Acquired { token })
+                    } else {
+                        debug!("took the mutex but someone of higher priority is first: giving it back");
+                        yield_mutex(client, paths, pending)
+                            .await
+                            .map_err(|e| map_zk(e, "giving the mutex back"))?;
+                        Ok(Step::Wait(queue))
+                    }
+                }
+                Some(Err(_)) => {
+                    yield_mutex(client, paths, pending)
+                        .await
+                        .map_err(|e| map_zk(e, "giving the mutex back"))?;
+                    Ok(Step::Wait(Queue::default()))
+                }
+            }
+        }
+        Err(ZkError::NodeExists) => Ok(Step::Wait(match children {
+            Some(Ok((c, _))) => Queue::from_children(&c),
+            _ => Queue::default(),
+        })),
+        Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
+            debug!("connection loss while taking the mutex; checking whether it is ours");
+            // Did our create happen? Read the mutex and compare the attempt id.
+            wait_connected(&pending.slot, Instant::now() + Duration::from_secs(3600)).await?;
+            let ours = mutex_is_ours(client, &paths.mutex, &data.attempt).await?;
+            pending.in_flight = false;
+            if ours {
+                pending.holds_mutex = true;
+                let (_, stat) = client
+                    .get_data(&paths.mutex)
+                    .await
+                    .map_err(|e| map_zk(e, "reading the mutex"))?;
+                // Verify order as usual.
+                let (children, _) = client
+                    .get_children(&paths.monitor)
+                    .await
+                    .map_err(|e| map_zk(e, "reading the queue"))?;
+                if Queue::from_children(&children).position(node) == Some(0) {
+                    return Ok(Step::Acquired {
+                        token: stat.czxid as u64,
+                    });
+                }
+                yield_mutex(client, paths, pending)
+                    .await
+                    .map_err(|e| map_zk(e, "giving the mutex back"))?;
+            }
+            Ok(Step::Wait(Queue::default()))
+        }
+        Err(e) => Err(map_zk(e, "taking the mutex")),
+    }
+}
+
+pub(super) async fn yield_mutex(
+    client: &Client,
+    paths: &Paths,
+    pending: &mut Pending,
+) -> Result<(), ZkError> {
+    match delete_nodes(client, None, Some(&paths.mutex), &pending.attempt).await {
+        Ok(()) | Err(ZkError::NoNode) => {
+            pending.holds_mutex = false;
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+pub(super) async fn mutex_is_ours(
+    client: &Client,
+    mutex: &str,
+    attempt: &str,
+) -> Result<bool, LockError> {
+    match client.get_data(mutex).await {
+        Ok((bytes, stat)) => Ok(stat.ephemeral_owner == client.session_id().0
+            && serde_json::from_slice::<NodeData>(&bytes)
+                .map(|d| d.attempt == attempt)
+                .unwrap_or(false)),
+        Err(ZkError::NoNode) => Ok(false),
+        Err(e) => Err(map_zk(e, "reading the mutex")),
+    }
+}

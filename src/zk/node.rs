@@ -1,0 +1,75 @@
+//! What a contender writes into its nodes, and the paths of a monitor's nodes.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use zookeeper_client::{Acls, CreateMode, CreateOptions};
+
+use super::names::MUTEX_NODE;
+use crate::lock::LockType;
+
+pub(super) const EPHEMERAL_SEQ: CreateOptions<'static> =
+    CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+pub(super) const EPHEMERAL: CreateOptions<'static> =
+    CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+pub(super) const CONTAINER: CreateOptions<'static> =
+    CreateMode::Container.with_acls(Acls::anyone_all());
+pub(super) const PERSISTENT: CreateOptions<'static> =
+    CreateMode::Persistent.with_acls(Acls::anyone_all());
+
+/// The JSON data of a queue node and of the mutex node.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeData {
+    /// The lock info ("Save Content").
+    pub info: String,
+    /// Owner id of the process (`host:pid:random`).
+    pub owner: String,
+    /// Id of this acquisition attempt: finds the node again after a connection loss.
+    pub attempt: String,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// Lock type.
+    #[serde(rename = "type")]
+    pub lock_type: LockType,
+    /// Milliseconds since the Unix epoch when the attempt started.
+    pub created_ms: u64,
+    /// The queue node of the holder (mutex node only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Set when a background waiter was re-queued as foreground (anti-starvation).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub promoted: bool,
+}
+
+pub(super) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+pub(super) struct Paths {
+    pub(super) monitor: String,
+    pub(super) mutex: String,
+}
+
+impl Paths {
+    pub(super) fn new(root: &str, monitor: &str) -> Self {
+        let monitor = format!("{root}/{monitor}");
+        let mutex = format!("{monitor}/{MUTEX_NODE}");
+        Self { monitor, mutex }
+    }
+    pub(super) fn child(&self, name: &str) -> String {
+        format!("{}/{name}", self.monitor)
+    }
+}
+
+pub(super) fn encode(data: &NodeData) -> Vec<u8> {
+    serde_json::to_vec(data).expect("node data serializes")
+}
+
+pub(super) fn child_name(path: &str) -> String {
+    path.rsplit('/').next().unwrap_or(path).to_string()
+}

@@ -1,0 +1,83 @@
+//! The session's reaper: one task per ZooKeeper session that removes the nodes of acquisitions
+//! that went away (a waiter dropped or timed out mid-request), including nodes whose create was
+//! still in flight, found again by session and attempt id.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tracing::debug;
+use zookeeper_client::{Client, Error as ZkError};
+
+use super::node::NodeData;
+use super::release::delete_nodes;
+
+/// Cleanup work handed to the session's reaper task: delete these nodes, retrying on connection
+/// loss until done or until the session ends (which deletes them anyway).
+#[derive(Debug)]
+pub(crate) struct Reap {
+    pub queue_node: Option<String>,
+    pub mutex: Option<String>,
+    /// A create was in flight when the waiter went away: find what it made under this monitor
+    /// path by session and attempt id, and delete it.
+    pub search: Option<(String, String)>,
+    /// The attempt id carried by the mutex node, checked before deleting it when in doubt.
+    pub attempt: String,
+}
+
+/// Starts the reaper task of the session behind `client`; it ends when the sender is dropped.
+pub(super) fn spawn(client: Client) -> mpsc::UnboundedSender<Reap> {
+    let (reaper, mut reap_rx) = mpsc::unbounded_channel::<Reap>();
+    tokio::spawn(async move {
+        while let Some(job) = reap_rx.recv().await {
+            let _ = delete_nodes(
+                &client,
+                job.queue_node.as_deref(),
+                job.mutex.as_deref(),
+                &job.attempt,
+            )
+            .await;
+            if let Some((monitor, attempt)) = job.search {
+                delete_by_attempt(&client, &monitor, &attempt).await;
+            }
+        }
+    });
+    reaper
+}
+
+/// Deletes the queue node and the mutex that attempt `attempt` of this session made under
+/// `monitor`, if any (cleanup after a waiter went away with a create in flight).
+async fn delete_by_attempt(client: &Client, monitor: &str, attempt: &str) {
+    let me = client.session_id().0;
+    let mut backoff = crate::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+    // Retried on connection loss until it completes or the session ends (which removes them).
+    'scan: loop {
+        let children = match client.get_children(monitor).await {
+            Ok((c, _)) => c,
+            Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
+                tokio::time::sleep(backoff.next_delay()).await;
+                continue;
+            }
+            Err(_) => return,
+        };
+        for name in children {
+            let path = format!("{monitor}/{name}");
+            match client.get_data(&path).await {
+                Ok((bytes, stat)) => {
+                    if stat.ephemeral_owner == me
+                        && serde_json::from_slice::<NodeData>(&bytes)
+                            .is_ok_and(|d| d.attempt == attempt)
+                    {
+                        debug!(node = %path, "removing a node of an abandoned acquisition");
+                        let _ = delete_nodes(client, Some(&path), None, attempt).await;
+                    }
+                }
+                Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
+                    tokio::time::sleep(backoff.next_delay()).await;
+                    continue 'scan;
+                }
+                Err(_) => {}
+            }
+        }
+        return;
+    }
+}

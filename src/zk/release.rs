@@ -1,0 +1,87 @@
+//! Removing our own nodes safely: the queue node and the mutex at release, at a timeout and when a
+//! waiter gives the mutex back.
+
+use std::time::Duration;
+
+use tracing::debug;
+use zookeeper_client::{Client, Error as ZkError};
+
+use super::node::NodeData;
+
+/// Deletes a queue node and/or the mutex node of attempt `attempt` (one multi when both).
+///
+/// The first try deletes them blindly: the caller knows they are its own. When that is no
+/// longer certain (one of them was already gone, or a connection loss left it unknown whether
+/// the delete happened), each is deleted only if it still belongs to this session, and the mutex
+/// only if it also carries `attempt`: by then the mutex may be the next holder's. Retries on
+/// connection loss until done or until the session ends (which removes them anyway).
+///
+/// Returns `Err(NoNode)` when one of them was already gone before this call.
+pub(crate) async fn delete_nodes(
+    client: &Client,
+    queue_node: Option<&str>,
+    mutex: Option<&str>,
+    attempt: &str,
+) -> Result<(), ZkError> {
+    let first = match (queue_node, mutex) {
+        (Some(q), Some(m)) => {
+            let mut multi = client.new_multi_writer();
+            multi
+                .add_delete(m, None)
+                .and_then(|_| multi.add_delete(q, None))?;
+            multi.commit().await.map(|_| ()).map_err(ZkError::from)
+        }
+        (Some(p), None) | (None, Some(p)) => client.delete(p, None).await,
+        (None, None) => return Ok(()),
+    };
+    let gone_before = match first {
+        Ok(()) => return Ok(()),
+        Err(ZkError::NoNode) => true,
+        Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => false,
+        Err(e) => return Err(e),
+    };
+    let mut backoff = crate::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+    loop {
+        let mut result = Ok(());
+        if let Some(m) = mutex {
+            result = delete_if_ours(client, m, Some(attempt)).await;
+        }
+        if let (Ok(()), Some(q)) = (&result, queue_node) {
+            result = delete_if_ours(client, q, None).await;
+        }
+        match result {
+            Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
+                tokio::time::sleep(backoff.next_delay()).await
+            }
+            Err(e) => return Err(e),
+            Ok(()) if gone_before => return Err(ZkError::NoNode),
+            Ok(()) => return Ok(()),
+        }
+    }
+}
+
+/// Deletes `path` if it is an ephemeral node of this session (and, with `attempt`, carries that
+/// attempt id); leaves anyone else's node alone.
+pub(super) async fn delete_if_ours(
+    client: &Client,
+    path: &str,
+    attempt: Option<&str>,
+) -> Result<(), ZkError> {
+    let (bytes, stat) = match client.get_data(path).await {
+        Ok(x) => x,
+        Err(ZkError::NoNode) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let ours = stat.ephemeral_owner == client.session_id().0
+        && attempt.is_none_or(|a| {
+            serde_json::from_slice::<NodeData>(&bytes).is_ok_and(|d| d.attempt == a)
+        });
+    if !ours {
+        debug!(path, "not deleting a node that is no longer ours");
+        return Ok(());
+    }
+    match client.delete(path, Some(stat.version)).await {
+        Err(ZkError::NoNode | ZkError::BadVersion) => Ok(()),
+        other => other,
+    }
+}
