@@ -9,6 +9,8 @@ pub const EX_USAGE: u8 = 64;
 pub const EX_UNAVAILABLE: u8 = 69;
 /// Internal error (`EX_SOFTWARE`).
 pub const EX_SOFTWARE: u8 = 70;
+/// Bad input data (sysexits `EX_DATAERR`): a rejected transfer, an unknown transaction, ...
+pub const EX_DATAERR: u8 = 65;
 /// Lock not acquired in time (`EX_TEMPFAIL`).
 pub const EX_TEMPFAIL: u8 = 75;
 /// Bad configuration (`EX_CONFIG`).
@@ -43,7 +45,7 @@ impl CliError {
     pub fn kind(&self) -> &'static str {
         match self.code {
             EX_USAGE => "usage",
-            super::txn::EX_DATAERR => "data",
+            EX_DATAERR => "data",
             EX_UNAVAILABLE => "unavailable",
             EX_SOFTWARE => "internal",
             EX_TEMPFAIL => "timeout",

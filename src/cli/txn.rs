@@ -12,8 +12,7 @@ use zkguard::txn::{
 
 use super::{CliError, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE};
 
-/// Bad input data (sysexits `EX_DATAERR`): a rejected transfer, an unknown transaction, ...
-pub const EX_DATAERR: u8 = 65;
+pub use super::status::EX_DATAERR;
 /// `zkguard txn audit` found an inconsistency or a total other than `--expect-total`.
 pub const EX_AUDIT_FAILED: u8 = 1;
 

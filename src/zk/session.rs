@@ -635,6 +635,54 @@ impl ZkSession {
     }
 }
 
+// The connection-state watch (`zk::state`) and sessions from an application's connector.
+impl ZkSession {
+    /// A receiver of this session's connection state: [`watch::Receiver::borrow`] gives the
+    /// current one, [`watch::Receiver::changed`] waits for the next change. Changes that follow
+    /// each other quickly may be seen as their last one only (a `Suspended` then `Connected`
+    /// within a moment may read as `Connected`); [`ConnectionState::Lost`] stays until a new
+    /// session is connected, and [`ConnectionState::Closed`] is final.
+    ///
+    /// ```no_run
+    /// # async fn example(session: zkguard::ZkSession) {
+    /// use zkguard::zk::ConnectionState;
+    /// let mut states = session.connection_state();
+    /// tokio::spawn(async move {
+    ///     while states.changed().await.is_ok() {
+    ///         let state = *states.borrow_and_update();
+    ///         match state {
+    ///             ConnectionState::Suspended => eprintln!("pausing writes"),
+    ///             ConnectionState::Lost => eprintln!("locks lost; re-acquire"),
+    ///             ConnectionState::Connected => eprintln!("connected"),
+    ///             _ => break,
+    ///         }
+    ///     }
+    /// });
+    /// # }
+    /// ```
+    pub fn connection_state(&self) -> watch::Receiver<super::ConnectionState> {
+        self.state_sender().subscribe()
+    }
+
+    /// Like [`ZkSession::connect`], connecting with `connector` (authentication, TLS, SASL,
+    /// read-only mode, connection timeout: whatever the application set on it) instead of one
+    /// built from `settings`. `settings` still gives the servers, the connection attempts and
+    /// their delay, the lock root, prefixes and timeouts; `zookeeper.session.timeout` is not
+    /// applied (set it on the connector with `with_session_timeout`). zkguard adds
+    /// `with_fail_eagerly` so that each attempt ends when no server answers. The connector is
+    /// used again for each new session after an expiry, so it must not carry a session
+    /// (`with_session`).
+    ///
+    /// # Errors
+    /// As [`ZkSession::connect`].
+    pub async fn from_connector(
+        connector: zookeeper_client::Connector,
+        settings: &ZkSettings,
+    ) -> Result<Self, LockError> {
+        Self::connect_with(settings, Some(connector)).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,6 +35,7 @@ use crate::write::ops::Operation;
 mod es;
 mod file;
 pub mod kafka;
+mod kafka_error;
 mod select;
 
 pub use es::EsSink;
@@ -82,7 +83,7 @@ pub enum DeadLetterError {
     },
     /// The Kafka sink could not reach or use its broker or topic.
     #[error(transparent)]
-    Kafka(#[from] kafka::KafkaSinkError),
+    Kafka(#[from] kafka_error::KafkaSinkError),
     /// `deadletter.sink=elasticsearch` without a document store.
     #[error("deadletter.sink=elasticsearch needs an Elasticsearch client; configure elasticsearch.url or use deadletter.sink=file")]
     NoStore,
