@@ -5,13 +5,15 @@
 // Prints one JSON object:
 //   {"backend":"curator", "iterations":N, "contenders":C, "monitors":M,
 //    "uncontended":{"p50_ms":..,"p99_ms":..,"requests_per_cycle":..},
-//    "contended":{"handoffs_per_sec":..}, "throughput":{"ops_per_sec":..}}
+//    "contended":{"handoffs_per_sec":..,"requests_per_handoff":..},
+//    "throughput":{"ops_per_sec":..}}
 //
 // - uncontended: one client acquires and releases one reused lock path, N cycles after a warm-up;
 //   latency of a whole cycle (acquire + release). requests_per_cycle is the growth of the server's
 //   zk_packets_received (four-letter word `mntr`) during those N cycles, divided by N.
 // - contended: C clients (one session each, one thread each) acquire and release ONE lock path
-//   until N hand-offs happened in total; hand-offs per second.
+//   until N hand-offs happened in total; hand-offs per second. requests_per_handoff is the growth
+//   of zk_packets_received during those N hand-offs (all clients' requests), divided by N.
 // - throughput: C clients over M lock paths (each operation picks a path at random) until N
 //   acquire/release operations happened in total; operations per second.
 
@@ -104,16 +106,18 @@ public final class CuratorBench {
             }
             // Warm up every client on the paths it will use.
             run(clients, 1, base + "/contended", Math.min(warmup, 20 * contenders));
+            long handoffBefore = packetsReceived(zk);
             double handoffs = run(clients, 1, base + "/contended", iterations);
+            double requestsPerHandoff = (double) (packetsReceived(zk) - handoffBefore) / iterations;
             run(clients, monitors, base + "/throughput", Math.min(warmup, 20 * contenders));
             double ops = run(clients, monitors, base + "/throughput", iterations);
 
             System.out.println(String.format(Locale.ROOT,
                 "{\"backend\":\"curator\",\"iterations\":%d,\"contenders\":%d,\"monitors\":%d,"
                     + "\"uncontended\":{\"p50_ms\":%.4f,\"p99_ms\":%.4f,\"requests_per_cycle\":%.2f},"
-                    + "\"contended\":{\"handoffs_per_sec\":%.1f},"
+                    + "\"contended\":{\"handoffs_per_sec\":%.1f,\"requests_per_handoff\":%.2f},"
                     + "\"throughput\":{\"ops_per_sec\":%.1f}}",
-                iterations, contenders, monitors, p50, p99, requestsPerCycle, handoffs, ops));
+                iterations, contenders, monitors, p50, p99, requestsPerCycle, handoffs, requestsPerHandoff, ops));
         } finally {
             for (CuratorFramework c : clients) {
                 c.close();

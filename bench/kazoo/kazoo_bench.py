@@ -7,13 +7,15 @@ Usage: /usr/bin/python3 kazoo_bench.py --zk HOST:PORT[,...] [--iterations N] [--
 Prints one JSON object:
   {"backend": "kazoo", "iterations": N, "contenders": C, "monitors": M,
    "uncontended": {"p50_ms": .., "p99_ms": .., "requests_per_cycle": ..},
-   "contended": {"handoffs_per_sec": ..}, "throughput": {"ops_per_sec": ..}}
+   "contended": {"handoffs_per_sec": .., "requests_per_handoff": ..},
+   "throughput": {"ops_per_sec": ..}}
 
 - uncontended: one client acquires and releases one reused lock path, N cycles after a warm-up;
   latency of a whole cycle (acquire + release). requests_per_cycle is the growth of the server's
   zk_packets_received (four-letter word `mntr`) during those N cycles, divided by N.
 - contended: C clients (one session each, one thread each) acquire and release ONE lock path
-  until N hand-offs happened in total; hand-offs per second.
+  until N hand-offs happened in total; hand-offs per second. requests_per_handoff is the growth
+  of zk_packets_received during those N hand-offs (all clients' requests), divided by N.
 - throughput: C clients over M lock paths (each operation picks a path at random) until N
   acquire/release operations happened in total; operations per second.
 """
@@ -152,7 +154,9 @@ def main():
             clients.append(client(args.zk))
         short = min(warmup, 20 * args.contenders)
         run(clients, 1, base + "/contended", short)
+        handoff_before = packets_received(args.zk)
         handoffs = run(clients, 1, base + "/contended", args.iterations)
+        handoff_requests = packets_received(args.zk) - handoff_before
         run(clients, args.monitors, base + "/throughput", short)
         ops = run(clients, args.monitors, base + "/throughput", args.iterations)
     finally:
@@ -170,7 +174,10 @@ def main():
             "p99_ms": round(percentile(nanos, 0.99) / 1e6, 4),
             "requests_per_cycle": round((after - before) / args.iterations, 2),
         },
-        "contended": {"handoffs_per_sec": round(handoffs, 1)},
+        "contended": {
+            "handoffs_per_sec": round(handoffs, 1),
+            "requests_per_handoff": round(handoff_requests / args.iterations, 2),
+        },
         "throughput": {"ops_per_sec": round(ops, 1)},
     }
     print(json.dumps(result))
