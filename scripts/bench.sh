@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Benchmarks zkguard's ZooKeeper lock against Apache Curator's InterProcessMutex and kazoo's Lock,
-# all three against ONE local ZooKeeper started here (tickTime 2000, forceSync on, as in a default
-# production setup), with the same counts, and zkguard's Elasticsearch lease lock against a local
-# osmem-server (its own column: the peers are ZooKeeper-only). Prints one table and writes the
-# combined JSON to target/bench/results.json.
+# all three against the same two local ZooKeeper servers started here (tickTime 2000): one with
+# forceSync on and its data on disk, as in a default production setup, and one with forceSync=no
+# and its data on tmpfs (/dev/shm), which shows the clients' own cost. Same counts for all, one
+# benchmark at a time (so each counts only its own requests); zkguard's Elasticsearch lease lock
+# runs against a local osmem-server (its own column: the peers are ZooKeeper-only). Prints one
+# table per server (medians with the min-max spread) and writes the combined JSON to
+# target/bench/results.json.
 #
 # Usage: scripts/bench.sh [--iterations N] [--contenders N] [--monitors N] [--rounds N] [--no-build]
-#        (or ITERATIONS=, CONTENDERS=, MONITORS=, ROUNDS= in the environment; 3 rounds by default,
-#        interleaved, the table shows medians)
+#        (or ITERATIONS=, CONTENDERS=, MONITORS=, ROUNDS= in the environment; 5 rounds by default,
+#        interleaved; ZKGUARD_BIN=path runs that zkguard binary instead of building one)
 # Needs: cargo, java + javac, the Debian packages of scripts/install-deps.sh.
 set -euo pipefail
 
@@ -15,7 +18,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ITERATIONS="${ITERATIONS:-1000}"
 CONTENDERS="${CONTENDERS:-4}"
 MONITORS="${MONITORS:-8}"
-ROUNDS="${ROUNDS:-3}"
+ROUNDS="${ROUNDS:-5}"
 BUILD=1
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -24,7 +27,7 @@ while [ $# -gt 0 ]; do
         --monitors) MONITORS="$2"; shift 2 ;;
         --rounds) ROUNDS="$2"; shift 2 ;;
         --no-build) BUILD=0; shift ;;
-        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
@@ -35,14 +38,20 @@ done
 OUT="$ROOT/target/bench"
 mkdir -p "$OUT"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/zkguard-bench-XXXXXX")"
-ZK_PID=""
+# The forceSync=no server keeps its data on tmpfs when there is one.
+SHM_ROOT=/dev/shm
+{ [ -d "$SHM_ROOT" ] && [ -w "$SHM_ROOT" ]; } || SHM_ROOT="${TMPDIR:-/tmp}"
+SHM="$(mktemp -d "$SHM_ROOT/zkguard-bench-XXXXXX")"
+ZK_PIDS=()
 cleanup() {
-    if [ -n "$ZK_PID" ] && kill -0 "$ZK_PID" 2>/dev/null; then
-        kill "$ZK_PID" 2>/dev/null || true
-        for _ in $(seq 1 100); do kill -0 "$ZK_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$ZK_PID" 2>/dev/null || true
-    fi
-    rm -rf "$WORK"
+    for pid in "${ZK_PIDS[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then
+            kill "$pid" 2>/dev/null || true
+            for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+            kill -9 "$pid" 2>/dev/null || true
+        fi
+    done
+    rm -rf "$WORK" "$SHM"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -54,8 +63,9 @@ need javac
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY="$(command -v python3)"
 
-# --- zkguard build (before the server starts, so the build does not disturb it) ----------------
-ZKGUARD="$ROOT/target/release/zkguard"
+# --- zkguard build (before the servers start, so the build does not disturb them) ------------
+ZKGUARD="${ZKGUARD_BIN:-$ROOT/target/release/zkguard}"
+[ -z "${ZKGUARD_BIN:-}" ] || BUILD=0
 if [ "$BUILD" = 1 ]; then
     echo "building zkguard (cargo build --release --features testkit) ..." >&2
     if ! (cd "$ROOT" && cargo build --release --features testkit --quiet) >"$OUT/build.log" 2>&1; then
@@ -80,26 +90,14 @@ elif ! javac -nowarn -d "$CURATOR_BUILD" -cp "$CURATOR_CP" "$ROOT/bench/curator/
 fi
 
 # --- ZooKeeper (the same command line as zkguard::testkit) -----------------------------------
-PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-mkdir -p "$WORK/data"
-cat >"$WORK/zoo.cfg" <<EOF
-tickTime=2000
-dataDir=$WORK/data
-clientPort=$PORT
-clientPortAddress=127.0.0.1
-maxClientCnxns=0
-admin.enableServer=false
-4lw.commands.whitelist=*
-EOF
-java -Xmx512m -Xms32m -XX:+UseSerialGC -XX:-UsePerfData -Djava.net.preferIPv4Stack=true \
-    -Dzookeeper.extendedTypesEnabled=true -Dzookeeper.admin.enableServer=false \
-    -Dzookeeper.jmx.log4j.disable=true \
-    -cp "$J/zookeeper.jar:$J/slf4j-simple.jar:$J/*" \
-    org.apache.zookeeper.server.ZooKeeperServerMain "$WORK/zoo.cfg" >"$WORK/zookeeper.log" 2>&1 </dev/null &
-ZK_PID=$!
-
+# Two servers: "sync" (forceSync on, data under $WORK) and "nosync" (forceSync=no, data on tmpfs).
+MODES=(sync nosync)
+declare -A ZK_AT
+free_port() {
+    "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
 four_letter() {
-    "$PY" - "$PORT" "$1" <<'EOF'
+    "$PY" - "$1" "$2" <<'EOF'
 import socket, sys
 try:
     with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2) as s:
@@ -114,26 +112,49 @@ except OSError:
     pass
 EOF
 }
-ready=0
-for _ in $(seq 1 300); do
-    kill -0 "$ZK_PID" 2>/dev/null || break
-    if four_letter srvr | grep -q '^Mode: standalone' && four_letter conf | grep -q "^dataDir=$WORK/data"; then
-        ready=1
-        break
-    fi
-    sleep 0.1
-done
-if [ "$ready" != 1 ]; then
-    echo "bench.sh: ZooKeeper did not start on 127.0.0.1:$PORT; last log lines:" >&2
-    tail -n 30 "$WORK/zookeeper.log" >&2
+# start_zk MODE DATA_DIR FORCE_SYNC(yes|no): starts a server and records its address in ZK_AT.
+start_zk() {
+    local mode="$1" data="$2" sync="$3" port pid
+    port="$(free_port)"
+    mkdir -p "$data"
+    cat >"$WORK/zoo-$mode.cfg" <<EOF
+tickTime=2000
+dataDir=$data
+clientPort=$port
+clientPortAddress=127.0.0.1
+maxClientCnxns=0
+admin.enableServer=false
+4lw.commands.whitelist=*
+forceSync=$sync
+EOF
+    java -Xmx512m -Xms32m -XX:+UseSerialGC -XX:-UsePerfData -Djava.net.preferIPv4Stack=true \
+        -Dzookeeper.extendedTypesEnabled=true -Dzookeeper.admin.enableServer=false \
+        -Dzookeeper.jmx.log4j.disable=true -Dzookeeper.forceSync="$sync" \
+        -cp "$J/zookeeper.jar:$J/slf4j-simple.jar:$J/*" \
+        org.apache.zookeeper.server.ZooKeeperServerMain "$WORK/zoo-$mode.cfg" \
+        >"$WORK/zookeeper-$mode.log" 2>&1 </dev/null &
+    pid=$!
+    ZK_PIDS+=("$pid")
+    for _ in $(seq 1 300); do
+        kill -0 "$pid" 2>/dev/null || break
+        if four_letter "$port" srvr | grep -q '^Mode: standalone' \
+            && four_letter "$port" conf | grep -q "^dataDir=$data"; then
+            ZK_AT[$mode]="127.0.0.1:$port"
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "bench.sh: ZooKeeper (forceSync=$sync) did not start on 127.0.0.1:$port; last log lines:" >&2
+    tail -n 30 "$WORK/zookeeper-$mode.log" >&2
     exit 69
-fi
-ZK="127.0.0.1:$PORT"
-echo "ZooKeeper ready at $ZK (tickTime 2000, forceSync on); $ITERATIONS iterations, $CONTENDERS contenders, $MONITORS monitors" >&2
+}
+start_zk sync "$WORK/data" yes
+start_zk nosync "$SHM/data" no
+echo "ZooKeeper ready at ${ZK_AT[sync]} (forceSync on, data on disk) and ${ZK_AT[nosync]} (forceSync=no, data in $SHM_ROOT), tickTime 2000; $ITERATIONS iterations, $CONTENDERS contenders, $MONITORS monitors, $ROUNDS rounds" >&2
 
 COUNTS=(--iterations "$ITERATIONS" --contenders "$CONTENDERS" --monitors "$MONITORS")
-# Runs one bench; keeps the last JSON-object line of its output in $OUT/<name>-<round>.json
-# (empty on failure) and its stderr in $OUT/<name>-<round>.log.
+# Runs one bench; keeps the last JSON-object line of its output in $OUT/<tag>-<round>.json
+# (empty on failure) and its stderr in $OUT/<tag>-<round>.log.
 run_peer() {
     local name="$1" round="$2"
     shift 2
@@ -151,33 +172,39 @@ run_peer() {
     fi
 }
 
-# Warm the server's JIT and disk first, so the first measured bench is not penalised.
+# Warm each server's JIT and disk first, so the first measured bench is not penalised.
 HAVE_KAZOO=0
 "$PY" -c 'import kazoo' 2>/dev/null && HAVE_KAZOO=1
 if [ "$HAVE_KAZOO" = 1 ]; then
-    echo "warming up the server ..." >&2
-    timeout 120 "$PY" "$ROOT/bench/kazoo/kazoo_bench.py" --zk "$ZK" --iterations 300 \
-        --contenders "$CONTENDERS" --monitors "$MONITORS" >/dev/null 2>&1 || true
+    echo "warming up the servers ..." >&2
+    for mode in "${MODES[@]}"; do
+        timeout 120 "$PY" "$ROOT/bench/kazoo/kazoo_bench.py" --zk "${ZK_AT[$mode]}" --iterations 300 \
+            --contenders "$CONTENDERS" --monitors "$MONITORS" >/dev/null 2>&1 || true
+    done
 fi
 [ -x "$ZKGUARD" ] || echo "  zkguard: $ZKGUARD not built; n/a" >&2
 [ "$HAVE_KAZOO" = 1 ] || echo "  kazoo: python3-kazoo missing (run scripts/install-deps.sh); n/a" >&2
 
 # zkguard's own configuration must not redirect the run (lock.backend, a config file).
 ZKGUARD_ENV=(env -u ZKGUARD_CONFIG -u ZKGUARD_LOCK_BACKEND -u RUST_LOG)
+# run_one NAME MODE ROUND: results go to $OUT/NAME-MODE-ROUND.json (zkguard-es: NAME-ROUND.json,
+# it does not use ZooKeeper).
 run_one() {
-    local name="$1" round="$2"
+    local name="$1" mode="$2" round="$3"
+    local zk="" tag="$name-$mode"
+    [ -z "$mode" ] || zk="${ZK_AT[$mode]}"
     case "$name" in
         zkguard)
-            [ -x "$ZKGUARD" ] || { : >"$OUT/$name-$round.json"; return; }
-            run_peer "$name" "$round" "${ZKGUARD_ENV[@]}" "$ZKGUARD" bench --backend zookeeper --json \
-                --zk "$ZK" "${COUNTS[@]}" ;;
+            [ -x "$ZKGUARD" ] || { : >"$OUT/$tag-$round.json"; return; }
+            run_peer "$tag" "$round" "${ZKGUARD_ENV[@]}" "$ZKGUARD" bench --backend zookeeper --json \
+                --zk "$zk" "${COUNTS[@]}" ;;
         curator)
-            [ "$CURATOR_OK" = 1 ] || { : >"$OUT/$name-$round.json"; return; }
-            run_peer "$name" "$round" java -XX:+UseSerialGC -cp "$CURATOR_BUILD:$CURATOR_CP" CuratorBench \
-                --json --zk "$ZK" "${COUNTS[@]}" ;;
+            [ "$CURATOR_OK" = 1 ] || { : >"$OUT/$tag-$round.json"; return; }
+            run_peer "$tag" "$round" java -XX:+UseSerialGC -cp "$CURATOR_BUILD:$CURATOR_CP" CuratorBench \
+                --json --zk "$zk" "${COUNTS[@]}" ;;
         kazoo)
-            [ "$HAVE_KAZOO" = 1 ] || { : >"$OUT/$name-$round.json"; return; }
-            run_peer "$name" "$round" "$PY" "$ROOT/bench/kazoo/kazoo_bench.py" --json --zk "$ZK" "${COUNTS[@]}" ;;
+            [ "$HAVE_KAZOO" = 1 ] || { : >"$OUT/$tag-$round.json"; return; }
+            run_peer "$tag" "$round" "$PY" "$ROOT/bench/kazoo/kazoo_bench.py" --json --zk "$zk" "${COUNTS[@]}" ;;
         zkguard-es)
             # The Elasticsearch lease lock, against an osmem-server that zkguard starts and stops.
             [ -x "$ZKGUARD" ] || { : >"$OUT/$name-$round.json"; return; }
@@ -185,40 +212,53 @@ run_one() {
                 --json "${COUNTS[@]}" ;;
     esac
 }
-# Rounds interleave the peers, each round in a rotated order, so that neither a slow start nor
-# a burst of load on the machine favours one of them; the table shows each figure's median.
-rm -f "$OUT"/{zkguard,curator,kazoo,zkguard-es}{,-[0-9]*}.{json,out,log}
+# Rounds interleave the peers and the two servers, each round in a rotated order, so that neither
+# a slow start nor a burst of load on the machine favours one of them; the tables show each
+# figure's median and its spread over the rounds.
+rm -f "$OUT"/{zkguard,curator,kazoo}-{sync,nosync}-[0-9]*.{json,out,log} \
+    "$OUT"/{zkguard,curator,kazoo,zkguard-es}{,-[0-9]*}.{json,out,log}
 ORDER=(zkguard curator kazoo)
 for round in $(seq 1 "$ROUNDS"); do
-    for i in 0 1 2; do
-        run_one "${ORDER[$(((i + round - 1) % 3))]}" "$round"
+    for m in 0 1; do
+        mode="${MODES[$(((m + round - 1) % 2))]}"
+        for i in 0 1 2; do
+            run_one "${ORDER[$(((i + round - 1) % 3))]}" "$mode" "$round"
+        done
     done
-    run_one zkguard-es "$round"
+    run_one zkguard-es "" "$round"
 done
 
-# --- table and combined JSON -----------------------------------------------------------------
-"$PY" - "$OUT" "$ZK" "$ITERATIONS" "$CONTENDERS" "$MONITORS" "$ROUNDS" <<'EOF'
+# --- tables and combined JSON ----------------------------------------------------------------
+"$PY" - "$OUT" "${ZK_AT[sync]}" "${ZK_AT[nosync]}" "$SHM_ROOT" "$ITERATIONS" "$CONTENDERS" \
+    "$MONITORS" "$ROUNDS" <<'EOF'
 import json, os, statistics, sys
 
-out, zk = sys.argv[1], sys.argv[2]
-iterations, contenders, monitors, rounds = map(int, sys.argv[3:7])
+out, zk_sync, zk_nosync, shm_root = sys.argv[1:5]
+iterations, contenders, monitors, rounds = map(int, sys.argv[5:9])
 FIGURES = [
     ("uncontended.p50_ms", "uncontended p50 (ms, lower is better)"),
     ("uncontended.p99_ms", "uncontended p99 (ms, lower is better)"),
     ("uncontended.requests_per_cycle", "requests per cycle (lower is better)"),
+    ("uncontended.cpu_ms_per_cycle", "client CPU ms per cycle (lower is better)"),
     ("contended.handoffs_per_sec", "contended hand-offs/s (higher is better)"),
     ("contended.owner_changes_per_sec", "  of which to another session/s"),
     ("contended.requests_per_handoff", "  requests per hand-off (lower is better)"),
+    ("contended.cpu_ms_per_handoff", "  client CPU ms per hand-off (lower is better)"),
     ("throughput.ops_per_sec", "throughput ops/s (higher is better)"),
 ]
 PEERS = [("zkguard", "zkguard"), ("curator", "Curator"), ("kazoo", "kazoo")]
-# zkguard's Elasticsearch lease lock: its own column, no ratios (the peers are ZooKeeper-only).
+# zkguard's Elasticsearch lease lock: its own column, no ratios (the peers are ZooKeeper-only),
+# in the first table only (it does not use ZooKeeper).
 EXTRA = [("zkguard-es", "zkguard ES")]
+MODES = [
+    ("sync", zk_sync, True, "forceSync on, data on disk"),
+    ("nosync", zk_nosync, False, "forceSync=no, data in %s" % shm_root),
+]
 
 
-def load(name, round_):
+def load(tag, round_):
     try:
-        with open(os.path.join(out, "%s-%d.json" % (name, round_))) as f:
+        with open(os.path.join(out, "%s-%d.json" % (tag, round_))) as f:
             text = f.read().strip()
         return json.loads(text) if text else None
     except (OSError, ValueError):
@@ -248,48 +288,77 @@ def fmt(v, digits=3):
     return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
-def median(values):
+def stats(values):
+    """(median, min, max) of the values present, or three Nones."""
     values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
+    if not values:
+        return None, None, None
+    return statistics.median(values), min(values), max(values)
 
 
-results = {name: [load(name, r) for r in range(1, rounds + 1)] for name, _ in PEERS + EXTRA}
-rows = []
-table = {}
-for key, label in FIGURES:
-    vals = {name: median(figure(res, key) for res in results[name]) for name, _ in PEERS + EXTRA}
-    r_cur = ratio(vals["zkguard"], vals["curator"])
-    r_kaz = ratio(vals["zkguard"], vals["kazoo"])
-    table[key] = {**vals, "zkguard/curator": r_cur, "zkguard/kazoo": r_kaz}
-    rows.append(
-        [label]
-        + [fmt(vals[n], 4) for n, _ in PEERS]
-        + [fmt(r_cur), fmt(r_kaz)]
-        + [fmt(vals[n], 4) for n, _ in EXTRA]
+def cell(s):
+    median, lo, hi = s
+    return "n/a" if median is None else f"{fmt(median, 4)} [{fmt(lo)}-{fmt(hi)}]"
+
+
+combined_modes = {}
+for index, (mode, zk, force_sync, title) in enumerate(MODES):
+    results = {
+        name: [load("%s-%s" % (name, mode), r) for r in range(1, rounds + 1)] for name, _ in PEERS
+    }
+    extra = EXTRA if index == 0 else []
+    for name, _ in extra:
+        results[name] = [load(name, r) for r in range(1, rounds + 1)]
+    rows = []
+    table = {}
+    for key, label in FIGURES:
+        st = {name: stats(figure(res, key) for res in results[name]) for name in results}
+        vals = {name: s[0] for name, s in st.items()}
+        r_cur = ratio(vals["zkguard"], vals["curator"])
+        r_kaz = ratio(vals["zkguard"], vals["kazoo"])
+        table[key] = {
+            **vals,
+            "zkguard/curator": r_cur,
+            "zkguard/kazoo": r_kaz,
+            "spread": {name: [s[1], s[2]] for name, s in st.items()},
+        }
+        rows.append(
+            [label]
+            + [cell(st[n]) for n, _ in PEERS]
+            + [fmt(r_cur), fmt(r_kaz)]
+            + [cell(st[n]) for n, _ in extra]
+        )
+    header = ["figure"] + [t for _, t in PEERS] + ["zkguard/Curator", "zkguard/kazoo"]
+    header += [t for _, t in extra]
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    line = lambda cells: "  ".join(
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
     )
-
-header = ["figure"] + [title for _, title in PEERS] + ["zkguard/Curator", "zkguard/kazoo"]
-header += [title for _, title in EXTRA]
-widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-print(line(header))
-print(line(["-" * w for w in widths]))
-for r in rows:
-    print(line(r))
+    print(f"ZooKeeper {zk}: {title}, tickTime 2000")
+    print(line(header))
+    print(line(["-" * w for w in widths]))
+    for r in rows:
+        print(line(r))
+    print()
+    combined_modes[mode] = {
+        "zookeeper": {"connect": zk, "tick_time_ms": 2000, "force_sync": force_sync},
+        "results": results,
+        "table": table,
+    }
 print(
-    f"\nmedians of {rounds} interleaved rounds; ZooKeeper {zk} (tickTime 2000, forceSync on); "
-    f"zkguard ES: osmem-server started by zkguard; {iterations} iterations, {contenders} contenders, "
+    f"median [min-max] of {rounds} interleaved rounds; ratios of the medians; zkguard ES: "
+    f"osmem-server started by zkguard; {iterations} iterations, {contenders} contenders, "
     f"{monitors} monitors"
 )
 
+# The forceSync-on figures keep their place at the top level; forceSync=no sits beside them.
 combined = {
-    "zookeeper": {"connect": zk, "tick_time_ms": 2000, "force_sync": True},
+    **{k: combined_modes["sync"][k] for k in ("zookeeper", "results", "table")},
     "iterations": iterations,
     "contenders": contenders,
     "monitors": monitors,
     "rounds": rounds,
-    "results": results,
-    "table": table,
+    "force_sync_off": combined_modes["nosync"],
 }
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(combined, f, indent=2)

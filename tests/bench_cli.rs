@@ -11,9 +11,11 @@ const FIGURES: &[&str] = &[
     "uncontended.p50_ms",
     "uncontended.p99_ms",
     "uncontended.requests_per_cycle",
+    "uncontended.cpu_ms_per_cycle",
     "contended.handoffs_per_sec",
     "contended.owner_changes_per_sec",
     "contended.requests_per_handoff",
+    "contended.cpu_ms_per_handoff",
     "throughput.ops_per_sec",
 ];
 
@@ -104,6 +106,12 @@ fn zookeeper_json_has_every_figure_and_three_requests_per_cycle() {
         (2.5..=3.5).contains(&requests),
         "requests per uncontended cycle: {requests}, expected about 3"
     );
+    // A hand-off costs at least the successor's create and the holder's release.
+    let per_handoff = obj["contended.requests_per_handoff"].as_f64().unwrap();
+    assert!(
+        per_handoff >= 2.0,
+        "requests per hand-off: {per_handoff}, expected at least 2"
+    );
 }
 
 #[test]
@@ -142,6 +150,8 @@ fn table_names_every_figure() {
         "contended hand-offs (2 sessions, 1 monitor)",
         "of which to another session",
         "requests per hand-off",
+        "client CPU per uncontended cycle",
+        "client CPU per hand-off",
         "throughput (2 sessions, 2 monitors)",
     ] {
         assert!(stdout.contains(needle), "missing {needle:?} in:\n{stdout}");

@@ -4,18 +4,23 @@
 //                          [--warmup N] [--json]
 // Prints one JSON object:
 //   {"backend":"curator", "iterations":N, "contenders":C, "monitors":M,
-//    "uncontended":{"p50_ms":..,"p99_ms":..,"requests_per_cycle":..},
-//    "contended":{"handoffs_per_sec":..}, "throughput":{"ops_per_sec":..}}
+//    "uncontended":{"p50_ms":..,"p99_ms":..,"requests_per_cycle":..,"cpu_ms_per_cycle":..},
+//    "contended":{"handoffs_per_sec":..,"requests_per_handoff":..,"cpu_ms_per_handoff":..},
+//    "throughput":{"ops_per_sec":..}}
 //
 // - uncontended: one client acquires and releases one reused lock path, N cycles after a warm-up;
 //   latency of a whole cycle (acquire + release). requests_per_cycle is the growth of the server's
 //   zk_packets_received (four-letter word `mntr`) during those N cycles, divided by N.
+//   cpu_ms_per_cycle (and cpu_ms_per_handoff below) is the user + system CPU time of this JVM
+//   process (OperatingSystemMXBean.getProcessCpuTime) over those cycles, divided by N.
 // - contended: C clients (one session each, one thread each) acquire and release ONE lock path
-//   until N hand-offs happened in total; hand-offs per second.
+//   until N hand-offs happened in total; hand-offs per second. requests_per_handoff is the growth
+//   of zk_packets_received during those N hand-offs (all clients' requests), divided by N.
 // - throughput: C clients over M lock paths (each operation picks a path at random) until N
 //   acquire/release operations happened in total; operations per second.
 
 import java.io.ByteArrayOutputStream;
+import java.lang.management.ManagementFactory;
 import java.io.InputStream;
 import java.io.OutputStream;
 import java.net.InetSocketAddress;
@@ -74,6 +79,7 @@ public final class CuratorBench {
         double p50;
         double p99;
         double requestsPerCycle;
+        double cpuMsPerCycle;
         CuratorFramework solo = client(zk);
         try {
             InterProcessMutex lock = new InterProcessMutex(solo, base + "/uncontended");
@@ -82,11 +88,13 @@ public final class CuratorBench {
             }
             long[] nanos = new long[iterations];
             long before = packetsReceived(zk);
+            long cpuBefore = cpuNanos();
             for (int i = 0; i < iterations; i++) {
                 long t0 = System.nanoTime();
                 cycle(lock);
                 nanos[i] = System.nanoTime() - t0;
             }
+            cpuMsPerCycle = (cpuNanos() - cpuBefore) / 1e6 / iterations;
             long after = packetsReceived(zk);
             Arrays.sort(nanos);
             p50 = percentile(nanos, 0.50) / 1e6;
@@ -104,16 +112,23 @@ public final class CuratorBench {
             }
             // Warm up every client on the paths it will use.
             run(clients, 1, base + "/contended", Math.min(warmup, 20 * contenders));
+            long handoffBefore = packetsReceived(zk);
+            long cpuBefore = cpuNanos();
             double handoffs = run(clients, 1, base + "/contended", iterations);
+            double cpuMsPerHandoff = (cpuNanos() - cpuBefore) / 1e6 / iterations;
+            double requestsPerHandoff = (double) (packetsReceived(zk) - handoffBefore) / iterations;
             run(clients, monitors, base + "/throughput", Math.min(warmup, 20 * contenders));
             double ops = run(clients, monitors, base + "/throughput", iterations);
 
             System.out.println(String.format(Locale.ROOT,
                 "{\"backend\":\"curator\",\"iterations\":%d,\"contenders\":%d,\"monitors\":%d,"
-                    + "\"uncontended\":{\"p50_ms\":%.4f,\"p99_ms\":%.4f,\"requests_per_cycle\":%.2f},"
-                    + "\"contended\":{\"handoffs_per_sec\":%.1f},"
+                    + "\"uncontended\":{\"p50_ms\":%.4f,\"p99_ms\":%.4f,\"requests_per_cycle\":%.2f,"
+                    + "\"cpu_ms_per_cycle\":%.4f},"
+                    + "\"contended\":{\"handoffs_per_sec\":%.1f,\"requests_per_handoff\":%.2f,"
+                    + "\"cpu_ms_per_handoff\":%.4f},"
                     + "\"throughput\":{\"ops_per_sec\":%.1f}}",
-                iterations, contenders, monitors, p50, p99, requestsPerCycle, handoffs, ops));
+                iterations, contenders, monitors, p50, p99, requestsPerCycle, cpuMsPerCycle, handoffs, requestsPerHandoff,
+                cpuMsPerHandoff, ops));
         } finally {
             for (CuratorFramework c : clients) {
                 c.close();
@@ -183,6 +198,12 @@ public final class CuratorBench {
             throw new IllegalStateException("a contender failed", failure.get());
         }
         return total / (elapsed / 1e9);
+    }
+
+    /** User + system CPU time of this JVM process (all threads, JIT and GC included), in ns. */
+    private static long cpuNanos() {
+        return ((com.sun.management.OperatingSystemMXBean)
+            ManagementFactory.getOperatingSystemMXBean()).getProcessCpuTime();
     }
 
     private static long percentile(long[] sorted, double q) {

@@ -6,14 +6,18 @@ Usage: /usr/bin/python3 kazoo_bench.py --zk HOST:PORT[,...] [--iterations N] [--
 
 Prints one JSON object:
   {"backend": "kazoo", "iterations": N, "contenders": C, "monitors": M,
-   "uncontended": {"p50_ms": .., "p99_ms": .., "requests_per_cycle": ..},
-   "contended": {"handoffs_per_sec": ..}, "throughput": {"ops_per_sec": ..}}
+   "uncontended": {"p50_ms": .., "p99_ms": .., "requests_per_cycle": .., "cpu_ms_per_cycle": ..},
+   "contended": {"handoffs_per_sec": .., "requests_per_handoff": .., "cpu_ms_per_handoff": ..},
+   "throughput": {"ops_per_sec": ..}}
 
 - uncontended: one client acquires and releases one reused lock path, N cycles after a warm-up;
   latency of a whole cycle (acquire + release). requests_per_cycle is the growth of the server's
   zk_packets_received (four-letter word `mntr`) during those N cycles, divided by N.
+  cpu_ms_per_cycle (and cpu_ms_per_handoff below) is the user + system CPU time of this
+  process (resource.getrusage(RUSAGE_SELF)) over those cycles, divided by N.
 - contended: C clients (one session each, one thread each) acquire and release ONE lock path
-  until N hand-offs happened in total; hand-offs per second.
+  until N hand-offs happened in total; hand-offs per second. requests_per_handoff is the growth
+  of zk_packets_received during those N hand-offs (all clients' requests), divided by N.
 - throughput: C clients over M lock paths (each operation picks a path at random) until N
   acquire/release operations happened in total; operations per second.
 """
@@ -23,6 +27,7 @@ import json
 import logging
 import math
 import random
+import resource
 import socket
 import sys
 import threading
@@ -44,6 +49,12 @@ def cycle(lock):
     if not lock.acquire(timeout=LOCK_TIMEOUT_S):
         raise RuntimeError("lock not acquired within %s s" % LOCK_TIMEOUT_S)
     lock.release()
+
+
+def cpu_seconds():
+    """User + system CPU time of this process (all threads), from getrusage(RUSAGE_SELF)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def percentile(sorted_values, q):
@@ -136,10 +147,12 @@ def main():
             cycle(lock)
         nanos = []
         before = packets_received(args.zk)
+        cpu_before = cpu_seconds()
         for _ in range(args.iterations):
             t0 = time.perf_counter_ns()
             cycle(lock)
             nanos.append(time.perf_counter_ns() - t0)
+        cpu_cycle = (cpu_seconds() - cpu_before) * 1e3 / args.iterations
         after = packets_received(args.zk)
     finally:
         solo.stop()
@@ -152,7 +165,11 @@ def main():
             clients.append(client(args.zk))
         short = min(warmup, 20 * args.contenders)
         run(clients, 1, base + "/contended", short)
+        handoff_before = packets_received(args.zk)
+        cpu_before = cpu_seconds()
         handoffs = run(clients, 1, base + "/contended", args.iterations)
+        cpu_handoff = (cpu_seconds() - cpu_before) * 1e3 / args.iterations
+        handoff_requests = packets_received(args.zk) - handoff_before
         run(clients, args.monitors, base + "/throughput", short)
         ops = run(clients, args.monitors, base + "/throughput", args.iterations)
     finally:
@@ -169,8 +186,13 @@ def main():
             "p50_ms": round(percentile(nanos, 0.50) / 1e6, 4),
             "p99_ms": round(percentile(nanos, 0.99) / 1e6, 4),
             "requests_per_cycle": round((after - before) / args.iterations, 2),
+            "cpu_ms_per_cycle": round(cpu_cycle, 4),
         },
-        "contended": {"handoffs_per_sec": round(handoffs, 1)},
+        "contended": {
+            "handoffs_per_sec": round(handoffs, 1),
+            "requests_per_handoff": round(handoff_requests / args.iterations, 2),
+            "cpu_ms_per_handoff": round(cpu_handoff, 4),
+        },
         "throughput": {"ops_per_sec": round(ops, 1)},
     }
     print(json.dumps(result))

@@ -359,6 +359,10 @@ fn print_table(report: &BenchReport, at: &str, local: bool) {
         ),
         ("requests per uncontended cycle".to_string(), requests),
         (
+            "client CPU per uncontended cycle".to_string(),
+            format!("{:.3} ms", report.cpu_ms_per_cycle),
+        ),
+        (
             format!(
                 "contended hand-offs ({} sessions, 1 monitor)",
                 report.contenders
@@ -374,6 +378,10 @@ fn print_table(report: &BenchReport, at: &str, local: bool) {
             report
                 .requests_per_handoff
                 .map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}")),
+        ),
+        (
+            "  client CPU per hand-off".to_string(),
+            format!("{:.3} ms", report.cpu_ms_per_handoff),
         ),
         (
             format!(

@@ -24,6 +24,11 @@
 //!   again at once, and this figure shows how often the lock really changed hands. The
 //!   requests of all clients during the measured hand-offs are counted as for the uncontended
 //!   cycles (requests per hand-off).
+//! - **client CPU time**: the user + system CPU time of the benchmarking process
+//!   (`getrusage(RUSAGE_SELF)`, all threads) over the measured uncontended cycles and over the
+//!   measured hand-offs, divided by their number (CPU milliseconds per cycle and per hand-off).
+//!   The peers measure their own process the same way, so the client's own cost is comparable
+//!   whatever the machine's load.
 //! - **throughput**: the same clients over `monitors` monitor objects, each cycle on a monitor
 //!   picked at random, until `iterations` cycles happened in total; cycles per second. Same
 //!   warm-up.
@@ -153,6 +158,8 @@ pub struct BenchReport {
     pub uncontended_p99_ms: f64,
     /// Requests per uncontended cycle, when they could be counted (see the module docs).
     pub requests_per_cycle: Option<f64>,
+    /// Client CPU time (user + system of this process) per uncontended cycle, in milliseconds.
+    pub cpu_ms_per_cycle: f64,
     /// Contended acquisitions (hand-offs) per second on one monitor.
     pub handoffs_per_sec: f64,
     /// Of those, acquisitions per second by another session than the previous holder: a lock
@@ -161,6 +168,9 @@ pub struct BenchReport {
     /// Requests per contended acquisition (all clients' requests, counted as for
     /// [`requests_per_cycle`](Self::requests_per_cycle)).
     pub requests_per_handoff: Option<f64>,
+    /// Client CPU time (user + system of this process, all clients) per contended
+    /// acquisition, in milliseconds.
+    pub cpu_ms_per_handoff: f64,
     /// Acquire+release cycles per second over all monitors.
     pub ops_per_sec: f64,
 }
@@ -174,9 +184,10 @@ impl BenchReport {
     /// One flat JSON object whose keys name each figure and its unit:
     /// `backend`, `iterations`, `contenders`, `monitors`, `warmup`, `uncontended.p50_ms`,
     /// `uncontended.p99_ms`, `uncontended.requests_per_cycle` (`null` when not counted),
-    /// `contended.handoffs_per_sec`, `contended.owner_changes_per_sec`,
-    /// `contended.requests_per_handoff` (`null` when not counted), `throughput.ops_per_sec`. Latencies are rounded to 0.1 µs, requests to 0.01, rates to 0.1
-    /// (as the peers print them).
+    /// `uncontended.cpu_ms_per_cycle`, `contended.handoffs_per_sec`,
+    /// `contended.owner_changes_per_sec`, `contended.requests_per_handoff` (`null` when not
+    /// counted), `contended.cpu_ms_per_handoff`, `throughput.ops_per_sec`. Latencies and CPU
+    /// times are rounded to 0.1 µs, requests to 0.01, rates to 0.1 (as the peers print them).
     pub fn to_json(&self) -> Value {
         json!({
             "backend": self.backend,
@@ -187,9 +198,11 @@ impl BenchReport {
             "uncontended.p50_ms": round(self.uncontended_p50_ms, 4),
             "uncontended.p99_ms": round(self.uncontended_p99_ms, 4),
             "uncontended.requests_per_cycle": self.requests_per_cycle.map(|r| round(r, 2)),
+            "uncontended.cpu_ms_per_cycle": round(self.cpu_ms_per_cycle, 4),
             "contended.handoffs_per_sec": round(self.handoffs_per_sec, 1),
             "contended.owner_changes_per_sec": round(self.owner_changes_per_sec, 1),
             "contended.requests_per_handoff": self.requests_per_handoff.map(|r| round(r, 2)),
+            "contended.cpu_ms_per_handoff": round(self.cpu_ms_per_handoff, 4),
             "throughput.ops_per_sec": round(self.ops_per_sec, 1),
         })
     }
@@ -456,6 +469,27 @@ async fn cycle(
     guard.unlock().await
 }
 
+/// User + system CPU time of this process so far (all threads), from `getrusage(RUSAGE_SELF)`.
+fn cpu_time() -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(usage) => {
+            let micros = |t: nix::sys::time::TimeVal| {
+                Duration::from_secs(t.tv_sec().max(0) as u64)
+                    + Duration::from_micros(t.tv_usec().max(0) as u64)
+            };
+            micros(usage.user_time()) + micros(usage.system_time())
+        }
+        // getrusage(RUSAGE_SELF) fails only for an invalid `who`.
+        Err(_) => Duration::ZERO,
+    }
+}
+
+/// CPU milliseconds per cycle between two [`cpu_time`] readings.
+fn cpu_ms_per(before: Duration, after: Duration, cycles: u32) -> f64 {
+    after.saturating_sub(before).as_secs_f64() * 1e3 / f64::from(cycles)
+}
+
 /// Nearest-rank percentile of sorted values (rank `ceil(q * n)`, clamped), as the peers.
 pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
     if sorted.is_empty() {
@@ -621,6 +655,7 @@ async fn run_inner(
         progress.start(Phase::Uncontended, plan.iterations.into());
         let mut samples = Vec::with_capacity(plan.iterations as usize);
         let before = counter.read().await;
+        let cpu_before = cpu_time();
         for _ in 0..plan.iterations {
             let t0 = Instant::now();
             cycle(solo.service.as_ref(), &monitor, timeout)
@@ -629,15 +664,16 @@ async fn run_inner(
             samples.push(t0.elapsed());
             progress.advance(1);
         }
+        let cpu = cpu_ms_per(cpu_before, cpu_time(), plan.iterations);
         let after = counter.read().await;
         progress.finish(Phase::Uncontended);
         samples.sort_unstable();
         let requests = RequestCounter::per_cycle(before, after, plan.iterations);
-        Ok::<_, BenchError>((samples, requests))
+        Ok::<_, BenchError>((samples, requests, cpu))
     }
     .await;
     solo.close();
-    let (samples, requests_per_cycle) = result?;
+    let (samples, requests_per_cycle, cpu_ms_per_cycle) = result?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let p50 = ms(percentile(&samples, 0.50));
     let p99 = ms(percentile(&samples, 0.99));
@@ -645,6 +681,7 @@ async fn run_inner(
         p50_ms = p50,
         p99_ms = p99,
         requests_per_cycle,
+        cpu_ms_per_cycle,
         "uncontended figures"
     );
 
@@ -681,6 +718,7 @@ async fn run_inner(
         .await?;
         let counter = RequestCounter::new(settings, &clients);
         let before = counter.read().await;
+        let cpu_before = cpu_time();
         let handoffs = run_shared(
             &clients,
             &contended,
@@ -690,6 +728,7 @@ async fn run_inner(
             &progress,
         )
         .await?;
+        let cpu = cpu_ms_per(cpu_before, cpu_time(), plan.iterations);
         let requests = RequestCounter::per_cycle(before, counter.read().await, plan.iterations);
         run_shared(
             &clients,
@@ -709,11 +748,11 @@ async fn run_inner(
             &progress,
         )
         .await?;
-        Ok::<_, BenchError>((handoffs, requests, ops))
+        Ok::<_, BenchError>((handoffs, requests, cpu, ops))
     }
     .await;
     clients.iter().for_each(Client::close);
-    let (handoffs, requests_per_handoff, ops) = result?;
+    let (handoffs, requests_per_handoff, cpu_ms_per_handoff, ops) = result?;
     let (handoffs_per_sec, owner_changes_per_sec, ops_per_sec) = (
         handoffs.per_sec,
         handoffs.owner_changes_per_sec,
@@ -721,7 +760,7 @@ async fn run_inner(
     );
     info!(
         handoffs_per_sec,
-        owner_changes_per_sec, ops_per_sec, "contended figures"
+        owner_changes_per_sec, cpu_ms_per_handoff, ops_per_sec, "contended figures"
     );
 
     Ok(BenchReport {
@@ -736,9 +775,11 @@ async fn run_inner(
         uncontended_p50_ms: p50,
         uncontended_p99_ms: p99,
         requests_per_cycle,
+        cpu_ms_per_cycle,
         handoffs_per_sec,
         owner_changes_per_sec,
         requests_per_handoff,
+        cpu_ms_per_handoff,
         ops_per_sec,
     })
 }
@@ -794,15 +835,19 @@ mod tests {
             uncontended_p50_ms: 1.234_56,
             uncontended_p99_ms: 2.0,
             requests_per_cycle: None,
+            cpu_ms_per_cycle: 0.123_456,
             handoffs_per_sec: 100.04,
             owner_changes_per_sec: 99.0,
             requests_per_handoff: Some(7.123),
+            cpu_ms_per_handoff: 0.5,
             ops_per_sec: 200.0,
         };
         let j = r.to_json();
         assert_eq!(j["uncontended.p50_ms"], 1.2346);
         assert!(j["uncontended.requests_per_cycle"].is_null());
         assert_eq!(j["contended.handoffs_per_sec"], 100.0);
+        assert_eq!(j["uncontended.cpu_ms_per_cycle"], 0.1235);
+        assert_eq!(j["contended.cpu_ms_per_handoff"], 0.5);
         assert_eq!(j["backend"], "zookeeper");
     }
 }
