@@ -101,6 +101,9 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("zookeeper.lock.root", "/zkguard/locks", "znode under which every monitor object gets its lock node"),
     ("zookeeper.background.max.wait", "0", "anti-starvation: a background waiter re-queues as foreground after this long (ms); 0 = off"),
     ("zookeeper.lock.loss.grace", "0", "a held lock counts as lost after the connection has been down this long (ms); 0 = a quarter of the session timeout"),
+    ("zookeeper.auth.scheme", "none", "ZooKeeper authentication: none or digest"),
+    ("zookeeper.auth.credentials", "", "digest credentials, user:password (or use zookeeper.auth.credentials.file)"),
+    ("zookeeper.auth.credentials.file", "", "file holding the digest credentials user:password (one line)"),
     ("elastic.request.retry.count", "3", "attempts of a background operation before it is parked as a dead letter"),
     ("elastic.retry.backoff.initial", "100", "first retry delay of a background operation (ms); doubles each attempt, with jitter"),
     ("elastic.retry.backoff.max", "5000", "largest retry delay (ms)"),
@@ -186,6 +189,47 @@ pub struct ZkSettings {
     pub background_max_wait: Option<Duration>,
     /// Disconnection grace before a held lock counts as lost (`None` = a quarter of the session timeout).
     pub loss_grace: Option<Duration>,
+    /// Authentication sent to ZooKeeper with every session (`None`: none).
+    pub auth: Option<ZkAuth>,
+}
+
+/// ZooKeeper authentication (`zookeeper.auth.*`).
+///
+/// Its `Debug` output hides the credentials.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ZkAuth {
+    /// The ZooKeeper authentication scheme (`digest`).
+    pub scheme: String,
+    /// The credentials of the scheme (`user:password` for `digest`).
+    pub credentials: String,
+}
+
+impl ZkAuth {
+    /// Digest authentication with `user:password`.
+    pub fn digest(credentials: impl Into<String>) -> Self {
+        Self {
+            scheme: "digest".into(),
+            credentials: credentials.into(),
+        }
+    }
+
+    /// The user name of the credentials (before the first `:`).
+    pub fn user(&self) -> &str {
+        self.credentials
+            .split_once(':')
+            .map_or(self.credentials.as_str(), |(user, _)| user)
+    }
+}
+
+impl fmt::Debug for ZkAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkAuth")
+            .field("scheme", &self.scheme)
+            .field("user", &self.user())
+            .field("credentials", &"(hidden)")
+            .finish()
+    }
 }
 
 impl ZkSettings {
@@ -694,7 +738,7 @@ pub fn masked_value(key: &str, value: &str) -> String {
 fn shown_value(key: &str, value: &str) -> String {
     match key {
         "elasticsearch.url" => redact_urls(value),
-        "elasticsearch.password" => "(hidden)".into(),
+        _ if is_secret_key(key) => "(hidden)".into(),
         _ => value.to_string(),
     }
 }
@@ -883,6 +927,7 @@ impl Settings {
             lock_root: r.zk_root("zookeeper.lock.root")?,
             background_max_wait: r.optional_duration("zookeeper.background.max.wait")?,
             loss_grace: r.optional_duration("zookeeper.lock.loss.grace")?,
+            auth: r.zk_auth()?,
         };
         if let Some(grace) = zookeeper.loss_grace {
             if grace >= zookeeper.session_timeout {
@@ -1124,6 +1169,62 @@ impl Reader<'_> {
             "false" | "no" | "off" | "0" => Ok(false),
             _ => Err(self.err(key, "true or false")),
         }
+    }
+
+    /// `zookeeper.auth.*`: the scheme, then the credentials, given inline or by a file (never
+    /// both), `user:password` for `digest`. Messages never show the credentials.
+    fn zk_auth(&self) -> Result<Option<ZkAuth>, ConfigError> {
+        const INLINE: &str = "zookeeper.auth.credentials";
+        const FILE: &str = "zookeeper.auth.credentials.file";
+        let scheme = self.choice("zookeeper.auth.scheme", &["none", "digest"])?;
+        let inline = self.optional_string(INLINE);
+        let file = self.optional_string(FILE);
+        if scheme == "none" {
+            for key in [INLINE, FILE] {
+                if self.optional_string(key).is_some() {
+                    return Err(self.err(
+                        key,
+                        "empty while zookeeper.auth.scheme is none; set zookeeper.auth.scheme=digest to authenticate",
+                    ));
+                }
+            }
+            return Ok(None);
+        }
+        let credentials = match (inline, file) {
+            (Some(_), Some(_)) => {
+                return Err(self.err(
+                    INLINE,
+                    "empty when zookeeper.auth.credentials.file is set; give the credentials once",
+                ))
+            }
+            (None, None) => {
+                return Err(self.err(
+                    INLINE,
+                    "user:password (or zookeeper.auth.credentials.file) when zookeeper.auth.scheme=digest",
+                ))
+            }
+            (Some(inline), None) => (inline, INLINE),
+            (None, Some(path)) => (self.secret_file(FILE, &path)?, FILE),
+        };
+        let (credentials, key) = credentials;
+        match credentials.split_once(':') {
+            Some((user, _)) if !user.is_empty() => Ok(Some(ZkAuth::digest(credentials))),
+            _ => Err(self.err(
+                key,
+                "digest credentials of the form user:password (the value is not shown)",
+            )),
+        }
+    }
+
+    /// The content of the secret file named by `key` (`path`), trimmed of surrounding white space.
+    fn secret_file(&self, key: &str, path: &str) -> Result<String, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| self.err(key, format!("a readable file holding the secret ({e})")))?;
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(self.err(key, "a file holding the secret; this one is empty"));
+        }
+        Ok(text.to_string())
     }
 
     fn choice<'c>(&self, key: &str, choices: &[&'c str]) -> Result<&'c str, ConfigError> {
@@ -1595,6 +1696,73 @@ mod tests {
             ("h1:1,tcp://h2:2", Some("/app"))
         );
         assert_eq!(split_zk_chroot("tcp://h2:2"), ("tcp://h2:2", None));
+    }
+
+    #[test]
+    fn zookeeper_digest_auth_inline_or_from_a_file_never_shown() {
+        assert_eq!(load_env(&[]).unwrap().zookeeper.auth, None);
+        let s = load_env(&[
+            ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+            ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:pa55:word"),
+        ])
+        .unwrap();
+        let auth = s.zookeeper.auth.clone().unwrap();
+        assert_eq!(auth.scheme, "digest");
+        assert_eq!(auth.credentials, "alice:pa55:word");
+        let debug = format!("{s:?}");
+        assert!(debug.contains("alice"), "{debug}");
+        assert!(!debug.contains("pa55"), "{debug}");
+
+        let file = write("bob:fr0m-file\n");
+        let path = file.path().to_str().unwrap();
+        let s = load_env(&[
+            ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+            ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS_FILE", path),
+        ])
+        .unwrap();
+        assert_eq!(s.zookeeper.auth.unwrap().credentials, "bob:fr0m-file");
+
+        for (vars, expect) in [
+            (
+                vec![
+                    ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+                    ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "no-colon-s3cret"),
+                ],
+                "user:password",
+            ),
+            (
+                vec![("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:s3cret")],
+                "zookeeper.auth.scheme is none",
+            ),
+            (
+                vec![
+                    ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+                    ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:s3cret"),
+                    ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS_FILE", path),
+                ],
+                "give the credentials once",
+            ),
+            (
+                vec![("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest")],
+                "user:password",
+            ),
+            (
+                vec![
+                    ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+                    (
+                        "ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS_FILE",
+                        "/nonexistent/s3cret",
+                    ),
+                ],
+                "a readable file",
+            ),
+        ] {
+            let err = load_env(&vars).unwrap_err().to_string();
+            assert!(err.contains(expect), "{err}");
+            assert!(!err.contains("no-colon-s3cret"), "{err}");
+            assert!(!err.contains("alice:s3cret"), "{err}");
+            assert!(!err.contains("fr0m-file"), "{err}");
+        }
     }
 
     #[test]

@@ -57,6 +57,10 @@ pub(crate) fn map_zk(e: ZkError, context: &str) -> LockError {
             monitor: String::new(),
             detail: context.to_string(),
         },
+        ZkError::NoAuth => LockError::Backend {
+            context: context.to_string(),
+            detail: "ZooKeeper refused it: not authorized by the node's ACL (NoAuth); check zookeeper.auth.scheme and zookeeper.auth.credentials, and the ACL of zookeeper.lock.root".into(),
+        },
         other => LockError::Backend {
             context: context.to_string(),
             detail: other.to_string(),

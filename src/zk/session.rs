@@ -493,9 +493,15 @@ impl ZkSession {
         for attempt in 1..=attempts {
             let connector = match &self.inner.connector {
                 Some(c) => c.clone().with_fail_eagerly(),
-                None => Client::connector()
-                    .with_session_timeout(s.session_timeout)
-                    .with_fail_eagerly(),
+                None => {
+                    let mut connector = Client::connector()
+                        .with_session_timeout(s.session_timeout)
+                        .with_fail_eagerly();
+                    if let Some(auth) = &s.auth {
+                        connector = connector.with_auth(&auth.scheme, auth.credentials.as_bytes());
+                    }
+                    connector
+                }
             };
             match tokio::time::timeout(
                 s.session_timeout.max(Duration::from_secs(2)),

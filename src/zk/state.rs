@@ -107,8 +107,9 @@ impl ZkSession {
     /// Like [`ZkSession::connect`], connecting with `connector` (authentication, TLS, SASL,
     /// read-only mode, connection timeout: whatever the application set on it) instead of one
     /// built from `settings`. `settings` still gives the servers, the connection attempts and
-    /// their delay, the lock root, prefixes and timeouts; `zookeeper.session.timeout` is not
-    /// applied (set it on the connector with `with_session_timeout`). zkguard adds
+    /// their delay, the lock root, prefixes and timeouts; `zookeeper.session.timeout` and
+    /// `zookeeper.auth.*` are not applied (set them on the connector with
+    /// `with_session_timeout` and `with_auth`). zkguard adds
     /// `with_fail_eagerly` so that each attempt ends when no server answers. The connector is
     /// used again for each new session after an expiry, so it must not carry a session
     /// (`with_session`).
