@@ -4,9 +4,12 @@
 mod common;
 
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use common::*;
-use zookeeper_client::{Acls, Client, CreateMode};
+use zkguard::config::{ZkAcl, ZkAclEntry, ZkAuth, ZkSettings};
+use zkguard::{LockType, ZkBlockingWriteLock};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
 
 fn zkguard(servers: &str, root: &str) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_zkguard"));
@@ -119,4 +122,192 @@ async fn digest_credentials_are_sent_and_never_printed() {
         assert!(all.contains("not authorized"), "{all}");
         assert!(!all.contains("other-s3cret"), "{all}");
     }
+}
+
+fn authed_settings(servers: &str, tag: &str, credentials: &str, acl: ZkAcl) -> ZkSettings {
+    let mut s = zk_settings(servers, tag);
+    s.auth = Some(ZkAuth::digest(credentials));
+    s.acl = acl;
+    s
+}
+
+/// With digest authentication and `zookeeper.acl=creator`, a client without credentials or with
+/// other credentials can neither delete nor overwrite the holder's `privateLock` or the queue
+/// nodes, nor delete the monitor node: ZooKeeper answers NoAuth and the holder keeps its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creator_acl_protects_lock_nodes_from_other_identities() {
+    let zk = zk_server();
+    let servers = zk.connect_string();
+    let settings = authed_settings(&servers, "creator", "alice:s3cret-zk", ZkAcl::Creator);
+    let (holder, waiter) = (session(&settings).await, session(&settings).await);
+    let guard = ZkBlockingWriteLock::new("holder", &holder, "doc-1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    let token = guard.fencing_token();
+    let waiting = tokio::spawn(async move {
+        let g = ZkBlockingWriteLock::new("waiter", &waiter, "doc-1")
+            .unwrap()
+            .with_type(LockType::Background)
+            .lock_with_timeout()
+            .await
+            .unwrap();
+        g.unlock().await.unwrap();
+    });
+
+    let monitor = format!("{}/doc-1", settings.lock_root);
+    let alice = client_as(&servers, Some("alice:s3cret-zk")).await;
+    let queue = || async {
+        let mut c = alice.list_children(&monitor).await.unwrap();
+        c.retain(|n| n != "privateLock");
+        c
+    };
+    eventually(Duration::from_secs(10), "the waiter queued", || async {
+        queue().await.len() == 2
+    })
+    .await;
+    let mut targets = vec![format!("{monitor}/privateLock")];
+    targets.extend(queue().await.into_iter().map(|n| format!("{monitor}/{n}")));
+    let (acl, _) = alice.get_acl(&targets[0]).await.unwrap();
+    assert!(
+        acl.iter()
+            .all(|a| a.scheme() == "digest" && a.id().starts_with("alice:")),
+        "{acl:?}"
+    );
+
+    for intruder in [None, Some("mallory:other")] {
+        let other = client_as(&servers, intruder).await;
+        for path in &targets {
+            assert_eq!(
+                other.delete(path, None).await,
+                Err(ZkError::NoAuth),
+                "delete {path} as {intruder:?}"
+            );
+            assert!(
+                matches!(
+                    other.set_data(path, b"{}", None).await,
+                    Err(ZkError::NoAuth)
+                ),
+                "overwrite {path} as {intruder:?}"
+            );
+        }
+        assert_eq!(
+            other.delete(&monitor, None).await,
+            Err(ZkError::NoAuth),
+            "delete the monitor as {intruder:?}"
+        );
+        assert!(matches!(
+            other
+                .create(
+                    &format!("{monitor}/A-"),
+                    b"{}",
+                    &CreateMode::EphemeralSequential.with_acls(Acls::anyone_all())
+                )
+                .await,
+            Err(ZkError::NoAuth)
+        ));
+    }
+    for path in &targets {
+        assert!(alice.check_stat(path).await.unwrap().is_some(), "{path}");
+    }
+    assert!(guard.is_held());
+    assert_eq!(guard.loss(), None);
+    assert_eq!(guard.fencing_token(), token);
+    guard.unlock().await.unwrap();
+    waiting.await.unwrap();
+}
+
+/// A lock root created earlier with another ACL is reported, not silently reused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_root_with_another_acl_is_reported() {
+    let zk = zk_server();
+    let servers = zk.connect_string();
+    let root = format!("/zkguard-open-{}", uuid_tag());
+    let anyone = client_as(&servers, None).await;
+    anyone
+        .create(
+            &root,
+            &[],
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let out = zkguard(&servers, &root)
+        .env("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest")
+        .env("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:s3cret-zk")
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    let all = all_output(&out);
+    assert_eq!(out.status.code(), Some(78), "{all}");
+    assert!(
+        all.contains(&format!(
+            "the lock root `{root}` exists with ACL world:anyone:cdrwa"
+        )),
+        "{all}"
+    );
+    assert!(all.contains("creator: digest:alice:<hash>:cdrwa"), "{all}");
+    assert!(!all.contains("s3cret-zk"), "{all}");
+    // Without authentication the default ACL is open, which this root has.
+    let out = zkguard(&servers, &root)
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+}
+
+/// With an explicit ACL that lets anyone read, `zkguard locks` shows the holder to a client
+/// without credentials, which still cannot touch the nodes.
+#[tokio::test(flavor = "multi_thread")]
+async fn locks_works_for_a_read_only_identity() {
+    let zk = zk_server();
+    let servers = zk.connect_string();
+    // The digest id of alice, as ZooKeeper computes it.
+    let alice = client_as(&servers, Some("alice:s3cret-zk")).await;
+    let probe = format!("/probe-{}", uuid_tag());
+    alice
+        .create(
+            &probe,
+            &[],
+            &CreateMode::Persistent.with_acls(Acls::creator_all()),
+        )
+        .await
+        .unwrap();
+    let (acl, _) = alice.get_acl(&probe).await.unwrap();
+    let alice_id = acl[0].id().to_string();
+    let list = format!("digest:{alice_id}:cdrwa,world:anyone:r");
+    let entries = list
+        .split(',')
+        .map(|e| ZkAclEntry::parse(e).unwrap())
+        .collect();
+    let settings = authed_settings(
+        &servers,
+        "readonly",
+        "alice:s3cret-zk",
+        ZkAcl::Explicit(entries),
+    );
+    let holder = session(&settings).await;
+    let guard = ZkBlockingWriteLock::new("held-by-alice", &holder, "doc-7")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+
+    let out = zkguard(&servers, &settings.lock_root)
+        .args(["locks", "--json"])
+        .output()
+        .unwrap();
+    let all = all_output(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(
+        all.contains("doc-7") && all.contains("held-by-alice"),
+        "{all}"
+    );
+
+    let anyone = client_as(&servers, None).await;
+    let mutex = format!("{}/doc-7/privateLock", settings.lock_root);
+    assert_eq!(anyone.delete(&mutex, None).await, Err(ZkError::NoAuth));
+    assert!(guard.is_held());
+    guard.unlock().await.unwrap();
 }

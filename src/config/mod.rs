@@ -104,6 +104,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("zookeeper.auth.scheme", "none", "ZooKeeper authentication: none or digest"),
     ("zookeeper.auth.credentials", "", "digest credentials, user:password (or use zookeeper.auth.credentials.file)"),
     ("zookeeper.auth.credentials.file", "", "file holding the digest credentials user:password (one line)"),
+    ("zookeeper.acl", "", "ACL of every node zkguard creates: open, creator or scheme:id:perms,...; empty = creator when authenticated, open otherwise"),
     ("elastic.request.retry.count", "3", "attempts of a background operation before it is parked as a dead letter"),
     ("elastic.retry.backoff.initial", "100", "first retry delay of a background operation (ms); doubles each attempt, with jitter"),
     ("elastic.retry.backoff.max", "5000", "largest retry delay (ms)"),
@@ -191,6 +192,75 @@ pub struct ZkSettings {
     pub loss_grace: Option<Duration>,
     /// Authentication sent to ZooKeeper with every session (`None`: none).
     pub auth: Option<ZkAuth>,
+    /// ACL of every node zkguard creates (lock root, monitor nodes, queue nodes, `privateLock`).
+    pub acl: ZkAcl,
+}
+
+/// The ACL zkguard gives the nodes it creates (`zookeeper.acl`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ZkAcl {
+    /// `world:anyone` with every permission: any client may delete or overwrite lock nodes.
+    Open,
+    /// Every permission for the identities the creating session authenticated with, none for
+    /// anyone else.
+    Creator,
+    /// An explicit list (`digest:ops:<hash>:cdrwa,world:anyone:r`).
+    Explicit(Vec<ZkAclEntry>),
+}
+
+/// One entry of an explicit [`ZkAcl`]: `scheme:id:perms`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub struct ZkAclEntry {
+    /// The scheme (`world`, `digest`, `ip`, `x509`, `sasl`).
+    pub scheme: String,
+    /// The id within the scheme (`anyone`, `ops:<base64 sha1>`, `10.0.0.0/8`).
+    pub id: String,
+    /// Permissions, a set of the letters `c` (create children), `d` (delete children), `r`
+    /// (read), `w` (write data), `a` (admin), in that order.
+    pub perms: String,
+}
+
+impl ZkAclEntry {
+    /// Parses `scheme:id:perms` (the id may itself hold colons, as digest ids do).
+    ///
+    /// # Errors
+    /// What is wrong with the entry.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let (scheme, rest) = text
+            .split_once(':')
+            .ok_or_else(|| format!("`{text}` is not scheme:id:perms"))?;
+        let (id, perms) = rest
+            .rsplit_once(':')
+            .ok_or_else(|| format!("`{text}` is not scheme:id:perms"))?;
+        if scheme == "auth" {
+            return Err(format!(
+                "`{text}`: use zookeeper.acl=creator for the creator's identities"
+            ));
+        }
+        if scheme.is_empty() || id.is_empty() {
+            return Err(format!("`{text}` is not scheme:id:perms"));
+        }
+        if perms.is_empty() || !perms.chars().all(|c| "cdrwa".contains(c)) {
+            return Err(format!(
+                "`{text}`: permissions are letters among c, d, r, w, a"
+            ));
+        }
+        let perms = "cdrwa".chars().filter(|c| perms.contains(*c)).collect();
+        Ok(Self {
+            scheme: scheme.to_string(),
+            id: id.to_string(),
+            perms,
+        })
+    }
+}
+
+impl fmt::Display for ZkAclEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.scheme, self.id, self.perms)
+    }
 }
 
 /// ZooKeeper authentication (`zookeeper.auth.*`).
@@ -738,7 +808,7 @@ pub fn masked_value(key: &str, value: &str) -> String {
 fn shown_value(key: &str, value: &str) -> String {
     match key {
         "elasticsearch.url" => redact_urls(value),
-        _ if is_secret_key(key) => "(hidden)".into(),
+        "elasticsearch.password" | "zookeeper.auth.credentials" => "(hidden)".into(),
         _ => value.to_string(),
     }
 }
@@ -914,6 +984,7 @@ impl Settings {
         _path: Option<&Path>,
     ) -> Result<Self, ConfigError> {
         let r = Reader { raw };
+        let auth = r.zk_auth()?;
         let zookeeper = ZkSettings {
             servers: r.zk_servers("zookeeper.servers")?,
             session_timeout: r
@@ -927,7 +998,8 @@ impl Settings {
             lock_root: r.zk_root("zookeeper.lock.root")?,
             background_max_wait: r.optional_duration("zookeeper.background.max.wait")?,
             loss_grace: r.optional_duration("zookeeper.lock.loss.grace")?,
-            auth: r.zk_auth()?,
+            acl: r.zk_acl(auth.is_some())?,
+            auth,
         };
         if let Some(grace) = zookeeper.loss_grace {
             if grace >= zookeeper.session_timeout {
@@ -1213,6 +1285,37 @@ impl Reader<'_> {
                 key,
                 "digest credentials of the form user:password (the value is not shown)",
             )),
+        }
+    }
+
+    /// `zookeeper.acl`: `open`, `creator` (needs authentication), an explicit list, or empty for
+    /// `creator` when authenticated and `open` otherwise.
+    fn zk_acl(&self, authenticated: bool) -> Result<ZkAcl, ConfigError> {
+        const KEY: &str = "zookeeper.acl";
+        let (v, _) = self.get(KEY);
+        match v.to_ascii_lowercase().as_str() {
+            "" if authenticated => Ok(ZkAcl::Creator),
+            "" | "open" => Ok(ZkAcl::Open),
+            "creator" if authenticated => Ok(ZkAcl::Creator),
+            "creator" => Err(self.err(
+                KEY,
+                "open or an explicit list while zookeeper.auth.scheme is none: creator needs an authenticated session (set zookeeper.auth.scheme and its credentials)",
+            )),
+            _ => {
+                let mut entries = Vec::new();
+                for part in v.split(',').filter(|p| !p.trim().is_empty()) {
+                    let entry = ZkAclEntry::parse(part).map_err(|reason| {
+                        self.err(
+                            KEY,
+                            format!("open, creator or scheme:id:perms,... ({reason})"),
+                        )
+                    })?;
+                    if !entries.contains(&entry) {
+                        entries.push(entry);
+                    }
+                }
+                Ok(ZkAcl::Explicit(entries))
+            }
         }
     }
 
@@ -1762,6 +1865,43 @@ mod tests {
             assert!(!err.contains("no-colon-s3cret"), "{err}");
             assert!(!err.contains("alice:s3cret"), "{err}");
             assert!(!err.contains("fr0m-file"), "{err}");
+        }
+    }
+
+    #[test]
+    fn zookeeper_acl_defaults_to_creator_when_authenticated() {
+        assert_eq!(load_env(&[]).unwrap().zookeeper.acl, ZkAcl::Open);
+        let digest = [
+            ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+            ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:pw"),
+        ];
+        assert_eq!(load_env(&digest).unwrap().zookeeper.acl, ZkAcl::Creator);
+        let mut open = digest.to_vec();
+        open.push(("ZKGUARD_ZOOKEEPER_ACL", "open"));
+        assert_eq!(load_env(&open).unwrap().zookeeper.acl, ZkAcl::Open);
+        let s = load_env(&[(
+            "ZKGUARD_ZOOKEEPER_ACL",
+            "digest:ops:aGFzaA==:adrwc, world:anyone:r",
+        )])
+        .unwrap();
+        let ZkAcl::Explicit(entries) = &s.zookeeper.acl else {
+            panic!("{:?}", s.zookeeper.acl)
+        };
+        let shown: Vec<String> = entries.iter().map(|e| e.to_string()).collect();
+        assert_eq!(shown, ["digest:ops:aGFzaA==:cdrwa", "world:anyone:r"]);
+        for (value, expect) in [
+            ("creator", "creator needs an authenticated session"),
+            ("world:anyone:rx", "permissions are letters"),
+            ("world:r", "is not scheme:id:perms"),
+            ("auth::cdrwa", "use zookeeper.acl=creator"),
+        ] {
+            let err = load_env(&[("ZKGUARD_ZOOKEEPER_ACL", value)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("zookeeper.acl") && err.contains(expect),
+                "{err}"
+            );
         }
     }
 

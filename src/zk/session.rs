@@ -142,6 +142,8 @@ pub(crate) struct Slot {
     watches: StdMutex<HashMap<String, MutexWatch>>,
     clock: AtomicU64,
     reaper: mpsc::UnboundedSender<Reap>,
+    /// Whether the lock root's ACL was checked against `zookeeper.acl` in this session.
+    pub lock_root_checked: AtomicBool,
 }
 
 impl std::fmt::Debug for Slot {
@@ -573,6 +575,7 @@ impl ZkSession {
             health: health_rx,
             watches: StdMutex::new(HashMap::new()),
             clock: AtomicU64::new(0),
+            lock_root_checked: AtomicBool::new(false),
             reaper,
         }
     }
