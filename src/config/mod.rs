@@ -111,6 +111,9 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("elasticsearch.url", "http://localhost:9200", "comma-separated Elasticsearch URLs"),
     ("elasticsearch.username", "", "basic-auth user name (empty = no authentication)"),
     ("elasticsearch.password", "", "basic-auth password"),
+    ("elasticsearch.password.file", "", "file holding the basic-auth password (instead of elasticsearch.password)"),
+    ("elasticsearch.api.key", "", "API key: the base64 `encoded` value, or id:api_key (instead of basic authentication)"),
+    ("elasticsearch.api.key.file", "", "file holding the API key (instead of elasticsearch.api.key)"),
     ("elasticsearch.request.timeout", "30000", "timeout of one Elasticsearch request (ms)"),
     ("deadletter.sink", "file", "where parked operations go: file, elasticsearch or kafka"),
     ("deadletter.file.path", "zkguard-deadletters.jsonl", "JSON-lines dead-letter file"),
@@ -339,6 +342,8 @@ pub struct EsSettings {
     pub username: Option<String>,
     /// Basic-auth password.
     pub password: Option<String>,
+    /// API key (`elasticsearch.api.key`): the base64 `encoded` value or `id:api_key`.
+    pub api_key: Option<String>,
     /// Per-request timeout.
     pub request_timeout: Duration,
 }
@@ -349,6 +354,7 @@ impl fmt::Debug for EsSettings {
             .field("urls", &display_urls(&self.urls))
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "(hidden)"))
+            .field("api_key", &self.api_key.as_ref().map(|_| "(hidden)"))
             .field("request_timeout", &self.request_timeout)
             .finish()
     }
@@ -808,7 +814,9 @@ pub fn masked_value(key: &str, value: &str) -> String {
 fn shown_value(key: &str, value: &str) -> String {
     match key {
         "elasticsearch.url" => redact_urls(value),
-        "elasticsearch.password" | "zookeeper.auth.credentials" => "(hidden)".into(),
+        "elasticsearch.password" | "elasticsearch.api.key" | "zookeeper.auth.credentials" => {
+            "(hidden)".into()
+        }
         _ => value.to_string(),
     }
 }
@@ -1022,20 +1030,43 @@ impl Settings {
             });
         }
         let mut urls = r.urls("elasticsearch.url")?;
+        let password = r.secret("elasticsearch.password", "elasticsearch.password.file")?;
+        let api_key = r.secret("elasticsearch.api.key", "elasticsearch.api.key.file")?;
         let credentials = split_url_credentials(
             &mut urls,
             r.optional_string("elasticsearch.username").as_deref(),
-            r.optional_string("elasticsearch.password").as_deref(),
+            password.as_deref(),
         )
         .map_err(|reason| r.err("elasticsearch.url", reason))?;
         let (username, password) = match credentials {
             Some((user, password)) => (Some(user), (!password.is_empty()).then_some(password)),
-            None => (None, r.optional_string("elasticsearch.password")),
+            None => (None, password),
         };
+        if api_key.is_some() && (username.is_some() || password.is_some()) {
+            return Err(r.err(
+                "elasticsearch.api.key",
+                "unset when basic authentication is configured (elasticsearch.username/password or user-info in elasticsearch.url); use one of the two",
+            ));
+        }
+        if let Some(key) = &api_key {
+            let valid = match key.split_once(':') {
+                Some((id, secret)) => !id.is_empty() && !secret.is_empty(),
+                None => key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+/=-_".contains(c)),
+            };
+            if !valid {
+                return Err(r.err(
+                    "elasticsearch.api.key",
+                    "the base64 `encoded` value Elasticsearch returned for the key, or id:api_key (the value is not shown)",
+                ));
+            }
+        }
         let elasticsearch = EsSettings {
             urls,
             username,
             password,
+            api_key,
             request_timeout: r
                 .duration_min("elasticsearch.request.timeout", Duration::from_millis(1))?,
         };
@@ -1316,6 +1347,19 @@ impl Reader<'_> {
                 }
                 Ok(ZkAcl::Explicit(entries))
             }
+        }
+    }
+
+    /// A secret given inline (`key`) or by a file (`file_key`), not both.
+    fn secret(&self, key: &str, file_key: &str) -> Result<Option<String>, ConfigError> {
+        match (self.optional_string(key), self.optional_string(file_key)) {
+            (Some(_), Some(_)) => Err(self.err(
+                key,
+                format!("empty when {file_key} is set; give the secret once"),
+            )),
+            (Some(v), None) => Ok(Some(v)),
+            (None, Some(path)) => self.secret_file(file_key, &path).map(Some),
+            (None, None) => Ok(None),
         }
     }
 
@@ -1900,6 +1944,64 @@ mod tests {
                 .to_string();
             assert!(
                 err.contains("zookeeper.acl") && err.contains(expect),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn elasticsearch_api_key_and_password_file_never_shown() {
+        let pw = write("pw-fr0m-file\n");
+        let pw_path = pw.path().to_str().unwrap();
+        let s = load_env(&[
+            ("ZKGUARD_ELASTICSEARCH_USERNAME", "elastic"),
+            ("ZKGUARD_ELASTICSEARCH_PASSWORD_FILE", pw_path),
+        ])
+        .unwrap();
+        assert_eq!(s.elasticsearch.password.as_deref(), Some("pw-fr0m-file"));
+        let s = load_env(&[("ZKGUARD_ELASTICSEARCH_API_KEY", "a2V5LWlkOmtleS1zM2NyZXQ=")]).unwrap();
+        assert_eq!(
+            s.elasticsearch.api_key.as_deref(),
+            Some("a2V5LWlkOmtleS1zM2NyZXQ=")
+        );
+        let debug = format!("{s:?}");
+        assert!(!debug.contains("a2V5LWlkOmtleS1zM2NyZXQ="), "{debug}");
+        let key = write("key-id:key-s3cret\n");
+        let s = load_env(&[(
+            "ZKGUARD_ELASTICSEARCH_API_KEY_FILE",
+            key.path().to_str().unwrap(),
+        )])
+        .unwrap();
+        assert_eq!(
+            s.elasticsearch.api_key.as_deref(),
+            Some("key-id:key-s3cret")
+        );
+
+        for (vars, expect) in [
+            (
+                vec![
+                    ("ZKGUARD_ELASTICSEARCH_API_KEY", "key-id:key-s3cret"),
+                    ("ZKGUARD_ELASTICSEARCH_USERNAME", "elastic"),
+                    ("ZKGUARD_ELASTICSEARCH_PASSWORD", "pw-s3cret"),
+                ],
+                "use one of the two",
+            ),
+            (
+                vec![
+                    ("ZKGUARD_ELASTICSEARCH_PASSWORD", "pw-s3cret"),
+                    ("ZKGUARD_ELASTICSEARCH_PASSWORD_FILE", pw_path),
+                ],
+                "give the secret once",
+            ),
+            (
+                vec![("ZKGUARD_ELASTICSEARCH_API_KEY", "not base64 key-s3cret")],
+                "encoded",
+            ),
+        ] {
+            let err = load_env(&vars).unwrap_err().to_string();
+            assert!(err.contains(expect), "{err}");
+            assert!(
+                !err.contains("s3cret") && !err.contains("fr0m-file"),
                 "{err}"
             );
         }
