@@ -311,3 +311,36 @@ async fn locks_works_for_a_read_only_identity() {
     assert!(guard.is_held());
     guard.unlock().await.unwrap();
 }
+
+/// A failing connection at `-vvv`, with every secret set, prints none of them.
+#[test]
+fn a_failing_connection_prints_no_secret_at_any_verbosity() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let servers = format!("127.0.0.1:{port}");
+    for es_auth in [
+        [
+            ("ZKGUARD_ELASTICSEARCH_USERNAME", "elastic"),
+            ("ZKGUARD_ELASTICSEARCH_PASSWORD", "es-s3cret-pw"),
+        ],
+        [
+            ("ZKGUARD_ELASTICSEARCH_API_KEY", "ZXMtczNjcmV0LWtleQ=="),
+            ("ZKGUARD_ELASTICSEARCH_URL", "http://127.0.0.1:9"),
+        ],
+    ] {
+        let out = zkguard(&servers, "/zkguard-secrets")
+            .env("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest")
+            .env("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:zk-s3cret-pw")
+            .envs(es_auth)
+            .args(["-vvv", "exec", "--monitor", "m1", "--", "true"])
+            .output()
+            .unwrap();
+        let all = all_output(&out);
+        assert_eq!(out.status.code(), Some(69), "{all}");
+        for secret in ["zk-s3cret-pw", "es-s3cret-pw", "ZXMtczNjcmV0LWtleQ=="] {
+            assert!(!all.contains(secret), "{secret} in {all}");
+        }
+    }
+}
