@@ -344,3 +344,38 @@ fn a_failing_connection_prints_no_secret_at_any_verbosity() {
         }
     }
 }
+
+/// A properties file holding a secret that every user may read draws a warning naming the key,
+/// never the secret.
+#[test]
+fn a_world_readable_properties_file_with_a_secret_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let file = tempfile::Builder::new()
+        .suffix(".properties")
+        .tempfile()
+        .unwrap();
+    std::fs::write(
+        file.path(),
+        "zookeeper.auth.scheme=digest\nzookeeper.auth.credentials=alice:s3cret-zk\n",
+    )
+    .unwrap();
+    let check = |mode: u32| {
+        std::fs::set_permissions(file.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+            .env_remove("ZKGUARD_CONFIG")
+            .arg("--config")
+            .arg(file.path())
+            .args(["config", "check"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+        assert!(!all_output(&out).contains("s3cret-zk"));
+        text(&out.stderr)
+    };
+    let warned = check(0o644);
+    assert!(
+        warned.contains("holds secrets (zookeeper.auth.credentials) and every user may read it"),
+        "{warned}"
+    );
+    assert!(!check(0o600).contains("holds secrets"));
+}

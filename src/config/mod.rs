@@ -810,6 +810,37 @@ pub fn masked_value(key: &str, value: &str) -> String {
         .join(",")
 }
 
+/// A warning when the properties file `path` holds a secret (a password, an API key, digest
+/// credentials or a URL with user-info) and every user may read it.
+fn world_readable_secrets(path: &Path, raw: &HashMap<String, (String, String)>) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let origin = path.display().to_string();
+    let held: Vec<&str> = KEYS
+        .iter()
+        .map(|(k, _, _)| *k)
+        .filter(|k| {
+            raw.get(*k).is_some_and(|(v, o)| {
+                *o == origin
+                    && !v.is_empty()
+                    && match *k {
+                        "elasticsearch.password"
+                        | "elasticsearch.api.key"
+                        | "zookeeper.auth.credentials" => true,
+                        "elasticsearch.url" => masked_value(k, v) != *v,
+                        _ => false,
+                    }
+            })
+        })
+        .collect();
+    let mode = std::fs::metadata(path).ok()?.permissions().mode();
+    (!held.is_empty() && mode & 0o004 != 0).then(|| {
+        format!(
+            "configuration file {origin} holds secrets ({}) and every user may read it; restrict it (chmod 600 {origin}) or give the secrets in files of their own (the .file keys)",
+            held.join(", ")
+        )
+    })
+}
+
 /// A value as messages show it: URLs without user-info, passwords not at all.
 fn shown_value(key: &str, value: &str) -> String {
     match key {
@@ -876,6 +907,7 @@ impl Settings {
             }
         }
         let mut settings = Self::load_with_env(path, |name| values.get(name).cloned())?;
+        warnings.append(&mut settings.warnings);
         settings.warnings = warnings;
         Ok(settings)
     }
@@ -892,6 +924,9 @@ impl Settings {
         let raw = raw_values(path, env)?;
         let mut settings = Self::from_raw(&raw, path)?;
         settings.source = path.map(Path::to_path_buf);
+        if let Some(path) = path {
+            settings.warnings.extend(world_readable_secrets(path, &raw));
+        }
         Ok(settings)
     }
 
@@ -2005,6 +2040,31 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn a_world_readable_file_holding_a_secret_draws_a_warning() {
+        use std::os::unix::fs::PermissionsExt;
+        let f = write("zookeeper.auth.scheme=digest\nzookeeper.auth.credentials=alice:s3cret\n");
+        let load = |mode: u32| {
+            std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+            Settings::load_with_vars(Some(f.path()), Vec::new())
+                .unwrap()
+                .warnings
+        };
+        let warnings = load(0o644);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("holds secrets (zookeeper.auth.credentials)")
+                && warnings[0].contains("chmod 600"),
+            "{warnings:?}"
+        );
+        assert!(!warnings[0].contains("s3cret"), "{warnings:?}");
+        assert_eq!(load(0o600), Vec::<String>::new());
+        let plain = write("zookeeper.servers=zk1:2181\n");
+        std::fs::set_permissions(plain.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+        let s = Settings::load_with_vars(Some(plain.path()), Vec::new()).unwrap();
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
     }
 
     #[test]
