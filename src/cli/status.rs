@@ -77,7 +77,7 @@ impl From<LockError> for CliError {
         let code = match &e {
             LockError::Timeout { .. } => EX_TEMPFAIL,
             LockError::InvalidMonitor { .. } => EX_USAGE,
-            LockError::MissingChroot { .. } => EX_CONFIG,
+            LockError::MissingChroot { .. } | LockError::LockRootAcl { .. } => EX_CONFIG,
             _ => EX_UNAVAILABLE,
         };
         Self::new(code, e)

@@ -35,6 +35,9 @@ use config::{Config, Format, Map, Value, ValueKind};
 
 use crate::lock::{znode_char, LockType};
 
+mod security;
+pub use security::{ZkAcl, ZkAclEntry, ZkAuth};
+
 /// A configuration error: which key, which value, where it came from and what is expected.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -101,12 +104,19 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("zookeeper.lock.root", "/zkguard/locks", "znode under which every monitor object gets its lock node"),
     ("zookeeper.background.max.wait", "0", "anti-starvation: a background waiter re-queues as foreground after this long (ms); 0 = off"),
     ("zookeeper.lock.loss.grace", "0", "a held lock counts as lost after the connection has been down this long (ms); 0 = a quarter of the session timeout"),
+    ("zookeeper.auth.scheme", "none", "ZooKeeper authentication: none or digest"),
+    ("zookeeper.auth.credentials", "", "digest credentials, user:password (or use zookeeper.auth.credentials.file)"),
+    ("zookeeper.auth.credentials.file", "", "file holding the digest credentials user:password (one line)"),
+    ("zookeeper.acl", "", "ACL of every node zkguard creates: open, creator or scheme:id:perms,...; empty = creator when authenticated, open otherwise"),
     ("elastic.request.retry.count", "3", "attempts of a background operation before it is parked as a dead letter"),
     ("elastic.retry.backoff.initial", "100", "first retry delay of a background operation (ms); doubles each attempt, with jitter"),
     ("elastic.retry.backoff.max", "5000", "largest retry delay (ms)"),
     ("elasticsearch.url", "http://localhost:9200", "comma-separated Elasticsearch URLs"),
     ("elasticsearch.username", "", "basic-auth user name (empty = no authentication)"),
     ("elasticsearch.password", "", "basic-auth password"),
+    ("elasticsearch.password.file", "", "file holding the basic-auth password (instead of elasticsearch.password)"),
+    ("elasticsearch.api.key", "", "API key: the base64 `encoded` value, or id:api_key (instead of basic authentication)"),
+    ("elasticsearch.api.key.file", "", "file holding the API key (instead of elasticsearch.api.key)"),
     ("elasticsearch.request.timeout", "30000", "timeout of one Elasticsearch request (ms)"),
     ("deadletter.sink", "file", "where parked operations go: file, elasticsearch or kafka"),
     ("deadletter.file.path", "zkguard-deadletters.jsonl", "JSON-lines dead-letter file"),
@@ -186,6 +196,10 @@ pub struct ZkSettings {
     pub background_max_wait: Option<Duration>,
     /// Disconnection grace before a held lock counts as lost (`None` = a quarter of the session timeout).
     pub loss_grace: Option<Duration>,
+    /// Authentication sent to ZooKeeper with every session (`None`: none).
+    pub auth: Option<ZkAuth>,
+    /// ACL of every node zkguard creates (lock root, monitor nodes, queue nodes, `privateLock`).
+    pub acl: ZkAcl,
 }
 
 impl ZkSettings {
@@ -225,6 +239,8 @@ pub struct EsSettings {
     pub username: Option<String>,
     /// Basic-auth password.
     pub password: Option<String>,
+    /// API key (`elasticsearch.api.key`): the base64 `encoded` value or `id:api_key`.
+    pub api_key: Option<String>,
     /// Per-request timeout.
     pub request_timeout: Duration,
 }
@@ -235,6 +251,7 @@ impl fmt::Debug for EsSettings {
             .field("urls", &display_urls(&self.urls))
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "(hidden)"))
+            .field("api_key", &self.api_key.as_ref().map(|_| "(hidden)"))
             .field("request_timeout", &self.request_timeout)
             .finish()
     }
@@ -690,11 +707,44 @@ pub fn masked_value(key: &str, value: &str) -> String {
         .join(",")
 }
 
+/// A warning when the properties file `path` holds a secret (a password, an API key, digest
+/// credentials or a URL with user-info) and every user may read it.
+fn world_readable_secrets(path: &Path, raw: &HashMap<String, (String, String)>) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let origin = path.display().to_string();
+    let held: Vec<&str> = KEYS
+        .iter()
+        .map(|(k, _, _)| *k)
+        .filter(|k| {
+            raw.get(*k).is_some_and(|(v, o)| {
+                *o == origin
+                    && !v.is_empty()
+                    && match *k {
+                        "elasticsearch.password"
+                        | "elasticsearch.api.key"
+                        | "zookeeper.auth.credentials" => true,
+                        "elasticsearch.url" => masked_value(k, v) != *v,
+                        _ => false,
+                    }
+            })
+        })
+        .collect();
+    let mode = std::fs::metadata(path).ok()?.permissions().mode();
+    (!held.is_empty() && mode & 0o004 != 0).then(|| {
+        format!(
+            "configuration file {origin} holds secrets ({}) and every user may read it; restrict it (chmod 600 {origin}) or give the secrets in files of their own (the .file keys)",
+            held.join(", ")
+        )
+    })
+}
+
 /// A value as messages show it: URLs without user-info, passwords not at all.
 fn shown_value(key: &str, value: &str) -> String {
     match key {
         "elasticsearch.url" => redact_urls(value),
-        "elasticsearch.password" => "(hidden)".into(),
+        "elasticsearch.password" | "elasticsearch.api.key" | "zookeeper.auth.credentials" => {
+            "(hidden)".into()
+        }
         _ => value.to_string(),
     }
 }
@@ -754,6 +804,7 @@ impl Settings {
             }
         }
         let mut settings = Self::load_with_env(path, |name| values.get(name).cloned())?;
+        warnings.append(&mut settings.warnings);
         settings.warnings = warnings;
         Ok(settings)
     }
@@ -770,6 +821,9 @@ impl Settings {
         let raw = raw_values(path, env)?;
         let mut settings = Self::from_raw(&raw, path)?;
         settings.source = path.map(Path::to_path_buf);
+        if let Some(path) = path {
+            settings.warnings.extend(world_readable_secrets(path, &raw));
+        }
         Ok(settings)
     }
 
@@ -870,6 +924,7 @@ impl Settings {
         _path: Option<&Path>,
     ) -> Result<Self, ConfigError> {
         let r = Reader { raw };
+        let auth = r.zk_auth()?;
         let zookeeper = ZkSettings {
             servers: r.zk_servers("zookeeper.servers")?,
             session_timeout: r
@@ -883,6 +938,8 @@ impl Settings {
             lock_root: r.zk_root("zookeeper.lock.root")?,
             background_max_wait: r.optional_duration("zookeeper.background.max.wait")?,
             loss_grace: r.optional_duration("zookeeper.lock.loss.grace")?,
+            acl: r.zk_acl(auth.is_some())?,
+            auth,
         };
         if let Some(grace) = zookeeper.loss_grace {
             if grace >= zookeeper.session_timeout {
@@ -905,20 +962,43 @@ impl Settings {
             });
         }
         let mut urls = r.urls("elasticsearch.url")?;
+        let password = r.secret("elasticsearch.password", "elasticsearch.password.file")?;
+        let api_key = r.secret("elasticsearch.api.key", "elasticsearch.api.key.file")?;
         let credentials = split_url_credentials(
             &mut urls,
             r.optional_string("elasticsearch.username").as_deref(),
-            r.optional_string("elasticsearch.password").as_deref(),
+            password.as_deref(),
         )
         .map_err(|reason| r.err("elasticsearch.url", reason))?;
         let (username, password) = match credentials {
             Some((user, password)) => (Some(user), (!password.is_empty()).then_some(password)),
-            None => (None, r.optional_string("elasticsearch.password")),
+            None => (None, password),
         };
+        if api_key.is_some() && (username.is_some() || password.is_some()) {
+            return Err(r.err(
+                "elasticsearch.api.key",
+                "unset when basic authentication is configured (elasticsearch.username/password or user-info in elasticsearch.url); use one of the two",
+            ));
+        }
+        if let Some(key) = &api_key {
+            let valid = match key.split_once(':') {
+                Some((id, secret)) => !id.is_empty() && !secret.is_empty(),
+                None => key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+/=-_".contains(c)),
+            };
+            if !valid {
+                return Err(r.err(
+                    "elasticsearch.api.key",
+                    "the base64 `encoded` value Elasticsearch returned for the key, or id:api_key (the value is not shown)",
+                ));
+            }
+        }
         let elasticsearch = EsSettings {
             urls,
             username,
             password,
+            api_key,
             request_timeout: r
                 .duration_min("elasticsearch.request.timeout", Duration::from_millis(1))?,
         };
@@ -1124,6 +1204,106 @@ impl Reader<'_> {
             "false" | "no" | "off" | "0" => Ok(false),
             _ => Err(self.err(key, "true or false")),
         }
+    }
+
+    /// `zookeeper.auth.*`: the scheme, then the credentials, given inline or by a file (never
+    /// both), `user:password` for `digest`. Messages never show the credentials.
+    fn zk_auth(&self) -> Result<Option<ZkAuth>, ConfigError> {
+        const INLINE: &str = "zookeeper.auth.credentials";
+        const FILE: &str = "zookeeper.auth.credentials.file";
+        let scheme = self.choice("zookeeper.auth.scheme", &["none", "digest"])?;
+        let inline = self.optional_string(INLINE);
+        let file = self.optional_string(FILE);
+        if scheme == "none" {
+            for key in [INLINE, FILE] {
+                if self.optional_string(key).is_some() {
+                    return Err(self.err(
+                        key,
+                        "empty while zookeeper.auth.scheme is none; set zookeeper.auth.scheme=digest to authenticate",
+                    ));
+                }
+            }
+            return Ok(None);
+        }
+        let credentials = match (inline, file) {
+            (Some(_), Some(_)) => {
+                return Err(self.err(
+                    INLINE,
+                    "empty when zookeeper.auth.credentials.file is set; give the credentials once",
+                ))
+            }
+            (None, None) => {
+                return Err(self.err(
+                    INLINE,
+                    "user:password (or zookeeper.auth.credentials.file) when zookeeper.auth.scheme=digest",
+                ))
+            }
+            (Some(inline), None) => (inline, INLINE),
+            (None, Some(path)) => (self.secret_file(FILE, &path)?, FILE),
+        };
+        let (credentials, key) = credentials;
+        match credentials.split_once(':') {
+            Some((user, _)) if !user.is_empty() => Ok(Some(ZkAuth::digest(credentials))),
+            _ => Err(self.err(
+                key,
+                "digest credentials of the form user:password (the value is not shown)",
+            )),
+        }
+    }
+
+    /// `zookeeper.acl`: `open`, `creator` (needs authentication), an explicit list, or empty for
+    /// `creator` when authenticated and `open` otherwise.
+    fn zk_acl(&self, authenticated: bool) -> Result<ZkAcl, ConfigError> {
+        const KEY: &str = "zookeeper.acl";
+        let (v, _) = self.get(KEY);
+        match v.to_ascii_lowercase().as_str() {
+            "" if authenticated => Ok(ZkAcl::Creator),
+            "" | "open" => Ok(ZkAcl::Open),
+            "creator" if authenticated => Ok(ZkAcl::Creator),
+            "creator" => Err(self.err(
+                KEY,
+                "open or an explicit list while zookeeper.auth.scheme is none: creator needs an authenticated session (set zookeeper.auth.scheme and its credentials)",
+            )),
+            _ => {
+                let mut entries = Vec::new();
+                for part in v.split(',').filter(|p| !p.trim().is_empty()) {
+                    let entry = ZkAclEntry::parse(part).map_err(|reason| {
+                        self.err(
+                            KEY,
+                            format!("open, creator or scheme:id:perms,... ({reason})"),
+                        )
+                    })?;
+                    if !entries.contains(&entry) {
+                        entries.push(entry);
+                    }
+                }
+                Ok(ZkAcl::Explicit(entries))
+            }
+        }
+    }
+
+    /// A secret given inline (`key`) or by a file (`file_key`), not both.
+    fn secret(&self, key: &str, file_key: &str) -> Result<Option<String>, ConfigError> {
+        match (self.optional_string(key), self.optional_string(file_key)) {
+            (Some(_), Some(_)) => Err(self.err(
+                key,
+                format!("empty when {file_key} is set; give the secret once"),
+            )),
+            (Some(v), None) => Ok(Some(v)),
+            (None, Some(path)) => self.secret_file(file_key, &path).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The content of the secret file named by `key` (`path`), trimmed of surrounding white space.
+    fn secret_file(&self, key: &str, path: &str) -> Result<String, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| self.err(key, format!("a readable file holding the secret ({e})")))?;
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(self.err(key, "a file holding the secret; this one is empty"));
+        }
+        Ok(text.to_string())
     }
 
     fn choice<'c>(&self, key: &str, choices: &[&'c str]) -> Result<&'c str, ConfigError> {
@@ -1595,6 +1775,193 @@ mod tests {
             ("h1:1,tcp://h2:2", Some("/app"))
         );
         assert_eq!(split_zk_chroot("tcp://h2:2"), ("tcp://h2:2", None));
+    }
+
+    #[test]
+    fn zookeeper_digest_auth_inline_or_from_a_file_never_shown() {
+        assert_eq!(load_env(&[]).unwrap().zookeeper.auth, None);
+        let s = load_env(&[
+            ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+            ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:pa55:word"),
+        ])
+        .unwrap();
+        let auth = s.zookeeper.auth.clone().unwrap();
+        assert_eq!(auth.scheme, "digest");
+        assert_eq!(auth.credentials, "alice:pa55:word");
+        let debug = format!("{s:?}");
+        assert!(debug.contains("alice"), "{debug}");
+        assert!(!debug.contains("pa55"), "{debug}");
+
+        let file = write("bob:fr0m-file\n");
+        let path = file.path().to_str().unwrap();
+        let s = load_env(&[
+            ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+            ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS_FILE", path),
+        ])
+        .unwrap();
+        assert_eq!(s.zookeeper.auth.unwrap().credentials, "bob:fr0m-file");
+
+        for (vars, expect) in [
+            (
+                vec![
+                    ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+                    ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "no-colon-s3cret"),
+                ],
+                "user:password",
+            ),
+            (
+                vec![("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:s3cret")],
+                "zookeeper.auth.scheme is none",
+            ),
+            (
+                vec![
+                    ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+                    ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:s3cret"),
+                    ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS_FILE", path),
+                ],
+                "give the credentials once",
+            ),
+            (
+                vec![("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest")],
+                "user:password",
+            ),
+            (
+                vec![
+                    ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+                    (
+                        "ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS_FILE",
+                        "/nonexistent/s3cret",
+                    ),
+                ],
+                "a readable file",
+            ),
+        ] {
+            let err = load_env(&vars).unwrap_err().to_string();
+            assert!(err.contains(expect), "{err}");
+            assert!(!err.contains("no-colon-s3cret"), "{err}");
+            assert!(!err.contains("alice:s3cret"), "{err}");
+            assert!(!err.contains("fr0m-file"), "{err}");
+        }
+    }
+
+    #[test]
+    fn zookeeper_acl_defaults_to_creator_when_authenticated() {
+        assert_eq!(load_env(&[]).unwrap().zookeeper.acl, ZkAcl::Open);
+        let digest = [
+            ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+            ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:pw"),
+        ];
+        assert_eq!(load_env(&digest).unwrap().zookeeper.acl, ZkAcl::Creator);
+        let mut open = digest.to_vec();
+        open.push(("ZKGUARD_ZOOKEEPER_ACL", "open"));
+        assert_eq!(load_env(&open).unwrap().zookeeper.acl, ZkAcl::Open);
+        let s = load_env(&[(
+            "ZKGUARD_ZOOKEEPER_ACL",
+            "digest:ops:aGFzaA==:adrwc, world:anyone:r",
+        )])
+        .unwrap();
+        let ZkAcl::Explicit(entries) = &s.zookeeper.acl else {
+            panic!("{:?}", s.zookeeper.acl)
+        };
+        let shown: Vec<String> = entries.iter().map(|e| e.to_string()).collect();
+        assert_eq!(shown, ["digest:ops:aGFzaA==:cdrwa", "world:anyone:r"]);
+        for (value, expect) in [
+            ("creator", "creator needs an authenticated session"),
+            ("world:anyone:rx", "permissions are letters"),
+            ("world:r", "is not scheme:id:perms"),
+            ("auth::cdrwa", "use zookeeper.acl=creator"),
+        ] {
+            let err = load_env(&[("ZKGUARD_ZOOKEEPER_ACL", value)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("zookeeper.acl") && err.contains(expect),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn elasticsearch_api_key_and_password_file_never_shown() {
+        let pw = write("pw-fr0m-file\n");
+        let pw_path = pw.path().to_str().unwrap();
+        let s = load_env(&[
+            ("ZKGUARD_ELASTICSEARCH_USERNAME", "elastic"),
+            ("ZKGUARD_ELASTICSEARCH_PASSWORD_FILE", pw_path),
+        ])
+        .unwrap();
+        assert_eq!(s.elasticsearch.password.as_deref(), Some("pw-fr0m-file"));
+        let s = load_env(&[("ZKGUARD_ELASTICSEARCH_API_KEY", "a2V5LWlkOmtleS1zM2NyZXQ=")]).unwrap();
+        assert_eq!(
+            s.elasticsearch.api_key.as_deref(),
+            Some("a2V5LWlkOmtleS1zM2NyZXQ=")
+        );
+        let debug = format!("{s:?}");
+        assert!(!debug.contains("a2V5LWlkOmtleS1zM2NyZXQ="), "{debug}");
+        let key = write("key-id:key-s3cret\n");
+        let s = load_env(&[(
+            "ZKGUARD_ELASTICSEARCH_API_KEY_FILE",
+            key.path().to_str().unwrap(),
+        )])
+        .unwrap();
+        assert_eq!(
+            s.elasticsearch.api_key.as_deref(),
+            Some("key-id:key-s3cret")
+        );
+
+        for (vars, expect) in [
+            (
+                vec![
+                    ("ZKGUARD_ELASTICSEARCH_API_KEY", "key-id:key-s3cret"),
+                    ("ZKGUARD_ELASTICSEARCH_USERNAME", "elastic"),
+                    ("ZKGUARD_ELASTICSEARCH_PASSWORD", "pw-s3cret"),
+                ],
+                "use one of the two",
+            ),
+            (
+                vec![
+                    ("ZKGUARD_ELASTICSEARCH_PASSWORD", "pw-s3cret"),
+                    ("ZKGUARD_ELASTICSEARCH_PASSWORD_FILE", pw_path),
+                ],
+                "give the secret once",
+            ),
+            (
+                vec![("ZKGUARD_ELASTICSEARCH_API_KEY", "not base64 key-s3cret")],
+                "encoded",
+            ),
+        ] {
+            let err = load_env(&vars).unwrap_err().to_string();
+            assert!(err.contains(expect), "{err}");
+            assert!(
+                !err.contains("s3cret") && !err.contains("fr0m-file"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_world_readable_file_holding_a_secret_draws_a_warning() {
+        use std::os::unix::fs::PermissionsExt;
+        let f = write("zookeeper.auth.scheme=digest\nzookeeper.auth.credentials=alice:s3cret\n");
+        let load = |mode: u32| {
+            std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+            Settings::load_with_vars(Some(f.path()), Vec::new())
+                .unwrap()
+                .warnings
+        };
+        let warnings = load(0o644);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("holds secrets (zookeeper.auth.credentials)")
+                && warnings[0].contains("chmod 600"),
+            "{warnings:?}"
+        );
+        assert!(!warnings[0].contains("s3cret"), "{warnings:?}");
+        assert_eq!(load(0o600), Vec::<String>::new());
+        let plain = write("zookeeper.servers=zk1:2181\n");
+        std::fs::set_permissions(plain.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+        let s = Settings::load_with_vars(Some(plain.path()), Vec::new()).unwrap();
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
     }
 
     #[test]

@@ -70,7 +70,8 @@ impl fmt::Debug for EsStore {
 impl EsStore {
     /// Connects to the cluster named by `elasticsearch.url` (one or several comma-separated URLs),
     /// with basic authentication when `elasticsearch.username` is set or the URLs embed credentials
-    /// as `http://user:pass@host:9200` (not both: the configuration is refused then),
+    /// as `http://user:pass@host:9200` (not both: the configuration is refused then), or with
+    /// the API key `elasticsearch.api.key` (`Authorization: ApiKey ...`),
     /// and `elasticsearch.request.timeout` as the per-request timeout. URLs are never shown with
     /// their credentials.
     ///
@@ -80,7 +81,8 @@ impl EsStore {
     /// # Errors
     /// [`EsError::Transport`] when no URL is configured or the HTTP client cannot be built (for
     /// example, the TLS backend cannot be initialised); [`EsError::BadRequest`] (status 0) when
-    /// credentials are given both in the URLs and by the settings, or differ between URLs.
+    /// credentials are given both in the URLs and by the settings, or differ between URLs, or an
+    /// API key is given with basic authentication.
     pub fn new(settings: &EsSettings) -> Result<Self, EsError> {
         if settings.urls.is_empty() {
             return Err(EsError::Transport {
@@ -105,9 +107,19 @@ impl EsStore {
         } else {
             TransportBuilder::new(MultiNodeConnectionPool::round_robin(urls.clone(), None))
         };
-        let builder = match credentials {
-            Some((user, password)) => builder.auth(Credentials::Basic(user, password)),
-            None => builder,
+        let builder = match (credentials, &settings.api_key) {
+            (Some(_), Some(_)) => {
+                return Err(EsError::BadRequest {
+                    status: 0,
+                    reason: "elasticsearch.api.key: basic authentication is configured too; use one of the two".into(),
+                })
+            }
+            (Some((user, password)), None) => builder.auth(Credentials::Basic(user, password)),
+            (None, Some(key)) => builder.auth(match key.split_once(':') {
+                Some((id, secret)) => Credentials::ApiKey(id.to_string(), secret.to_string()),
+                None => Credentials::EncodedApiKey(key.clone()),
+            }),
+            (None, None) => builder,
         };
         let transport = builder
             .timeout(settings.request_timeout)

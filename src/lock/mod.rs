@@ -265,6 +265,17 @@ pub enum LockError {
         /// Monitor object.
         monitor: String,
     },
+    /// The lock root exists with another ACL than `zookeeper.acl` gives the nodes zkguard
+    /// creates.
+    #[error("the lock root `{root}` exists with ACL {found}, not the one zookeeper.acl gives ({expected}); set zookeeper.acl to match it, give the root that ACL (zkCli.sh setAcl), or choose another zookeeper.lock.root")]
+    LockRootAcl {
+        /// The lock root.
+        root: String,
+        /// Its ACL, as `scheme:id:perms,...`.
+        found: String,
+        /// The configured ACL.
+        expected: String,
+    },
     /// Any other error of the backend.
     #[error("lock service error{}: {detail}", ctx(.context))]
     Backend {

@@ -3,12 +3,14 @@
 //!
 //! See `docs/zookeeper-lock.md` for the znode layout and the state machines.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tracing::{debug, info, instrument, warn};
 use zookeeper_client::Error as ZkError;
 
+use super::acl::{acl_list, check_lock_root};
 use super::contender::{abandon, health_failure, wait_connected, Pending, Step};
 use super::guard::LockGuard;
 use super::map_zk;
@@ -19,6 +21,7 @@ use super::queue::{ensure_monitor, fast_path, plain_create, promote, read_queue}
 use super::recover::recover_own;
 use super::release::delete_nodes;
 use super::session::ZkSession;
+use crate::config::ZkAcl;
 use crate::lock::{
     validate_monitor, Blocker, Guard, LockError, LockRequest, LockService, LockType,
 };
@@ -124,7 +127,21 @@ pub(super) async fn acquire(
     let started = Instant::now();
     let deadline = started + timeout;
     let slot = session.slot().await?;
-    let paths = Paths::new(&settings.lock_root, &request.monitor);
+    let paths = Paths::new(
+        &settings.lock_root,
+        &request.monitor,
+        acl_list(&settings.acl),
+    );
+    if settings.acl != ZkAcl::Open && !slot.lock_root_checked.load(Ordering::Acquire) {
+        check_lock_root(
+            &slot.client,
+            &settings.lock_root,
+            &settings.acl,
+            settings.auth.as_ref(),
+        )
+        .await?;
+        slot.lock_root_checked.store(true, Ordering::Release);
+    }
     // Registered before any request below, so no mutex change after this point is missed.
     let mut mutex_rx = slot.mutex_events(&paths.mutex).await?;
     mutex_rx.borrow_and_update();
@@ -187,7 +204,7 @@ pub(super) async fn acquire(
         match attempt {
             Ok(step) => break step,
             Err(ZkError::NoNode) => {
-                ensure_monitor(client, &settings.lock_root, &paths.monitor).await?;
+                ensure_monitor(client, &settings.lock_root, &paths).await?;
                 tried = false;
             }
             Err(e @ (ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_))) => {
@@ -250,7 +267,7 @@ pub(super) async fn acquire(
                 match plain_create(client, &paths, &prefix, &data, &mut pending).await {
                     Ok(s) => break s,
                     Err(ZkError::NoNode) => {
-                        ensure_monitor(client, &settings.lock_root, &paths.monitor).await?
+                        ensure_monitor(client, &settings.lock_root, &paths).await?
                     }
                     Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
                         wait_connected(&slot, deadline).await?;

@@ -14,6 +14,7 @@
 //! takes the mutex by creating `privateLock`; a holder is never preempted. See
 //! `docs/zookeeper-lock.md` for the state machines and the failure model.
 
+mod acl;
 mod acquire;
 mod contender;
 mod guard;
@@ -56,6 +57,14 @@ pub(crate) fn map_zk(e: ZkError, context: &str) -> LockError {
         ZkError::NoNode => LockError::NoNode {
             monitor: String::new(),
             detail: context.to_string(),
+        },
+        ZkError::NoAuth => LockError::Backend {
+            context: context.to_string(),
+            detail: "ZooKeeper refused it: not authorized by the node's ACL (NoAuth); check zookeeper.auth.scheme and zookeeper.auth.credentials, and the ACL of zookeeper.lock.root".into(),
+        },
+        ZkError::InvalidAcl => LockError::Backend {
+            context: context.to_string(),
+            detail: "ZooKeeper refused the ACL in zookeeper.acl (InvalidACL); check its entries".into(),
         },
         other => LockError::Backend {
             context: context.to_string(),

@@ -4,12 +4,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tracing::debug;
-use zookeeper_client::{Client, Error as ZkError};
+use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use super::contender::{wait_connected, Pending, Step};
 use super::map_zk;
 use super::names::Queue;
-use super::node::{encode, NodeData, Paths, EPHEMERAL};
+use super::node::{encode, NodeData, Paths};
 use super::release::delete_nodes;
 use crate::lock::LockError;
 
@@ -31,7 +31,8 @@ pub(super) async fn take_mutex(
     let mut mutex_data = data.clone();
     mutex_data.node = Some(node.to_string());
     let bytes = encode(&mutex_data);
-    let create = client.create(&paths.mutex, &bytes, &EPHEMERAL);
+    let options = paths.create(CreateMode::Ephemeral);
+    let create = client.create(&paths.mutex, &bytes, &options);
     pending.in_flight = true;
     let (created, children) = if verify {
         let children = client.get_children(&paths.monitor);

@@ -3,19 +3,10 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use zookeeper_client::{Acls, CreateMode, CreateOptions};
+use zookeeper_client::{Acl, Acls, CreateMode, CreateOptions};
 
 use super::names::MUTEX_NODE;
 use crate::lock::LockType;
-
-pub(super) const EPHEMERAL_SEQ: CreateOptions<'static> =
-    CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-pub(super) const EPHEMERAL: CreateOptions<'static> =
-    CreateMode::Ephemeral.with_acls(Acls::anyone_all());
-pub(super) const CONTAINER: CreateOptions<'static> =
-    CreateMode::Container.with_acls(Acls::anyone_all());
-pub(super) const PERSISTENT: CreateOptions<'static> =
-    CreateMode::Persistent.with_acls(Acls::anyone_all());
 
 /// The JSON data of a queue node and of the mutex node.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -53,13 +44,23 @@ pub(super) fn now_ms() -> u64 {
 pub(super) struct Paths {
     pub(super) monitor: String,
     pub(super) mutex: String,
+    /// The ACL (`zookeeper.acl`) of every node created: lock root, monitor, queue nodes, mutex.
+    acl: Vec<Acl>,
 }
 
 impl Paths {
-    pub(super) fn new(root: &str, monitor: &str) -> Self {
+    pub(super) fn new(root: &str, monitor: &str, acl: Vec<Acl>) -> Self {
         let monitor = format!("{root}/{monitor}");
         let mutex = format!("{monitor}/{MUTEX_NODE}");
-        Self { monitor, mutex }
+        Self {
+            monitor,
+            mutex,
+            acl,
+        }
+    }
+    /// Options that create a node of `mode` with the configured ACL.
+    pub(super) fn create(&self, mode: CreateMode) -> CreateOptions<'_> {
+        mode.with_acls(Acls::new(&self.acl))
     }
     pub(super) fn child(&self, name: &str) -> String {
         format!("{}/{name}", self.monitor)

@@ -5,15 +5,13 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 use tracing::info;
-use zookeeper_client::{Client, Error as ZkError, MultiWriteError, MultiWriteResult};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult};
 
 use super::contender::{wait_connected, Pending, Step};
 use super::map_zk;
 use super::mutex::yield_mutex;
 use super::names::Queue;
-use super::node::{
-    child_name, encode, NodeData, Paths, CONTAINER, EPHEMERAL, EPHEMERAL_SEQ, PERSISTENT,
-};
+use super::node::{child_name, encode, NodeData, Paths};
 use super::release::delete_nodes;
 use super::session::Slot;
 use crate::lock::LockError;
@@ -36,9 +34,17 @@ pub(super) async fn fast_path(
     pending.slot.flush_mutex_events(&paths.mutex);
     mutex_rx.borrow_and_update();
     let mut multi = client.new_multi_writer();
-    multi.add_create(&node_path, &node_bytes, &EPHEMERAL_SEQ)?;
+    multi.add_create(
+        &node_path,
+        &node_bytes,
+        &paths.create(CreateMode::EphemeralSequential),
+    )?;
     // The mutex names its holder's node, which is not known yet: the owner and attempt suffice.
-    multi.add_create(&paths.mutex, &node_bytes, &EPHEMERAL)?;
+    multi.add_create(
+        &paths.mutex,
+        &node_bytes,
+        &paths.create(CreateMode::Ephemeral),
+    )?;
     let commit = multi.commit();
     let children = client.get_children(&paths.monitor);
     pending.in_flight = true;
@@ -122,7 +128,8 @@ pub(super) async fn plain_create(
 ) -> Result<Step, ZkError> {
     let node_path = format!("{}/{prefix}-", paths.monitor);
     let bytes = encode(data);
-    let create = client.create(&node_path, &bytes, &EPHEMERAL_SEQ);
+    let options = paths.create(CreateMode::EphemeralSequential);
+    let create = client.create(&node_path, &bytes, &options);
     let children = client.get_children(&paths.monitor);
     pending.attempt = data.attempt.clone();
     pending.in_flight = true;
@@ -187,9 +194,12 @@ pub(super) async fn read_queue(
 pub(super) async fn ensure_monitor(
     client: &Client,
     root: &str,
-    monitor: &str,
+    paths: &Paths,
 ) -> Result<(), LockError> {
-    match client.create(monitor, &[], &CONTAINER).await {
+    let monitor = &paths.monitor;
+    let container = paths.create(CreateMode::Container);
+    let persistent = paths.create(CreateMode::Persistent);
+    match client.create(monitor, &[], &container).await {
         Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
         Err(ZkError::NoNode) => {}
         Err(e) => return Err(map_zk(e, "creating the monitor node")),
@@ -198,12 +208,12 @@ pub(super) async fn ensure_monitor(
     for seg in root.trim_start_matches('/').split('/') {
         path.push('/');
         path.push_str(seg);
-        match client.create(&path, &[], &PERSISTENT).await {
+        match client.create(&path, &[], &persistent).await {
             Ok(_) | Err(ZkError::NodeExists) => {}
             Err(e) => return Err(map_zk(e, "creating the lock root")),
         }
     }
-    match client.create(monitor, &[], &CONTAINER).await {
+    match client.create(monitor, &[], &container).await {
         Ok(_) | Err(ZkError::NodeExists) => Ok(()),
         Err(e) => Err(map_zk(e, "creating the monitor node")),
     }

@@ -142,6 +142,8 @@ pub(crate) struct Slot {
     watches: StdMutex<HashMap<String, MutexWatch>>,
     clock: AtomicU64,
     reaper: mpsc::UnboundedSender<Reap>,
+    /// Whether the lock root's ACL was checked against `zookeeper.acl` in this session.
+    pub lock_root_checked: AtomicBool,
 }
 
 impl std::fmt::Debug for Slot {
@@ -493,9 +495,15 @@ impl ZkSession {
         for attempt in 1..=attempts {
             let connector = match &self.inner.connector {
                 Some(c) => c.clone().with_fail_eagerly(),
-                None => Client::connector()
-                    .with_session_timeout(s.session_timeout)
-                    .with_fail_eagerly(),
+                None => {
+                    let mut connector = Client::connector()
+                        .with_session_timeout(s.session_timeout)
+                        .with_fail_eagerly();
+                    if let Some(auth) = &s.auth {
+                        connector = connector.with_auth(&auth.scheme, auth.credentials.as_bytes());
+                    }
+                    connector
+                }
             };
             match tokio::time::timeout(
                 s.session_timeout.max(Duration::from_secs(2)),
@@ -567,6 +575,7 @@ impl ZkSession {
             health: health_rx,
             watches: StdMutex::new(HashMap::new()),
             clock: AtomicU64::new(0),
+            lock_root_checked: AtomicBool::new(false),
             reaper,
         }
     }
@@ -667,8 +676,9 @@ impl ZkSession {
     /// Like [`ZkSession::connect`], connecting with `connector` (authentication, TLS, SASL,
     /// read-only mode, connection timeout: whatever the application set on it) instead of one
     /// built from `settings`. `settings` still gives the servers, the connection attempts and
-    /// their delay, the lock root, prefixes and timeouts; `zookeeper.session.timeout` is not
-    /// applied (set it on the connector with `with_session_timeout`). zkguard adds
+    /// their delay, the lock root, prefixes and timeouts; `zookeeper.session.timeout` and
+    /// `zookeeper.auth.*` are not applied (set them on the connector with
+    /// `with_session_timeout` and `with_auth`). zkguard adds
     /// `with_fail_eagerly` so that each attempt ends when no server answers. The connector is
     /// used again for each new session after an expiry, so it must not carry a session
     /// (`with_session`).

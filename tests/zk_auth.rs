@@ -1,0 +1,381 @@
+//! ZooKeeper authentication and ACLs: credentials reach the server, are never printed, and lock
+//! nodes are protected from other identities.
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+use zkguard::config::{ZkAcl, ZkAclEntry, ZkAuth, ZkSettings};
+use zkguard::{LockType, ZkBlockingWriteLock};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+
+fn zkguard(servers: &str, root: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_zkguard"));
+    c.env("ZKGUARD_ZOOKEEPER_SERVERS", servers)
+        .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", root)
+        .env("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000")
+        .env("ZKGUARD_ZOOKEEPER_CONNECTION_RETRY", "1")
+        .env("ZKGUARD_ZOOKEEPER_FOREGROUND_TASK_TIMEOUT", "10000")
+        .env_remove("ZKGUARD_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    c
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn all_output(o: &Output) -> String {
+    format!("{}{}", text(&o.stdout), text(&o.stderr))
+}
+
+async fn client_as(servers: &str, credentials: Option<&str>) -> Client {
+    let mut connector = Client::connector();
+    if let Some(c) = credentials {
+        connector = connector.with_auth("digest", c.as_bytes());
+    }
+    connector.connect(servers).await.expect("connect")
+}
+
+#[test]
+fn config_show_masks_zookeeper_credentials() {
+    let out = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .env_remove("ZKGUARD_CONFIG")
+        .env("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest")
+        .env("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:s3cret-zk")
+        .args(["config", "show"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let shown = all_output(&out);
+    assert!(!shown.contains("s3cret-zk"), "{shown}");
+    let line = shown
+        .lines()
+        .find(|l| l.starts_with("zookeeper.auth.credentials "))
+        .unwrap_or_else(|| panic!("no credentials line in {shown}"));
+    assert!(line.contains("***"), "{line}");
+}
+
+/// A lock root that only `alice` may use: zkguard reaches it with alice's digest credentials
+/// (from the environment or a file), and is refused without them, with no secret printed.
+#[tokio::test(flavor = "multi_thread")]
+async fn digest_credentials_are_sent_and_never_printed() {
+    let zk = zk_server();
+    let servers = zk.connect_string();
+    let root = format!("/zkguard-auth-{}", uuid_tag());
+    let alice = client_as(&servers, Some("alice:s3cret-zk")).await;
+    alice
+        .create(
+            &root,
+            &[],
+            &CreateMode::Persistent.with_acls(Acls::creator_all()),
+        )
+        .await
+        .unwrap();
+
+    // Each run locks a monitor of its own: the monitor nodes created by the first runs outlive
+    // them (containers are reaped later), and a new one must be created under the root.
+    let runs = std::cell::Cell::new(0);
+    let run = |auth: &[(&str, &str)]| {
+        runs.set(runs.get() + 1);
+        let monitor = format!("m{}", runs.get());
+        let mut c = zkguard(&servers, &root);
+        for (k, v) in auth {
+            c.env(k, v);
+        }
+        c.args(["-vvv", "exec", "--monitor", &monitor, "--", "true"]);
+        c.output().unwrap()
+    };
+
+    let out = run(&[
+        ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+        ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:s3cret-zk"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    assert!(!all_output(&out).contains("s3cret-zk"));
+
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), "alice:s3cret-zk\n").unwrap();
+    let out = run(&[
+        ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+        (
+            "ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS_FILE",
+            file.path().to_str().unwrap(),
+        ),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    assert!(!all_output(&out).contains("s3cret-zk"));
+
+    for auth in [
+        vec![],
+        vec![
+            ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+            ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "mallory:other-s3cret"),
+        ],
+    ] {
+        let out = run(&auth);
+        let all = all_output(&out);
+        assert_eq!(out.status.code(), Some(69), "{all}");
+        assert!(all.contains("not authorized"), "{all}");
+        assert!(!all.contains("other-s3cret"), "{all}");
+    }
+}
+
+fn authed_settings(servers: &str, tag: &str, credentials: &str, acl: ZkAcl) -> ZkSettings {
+    let mut s = zk_settings(servers, tag);
+    s.auth = Some(ZkAuth::digest(credentials));
+    s.acl = acl;
+    s
+}
+
+/// With digest authentication and `zookeeper.acl=creator`, a client without credentials or with
+/// other credentials can neither delete nor overwrite the holder's `privateLock` or the queue
+/// nodes, nor delete the monitor node: ZooKeeper answers NoAuth and the holder keeps its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creator_acl_protects_lock_nodes_from_other_identities() {
+    let zk = zk_server();
+    let servers = zk.connect_string();
+    let settings = authed_settings(&servers, "creator", "alice:s3cret-zk", ZkAcl::Creator);
+    let (holder, waiter) = (session(&settings).await, session(&settings).await);
+    let guard = ZkBlockingWriteLock::new("holder", &holder, "doc-1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    let token = guard.fencing_token();
+    let waiting = tokio::spawn(async move {
+        let g = ZkBlockingWriteLock::new("waiter", &waiter, "doc-1")
+            .unwrap()
+            .with_type(LockType::Background)
+            .lock_with_timeout()
+            .await
+            .unwrap();
+        g.unlock().await.unwrap();
+    });
+
+    let monitor = format!("{}/doc-1", settings.lock_root);
+    let alice = client_as(&servers, Some("alice:s3cret-zk")).await;
+    let queue = || async {
+        let mut c = alice.list_children(&monitor).await.unwrap();
+        c.retain(|n| n != "privateLock");
+        c
+    };
+    eventually(Duration::from_secs(10), "the waiter queued", || async {
+        queue().await.len() == 2
+    })
+    .await;
+    let mut targets = vec![format!("{monitor}/privateLock")];
+    targets.extend(queue().await.into_iter().map(|n| format!("{monitor}/{n}")));
+    let (acl, _) = alice.get_acl(&targets[0]).await.unwrap();
+    assert!(
+        acl.iter()
+            .all(|a| a.scheme() == "digest" && a.id().starts_with("alice:")),
+        "{acl:?}"
+    );
+
+    for intruder in [None, Some("mallory:other")] {
+        let other = client_as(&servers, intruder).await;
+        for path in &targets {
+            assert_eq!(
+                other.delete(path, None).await,
+                Err(ZkError::NoAuth),
+                "delete {path} as {intruder:?}"
+            );
+            assert!(
+                matches!(
+                    other.set_data(path, b"{}", None).await,
+                    Err(ZkError::NoAuth)
+                ),
+                "overwrite {path} as {intruder:?}"
+            );
+        }
+        assert_eq!(
+            other.delete(&monitor, None).await,
+            Err(ZkError::NoAuth),
+            "delete the monitor as {intruder:?}"
+        );
+        assert!(matches!(
+            other
+                .create(
+                    &format!("{monitor}/A-"),
+                    b"{}",
+                    &CreateMode::EphemeralSequential.with_acls(Acls::anyone_all())
+                )
+                .await,
+            Err(ZkError::NoAuth)
+        ));
+    }
+    for path in &targets {
+        assert!(alice.check_stat(path).await.unwrap().is_some(), "{path}");
+    }
+    assert!(guard.is_held());
+    assert_eq!(guard.loss(), None);
+    assert_eq!(guard.fencing_token(), token);
+    guard.unlock().await.unwrap();
+    waiting.await.unwrap();
+}
+
+/// A lock root created earlier with another ACL is reported, not silently reused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_root_with_another_acl_is_reported() {
+    let zk = zk_server();
+    let servers = zk.connect_string();
+    let root = format!("/zkguard-open-{}", uuid_tag());
+    let anyone = client_as(&servers, None).await;
+    anyone
+        .create(
+            &root,
+            &[],
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let out = zkguard(&servers, &root)
+        .env("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest")
+        .env("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:s3cret-zk")
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    let all = all_output(&out);
+    assert_eq!(out.status.code(), Some(78), "{all}");
+    assert!(
+        all.contains(&format!(
+            "the lock root `{root}` exists with ACL world:anyone:cdrwa"
+        )),
+        "{all}"
+    );
+    assert!(all.contains("creator: digest:alice:<hash>:cdrwa"), "{all}");
+    assert!(!all.contains("s3cret-zk"), "{all}");
+    // Without authentication the default ACL is open, which this root has.
+    let out = zkguard(&servers, &root)
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+}
+
+/// With an explicit ACL that lets anyone read, `zkguard locks` shows the holder to a client
+/// without credentials, which still cannot touch the nodes.
+#[tokio::test(flavor = "multi_thread")]
+async fn locks_works_for_a_read_only_identity() {
+    let zk = zk_server();
+    let servers = zk.connect_string();
+    // The digest id of alice, as ZooKeeper computes it.
+    let alice = client_as(&servers, Some("alice:s3cret-zk")).await;
+    let probe = format!("/probe-{}", uuid_tag());
+    alice
+        .create(
+            &probe,
+            &[],
+            &CreateMode::Persistent.with_acls(Acls::creator_all()),
+        )
+        .await
+        .unwrap();
+    let (acl, _) = alice.get_acl(&probe).await.unwrap();
+    let alice_id = acl[0].id().to_string();
+    let list = format!("digest:{alice_id}:cdrwa,world:anyone:r");
+    let entries = list
+        .split(',')
+        .map(|e| ZkAclEntry::parse(e).unwrap())
+        .collect();
+    let settings = authed_settings(
+        &servers,
+        "readonly",
+        "alice:s3cret-zk",
+        ZkAcl::Explicit(entries),
+    );
+    let holder = session(&settings).await;
+    let guard = ZkBlockingWriteLock::new("held-by-alice", &holder, "doc-7")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+
+    let out = zkguard(&servers, &settings.lock_root)
+        .args(["locks", "--json"])
+        .output()
+        .unwrap();
+    let all = all_output(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(
+        all.contains("doc-7") && all.contains("held-by-alice"),
+        "{all}"
+    );
+
+    let anyone = client_as(&servers, None).await;
+    let mutex = format!("{}/doc-7/privateLock", settings.lock_root);
+    assert_eq!(anyone.delete(&mutex, None).await, Err(ZkError::NoAuth));
+    assert!(guard.is_held());
+    guard.unlock().await.unwrap();
+}
+
+/// A failing connection at `-vvv`, with every secret set, prints none of them.
+#[test]
+fn a_failing_connection_prints_no_secret_at_any_verbosity() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let servers = format!("127.0.0.1:{port}");
+    for es_auth in [
+        [
+            ("ZKGUARD_ELASTICSEARCH_USERNAME", "elastic"),
+            ("ZKGUARD_ELASTICSEARCH_PASSWORD", "es-s3cret-pw"),
+        ],
+        [
+            ("ZKGUARD_ELASTICSEARCH_API_KEY", "ZXMtczNjcmV0LWtleQ=="),
+            ("ZKGUARD_ELASTICSEARCH_URL", "http://127.0.0.1:9"),
+        ],
+    ] {
+        let out = zkguard(&servers, "/zkguard-secrets")
+            .env("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest")
+            .env("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:zk-s3cret-pw")
+            .envs(es_auth)
+            .args(["-vvv", "exec", "--monitor", "m1", "--", "true"])
+            .output()
+            .unwrap();
+        let all = all_output(&out);
+        assert_eq!(out.status.code(), Some(69), "{all}");
+        for secret in ["zk-s3cret-pw", "es-s3cret-pw", "ZXMtczNjcmV0LWtleQ=="] {
+            assert!(!all.contains(secret), "{secret} in {all}");
+        }
+    }
+}
+
+/// A properties file holding a secret that every user may read draws a warning naming the key,
+/// never the secret.
+#[test]
+fn a_world_readable_properties_file_with_a_secret_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let file = tempfile::Builder::new()
+        .suffix(".properties")
+        .tempfile()
+        .unwrap();
+    std::fs::write(
+        file.path(),
+        "zookeeper.auth.scheme=digest\nzookeeper.auth.credentials=alice:s3cret-zk\n",
+    )
+    .unwrap();
+    let check = |mode: u32| {
+        std::fs::set_permissions(file.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+            .env_remove("ZKGUARD_CONFIG")
+            .arg("--config")
+            .arg(file.path())
+            .args(["config", "check"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+        assert!(!all_output(&out).contains("s3cret-zk"));
+        text(&out.stderr)
+    };
+    let warned = check(0o644);
+    assert!(
+        warned.contains("holds secrets (zookeeper.auth.credentials) and every user may read it"),
+        "{warned}"
+    );
+    assert!(!check(0o600).contains("holds secrets"));
+}
