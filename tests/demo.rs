@@ -13,6 +13,8 @@ use zkguard::testkit::{OsmemServer, ZkServer};
 use zkguard::write::deadletter::{DeadLetterSink, FileSink};
 use zkguard::{LockService, ZkLockService, ZkSession};
 
+mod guarded_support;
+
 // The demo workload belongs to the `zkguard` binary, not to the library: these tests compile its
 // module from the binary's source tree (it uses the library's public API only).
 #[allow(dead_code, unused_imports)]
@@ -307,42 +309,7 @@ async fn the_reconciliation_catches_changes_behind_its_back() {
 #[test]
 fn zkguard_demo_runs_end_to_end_with_local_servers() {
     let dir = tempfile::tempdir().unwrap();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_zkguard"))
-        .args([
-            "demo",
-            "--servers",
-            "local",
-            "--json",
-            "--articles",
-            "5",
-            "--writers",
-            "2",
-            "--saves",
-            "4",
-            "--jobs",
-            "2",
-            "--job-size",
-            "3",
-            "--background-timeout",
-            "100ms",
-        ])
-        .env("ZKGUARD_ELASTIC_RETRY_BACKOFF_INITIAL", "20")
-        .env("ZKGUARD_ELASTIC_RETRY_BACKOFF_MAX", "100")
-        .env_remove("ZKGUARD_CONFIG")
-        .env_remove("ZKGUARD_ZOOKEEPER_SERVERS")
-        .env_remove("ZKGUARD_ELASTICSEARCH_URL")
-        .env("RUST_LOG", "error")
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "exit {:?}\nstdout: {stdout}\nstderr: {stderr}",
-        output.status
-    );
-    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let report = guarded_support::small_local_demo(dir.path(), &[]);
     assert!(report["reconciliation"]["mismatches"]
         .as_array()
         .unwrap()

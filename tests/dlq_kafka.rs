@@ -677,44 +677,7 @@ async fn bad_kafka_settings_exit_78_or_69_with_clear_errors() {
 #[test]
 fn demo_with_kafka_dead_letters_reconciles() {
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_zkguard"))
-        .args([
-            "demo",
-            "--servers",
-            "local",
-            "--deadletters",
-            "kafka",
-            "--json",
-            "--articles",
-            "5",
-            "--writers",
-            "2",
-            "--saves",
-            "4",
-            "--jobs",
-            "2",
-            "--job-size",
-            "3",
-            "--background-timeout",
-            "100ms",
-        ])
-        .env("ZKGUARD_ELASTIC_RETRY_BACKOFF_INITIAL", "20")
-        .env("ZKGUARD_ELASTIC_RETRY_BACKOFF_MAX", "100")
-        .env_remove("ZKGUARD_CONFIG")
-        .env_remove("ZKGUARD_ZOOKEEPER_SERVERS")
-        .env_remove("ZKGUARD_ELASTICSEARCH_URL")
-        .env("RUST_LOG", "error")
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "exit {:?}\nstdout: {stdout}\nstderr: {stderr}",
-        output.status
-    );
-    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let report = guarded_support::small_local_demo(dir.path(), &["--deadletters", "kafka"]);
     assert!(
         report["sink"]
             .as_str()
