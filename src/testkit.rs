@@ -493,11 +493,13 @@ fn zk_command(
     log: &Path,
     heap_mb: u32,
     what: &str,
+    jvm_args: &[String],
 ) -> Result<Command, ServerError> {
     let (java, classpath) = java_command()?;
     let (out, err) = open_log(log, what)?;
     let mut cmd = Command::new(java);
-    cmd.arg(format!("-Xmx{heap_mb}m"))
+    cmd.args(jvm_args)
+        .arg(format!("-Xmx{heap_mb}m"))
         .arg("-Xms32m")
         .arg("-XX:+UseSerialGC")
         .arg("-XX:-UsePerfData")
@@ -598,6 +600,9 @@ pub struct ZkServerBuilder {
     force_sync: bool,
     start_timeout: Duration,
     heap_mb: u32,
+    config_lines: Vec<String>,
+    jvm_args: Vec<String>,
+    secure_client_port: bool,
 }
 
 impl Default for ZkServerBuilder {
@@ -608,11 +613,35 @@ impl Default for ZkServerBuilder {
             force_sync: true,
             start_timeout: DEFAULT_START_TIMEOUT,
             heap_mb: 512,
+            config_lines: Vec::new(),
+            jvm_args: Vec::new(),
+            secure_client_port: false,
         }
     }
 }
 
 impl ZkServerBuilder {
+    /// Adds a line to `zoo.cfg` (`authProvider.1=...`, `ssl.keyStore.location=...`).
+    pub fn config_line(mut self, line: impl Into<String>) -> Self {
+        self.config_lines.push(line.into());
+        self
+    }
+
+    /// Adds an argument to the JVM command line, before the main class
+    /// (`-Djava.security.auth.login.config=/path/jaas.conf`).
+    pub fn jvm_arg(mut self, arg: impl Into<String>) -> Self {
+        self.jvm_args.push(arg.into());
+        self
+    }
+
+    /// Also serves TLS on a second free loopback port (`secureClientPort`, with the Netty
+    /// connection factory); give the key and trust stores with [`config_line`](Self::config_line)
+    /// (`ssl.keyStore.*`, `ssl.trustStore.*`). See [`ZkServer::secure_connect_string`].
+    pub fn secure_client_port(mut self) -> Self {
+        self.secure_client_port = true;
+        self
+    }
+
     /// `tickTime` in milliseconds (default 500). Sessions may last from 2 ticks (so 1 s with the
     /// default) to [`max_session_timeout`](Self::max_session_timeout).
     pub fn tick_time(mut self, ms: u32) -> Self {
@@ -659,6 +688,11 @@ impl ZkServerBuilder {
         let mut dir = Some(dir);
         retry_port_clashes(|| {
             let port = free_port().map_err(|e| ServerError::io("find a free loopback port", e))?;
+            let secure_port = if self.secure_client_port {
+                Some(free_port().map_err(|e| ServerError::io("find a free loopback port", e))?)
+            } else {
+                None
+            };
             let base = dir
                 .take()
                 .expect("the directory is put back after each attempt");
@@ -668,6 +702,7 @@ impl ZkServerBuilder {
                 cfg_path: base.0.join("zoo.cfg"),
                 data_dir: data_dir.clone(),
                 port,
+                secure_port,
                 settings: self.clone(),
                 dir: base,
             };
@@ -698,6 +733,7 @@ pub struct ZkServer {
     cfg_path: PathBuf,
     log: PathBuf,
     port: u16,
+    secure_port: Option<u16>,
     settings: ZkServerBuilder,
     dir: TempDir,
 }
@@ -727,13 +763,22 @@ impl ZkServer {
 
     fn launch(&self) -> Attempt<()> {
         let s = &self.settings;
-        let cfg = zoo_cfg_common(
+        let mut cfg = zoo_cfg_common(
             s.tick_time_ms,
             s.max_session_timeout_ms,
             s.force_sync,
             &self.data_dir,
             self.port,
         );
+        if let Some(secure) = self.secure_port {
+            cfg.push_str(&format!(
+                "secureClientPort={secure}\nsecureClientPortAddress=127.0.0.1\nserverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
+            ));
+        }
+        for line in &s.config_lines {
+            cfg.push_str(line);
+            cfg.push('\n');
+        }
         if let Err(e) = fs::write(&self.cfg_path, cfg) {
             return Attempt::Failed(ServerError::io(
                 format!("write {}", self.cfg_path.display()),
@@ -747,6 +792,7 @@ impl ZkServer {
             &self.log,
             s.heap_mb,
             &what,
+            &s.jvm_args,
         ) {
             Ok(cmd) => cmd,
             Err(e) => return Attempt::Failed(e),
@@ -796,6 +842,12 @@ impl ZkServer {
     /// The client port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// `127.0.0.1:SECUREPORT`, the TLS client port, when the server was built with
+    /// [`ZkServerBuilder::secure_client_port`].
+    pub fn secure_connect_string(&self) -> Option<String> {
+        self.secure_port.map(|p| format!("127.0.0.1:{p}"))
     }
 
     /// The server's log file (stdout and stderr of the JVM).
@@ -1144,6 +1196,7 @@ impl ZkEnsemble {
             &m.log,
             self.settings.heap_mb,
             &m.what(),
+            &[],
         )?;
         let proc = Proc::spawn(&mut cmd, Some(&self.dir.0), "java (ZooKeeper)")?;
         *m.lock() = Some(proc);

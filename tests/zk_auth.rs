@@ -379,3 +379,148 @@ fn a_world_readable_properties_file_with_a_secret_is_warned_about() {
     );
     assert!(!check(0o600).contains("holds secrets"));
 }
+
+/// A ZooKeeper that authenticates with SASL DIGEST-MD5 (`SASLAuthenticationProvider` and a JAAS
+/// `Server` section listing `alice` and `bob`).
+fn sasl_zk_server(dir: &std::path::Path) -> zkguard::testkit::ZkServer {
+    let jaas = dir.join("jaas.conf");
+    std::fs::write(
+        &jaas,
+        "Server {\n  org.apache.zookeeper.server.auth.DigestLoginModule required\n  user_alice=\"s3cret-sasl\"\n  user_bob=\"bob-s3cret\";\n};\n",
+    )
+    .unwrap();
+    zkguard::testkit::ZkServer::builder()
+        .tick_time(500)
+        .config_line("authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider")
+        .jvm_arg(format!(
+            "-Djava.security.auth.login.config={}",
+            jaas.display()
+        ))
+        .start()
+        .expect("start ZooKeeper with SASL (run scripts/install-deps.sh)")
+}
+
+async fn sasl_client(servers: &str, user: &str, password: &str) -> Client {
+    Client::connector()
+        .with_sasl(zookeeper_client::SaslOptions::digest_md5(
+            user.to_string(),
+            password.to_string(),
+        ))
+        .connect(servers)
+        .await
+        .expect("connect with SASL")
+}
+
+/// SASL DIGEST-MD5 with `zookeeper.acl=creator` (the default when authenticated): `zkguard exec`
+/// locks and unlocks as alice without printing her password; the nodes carry `sasl:alice`, and
+/// neither an anonymous client nor bob may delete or overwrite them; a wrong password fails
+/// with exit 69 and a message naming the SASL keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_digest_md5_locks_and_protects_the_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let zk = sasl_zk_server(dir.path());
+    let servers = zk.connect_string();
+    let root = format!("/zkguard-sasl-{}", uuid_tag());
+    let password_file = dir.path().join("sasl-password");
+    std::fs::write(&password_file, "s3cret-sasl\n").unwrap();
+    let run = |password: (&str, &str), args: &[&str]| {
+        zkguard(&servers, &root)
+            .env("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "sasl")
+            .env("ZKGUARD_ZOOKEEPER_SASL_USERNAME", "alice")
+            .env(password.0, password.1)
+            .arg("-vvv")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(
+        ("ZKGUARD_ZOOKEEPER_SASL_PASSWORD", "s3cret-sasl"),
+        &["exec", "--monitor", "m1", "--", "true"],
+    );
+    let all = all_output(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(!all.contains("s3cret-sasl"), "{all}");
+    let out = run(
+        (
+            "ZKGUARD_ZOOKEEPER_SASL_PASSWORD_FILE",
+            password_file.to_str().unwrap(),
+        ),
+        &["exec", "--monitor", "m2", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    let alice = sasl_client(&servers, "alice", "s3cret-sasl").await;
+    let (acl, _) = alice.get_acl(&root).await.unwrap();
+    assert_eq!(acl.len(), 1, "{acl:?}");
+    assert_eq!((acl[0].scheme(), acl[0].id()), ("sasl", "alice"), "{acl:?}");
+
+    // A held lock: bob and an anonymous client cannot touch its nodes.
+    let mut settings = zk_settings(&servers, "sasl");
+    settings.lock_root = root.clone();
+    settings.auth = Some(ZkAuth::sasl_digest_md5("alice", "s3cret-sasl"));
+    settings.acl = ZkAcl::Creator;
+    let holder = session(&settings).await;
+    let guard = ZkBlockingWriteLock::new("holder", &holder, "doc-1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    let monitor = format!("{root}/doc-1");
+    let mut targets: Vec<String> = alice
+        .list_children(&monitor)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| format!("{monitor}/{n}"))
+        .collect();
+    targets.push(monitor.clone());
+    let bob = sasl_client(&servers, "bob", "bob-s3cret").await;
+    let anyone = client_as(&servers, None).await;
+    for other in [&bob, &anyone] {
+        for path in &targets {
+            assert_eq!(
+                other.delete(path, None).await,
+                Err(ZkError::NoAuth),
+                "{path}"
+            );
+            assert!(
+                matches!(
+                    other.set_data(path, b"{}", None).await,
+                    Err(ZkError::NoAuth)
+                ),
+                "{path}"
+            );
+        }
+    }
+    assert!(guard.is_held());
+    assert_eq!(guard.loss(), None);
+    guard.unlock().await.unwrap();
+
+    let out = run(
+        ("ZKGUARD_ZOOKEEPER_SASL_PASSWORD", "wr0ng-pw"),
+        &["exec", "--monitor", "m3", "--", "true"],
+    );
+    let all = all_output(&out);
+    assert_eq!(out.status.code(), Some(69), "{all}");
+    assert!(
+        all.contains("refused the authentication")
+            && all.contains("zookeeper.sasl.username and zookeeper.sasl.password"),
+        "{all}"
+    );
+    assert!(!all.contains("wr0ng-pw"), "{all}");
+}
+
+/// GSSAPI is not built in: asking for it stops zkguard at start with exit 78.
+#[test]
+fn sasl_gssapi_is_refused_as_not_built_in() {
+    let out = zkguard("127.0.0.1:1", "/zkguard")
+        .env("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "sasl")
+        .env("ZKGUARD_ZOOKEEPER_SASL_MECHANISM", "GSSAPI")
+        .env("ZKGUARD_ZOOKEEPER_SASL_USERNAME", "zkguard")
+        .env("ZKGUARD_ZOOKEEPER_SASL_PASSWORD", "unused-pw")
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    let all = all_output(&out);
+    assert_eq!(out.status.code(), Some(78), "{all}");
+    assert!(all.contains("without GSSAPI"), "{all}");
+}

@@ -36,7 +36,7 @@ use config::{Config, Format, Map, Value, ValueKind};
 use crate::lock::{znode_char, LockType};
 
 mod security;
-pub use security::{ZkAcl, ZkAclEntry, ZkAuth};
+pub use security::{EsTls, ZkAcl, ZkAclEntry, ZkAuth, ZkTls};
 
 /// A configuration error: which key, which value, where it came from and what is expected.
 #[derive(Debug, thiserror::Error)]
@@ -104,9 +104,17 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("zookeeper.lock.root", "/zkguard/locks", "znode under which every monitor object gets its lock node"),
     ("zookeeper.background.max.wait", "0", "anti-starvation: a background waiter re-queues as foreground after this long (ms); 0 = off"),
     ("zookeeper.lock.loss.grace", "0", "a held lock counts as lost after the connection has been down this long (ms); 0 = a quarter of the session timeout"),
-    ("zookeeper.auth.scheme", "none", "ZooKeeper authentication: none or digest"),
+    ("zookeeper.auth.scheme", "none", "ZooKeeper authentication: none, digest or sasl"),
     ("zookeeper.auth.credentials", "", "digest credentials, user:password (or use zookeeper.auth.credentials.file)"),
     ("zookeeper.auth.credentials.file", "", "file holding the digest credentials user:password (one line)"),
+    ("zookeeper.sasl.mechanism", "DIGEST-MD5", "SASL mechanism when zookeeper.auth.scheme=sasl: DIGEST-MD5 (GSSAPI is not built in)"),
+    ("zookeeper.sasl.username", "", "SASL user name: NAME of a user_NAME=\"password\" entry of the server's JAAS Server section"),
+    ("zookeeper.sasl.password", "", "SASL password (or use zookeeper.sasl.password.file)"),
+    ("zookeeper.sasl.password.file", "", "file holding the SASL password (one line)"),
+    ("zookeeper.tls.enabled", "false", "connect to ZooKeeper's TLS client port (secureClientPort) with certificate and host-name verification"),
+    ("zookeeper.tls.ca", "", "PEM file of the CA certificates that sign the ZooKeeper servers' certificates (required with TLS)"),
+    ("zookeeper.tls.cert", "", "PEM client certificate chain, for servers that require client certificates (with zookeeper.tls.key)"),
+    ("zookeeper.tls.key", "", "PEM private key of zookeeper.tls.cert"),
     ("zookeeper.acl", "", "ACL of every node zkguard creates: open, creator or scheme:id:perms,...; empty = creator when authenticated, open otherwise"),
     ("elastic.request.retry.count", "3", "attempts of a background operation before it is parked as a dead letter"),
     ("elastic.retry.backoff.initial", "100", "first retry delay of a background operation (ms); doubles each attempt, with jitter"),
@@ -117,6 +125,10 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("elasticsearch.password.file", "", "file holding the basic-auth password (instead of elasticsearch.password)"),
     ("elasticsearch.api.key", "", "API key: the base64 `encoded` value, or id:api_key (instead of basic authentication)"),
     ("elasticsearch.api.key.file", "", "file holding the API key (instead of elasticsearch.api.key)"),
+    ("elasticsearch.tls.ca", "", "PEM bundle of CA certificates trusted for https:// URLs, besides the built-in roots"),
+    ("elasticsearch.tls.cert", "", "PEM client certificate chain for https:// URLs (with elasticsearch.tls.key)"),
+    ("elasticsearch.tls.key", "", "PEM private key of elasticsearch.tls.cert"),
+    ("elasticsearch.tls.verify", "true", "verify the server certificate and host name of https:// URLs; false is insecure and warned about"),
     ("elasticsearch.request.timeout", "30000", "timeout of one Elasticsearch request (ms)"),
     ("deadletter.sink", "file", "where parked operations go: file, elasticsearch or kafka"),
     ("deadletter.file.path", "zkguard-deadletters.jsonl", "JSON-lines dead-letter file"),
@@ -200,6 +212,8 @@ pub struct ZkSettings {
     pub auth: Option<ZkAuth>,
     /// ACL of every node zkguard creates (lock root, monitor nodes, queue nodes, `privateLock`).
     pub acl: ZkAcl,
+    /// TLS to the servers (`None`: plain TCP).
+    pub tls: Option<ZkTls>,
 }
 
 impl ZkSettings {
@@ -241,6 +255,8 @@ pub struct EsSettings {
     pub password: Option<String>,
     /// API key (`elasticsearch.api.key`): the base64 `encoded` value or `id:api_key`.
     pub api_key: Option<String>,
+    /// TLS of `https://` URLs: extra CA certificates, a client certificate, verification.
+    pub tls: EsTls,
     /// Per-request timeout.
     pub request_timeout: Duration,
 }
@@ -252,6 +268,7 @@ impl fmt::Debug for EsSettings {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "(hidden)"))
             .field("api_key", &self.api_key.as_ref().map(|_| "(hidden)"))
+            .field("tls", &self.tls)
             .field("request_timeout", &self.request_timeout)
             .finish()
     }
@@ -722,7 +739,8 @@ fn world_readable_secrets(path: &Path, raw: &HashMap<String, (String, String)>) 
                     && match *k {
                         "elasticsearch.password"
                         | "elasticsearch.api.key"
-                        | "zookeeper.auth.credentials" => true,
+                        | "zookeeper.auth.credentials"
+                        | "zookeeper.sasl.password" => true,
                         "elasticsearch.url" => masked_value(k, v) != *v,
                         _ => false,
                     }
@@ -742,9 +760,10 @@ fn world_readable_secrets(path: &Path, raw: &HashMap<String, (String, String)>) 
 fn shown_value(key: &str, value: &str) -> String {
     match key {
         "elasticsearch.url" => redact_urls(value),
-        "elasticsearch.password" | "elasticsearch.api.key" | "zookeeper.auth.credentials" => {
-            "(hidden)".into()
-        }
+        "elasticsearch.password"
+        | "elasticsearch.api.key"
+        | "zookeeper.auth.credentials"
+        | "zookeeper.sasl.password" => "(hidden)".into(),
         _ => value.to_string(),
     }
 }
@@ -940,6 +959,7 @@ impl Settings {
             loss_grace: r.optional_duration("zookeeper.lock.loss.grace")?,
             acl: r.zk_acl(auth.is_some())?,
             auth,
+            tls: r.zk_tls()?,
         };
         if let Some(grace) = zookeeper.loss_grace {
             if grace >= zookeeper.session_timeout {
@@ -994,11 +1014,13 @@ impl Settings {
                 ));
             }
         }
+        let es_tls = r.es_tls()?;
         let elasticsearch = EsSettings {
             urls,
             username,
             password,
             api_key,
+            tls: es_tls,
             request_timeout: r
                 .duration_min("elasticsearch.request.timeout", Duration::from_millis(1))?,
         };
@@ -1115,7 +1137,7 @@ impl Settings {
             txn,
             server,
             source: None,
-            warnings: Vec::new(),
+            warnings: r.insecure_tls_warning(),
         })
     }
 }
@@ -1211,19 +1233,39 @@ impl Reader<'_> {
     fn zk_auth(&self) -> Result<Option<ZkAuth>, ConfigError> {
         const INLINE: &str = "zookeeper.auth.credentials";
         const FILE: &str = "zookeeper.auth.credentials.file";
-        let scheme = self.choice("zookeeper.auth.scheme", &["none", "digest"])?;
+        const SASL_KEYS: [&str; 3] = [
+            "zookeeper.sasl.username",
+            "zookeeper.sasl.password",
+            "zookeeper.sasl.password.file",
+        ];
+        let scheme = self.choice("zookeeper.auth.scheme", &["none", "digest", "sasl"])?;
         let inline = self.optional_string(INLINE);
         let file = self.optional_string(FILE);
-        if scheme == "none" {
-            for key in [INLINE, FILE] {
-                if self.optional_string(key).is_some() {
-                    return Err(self.err(
-                        key,
-                        "empty while zookeeper.auth.scheme is none; set zookeeper.auth.scheme=digest to authenticate",
-                    ));
-                }
-            }
-            return Ok(None);
+        let unused = match scheme {
+            "none" => [INLINE, FILE]
+                .iter()
+                .chain(SASL_KEYS.iter())
+                .find(|k| self.optional_string(k).is_some()),
+            "digest" => SASL_KEYS.iter().find(|k| self.optional_string(k).is_some()),
+            _ => [INLINE, FILE]
+                .iter()
+                .find(|k| self.optional_string(k).is_some()),
+        };
+        if let Some(key) = unused {
+            let wanted = if key.starts_with("zookeeper.sasl.") {
+                "sasl"
+            } else {
+                "digest"
+            };
+            return Err(self.err(
+                key,
+                format!("empty while zookeeper.auth.scheme is {scheme}; set zookeeper.auth.scheme={wanted} to use it"),
+            ));
+        }
+        match scheme {
+            "none" => return Ok(None),
+            "sasl" => return self.zk_sasl().map(Some),
+            _ => {}
         }
         let credentials = match (inline, file) {
             (Some(_), Some(_)) => {
@@ -1248,6 +1290,120 @@ impl Reader<'_> {
                 key,
                 "digest credentials of the form user:password (the value is not shown)",
             )),
+        }
+    }
+
+    /// `zookeeper.sasl.*` when `zookeeper.auth.scheme=sasl`: DIGEST-MD5 with a user name and a
+    /// password given inline or by a file. GSSAPI is refused: it is not built in.
+    fn zk_sasl(&self) -> Result<ZkAuth, ConfigError> {
+        const MECHANISM: &str = "zookeeper.sasl.mechanism";
+        const USER: &str = "zookeeper.sasl.username";
+        match self.get(MECHANISM).0.to_ascii_uppercase().as_str() {
+            "DIGEST-MD5" => {}
+            "GSSAPI" => {
+                return Err(self.err(
+                    MECHANISM,
+                    "DIGEST-MD5: zkguard is built without GSSAPI (Kerberos) support; use DIGEST-MD5 (or zookeeper.auth.scheme=digest)",
+                ))
+            }
+            _ => return Err(self.err(MECHANISM, "DIGEST-MD5")),
+        }
+        let user = self
+            .optional_string(USER)
+            .ok_or_else(|| self.err(USER, "the SASL user name when zookeeper.auth.scheme=sasl"))?;
+        if user.contains(':') {
+            return Err(self.err(USER, "a user name without `:`"));
+        }
+        let password = self
+            .secret("zookeeper.sasl.password", "zookeeper.sasl.password.file")?
+            .ok_or_else(|| {
+                self.err(
+                    "zookeeper.sasl.password",
+                    "the SASL password (or zookeeper.sasl.password.file) when zookeeper.auth.scheme=sasl",
+                )
+            })?;
+        Ok(ZkAuth::sasl_digest_md5(&user, &password))
+    }
+
+    /// `zookeeper.tls.*`: off unless `zookeeper.tls.enabled`; then a CA file is required, and a
+    /// client certificate comes with its key. The PEM files are checked here, so that a bad one
+    /// stops zkguard at start.
+    fn zk_tls(&self) -> Result<Option<ZkTls>, ConfigError> {
+        const CA: &str = "zookeeper.tls.ca";
+        let enabled = self.boolean("zookeeper.tls.enabled")?;
+        let client_cert = self.client_cert("zookeeper.tls.cert", "zookeeper.tls.key")?;
+        let ca = self.optional_string(CA).map(PathBuf::from);
+        if !enabled {
+            for key in [CA, "zookeeper.tls.cert", "zookeeper.tls.key"] {
+                if self.optional_string(key).is_some() {
+                    return Err(self.err(
+                        key,
+                        "empty while zookeeper.tls.enabled is false; set zookeeper.tls.enabled=true to use TLS",
+                    ));
+                }
+            }
+            return Ok(None);
+        }
+        let ca = ca.ok_or_else(|| {
+            self.err(
+                CA,
+                "a PEM file of the CA certificates that sign the ZooKeeper servers' certificates, since zookeeper.tls.enabled is true",
+            )
+        })?;
+        security::check_pem_certificates(&ca).map_err(|e| self.err(CA, e))?;
+        Ok(Some(ZkTls { ca, client_cert }))
+    }
+
+    /// `elasticsearch.tls.*`: the PEM files are checked here (a bad one stops zkguard at start).
+    fn es_tls(&self) -> Result<EsTls, ConfigError> {
+        const CA: &str = "elasticsearch.tls.ca";
+        let ca = self.optional_string(CA).map(PathBuf::from);
+        if let Some(ca) = &ca {
+            security::check_pem_certificates(ca).map_err(|e| self.err(CA, e))?;
+        }
+        Ok(EsTls {
+            ca,
+            client_cert: self.client_cert("elasticsearch.tls.cert", "elasticsearch.tls.key")?,
+            verify: self.boolean("elasticsearch.tls.verify")?,
+        })
+    }
+
+    /// A client certificate (`cert_key`) and its private key (`key_key`): both or neither, both
+    /// valid PEM.
+    fn client_cert(
+        &self,
+        cert_key: &str,
+        key_key: &str,
+    ) -> Result<Option<(PathBuf, PathBuf)>, ConfigError> {
+        match (
+            self.optional_string(cert_key),
+            self.optional_string(key_key),
+        ) {
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(self.err(
+                key_key,
+                format!("the PEM private key of {cert_key}, since that is set (or unset both)"),
+            )),
+            (None, Some(_)) => Err(self.err(
+                cert_key,
+                format!("a PEM client certificate file, since {key_key} is set (or unset both)"),
+            )),
+            (Some(cert), Some(key)) => {
+                let (cert, key) = (PathBuf::from(cert), PathBuf::from(key));
+                security::check_pem_certificates(&cert).map_err(|e| self.err(cert_key, e))?;
+                security::check_pem_private_key(&key).map_err(|e| self.err(key_key, e))?;
+                Ok(Some((cert, key)))
+            }
+        }
+    }
+
+    /// The warning `elasticsearch.tls.verify=false` draws at start.
+    fn insecure_tls_warning(&self) -> Vec<String> {
+        match self.boolean("elasticsearch.tls.verify") {
+            Ok(false) => vec![
+                "elasticsearch.tls.verify=false: the certificates of Elasticsearch servers are not checked, so anyone on the network path can impersonate them and read the credentials; set elasticsearch.tls.ca to the CA that signs them instead".into(),
+            ],
+            _ => Vec::new(),
         }
     }
 
@@ -1842,6 +1998,94 @@ mod tests {
             assert!(!err.contains("alice:s3cret"), "{err}");
             assert!(!err.contains("fr0m-file"), "{err}");
         }
+    }
+
+    #[test]
+    fn zookeeper_sasl_digest_md5_inline_or_from_a_file_never_shown() {
+        let s = load_env(&[
+            ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "sasl"),
+            ("ZKGUARD_ZOOKEEPER_SASL_USERNAME", "alice"),
+            ("ZKGUARD_ZOOKEEPER_SASL_PASSWORD", "pa55:word"),
+        ])
+        .unwrap();
+        let auth = s.zookeeper.auth.clone().unwrap();
+        assert!(auth.is_sasl());
+        assert_eq!((auth.user(), auth.password()), ("alice", "pa55:word"));
+        assert_eq!(s.zookeeper.acl, ZkAcl::Creator);
+        assert!(!format!("{:?}", s.zookeeper).contains("pa55"));
+        for (vars, expected) in [
+            (
+                vec![("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "sasl")],
+                "the SASL user name",
+            ),
+            (
+                vec![
+                    ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "sasl"),
+                    ("ZKGUARD_ZOOKEEPER_SASL_USERNAME", "alice"),
+                ],
+                "the SASL password",
+            ),
+            (
+                vec![
+                    ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest"),
+                    ("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "a:b"),
+                    ("ZKGUARD_ZOOKEEPER_SASL_PASSWORD", "s3cret"),
+                ],
+                "set zookeeper.auth.scheme=sasl",
+            ),
+            (
+                vec![
+                    ("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "sasl"),
+                    ("ZKGUARD_ZOOKEEPER_SASL_MECHANISM", "PLAIN"),
+                ],
+                "DIGEST-MD5",
+            ),
+        ] {
+            let e = load_env(&vars).unwrap_err().to_string();
+            assert!(e.contains(expected), "{e}");
+            assert!(!e.contains("s3cret"), "{e}");
+        }
+    }
+
+    #[test]
+    fn tls_files_are_checked_at_load() {
+        let not_pem = write("not a certificate\n");
+        let path = not_pem.path().to_str().unwrap();
+        for (vars, key) in [
+            (
+                vec![("ZKGUARD_ZOOKEEPER_TLS_ENABLED", "true")],
+                "zookeeper.tls.ca",
+            ),
+            (
+                vec![
+                    ("ZKGUARD_ZOOKEEPER_TLS_ENABLED", "true"),
+                    ("ZKGUARD_ZOOKEEPER_TLS_CA", path),
+                ],
+                "zookeeper.tls.ca",
+            ),
+            (vec![("ZKGUARD_ZOOKEEPER_TLS_CA", path)], "zookeeper.tls.ca"),
+            (
+                vec![("ZKGUARD_ELASTICSEARCH_TLS_CA", path)],
+                "elasticsearch.tls.ca",
+            ),
+            (
+                vec![("ZKGUARD_ELASTICSEARCH_TLS_CERT", path)],
+                "elasticsearch.tls.key",
+            ),
+        ] {
+            let e = load_env(&vars).unwrap_err();
+            assert!(e.to_string().contains(key), "{e}");
+        }
+        let s = load_env(&[("ZKGUARD_ELASTICSEARCH_TLS_VERIFY", "false")]).unwrap();
+        assert!(!s.elasticsearch.tls.verify);
+        assert!(
+            s.warnings
+                .iter()
+                .any(|w| w.contains("elasticsearch.tls.verify=false")),
+            "{:?}",
+            s.warnings
+        );
+        assert!(load_env(&[]).unwrap().warnings.is_empty());
     }
 
     #[test]

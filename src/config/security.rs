@@ -1,6 +1,8 @@
-//! Security settings: ZooKeeper authentication and the ACL of the nodes zkguard creates.
+//! Security settings: ZooKeeper authentication (digest or SASL), the ACL of the nodes zkguard
+//! creates, and TLS to ZooKeeper and Elasticsearch.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 
 /// ZooKeeper authentication (`zookeeper.auth.*`).
 ///
@@ -8,9 +10,10 @@ use std::fmt;
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ZkAuth {
-    /// The ZooKeeper authentication scheme (`digest`).
+    /// The ZooKeeper authentication scheme: `digest`, or `sasl` (SASL DIGEST-MD5).
     pub scheme: String,
-    /// The credentials of the scheme (`user:password` for `digest`).
+    /// The credentials of the scheme, `user:password` (for `sasl` the user name and password
+    /// that the server's JAAS `Server` section lists as `user_<name>="<password>"`).
     pub credentials: String,
 }
 
@@ -21,6 +24,26 @@ impl ZkAuth {
             scheme: "digest".into(),
             credentials: credentials.into(),
         }
+    }
+
+    /// SASL DIGEST-MD5 authentication as `user` with `password` (`user` holds no `:`).
+    pub fn sasl_digest_md5(user: &str, password: &str) -> Self {
+        Self {
+            scheme: "sasl".into(),
+            credentials: format!("{user}:{password}"),
+        }
+    }
+
+    /// Whether this is SASL (rather than digest) authentication.
+    pub fn is_sasl(&self) -> bool {
+        self.scheme == "sasl"
+    }
+
+    /// The password of the credentials (after the first `:`).
+    pub fn password(&self) -> &str {
+        self.credentials
+            .split_once(':')
+            .map_or("", |(_, password)| password)
     }
 
     /// The user name of the credentials (before the first `:`).
@@ -106,4 +129,88 @@ impl fmt::Display for ZkAclEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}:{}", self.scheme, self.id, self.perms)
     }
+}
+
+/// TLS to ZooKeeper (`zookeeper.tls.*`): every server of `zookeeper.servers` is reached on its
+/// TLS client port (`secureClientPort`), its certificate checked against `ca`, host name
+/// included.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ZkTls {
+    /// PEM file of the CA certificates that sign the servers' certificates.
+    pub ca: PathBuf,
+    /// PEM files of the client certificate chain and its private key, for servers that require
+    /// client certificates (`ssl.clientAuth=need`).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl ZkTls {
+    /// TLS whose server certificates are signed by the CA certificates in the PEM file `ca`.
+    pub fn new(ca: impl Into<PathBuf>) -> Self {
+        Self {
+            ca: ca.into(),
+            client_cert: None,
+        }
+    }
+
+    /// With a client certificate chain and its private key (PEM files).
+    pub fn with_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.client_cert = Some((cert.into(), key.into()));
+        self
+    }
+}
+
+/// TLS to Elasticsearch (`elasticsearch.tls.*`), used for `https://` URLs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EsTls {
+    /// PEM bundle of CA certificates trusted besides the built-in (Mozilla) roots.
+    pub ca: Option<PathBuf>,
+    /// PEM files of a client certificate chain and its private key.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// Whether the server's certificate is verified (on unless `elasticsearch.tls.verify=false`).
+    pub verify: bool,
+}
+
+impl Default for EsTls {
+    fn default() -> Self {
+        Self {
+            ca: None,
+            client_cert: None,
+            verify: true,
+        }
+    }
+}
+
+/// What is wrong with a PEM file, as configuration errors say it (never its content).
+pub(crate) fn check_pem_certificates(path: &Path) -> Result<usize, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+    let bytes = std::fs::read(path).map_err(|e| format!("a readable PEM file ({e})"))?;
+    let mut count = 0;
+    for cert in CertificateDer::pem_slice_iter(&bytes) {
+        cert.map_err(|e| format!("a PEM file of certificates ({e})"))?;
+        count += 1;
+    }
+    if count == 0 {
+        return Err(
+            "a PEM file holding at least one certificate (-----BEGIN CERTIFICATE-----); none found"
+                .into(),
+        );
+    }
+    Ok(count)
+}
+
+/// What is wrong with a PEM private key file (never its content).
+pub(crate) fn check_pem_private_key(path: &Path) -> Result<(), String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::PrivateKeyDer;
+    let bytes = std::fs::read(path).map_err(|e| format!("a readable PEM file ({e})"))?;
+    PrivateKeyDer::from_pem_slice(&bytes)
+        .map(|_| ())
+        .map_err(|e| {
+            format!(
+                "a PEM file holding a private key (-----BEGIN PRIVATE KEY-----, RSA or EC); {e}"
+            )
+        })
 }

@@ -200,13 +200,22 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
         path: key.to_path_buf(),
         detail: e.to_string(),
     })?;
-    let config = tokio_rustls::rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(chain, private)
-        .map_err(|e| TlsError::Key {
-            path: key.to_path_buf(),
-            detail: e.to_string(),
-        })?;
+    // The provider is named: the rustls build holds two (ring, and aws-lc-rs for ZooKeeper's
+    // client), so none is picked by default.
+    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
+        tokio_rustls::rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| TlsError::Key {
+        path: key.to_path_buf(),
+        detail: e.to_string(),
+    })?
+    .with_no_client_auth()
+    .with_single_cert(chain, private)
+    .map_err(|e| TlsError::Key {
+        path: key.to_path_buf(),
+        detail: e.to_string(),
+    })?;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 

@@ -71,6 +71,10 @@ fn matches(found: &[Acl], acl: &ZkAcl, auth: Option<&ZkAuth>) -> bool {
                 && found.iter().all(|a| {
                     a.permission() == Permission::ALL
                         && match auth {
+                            // SASL ids are the user name; digest ids `user:<hash>`.
+                            Some(auth) if auth.is_sasl() => {
+                                a.scheme() == "sasl" && a.id() == auth.user()
+                            }
                             Some(auth) => {
                                 a.scheme() == auth.scheme
                                     && a.id().starts_with(&format!("{}:", auth.user()))
@@ -107,6 +111,7 @@ pub(super) async fn check_lock_root(
     }
     let expected = match acl {
         ZkAcl::Creator => match auth {
+            Some(auth) if auth.is_sasl() => format!("creator: sasl:{}:cdrwa", auth.user()),
             Some(auth) => format!("creator: {}:{}:<hash>:cdrwa", auth.scheme, auth.user()),
             None => "creator".into(),
         },
@@ -140,6 +145,11 @@ mod tests {
         assert!(!matches(&stored, &ZkAcl::Open, Some(&alice)));
         assert!(matches(&Acls::anyone_all(), &ZkAcl::Open, None));
         assert!(!matches(&Acls::anyone_all(), &ZkAcl::Creator, Some(&alice)));
+        let sasl_alice = ZkAuth::sasl_digest_md5("alice", "pw");
+        let sasl_stored = [Acl::new(Permission::ALL, AuthId::new("sasl", "alice"))];
+        assert!(matches(&sasl_stored, &ZkAcl::Creator, Some(&sasl_alice)));
+        assert!(!matches(&stored, &ZkAcl::Creator, Some(&sasl_alice)));
+        assert!(!matches(&sasl_stored, &ZkAcl::Creator, Some(&alice)));
         let explicit = ZkAcl::Explicit(vec![
             ZkAclEntry::parse("world:anyone:r").unwrap(),
             ZkAclEntry::parse("digest:alice:aGFzaA==:cdrwa").unwrap(),

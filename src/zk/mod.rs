@@ -28,6 +28,7 @@ mod recover;
 mod release;
 mod session;
 mod state;
+mod tls;
 
 pub use acquire::{ZkBlockingWriteLock, ZkLockService};
 pub use guard::LockGuard;
@@ -60,7 +61,7 @@ pub(crate) fn map_zk(e: ZkError, context: &str) -> LockError {
         },
         ZkError::NoAuth => LockError::Backend {
             context: context.to_string(),
-            detail: "ZooKeeper refused it: not authorized by the node's ACL (NoAuth); check zookeeper.auth.scheme and zookeeper.auth.credentials, and the ACL of zookeeper.lock.root".into(),
+            detail: "ZooKeeper refused it: not authorized by the node's ACL (NoAuth); check zookeeper.auth.scheme and its credentials (zookeeper.auth.credentials or zookeeper.sasl.*), and the ACL of zookeeper.lock.root".into(),
         },
         ZkError::InvalidAcl => LockError::Backend {
             context: context.to_string(),

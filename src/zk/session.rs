@@ -164,6 +164,27 @@ impl Drop for Slot {
     }
 }
 
+/// The connector `settings` describe: session timeout, authentication (digest or SASL) and TLS.
+/// This is the one place where `zookeeper.auth.*`, `zookeeper.sasl.*` and `zookeeper.tls.*` are
+/// applied; every session of every command is made through it.
+fn connector(settings: &ZkSettings) -> Result<zookeeper_client::Connector, LockError> {
+    let mut connector = Client::connector().with_session_timeout(settings.session_timeout);
+    match &settings.auth {
+        Some(auth) if auth.is_sasl() => {
+            connector = connector.with_sasl(zookeeper_client::SaslOptions::digest_md5(
+                auth.user().to_string(),
+                auth.password().to_string(),
+            ));
+        }
+        Some(auth) => connector = connector.with_auth(&auth.scheme, auth.credentials.as_bytes()),
+        None => {}
+    }
+    if let Some(tls) = &settings.tls {
+        connector = connector.with_tls(super::tls::options(tls)?);
+    }
+    Ok(connector)
+}
+
 impl Slot {
     /// Current health.
     pub fn health(&self) -> Health {
@@ -492,30 +513,43 @@ impl ZkSession {
         let s = &self.inner.settings;
         let attempts = s.connection_retry.max(1);
         let mut last = String::new();
+        let configured = match &self.inner.connector {
+            Some(c) => c.clone(),
+            None => connector(s)?,
+        };
+        let mut advice = "check zookeeper.servers and that ZooKeeper is running";
         for attempt in 1..=attempts {
-            let connector = match &self.inner.connector {
-                Some(c) => c.clone().with_fail_eagerly(),
-                None => {
-                    let mut connector = Client::connector()
-                        .with_session_timeout(s.session_timeout)
-                        .with_fail_eagerly();
-                    if let Some(auth) = &s.auth {
-                        connector = connector.with_auth(&auth.scheme, auth.credentials.as_bytes());
-                    }
-                    connector
+            let connector = configured.clone().with_fail_eagerly();
+            let connecting = async {
+                if s.tls.is_some() && self.inner.connector.is_none() {
+                    connector.secure_connect(&s.servers).await
+                } else {
+                    connector.connect(&s.servers).await
                 }
             };
-            match tokio::time::timeout(
-                s.session_timeout.max(Duration::from_secs(2)),
-                connector.connect(&s.servers),
-            )
-            .await
+            match tokio::time::timeout(s.session_timeout.max(Duration::from_secs(2)), connecting)
+                .await
             {
                 Ok(Ok(client)) => {
                     check_chroot(&client, &s.servers).await?;
                     return Ok(self.start_slot(client));
                 }
-                Ok(Err(e)) => last = e.to_string(),
+                Ok(Err(zookeeper_client::Error::AuthFailed)) => {
+                    last = "ZooKeeper refused the authentication (AuthFailed)".into();
+                    advice = match &s.auth {
+                        Some(a) if a.is_sasl() => "check zookeeper.sasl.username and zookeeper.sasl.password against the server's JAAS Server section",
+                        _ => "check zookeeper.auth.scheme and its credentials",
+                    };
+                }
+                Ok(Err(e)) => {
+                    last = e.to_string();
+                    if let Some(tls) = &s.tls {
+                        if let Some(problem) = super::tls::diagnose(&s.servers, tls).await {
+                            last = problem;
+                            advice = "check zookeeper.tls.ca (and zookeeper.tls.cert/key when the server requires a client certificate), and that the servers' certificates name the hosts of zookeeper.servers";
+                        }
+                    }
+                }
                 Err(_) => last = "timed out".into(),
             }
             warn!(attempt, attempts, servers = %s.servers, error = %last, "cannot connect to ZooKeeper");
@@ -526,7 +560,7 @@ impl ZkSession {
         Err(LockError::ConnectionLoss {
             context: format!("connecting to ZooKeeper at {}", s.servers),
             detail: format!(
-                "{attempts} attempt{} failed, last: {last}; check zookeeper.servers and that ZooKeeper is running",
+                "{attempts} attempt{} failed, last: {last}; {advice}",
                 if attempts == 1 { "" } else { "s" }
             ),
         })
