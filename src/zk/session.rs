@@ -164,6 +164,9 @@ impl Drop for Slot {
     }
 }
 
+/// The least time a connection to one server may take with TLS (handshake included).
+const TLS_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The connector `settings` describe: session timeout, authentication (digest or SASL) and TLS.
 /// This is the one place where `zookeeper.auth.*`, `zookeeper.sasl.*` and `zookeeper.tls.*` are
 /// applied; every session of every command is made through it.
@@ -180,7 +183,9 @@ fn connector(settings: &ZkSettings) -> Result<zookeeper_client::Connector, LockE
         None => {}
     }
     if let Some(tls) = &settings.tls {
-        connector = connector.with_tls(super::tls::options(tls)?);
+        connector = connector
+            .with_tls(super::tls::options(tls)?)
+            .with_connection_timeout(TLS_CONNECT_TIMEOUT.max(settings.session_timeout * 2 / 5));
     }
     Ok(connector)
 }
@@ -517,6 +522,13 @@ impl ZkSession {
             Some(c) => c.clone(),
             None => connector(s)?,
         };
+        // A TLS handshake with a server that has not made one yet can take a second or more
+        // (the JVM warms up), beyond the client's default of 2/5 of the session timeout.
+        let per_attempt = if s.tls.is_some() {
+            s.session_timeout.max(TLS_CONNECT_TIMEOUT * 2)
+        } else {
+            s.session_timeout.max(Duration::from_secs(2))
+        };
         let mut advice = "check zookeeper.servers and that ZooKeeper is running";
         for attempt in 1..=attempts {
             let connector = configured.clone().with_fail_eagerly();
@@ -527,9 +539,7 @@ impl ZkSession {
                     connector.connect(&s.servers).await
                 }
             };
-            match tokio::time::timeout(s.session_timeout.max(Duration::from_secs(2)), connecting)
-                .await
-            {
+            match tokio::time::timeout(per_attempt, connecting).await {
                 Ok(Ok(client)) => {
                     check_chroot(&client, &s.servers).await?;
                     return Ok(self.start_slot(client));

@@ -7,6 +7,7 @@ use zkguard::config::{Settings, ZkSettings};
 use zkguard::testkit::ZkServer;
 use zkguard::ZkSession;
 
+pub mod certs;
 pub mod proxy;
 mod wait;
 pub use wait::eventually;
