@@ -188,8 +188,12 @@ pub(crate) fn check_pem_certificates(path: &Path) -> Result<usize, String> {
     use rustls_pki_types::CertificateDer;
     let bytes = std::fs::read(path).map_err(|e| format!("a readable PEM file ({e})"))?;
     let mut count = 0;
+    let mut store = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(&bytes) {
-        cert.map_err(|e| format!("a PEM file of certificates ({e})"))?;
+        let cert = cert.map_err(|e| format!("a PEM file of certificates ({e})"))?;
+        store
+            .add(cert)
+            .map_err(|e| format!("a PEM file of valid X.509 certificates ({e})"))?;
         count += 1;
     }
     if count == 0 {
@@ -206,11 +210,12 @@ pub(crate) fn check_pem_private_key(path: &Path) -> Result<(), String> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::PrivateKeyDer;
     let bytes = std::fs::read(path).map_err(|e| format!("a readable PEM file ({e})"))?;
-    PrivateKeyDer::from_pem_slice(&bytes)
+    let key = PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| {
+        format!("a PEM file holding a private key (-----BEGIN PRIVATE KEY-----, RSA or EC); {e}")
+    })?;
+    rustls::crypto::ring::default_provider()
+        .key_provider
+        .load_private_key(key)
         .map(|_| ())
-        .map_err(|e| {
-            format!(
-                "a PEM file holding a private key (-----BEGIN PRIVATE KEY-----, RSA or EC); {e}"
-            )
-        })
+        .map_err(|e| format!("a PEM file holding a usable RSA, EC or Ed25519 private key ({e})"))
 }

@@ -107,20 +107,21 @@ impl EsStore {
         } else {
             TransportBuilder::new(MultiNodeConnectionPool::round_robin(urls.clone(), None))
         };
-        let builder = match (credentials, &settings.api_key) {
+        let credentials = match (credentials, &settings.api_key) {
             (Some(_), Some(_)) => {
                 return Err(EsError::BadRequest {
                     status: 0,
                     reason: "elasticsearch.api.key: basic authentication is configured too; use one of the two".into(),
                 })
             }
-            (Some((user, password)), None) => builder.auth(Credentials::Basic(user, password)),
-            (None, Some(key)) => builder.auth(match key.split_once(':') {
+            (Some((user, password)), None) => Some(Credentials::Basic(user, password)),
+            (None, Some(key)) => Some(match key.split_once(':') {
                 Some((id, secret)) => Credentials::ApiKey(id.to_string(), secret.to_string()),
                 None => Credentials::EncodedApiKey(key.clone()),
             }),
-            (None, None) => builder,
+            (None, None) => None,
         };
+        let builder = with_tls(builder, &settings.tls, credentials)?;
         let transport = builder
             .timeout(settings.request_timeout)
             .enable_meta_header(false)
@@ -205,6 +206,67 @@ impl EsStore {
             reason,
         }
     }
+}
+
+/// Applies `elasticsearch.tls.*` and the credentials. The client certificate takes the
+/// transport's credentials slot, so basic authentication and API keys then travel as an
+/// `Authorization` header of every request (marked sensitive: never logged).
+fn with_tls(
+    builder: TransportBuilder,
+    tls: &crate::config::EsTls,
+    credentials: Option<Credentials>,
+) -> Result<TransportBuilder, EsError> {
+    use base64::Engine as _;
+    use elasticsearch::auth::ClientCertificate;
+    use elasticsearch::cert::{Certificate, CertificateValidation};
+    let unreadable =
+        |key: &str, path: &std::path::Path, e: &dyn fmt::Display| EsError::BadRequest {
+            status: 0,
+            reason: format!("{key}: cannot use {}: {e}; give a PEM file", path.display()),
+        };
+    let mut builder = if !tls.verify {
+        builder.cert_validation(CertificateValidation::None)
+    } else if let Some(ca) = &tls.ca {
+        let pem = std::fs::read(ca).map_err(|e| unreadable("elasticsearch.tls.ca", ca, &e))?;
+        let certs =
+            Certificate::from_pem(&pem).map_err(|e| unreadable("elasticsearch.tls.ca", ca, &e))?;
+        builder.cert_validation(CertificateValidation::Full(certs))
+    } else {
+        builder
+    };
+    let Some((cert, key)) = &tls.client_cert else {
+        return Ok(match credentials {
+            Some(c) => builder.auth(c),
+            None => builder,
+        });
+    };
+    let mut pem =
+        std::fs::read(cert).map_err(|e| unreadable("elasticsearch.tls.cert", cert, &e))?;
+    pem.push(b'\n');
+    pem.extend(std::fs::read(key).map_err(|e| unreadable("elasticsearch.tls.key", key, &e))?);
+    builder = builder.auth(Credentials::Certificate(ClientCertificate::Pem(pem)));
+    let b64 = |s: String| base64::engine::general_purpose::STANDARD.encode(s);
+    let header = match credentials {
+        Some(Credentials::Basic(user, password)) => {
+            Some(format!("Basic {}", b64(format!("{user}:{password}"))))
+        }
+        Some(Credentials::ApiKey(id, secret)) => {
+            Some(format!("ApiKey {}", b64(format!("{id}:{secret}"))))
+        }
+        Some(Credentials::EncodedApiKey(encoded)) => Some(format!("ApiKey {encoded}")),
+        _ => None,
+    };
+    if let Some(header) = header {
+        let mut value = elasticsearch::http::headers::HeaderValue::from_str(&header).map_err(|_| {
+            EsError::BadRequest {
+                status: 0,
+                reason: "the Elasticsearch credentials hold characters that cannot be sent in a header (the value is not shown)".into(),
+            }
+        })?;
+        value.set_sensitive(true);
+        builder = builder.header(elasticsearch::http::headers::AUTHORIZATION, value);
+    }
+    Ok(builder)
 }
 
 /// Whether the request failed before anything was sent (connection refused or reset while

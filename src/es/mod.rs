@@ -64,7 +64,7 @@ pub enum EsError {
         reason: String,
     },
     /// The server could not be reached or did not answer in time.
-    #[error("cannot reach Elasticsearch at {url}: {reason}; check elasticsearch.url and that the server runs")]
+    #[error("cannot reach Elasticsearch at {url}: {reason}; {}", transport_advice(.reason))]
     Transport {
         /// URL(s) tried.
         url: String,
@@ -83,6 +83,16 @@ impl EsError {
             self,
             Self::TooManyRequests { .. } | Self::Server { .. } | Self::Transport { .. }
         )
+    }
+}
+
+/// The advice that fits a transport failure: the TLS settings when the TLS layer failed.
+fn transport_advice(reason: &str) -> &'static str {
+    let lower = reason.to_ascii_lowercase();
+    if lower.contains("certificate") || lower.contains("tls") || lower.contains("handshake") {
+        "check elasticsearch.tls.ca (the CA that signs the server's certificate), and elasticsearch.tls.cert/key when the server requires a client certificate"
+    } else {
+        "check elasticsearch.url and that the server runs"
     }
 }
 
