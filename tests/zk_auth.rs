@@ -579,11 +579,17 @@ fn tls_to_zookeeper_verifies_the_server_certificate() {
 
     let other = common::certs::Ca::new(dir.path(), "other");
     let out = zkguard_tls(&servers, &other.cert())
-        .args(["exec", "--monitor", "m1", "--", "true"])
+        .env("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest")
+        .env("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:tls-s3cret-pw")
+        .env("ZKGUARD_ELASTICSEARCH_API_KEY", "dGxzLWtleTp0bHMtczNjcmV0")
+        .args(["-vvv", "exec", "--monitor", "m1", "--", "true"])
         .output()
         .unwrap();
     let all = all_output(&out);
     assert_eq!(out.status.code(), Some(69), "{all}");
+    for secret in ["tls-s3cret-pw", "dGxzLWtleTp0bHMtczNjcmV0"] {
+        assert!(!all.contains(secret), "{secret} in {all}");
+    }
     assert!(all.contains("the TLS handshake with 127.0.0.1"), "{all}");
     assert!(all.contains("UnknownIssuer"), "{all}");
     assert!(all.contains("check zookeeper.tls.ca"), "{all}");
