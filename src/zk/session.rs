@@ -533,7 +533,7 @@ impl ZkSession {
         for attempt in 1..=attempts {
             let connector = configured.clone().with_fail_eagerly();
             let connecting = async {
-                if s.tls.is_some() && self.inner.connector.is_none() {
+                if s.tls.is_some() {
                     connector.secure_connect(&s.servers).await
                 } else {
                     connector.connect(&s.servers).await
@@ -720,9 +720,10 @@ impl ZkSession {
     /// Like [`ZkSession::connect`], connecting with `connector` (authentication, TLS, SASL,
     /// read-only mode, connection timeout: whatever the application set on it) instead of one
     /// built from `settings`. `settings` still gives the servers, the connection attempts and
-    /// their delay, the lock root, prefixes and timeouts; `zookeeper.session.timeout` and
-    /// `zookeeper.auth.*` are not applied (set them on the connector with
-    /// `with_session_timeout` and `with_auth`). zkguard adds
+    /// their delay, the lock root, prefixes and timeouts; `zookeeper.session.timeout`,
+    /// `zookeeper.auth.*`, `zookeeper.sasl.*` and `zookeeper.tls.*` are not applied (set them on
+    /// the connector with `with_session_timeout`, `with_auth`, `with_sasl` and `with_tls`; with
+    /// `zookeeper.tls.enabled` the servers are reached over TLS, which needs `with_tls`). zkguard adds
     /// `with_fail_eagerly` so that each attempt ends when no server answers. The connector is
     /// used again for each new session after an expiry, so it must not carry a session
     /// (`with_session`).
