@@ -23,12 +23,38 @@ pub(crate) async fn delete_nodes(
     mutex: Option<&str>,
     attempt: &str,
 ) -> Result<(), ZkError> {
+    remove(client, queue_node, mutex, attempt, false).await
+}
+
+/// Releases a held lock: as [`delete_nodes`] with both nodes, and the first try also empties
+/// the queue node's data in the same multi, just before deleting it. The contender watching
+/// that node then gets `NodeDataChanged` instead of `NodeDeleted`: the node ahead of it left
+/// as the holder, so every node that was ahead of it is gone (see `docs/zookeeper-lock.md`,
+/// "Handoff"), at no extra request.
+pub(crate) async fn release_held(
+    client: &Client,
+    queue_node: &str,
+    mutex: &str,
+    attempt: &str,
+) -> Result<(), ZkError> {
+    remove(client, Some(queue_node), Some(mutex), attempt, true).await
+}
+
+async fn remove(
+    client: &Client,
+    queue_node: Option<&str>,
+    mutex: Option<&str>,
+    attempt: &str,
+    hand_over: bool,
+) -> Result<(), ZkError> {
     let first = match (queue_node, mutex) {
         (Some(q), Some(m)) => {
             let mut multi = client.new_multi_writer();
-            multi
-                .add_delete(m, None)
-                .and_then(|_| multi.add_delete(q, None))?;
+            multi.add_delete(m, None)?;
+            if hand_over {
+                multi.add_set_data(q, &[], None)?;
+            }
+            multi.add_delete(q, None)?;
             multi.commit().await.map(|_| ()).map_err(ZkError::from)
         }
         (Some(p), None) | (None, Some(p)) => client.delete(p, None).await,
