@@ -16,7 +16,7 @@ use super::guard::LockGuard;
 use super::map_zk;
 use super::mutex::take_mutex;
 use super::names::Queue;
-use super::node::{now_ms, NodeData, Paths};
+use super::node::{attempt_id, now_ms, NodeData, Paths};
 use super::queue::{ensure_monitor, fast_path, plain_create, promote, read_queue};
 use super::recover::recover_own;
 use super::release::delete_nodes;
@@ -119,7 +119,7 @@ pub(super) async fn acquire(
     request: LockRequest,
 ) -> Result<LockGuard, LockError> {
     validate_monitor(&request.monitor)?;
-    let settings = session.settings().clone();
+    let settings = session.settings();
     let timeout = request
         .timeout
         .unwrap_or_else(|| settings.timeout(request.lock_type));
@@ -146,7 +146,7 @@ pub(super) async fn acquire(
     let mut mutex_rx = slot.mutex_events(&paths.mutex).await?;
     mutex_rx.borrow_and_update();
 
-    let attempt = uuid::Uuid::new_v4().simple().to_string();
+    let attempt = attempt_id();
     let mut data = NodeData {
         info: request.info.clone(),
         owner: session.owner_id().to_string(),
