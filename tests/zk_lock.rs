@@ -1078,3 +1078,60 @@ async fn foreground_handoff_needs_five_requests() {
     );
     eprintln!("{per_handoff} requests per contended hand-off");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_without_write_permission_still_hands_the_lock_over() {
+    use zkguard::config::{ZkAcl, ZkAclEntry, ZkAuth};
+    let zk = shared();
+    let servers = zk.connect_string();
+    let credentials = "hand:s3cret-zk";
+    // The digest id of these credentials, as ZooKeeper computes it.
+    let admin = zookeeper_client::Client::connector()
+        .with_auth("digest", credentials.as_bytes())
+        .connect(&servers)
+        .await
+        .unwrap();
+    let probe = format!("/probe-{}", uuid_tag());
+    admin
+        .create(
+            &probe,
+            &[],
+            &CreateMode::Ephemeral.with_acls(Acls::creator_all()),
+        )
+        .await
+        .unwrap();
+    let (acl, _) = admin.get_acl(&probe).await.unwrap();
+    // Create, delete, read and admin, but not write: zkguard never needs to overwrite a node.
+    let entry = ZkAclEntry::parse(&format!("digest:{}:cdra", acl[0].id())).unwrap();
+    let mut settings = zk_settings(&servers, "nowrite");
+    settings.auth = Some(ZkAuth::digest(credentials));
+    settings.acl = ZkAcl::Explicit(vec![entry]);
+    let (c1, c2) = (session(&settings).await, session(&settings).await);
+    for _ in 0..2 {
+        let g1 = ZkBlockingWriteLock::new("first", &c1, "N1")
+            .unwrap()
+            .lock_with_timeout()
+            .await
+            .unwrap();
+        let l2 = ZkBlockingWriteLock::new("second", &c2, "N1").unwrap();
+        let waiter = tokio::spawn(async move { l2.lock_with_timeout().await });
+        let monitor = format!("{}/N1", settings.lock_root);
+        // Listed as the same identity: nobody else may read these nodes.
+        eventually(
+            Duration::from_secs(5),
+            "second contender queued",
+            || async {
+                admin
+                    .list_children(&monitor)
+                    .await
+                    .is_ok_and(|kids| kids.iter().filter(|k| k.starts_with("A-")).count() == 2)
+            },
+        )
+        .await;
+        g1.unlock()
+            .await
+            .expect("a release needs no write permission");
+        let g2 = waiter.await.unwrap().unwrap();
+        g2.unlock().await.unwrap();
+    }
+}

@@ -132,7 +132,9 @@ impl LockGuard {
         }
         let on_drop = ReapOnDrop(&slot, &mut reap);
         let result = match &mutex {
-            Some(m) => release_held(&slot.client, &node, m, &self.attempt).await,
+            Some(m) => {
+                release_held(&slot.client, &node, m, &self.attempt, &slot.mark_releases).await
+            }
             None => delete_nodes(&slot.client, Some(&node), None, &self.attempt).await,
         };
         on_drop.1.take();

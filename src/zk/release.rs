@@ -1,6 +1,7 @@
 //! Removing our own nodes safely: the queue node and the mutex at release, at a timeout and when a
 //! waiter gives the mutex back.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tracing::debug;
@@ -31,13 +32,27 @@ pub(crate) async fn delete_nodes(
 /// that node then gets `NodeDataChanged` instead of `NodeDeleted`: the node ahead of it left
 /// as the holder, so every node that was ahead of it is gone (see `docs/zookeeper-lock.md`,
 /// "Handoff"), at no extra request.
+///
+/// Writing the queue node needs the WRITE permission, which `zookeeper.acl` may withhold from
+/// the holder: then the release goes without the mark (one more request, once per session, and
+/// `mark` is cleared so that later releases of the session skip it).
 pub(crate) async fn release_held(
     client: &Client,
     queue_node: &str,
     mutex: &str,
     attempt: &str,
+    mark: &AtomicBool,
 ) -> Result<(), ZkError> {
-    remove(client, Some(queue_node), Some(mutex), attempt, true).await
+    if mark.load(Ordering::Relaxed) {
+        match remove(client, Some(queue_node), Some(mutex), attempt, true).await {
+            Err(ZkError::NoAuth) => {
+                debug!("zookeeper.acl does not let this session write its queue nodes: releasing without the hand-over mark");
+                mark.store(false, Ordering::Relaxed);
+            }
+            other => return other,
+        }
+    }
+    remove(client, Some(queue_node), Some(mutex), attempt, false).await
 }
 
 async fn remove(
