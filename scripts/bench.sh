@@ -5,8 +5,9 @@
 # and its data on tmpfs (/dev/shm), which shows the clients' own cost. Same counts for all, one
 # benchmark at a time (so each counts only its own requests); zkguard's Elasticsearch lease lock
 # runs against a local osmem-server (its own column: the peers are ZooKeeper-only). Prints one
-# table per server (medians with the min-max spread) and writes the combined JSON to
-# target/bench/results.json.
+# table per server (medians with the min-max spread), then the zkguard/Curator ratios beside the
+# goals (hand-offs/s and throughput 1.5x with forceSync=no, 1.2x with forceSync on; requests per
+# hand-off at most Curator's), and writes the combined JSON to target/bench/results.json.
 #
 # Usage: scripts/bench.sh [--iterations N] [--contenders N] [--monitors N] [--rounds N] [--no-build]
 #        (or ITERATIONS=, CONTENDERS=, MONITORS=, ROUNDS= in the environment; 5 rounds by default,
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
         --monitors) MONITORS="$2"; shift 2 ;;
         --rounds) ROUNDS="$2"; shift 2 ;;
         --no-build) BUILD=0; shift ;;
-        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
@@ -185,8 +186,10 @@ fi
 [ -x "$ZKGUARD" ] || echo "  zkguard: $ZKGUARD not built; n/a" >&2
 [ "$HAVE_KAZOO" = 1 ] || echo "  kazoo: python3-kazoo missing (run scripts/install-deps.sh); n/a" >&2
 
-# zkguard's own configuration must not redirect the run (lock.backend, a config file).
-ZKGUARD_ENV=(env -u ZKGUARD_CONFIG -u ZKGUARD_LOCK_BACKEND -u RUST_LOG)
+# zkguard's own configuration must not redirect the run (lock.backend, a config file); its
+# sessions get the peers' 30 s session timeout (fewer pings counted than with the default 5 s).
+ZKGUARD_ENV=(env -u ZKGUARD_CONFIG -u ZKGUARD_LOCK_BACKEND -u RUST_LOG
+    ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT=30000)
 # run_one NAME MODE ROUND: results go to $OUT/NAME-MODE-ROUND.json (zkguard-es: NAME-ROUND.json,
 # it does not use ZooKeeper).
 run_one() {
@@ -351,6 +354,39 @@ print(
     f"{monitors} monitors"
 )
 
+# The goals: zkguard/Curator of the medians, per server, beside the target; the spread of the
+# ratio is the worst and best pairing of the rounds' extremes.
+GOALS = [
+    ("contended.handoffs_per_sec", "contended hand-offs/s", "min", {"nosync": 1.5, "sync": 1.2}),
+    ("throughput.ops_per_sec", f"throughput over {monitors} monitors, ops/s", "min",
+     {"nosync": 1.5, "sync": 1.2}),
+    ("contended.requests_per_handoff", "requests per hand-off", "max", {"nosync": 1.0, "sync": 1.0}),
+]
+goals = {}
+print()
+print("goals, zkguard/Curator (ratio of the medians [lowest-highest over the rounds]):")
+for mode, _, _, title in reversed(MODES):
+    table = combined_modes[mode]["table"]
+    for key, label, kind, targets in GOALS:
+        row = table[key]
+        r = row["zkguard/curator"]
+        (zlo, zhi), (clo, chi) = row["spread"]["zkguard"], row["spread"]["curator"]
+        lo, hi = ratio(zlo, chi), ratio(zhi, clo)
+        target = targets[mode]
+        # Request counts carry the sessions' pings and the first and last cycles of a run:
+        # within 1% counts as equal.
+        slack = 1.0 if kind == "min" else 1.01
+        met = None if r is None else (r >= target if kind == "min" else r <= target * slack)
+        verdict = {None: "n/a", True: "met", False: "NOT met"}[met]
+        sign = ">=" if kind == "min" else "<="
+        note = "" if kind == "min" else " (within 1%%; zkguard %s, Curator %s)" % (
+            fmt(row["zkguard"]), fmt(row["curator"]))
+        print(f"  {title:<32} {label:<40} {fmt(r)} [{fmt(lo)}-{fmt(hi)}]"
+              f"  goal {sign} {target:g}: {verdict}{note}")
+        goals.setdefault(mode, {})[key] = {
+            "ratio": r, "spread": [lo, hi], "goal": target, "kind": kind, "met": met,
+        }
+
 # The forceSync-on figures keep their place at the top level; forceSync=no sits beside them.
 combined = {
     **{k: combined_modes["sync"][k] for k in ("zookeeper", "results", "table")},
@@ -359,6 +395,7 @@ combined = {
     "monitors": monitors,
     "rounds": rounds,
     "force_sync_off": combined_modes["nosync"],
+    "goals": {"force_sync_off": goals.get("nosync", {}), "force_sync_on": goals.get("sync", {})},
 }
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(combined, f, indent=2)

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tracing::{debug, info, instrument, warn};
-use zookeeper_client::Error as ZkError;
+use zookeeper_client::{Error as ZkError, EventType};
 
 use super::acl::{acl_list, check_lock_root};
 use super::contender::{abandon, health_failure, wait_connected, Pending, Step};
@@ -16,7 +16,7 @@ use super::guard::LockGuard;
 use super::map_zk;
 use super::mutex::take_mutex;
 use super::names::Queue;
-use super::node::{now_ms, NodeData, Paths};
+use super::node::{attempt_id, now_ms, NodeData, Paths};
 use super::queue::{ensure_monitor, fast_path, plain_create, promote, read_queue};
 use super::recover::recover_own;
 use super::release::delete_nodes;
@@ -119,7 +119,7 @@ pub(super) async fn acquire(
     request: LockRequest,
 ) -> Result<LockGuard, LockError> {
     validate_monitor(&request.monitor)?;
-    let settings = session.settings().clone();
+    let settings = session.settings();
     let timeout = request
         .timeout
         .unwrap_or_else(|| settings.timeout(request.lock_type));
@@ -146,7 +146,7 @@ pub(super) async fn acquire(
     let mut mutex_rx = slot.mutex_events(&paths.mutex).await?;
     mutex_rx.borrow_and_update();
 
-    let attempt = uuid::Uuid::new_v4().simple().to_string();
+    let attempt = attempt_id();
     let mut data = NodeData {
         info: request.info.clone(),
         owner: session.owner_id().to_string(),
@@ -173,6 +173,11 @@ pub(super) async fn acquire(
         _ => None,
     };
     let client = &slot.client;
+    // Whether a node of prefix `p` sorts before every node another contender can create: then
+    // once it is first in line (or the node ahead of it, the head, went), it stays first.
+    let sorts_first = |p: &str| {
+        p <= settings.foreground_prefix.as_str() && p <= settings.background_prefix.as_str()
+    };
 
     // Fast path: queue node and mutex node in one multi, the child list pipelined behind it;
     // skipped on a monitor that was contended last time.
@@ -324,6 +329,9 @@ pub(super) async fn acquire(
                 _ = tokio::time::sleep_until(wake_at.into()) => { step = Step::Wait(Queue::default()); continue; }
                 r = health_failure(&mut health) => return Err(abandon(&mut pending, r).await),
             }
+            // Nobody can have got ahead of a first-class head since our listing: take the mutex
+            // without reading the queue again (`docs/zookeeper-lock.md`, "Handoff").
+            let verify = !sorts_first(&prefix);
             step = take_mutex(
                 client,
                 &paths,
@@ -331,7 +339,7 @@ pub(super) async fn acquire(
                 &node,
                 &mut pending,
                 &mut mutex_rx,
-                true,
+                verify,
             )
             .await?;
         } else {
@@ -340,7 +348,21 @@ pub(super) async fn acquire(
             let watcher = match client.check_and_watch_stat(&paths.child(&pred)).await {
                 Ok((Some(_), w)) => w,
                 Ok((None, _)) => {
-                    step = Step::Wait(Queue::default());
+                    // Gone before we could watch it: as if woken by its deletion.
+                    step = if was_second {
+                        take_mutex(
+                            client,
+                            &paths,
+                            &data,
+                            &node,
+                            &mut pending,
+                            &mut mutex_rx,
+                            !sorts_first(&prefix),
+                        )
+                        .await?
+                    } else {
+                        Step::Wait(Queue::default())
+                    };
                     continue;
                 }
                 Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
@@ -350,14 +372,22 @@ pub(super) async fn acquire(
                 }
                 Err(e) => return Err(map_zk(e, "watching the node ahead")),
             };
-            tokio::select! {
-                _ = watcher.changed() => {}
+            let event = tokio::select! {
+                event = watcher.changed() => event,
                 _ = tokio::time::sleep_until(wake_at.into()) => { step = Step::Wait(Queue::default()); continue; }
                 r = health_failure(&mut health) => return Err(abandon(&mut pending, r).await),
-            }
-            // The node just ahead left; if it was the head we are most likely first now, so try
-            // the mutex right away with the queue read pipelined (the verification).
-            step = if was_second {
+            };
+            // The node just ahead left. If it left as the holder (its release empties its data
+            // in the same multi that deletes it: `NodeDataChanged`), or it was the head at our
+            // listing, every node that was ahead of us is gone, so try the mutex right away. A
+            // first-class node is then certainly first: no node queued since can sort before
+            // it (`docs/zookeeper-lock.md`, "Handoff"), so it takes the mutex without a read.
+            // Any other node has the queue read pipelined with its create (the verification):
+            // a first-class contender may have arrived meanwhile.
+            let handed_over = event.event_type == EventType::NodeDataChanged;
+            let deleted = event.event_type == EventType::NodeDeleted;
+            step = if handed_over || was_second {
+                let verify = !((handed_over || deleted) && sorts_first(&prefix));
                 take_mutex(
                     client,
                     &paths,
@@ -365,7 +395,7 @@ pub(super) async fn acquire(
                     &node,
                     &mut pending,
                     &mut mutex_rx,
-                    true,
+                    verify,
                 )
                 .await?
             } else {

@@ -11,7 +11,7 @@ use zookeeper_client::Error as ZkError;
 use super::map_zk;
 use super::node::{NodeData, Paths};
 use super::reaper::Reap;
-use super::release::delete_nodes;
+use super::release::{delete_nodes, release_held};
 use super::session::{Health, Slot};
 use crate::lock::{Guard, LockError, LockRequest, LockType, LossReason, LossSignal};
 
@@ -131,7 +131,12 @@ impl LockGuard {
             }
         }
         let on_drop = ReapOnDrop(&slot, &mut reap);
-        let result = delete_nodes(&slot.client, Some(&node), mutex.as_deref(), &self.attempt).await;
+        let result = match &mutex {
+            Some(m) => {
+                release_held(&slot.client, &node, m, &self.attempt, &slot.mark_releases).await
+            }
+            None => delete_nodes(&slot.client, Some(&node), None, &self.attempt).await,
+        };
         on_drop.1.take();
         drop(on_drop);
         match result {

@@ -9,7 +9,7 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError};
 use super::contender::{wait_connected, Pending, Step};
 use super::map_zk;
 use super::names::Queue;
-use super::node::{encode, NodeData, Paths};
+use super::node::{encode_mutex, NodeData, Paths};
 use super::release::delete_nodes;
 use crate::lock::LockError;
 
@@ -28,9 +28,7 @@ pub(super) async fn take_mutex(
     // is flagged on `mutex_rx` (which the guard inherits).
     pending.slot.flush_mutex_events(&paths.mutex);
     mutex_rx.borrow_and_update();
-    let mut mutex_data = data.clone();
-    mutex_data.node = Some(node.to_string());
-    let bytes = encode(&mutex_data);
+    let bytes = encode_mutex(data, node);
     let options = paths.create(CreateMode::Ephemeral);
     let create = client.create(&paths.mutex, &bytes, &options);
     pending.in_flight = true;

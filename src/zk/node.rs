@@ -71,6 +71,74 @@ pub(super) fn encode(data: &NodeData) -> Vec<u8> {
     serde_json::to_vec(data).expect("node data serializes")
 }
 
+/// The data of the mutex node: `data` naming the holder's queue node `node`, encoded as
+/// `encode` would encode `data` with `node` set, without copying `data`.
+pub(super) fn encode_mutex(data: &NodeData, node: &str) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct MutexData<'a> {
+        info: &'a str,
+        owner: &'a str,
+        attempt: &'a str,
+        host: &'a str,
+        pid: u32,
+        #[serde(rename = "type")]
+        lock_type: LockType,
+        created_ms: u64,
+        node: &'a str,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        promoted: bool,
+    }
+    serde_json::to_vec(&MutexData {
+        info: &data.info,
+        owner: &data.owner,
+        attempt: &data.attempt,
+        host: &data.host,
+        pid: data.pid,
+        lock_type: data.lock_type,
+        created_ms: data.created_ms,
+        node,
+        promoted: data.promoted,
+    })
+    .expect("node data serializes")
+}
+
+/// A new acquisition attempt id: 32 hex digits from the thread's random generator (no system
+/// call per attempt).
+pub(super) fn attempt_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
 pub(super) fn child_name(path: &str) -> String {
     path.rsplit('/').next().unwrap_or(path).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mutex_data_is_the_node_data_naming_the_holders_node() {
+        for promoted in [false, true] {
+            let mut data = NodeData {
+                info: "Save \"Content\"".into(),
+                owner: "h:1:abcd".into(),
+                attempt: attempt_id(),
+                host: "h".into(),
+                pid: 1,
+                lock_type: LockType::Background,
+                created_ms: 42,
+                node: None,
+                promoted,
+            };
+            let bytes = encode_mutex(&data, "B-0000000007");
+            data.node = Some("B-0000000007".into());
+            assert_eq!(bytes, encode(&data));
+            let back: NodeData = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(back, data);
+        }
+        let id = attempt_id();
+        assert_eq!(id.len(), 32);
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(id, attempt_id());
+    }
 }

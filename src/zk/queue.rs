@@ -11,7 +11,7 @@ use super::contender::{wait_connected, Pending, Step};
 use super::map_zk;
 use super::mutex::yield_mutex;
 use super::names::Queue;
-use super::node::{child_name, encode, NodeData, Paths};
+use super::node::{attempt_id, child_name, encode, NodeData, Paths};
 use super::release::delete_nodes;
 use super::session::Slot;
 use crate::lock::LockError;
@@ -158,7 +158,7 @@ pub(super) async fn promote(
 ) -> Result<Step, LockError> {
     let old = pending.node.clone();
     data.promoted = true;
-    data.attempt = uuid::Uuid::new_v4().simple().to_string();
+    data.attempt = attempt_id();
     let step = plain_create(client, paths, fg_prefix, data, pending)
         .await
         .map_err(|e| {

@@ -1,6 +1,7 @@
 //! Removing our own nodes safely: the queue node and the mutex at release, at a timeout and when a
 //! waiter gives the mutex back.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tracing::debug;
@@ -23,12 +24,52 @@ pub(crate) async fn delete_nodes(
     mutex: Option<&str>,
     attempt: &str,
 ) -> Result<(), ZkError> {
+    remove(client, queue_node, mutex, attempt, false).await
+}
+
+/// Releases a held lock: as [`delete_nodes`] with both nodes, and the first try also empties
+/// the queue node's data in the same multi, just before deleting it. The contender watching
+/// that node then gets `NodeDataChanged` instead of `NodeDeleted`: the node ahead of it left
+/// as the holder, so every node that was ahead of it is gone (see `docs/zookeeper-lock.md`,
+/// "Handoff"), at no extra request.
+///
+/// Writing the queue node needs the WRITE permission, which `zookeeper.acl` may withhold from
+/// the holder: then the release goes without the mark (one more request, once per session, and
+/// `mark` is cleared so that later releases of the session skip it).
+pub(crate) async fn release_held(
+    client: &Client,
+    queue_node: &str,
+    mutex: &str,
+    attempt: &str,
+    mark: &AtomicBool,
+) -> Result<(), ZkError> {
+    if mark.load(Ordering::Relaxed) {
+        match remove(client, Some(queue_node), Some(mutex), attempt, true).await {
+            Err(ZkError::NoAuth) => {
+                debug!("zookeeper.acl does not let this session write its queue nodes: releasing without the hand-over mark");
+                mark.store(false, Ordering::Relaxed);
+            }
+            other => return other,
+        }
+    }
+    remove(client, Some(queue_node), Some(mutex), attempt, false).await
+}
+
+async fn remove(
+    client: &Client,
+    queue_node: Option<&str>,
+    mutex: Option<&str>,
+    attempt: &str,
+    hand_over: bool,
+) -> Result<(), ZkError> {
     let first = match (queue_node, mutex) {
         (Some(q), Some(m)) => {
             let mut multi = client.new_multi_writer();
-            multi
-                .add_delete(m, None)
-                .and_then(|_| multi.add_delete(q, None))?;
+            multi.add_delete(m, None)?;
+            if hand_over {
+                multi.add_set_data(q, &[], None)?;
+            }
+            multi.add_delete(q, None)?;
             multi.commit().await.map(|_| ()).map_err(ZkError::from)
         }
         (Some(p), None) | (None, Some(p)) => client.delete(p, None).await,

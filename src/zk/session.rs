@@ -144,6 +144,9 @@ pub(crate) struct Slot {
     reaper: mpsc::UnboundedSender<Reap>,
     /// Whether the lock root's ACL was checked against `zookeeper.acl` in this session.
     pub lock_root_checked: AtomicBool,
+    /// Whether releases may mark the holder's queue node (`release::release_held`): cleared
+    /// when `zookeeper.acl` does not let this session write its own nodes.
+    pub mark_releases: AtomicBool,
 }
 
 impl std::fmt::Debug for Slot {
@@ -620,6 +623,7 @@ impl ZkSession {
             watches: StdMutex::new(HashMap::new()),
             clock: AtomicU64::new(0),
             lock_root_checked: AtomicBool::new(false),
+            mark_releases: AtomicBool::new(true),
             reaper,
         }
     }
