@@ -23,7 +23,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -125,7 +125,10 @@ impl Entry {
 }
 
 struct Inner {
-    file: File,
+    /// Shared with the thread that `fsync`s it (group commit).
+    file: Arc<File>,
+    /// Lines written so far (the sequence number of the last one).
+    written: u64,
     entries: HashMap<Uuid, Entry>,
     /// Queued operations in the order they were accepted (finished ones are skipped lazily).
     queued_order: VecDeque<Uuid>,
@@ -139,6 +142,21 @@ pub struct Journal {
     path: PathBuf,
     inner: Mutex<Inner>,
     compact_every: usize,
+    /// Group commit: how far the file is known durable, and whether an `fsync` is under way.
+    sync: Mutex<SyncState>,
+    synced_changed: Condvar,
+}
+
+/// Group commit: one `fsync` makes every line written before it durable, so callers that wrote
+/// while another caller's `fsync` ran share the next one instead of queueing one each.
+#[derive(Debug, Default)]
+struct SyncState {
+    /// Lines up to this sequence number are durable.
+    synced: u64,
+    /// A caller is `fsync`ing now; the others wait for it.
+    syncing: bool,
+    /// `fsync`s made (for tests and the debug log).
+    fsyncs: u64,
 }
 
 impl std::fmt::Debug for Journal {
@@ -251,8 +269,11 @@ impl Journal {
         let journal = Journal {
             compact_every: COMPACT_EVERY,
             path: path.to_path_buf(),
+            sync: Mutex::new(SyncState::default()),
+            synced_changed: Condvar::new(),
             inner: Mutex::new(Inner {
-                file,
+                file: Arc::new(file),
+                written: 0,
                 entries,
                 queued: pending.len(),
                 queued_order,
@@ -321,7 +342,7 @@ impl Journal {
         }
         let line = serde_json::to_string(&Record::Accepted { ops: fresh.clone() })
             .map_err(|e| io(&self.path)(std::io::Error::other(e)))?;
-        self.append(&mut inner, &line)?;
+        let seq = self.append(&mut inner, &line)?;
         for op in &fresh {
             inner.queued_order.push_back(op.id);
             inner.entries.insert(
@@ -333,6 +354,23 @@ impl Journal {
             );
         }
         inner.queued += fresh.len();
+        drop(inner);
+        if let Err(e) = self.sync_through(seq) {
+            // Not durable: the request is refused, so the operations are not queued either.
+            let mut inner = self.lock();
+            for op in &fresh {
+                if inner
+                    .entries
+                    .get(&op.id)
+                    .is_some_and(|e| e.finished.is_none())
+                {
+                    inner.entries.remove(&op.id);
+                    inner.queued -= 1;
+                }
+            }
+            self.trim(&mut inner);
+            return Err(e);
+        }
         Ok(fresh)
     }
 
@@ -369,9 +407,9 @@ impl Journal {
         let result = if durable {
             let line = serde_json::to_string(&Record::Finished(finished.clone()))
                 .map_err(|e| io(&self.path)(std::io::Error::other(e)));
-            line.and_then(|l| self.append(&mut inner, &l))
+            line.and_then(|l| self.append(&mut inner, &l)).map(Some)
         } else {
-            Ok(())
+            Ok(None)
         };
         if was_queued {
             inner.queued -= 1;
@@ -391,18 +429,71 @@ impl Journal {
                 inner.appended = 0;
             }
         }
-        result
+        drop(inner);
+        match result {
+            Ok(Some(seq)) => self.sync_through(seq),
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
-    fn append(&self, inner: &mut Inner, line: &str) -> Result<(), JournalError> {
+    /// Writes one line (not yet durable: see [`Journal::sync_through`]); returns its sequence
+    /// number.
+    fn append(&self, inner: &mut Inner, line: &str) -> Result<u64, JournalError> {
         let err = io(&self.path);
         let mut bytes = Vec::with_capacity(line.len() + 1);
         bytes.extend_from_slice(line.as_bytes());
         bytes.push(b'\n');
-        inner.file.write_all(&bytes).map_err(&err)?;
-        inner.file.sync_data().map_err(&err)?;
+        (&*inner.file).write_all(&bytes).map_err(&err)?;
         inner.appended += 1;
-        Ok(())
+        inner.written += 1;
+        Ok(inner.written)
+    }
+
+    fn sync_state(&self) -> std::sync::MutexGuard<'_, SyncState> {
+        self.sync.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Returns once line `seq` is durable: `fsync`s the file itself, or waits for the `fsync`
+    /// another caller is making and returns if that one covered `seq` (group commit). Called
+    /// without the journal's table lock, so that other requests write their lines meanwhile.
+    fn sync_through(&self, seq: u64) -> Result<(), JournalError> {
+        let mut state = self.sync_state();
+        loop {
+            if state.synced >= seq {
+                return Ok(());
+            }
+            if !state.syncing {
+                break;
+            }
+            state = self
+                .synced_changed
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        state.syncing = true;
+        drop(state);
+        // Every line written up to now is covered by this fsync.
+        let (target, file) = {
+            let inner = self.lock();
+            (inner.written, inner.file.clone())
+        };
+        let result = file.sync_data();
+        let mut state = self.sync_state();
+        state.syncing = false;
+        state.fsyncs += 1;
+        if result.is_ok() {
+            state.synced = state.synced.max(target);
+        }
+        drop(state);
+        self.synced_changed.notify_all();
+        result.map_err(io(&self.path))
+    }
+
+    /// How many `fsync`s of appended lines were made (compactions not counted).
+    #[cfg(test)]
+    fn fsyncs(&self) -> u64 {
+        self.sync_state().fsyncs
     }
 
     /// Forgets the oldest outcomes beyond [`KEEP_FINISHED`].
@@ -474,11 +565,16 @@ impl Journal {
                 let _ = d.sync_all();
             }
         }
-        inner.file = OpenOptions::new()
-            .append(true)
-            .open(&self.path)
-            .map_err(&err)?;
+        inner.file = Arc::new(
+            OpenOptions::new()
+                .append(true)
+                .open(&self.path)
+                .map_err(&err)?,
+        );
         inner.appended = 0;
+        // The rewritten file holds (durably) everything written so far.
+        let mut state = self.sync_state();
+        state.synced = state.synced.max(inner.written);
         Ok(())
     }
 }
@@ -598,5 +694,53 @@ mod tests {
         for id in &done {
             assert_eq!(j.get(id).unwrap().state(), OpState::Applied);
         }
+    }
+
+    /// Lines written while an `fsync` is under way share the next one: eight requests that
+    /// arrive during one `fsync` cost one more, not eight, and each is answered only once its
+    /// line is durable.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_arriving_during_an_fsync_share_the_next_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let (j, _) = Journal::open(&path).unwrap();
+        // An fsync is under way (another request's).
+        j.sync_state().syncing = true;
+        let ops: Vec<Operation> = (0..8).map(op).collect();
+        let accepts: Vec<_> = ops
+            .iter()
+            .map(|o| {
+                let j = j.clone();
+                let o = o.clone();
+                tokio::spawn(async move { j.accept(vec![o]).await })
+            })
+            .collect();
+        // Every line is written, and no request is answered before its line is durable.
+        let mut written = 0;
+        for _ in 0..2000 {
+            written = j.lock().written;
+            if written == 8 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(written, 8);
+        assert!(accepts.iter().all(|a| !a.is_finished()));
+        // That fsync ends without covering them: one more covers all eight.
+        {
+            let mut state = j.sync_state();
+            state.syncing = false;
+        }
+        j.synced_changed.notify_all();
+        for a in accepts {
+            assert_eq!(a.await.unwrap().unwrap().len(), 1);
+        }
+        assert_eq!(j.fsyncs(), 1);
+        assert_eq!(j.depth(), 8);
+        drop(j);
+        let copy = dir.path().join("copy.jsonl");
+        std::fs::copy(&path, &copy).unwrap();
+        let (_, pending) = Journal::open(&copy).unwrap();
+        assert_eq!(pending.len(), 8);
     }
 }
