@@ -228,20 +228,31 @@ async fn library(
 
     let sink = zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(store))
         .map_err(|e| e.to_string())?;
-    let executor = BackgroundExecutor::from_settings(writer, sink, settings);
+    // Configured as `zkguard serve` configures its executor.
+    let executor = BackgroundExecutor::builder(writer, sink)
+        .retry(&settings.retry)
+        .concurrency(crate::server::BACKGROUND_IN_FLIGHT)
+        .batch_by_monitor(
+            crate::server::BACKGROUND_PER_LOCK,
+            crate::server::BACKGROUND_PER_BULK,
+        )
+        .build();
     let n = per * plan.clients;
     let started = Instant::now();
     let mut handles = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        let d = i % plan.docs;
-        let op = Operation::index(
-            format!("{index}:{d}"),
-            index,
-            d.to_string(),
-            json!({"bg": i}),
-        )
-        .with_type(LockType::Background);
-        handles.push(executor.submit(op).await);
+    // The service's clients' documents, in the order they send them.
+    for i in 0..per {
+        for c in 0..plan.clients {
+            let d = doc_of(c, i, plan.docs);
+            let op = Operation::index(
+                format!("{index}:{d}"),
+                index,
+                d.to_string(),
+                json!({"bg": i, "client": c}),
+            )
+            .with_type(LockType::Background);
+            handles.push(executor.submit(op).await);
+        }
     }
     for h in handles {
         h.await
