@@ -2,8 +2,8 @@
 //! requests (see [`super::background::BackgroundExecutorBuilder::batch_by_monitor`]).
 //!
 //! Every monitor with queued attempts has one *lane*: a task that takes the attempts queued for
-//! that monitor (oldest first, at most `max_per_lock`), acquires the monitor's lock once, reads
-//! each target document once, computes every write in order on top of the previous one (exactly
+//! that monitor (oldest first, at most `max_per_lock`, with those queued while the lock was
+//! awaited), acquires the monitor's lock once, reads each target document once, computes every write in order on top of the previous one (exactly
 //! what the same writes one after another under the lock would send), and hands them to the
 //! *bulk writer*. The bulk writer sends whatever the lanes handed it while its previous request
 //! was under way as one `_bulk` request (group commit), so one request carries the writes of many
@@ -147,7 +147,7 @@ impl Batcher {
 
     /// Applies `batch` (all for `monitor`) under one acquisition; returns the attempts that
     /// must wait for the next one.
-    async fn apply(&self, monitor: &str, batch: Vec<Queued>) -> Vec<Queued> {
+    async fn apply(&self, monitor: &str, mut batch: Vec<Queued>) -> Vec<Queued> {
         let first = &batch[0].op;
         let mut request =
             LockRequest::new(monitor.to_string(), first.info.clone()).with_type(first.lock_type);
@@ -168,6 +168,16 @@ impl Batcher {
         let waited = started.elapsed();
         let acquired = Instant::now();
         let token = guard.fencing_token();
+        // The attempts queued for this monitor while the lock was awaited join this acquisition.
+        {
+            let mut lanes = self.lanes();
+            if let Some(queue) = lanes.get_mut(monitor) {
+                let n = queue
+                    .len()
+                    .min(self.max_per_lock.saturating_sub(batch.len()));
+                batch.extend(queue.drain(..n));
+            }
+        }
         tracing::debug!(
             token,
             attempts = batch.len(),
