@@ -399,6 +399,57 @@ impl Journal {
 
     fn finish_blocking(&self, finished: Finished, durable: bool) -> Result<(), JournalError> {
         let mut inner = self.lock();
+        let result = self.record_finished(&mut inner, finished, durable);
+        drop(inner);
+        match result {
+            Ok(Some(seq)) => self.sync_through(seq),
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Records outcomes (one `fsync` for all of them), compacting the journal when it has grown
+    /// enough.
+    ///
+    /// # Errors
+    /// As [`Journal::finish`]; every outcome is known in memory either way.
+    pub async fn finish_all(self: &Arc<Self>, all: Vec<Finished>) -> Result<(), JournalError> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut inner = me.lock();
+            let mut last = None;
+            let mut failed = None;
+            for finished in all {
+                match me.record_finished(&mut inner, finished, true) {
+                    Ok(seq) => last = seq.or(last),
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+            drop(inner);
+            if let Some(seq) = last {
+                me.sync_through(seq)?;
+            }
+            failed.map_or(Ok(()), Err)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(JournalError::Io {
+                path: self.path.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })
+        })
+    }
+
+    /// Records an outcome in the table and, if `durable`, writes its line; returns the line's
+    /// sequence number (not yet durable: see [`Journal::sync_through`]).
+    fn record_finished(
+        &self,
+        inner: &mut Inner,
+        finished: Finished,
+        durable: bool,
+    ) -> Result<Option<u64>, JournalError> {
         let id = finished.id;
         let was_queued = inner
             .entries
@@ -407,7 +458,7 @@ impl Journal {
         let result = if durable {
             let line = serde_json::to_string(&Record::Finished(finished.clone()))
                 .map_err(|e| io(&self.path)(std::io::Error::other(e)));
-            line.and_then(|l| self.append(&mut inner, &l)).map(Some)
+            line.and_then(|l| self.append(inner, &l)).map(Some)
         } else {
             Ok(None)
         };
@@ -422,19 +473,14 @@ impl Journal {
             },
         );
         inner.finished_order.push_back(id);
-        self.trim(&mut inner);
+        self.trim(inner);
         if durable && inner.appended >= self.compact_every {
-            if let Err(e) = self.compact(&mut inner) {
+            if let Err(e) = self.compact(inner) {
                 tracing::warn!(error = %e, "journal compaction failed; the journal keeps growing until the next attempt");
                 inner.appended = 0;
             }
         }
-        drop(inner);
-        match result {
-            Ok(Some(seq)) => self.sync_through(seq),
-            Ok(None) => Ok(()),
-            Err(e) => Err(e),
-        }
+        result
     }
 
     /// Writes one line (not yet durable: see [`Journal::sync_through`]); returns its sequence

@@ -230,6 +230,21 @@ pub async fn dispatch(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut backend_up = state.backend_up.subscribe();
+    // Outcomes are journaled by one task, all those that arrived during its previous write in
+    // one batch (one fsync), instead of one blocking task per operation.
+    let (outcomes, mut recorded) = mpsc::unbounded_channel::<Finished>();
+    let journal = state.journal.clone();
+    tokio::spawn(async move {
+        while let Some(first) = recorded.recv().await {
+            let mut all = vec![first];
+            while let Ok(more) = recorded.try_recv() {
+                all.push(more);
+            }
+            if let Err(e) = journal.finish_all(all).await {
+                tracing::error!(error = %e, "cannot record outcomes in the journal; their operations run again at the next start");
+            }
+        }
+    });
     loop {
         let op = tokio::select! {
             op = rx.recv() => match op { Some(op) => op, None => return },
@@ -252,13 +267,16 @@ pub async fn dispatch(
         });
         let st = state.clone();
         let mut task_stop = stop.clone();
+        let outcomes = outcomes.clone();
         tokio::spawn(async move {
             let outcome = handle.await;
             st.running.send_modify(|r| {
                 r.remove(&op.id);
             });
             match outcome {
-                Ok(Ok(outcome)) => record(&st, outcome).await,
+                Ok(Ok(outcome)) => {
+                    let _ = outcomes.send(record(&st, outcome));
+                }
                 // Neither applied nor parked: the dead-letter sink refused it. It is still in
                 // the journal, unfinished; queue it again after a pause, so that it ends applied
                 // or parked once the sink takes writes again (or at the next start).
@@ -278,7 +296,8 @@ pub async fn dispatch(
     }
 }
 
-async fn record(state: &AppState, outcome: Outcome) {
+/// Counts an outcome; returns its journal record.
+fn record(state: &AppState, outcome: Outcome) -> Finished {
     let m = &state.metrics;
     let finished = match outcome {
         Outcome::Applied {
@@ -323,7 +342,5 @@ async fn record(state: &AppState, outcome: Outcome) {
             }
         }
     };
-    if let Err(e) = state.journal.finish(finished).await {
-        tracing::error!(error = %e, "cannot record an outcome in the journal; the operation runs again at the next start");
-    }
+    finished
 }
