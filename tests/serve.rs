@@ -429,6 +429,19 @@ async fn foreground_overtakes_queued_background_work() {
         "the foreground write went first: {ops:?}"
     );
     assert_eq!(ops.len(), 5, "{ops:?}");
+    // Background operations applied under one acquisition share its token; the metrics count
+    // each acquisition once.
+    let tokens: HashSet<u64> = states
+        .values()
+        .map(|v| v["token"].as_u64().unwrap())
+        .collect();
+    let metrics = scrape(&c, &s).await;
+    for name in [
+        r#"zkguard_lock_acquisitions_total{lock_type="background"}"#,
+        r#"zkguard_lock_hold_seconds_count{lock_type="background"}"#,
+    ] {
+        assert_eq!(metric(&metrics, name), tokens.len() as f64, "{name}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

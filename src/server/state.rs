@@ -65,7 +65,13 @@ pub struct AppState {
     backend_up: watch::Sender<bool>,
     /// Background operations running, by id; watched so that shutdown can wait until none is.
     running: watch::Sender<HashMap<Uuid, AbortHandle>>,
+    /// Tokens of the latest background acquisitions counted in the lock metrics: operations
+    /// applied under one acquisition share its token, and the acquisition counts once.
+    counted_tokens: std::sync::Mutex<std::collections::VecDeque<u64>>,
 }
+
+/// How many recent background tokens are remembered (far more than acquisitions in flight).
+const COUNTED_TOKENS: usize = 4096;
 
 /// Receives the operations the dispatcher feeds to the executor.
 pub type QueueReceiver = mpsc::UnboundedReceiver<Operation>;
@@ -104,6 +110,7 @@ impl AppState {
             es_ok: watch::channel(Ok(())).0,
             backend_up: watch::channel(true).0,
             running: watch::channel(HashMap::new()).0,
+            counted_tokens: std::sync::Mutex::new(std::collections::VecDeque::new()),
         };
         (Arc::new(state), rx)
     }
@@ -160,6 +167,22 @@ impl AppState {
         m.queue_depth
             .set(self.waiting.load(Ordering::Relaxed) as i64);
         m.sync_executor(&self.executor.stats());
+    }
+
+    /// Whether the background acquisition of `token` is seen here for the first time.
+    fn first_use_of(&self, token: u64) -> bool {
+        let mut seen = self
+            .counted_tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if seen.contains(&token) {
+            return false;
+        }
+        if seen.len() >= COUNTED_TOKENS {
+            seen.pop_front();
+        }
+        seen.push_back(token);
+        true
     }
 
     /// Stops every background operation still running (they stay in the journal) and waits up
@@ -305,7 +328,9 @@ fn record(state: &AppState, outcome: Outcome) -> Finished {
             attempts,
             written,
         } => {
-            m.lock_used("background", written.waited, written.held);
+            if state.first_use_of(written.token) {
+                m.lock_used("background", written.waited, written.held);
+            }
             m.outcome("background", "applied");
             Finished {
                 id: op_id,
