@@ -557,3 +557,136 @@ async fn an_operation_the_sink_refuses_is_lost_not_rejected() {
         "not applied"
     );
 }
+
+/// Counts the calls of each kind, and the writes sent in bulk requests.
+#[derive(Default)]
+struct CallCounts {
+    calls: std::sync::Mutex<HashMap<&'static str, usize>>,
+    bulk_writes: std::sync::atomic::AtomicUsize,
+}
+
+impl CallCounts {
+    fn of(&self, method: &str) -> usize {
+        self.calls.lock().unwrap().get(method).copied().unwrap_or(0)
+    }
+}
+
+#[async_trait]
+impl zkguard::es::StoreHook for CallCounts {
+    async fn before(&self, call: &zkguard::es::StoreCall<'_>) -> Result<(), zkguard::es::EsError> {
+        *self.calls.lock().unwrap().entry(call.method()).or_default() += 1;
+        if let zkguard::es::StoreCall::Bulk { actions, .. } = call {
+            self.bulk_writes.fetch_add(actions.len(), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// Batched by monitor: 200 increments on 4 documents submitted at once, and one operation
+/// submitted twice. Every increment is applied exactly once (the counters add up, each document
+/// records each of its operations), the duplicate once, and the writes travel in shared `_bulk`
+/// requests: no single-document write, fewer requests than operations, and fewer lock
+/// acquisitions (tokens) than operations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_by_monitor_applies_each_operation_once_in_shared_bulk_requests() {
+    const DOCS: usize = 4;
+    const OPS: usize = 200;
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let es = store(&settings);
+    let index = format!("batch-{}", tag());
+    let monitor = |d: usize| format!("{index}:{d}");
+    let (_s, l) = locks(&settings).await;
+    let plain = GuardedWriter::new(l.clone(), es.clone());
+    for d in 0..DOCS {
+        plain
+            .on(monitor(d))
+            .index(&index, &d.to_string(), json!({"n": 0}))
+            .await
+            .unwrap();
+    }
+    let counted = Arc::new(zkguard::es::HookedStore::new(
+        es.clone(),
+        CallCounts::default(),
+    ));
+    let writer = GuardedWriter::new(l, counted.clone());
+    let sink: Arc<dyn DeadLetterSink> = Arc::new(FileSink::new(&settings.retry.file_path));
+    let exec = BackgroundExecutor::builder(writer, sink)
+        .retry(&settings.retry)
+        .concurrency(OPS + 2)
+        .batch_by_monitor(16, 64)
+        .build();
+
+    let mut ops = Vec::new();
+    for i in 0..OPS {
+        let d = i % DOCS;
+        ops.push(Operation::increment(
+            monitor(d),
+            &index,
+            d.to_string(),
+            "n",
+            1,
+        ));
+    }
+    let twice = Operation::increment(monitor(0), &index, "0", "n", 1000);
+    ops.push(twice.clone());
+    ops.push(twice.clone());
+    let mut handles = Vec::new();
+    for op in &ops {
+        handles.push(exec.submit(op.clone()).await);
+    }
+    let mut tokens = std::collections::HashSet::new();
+    let mut already = 0;
+    for h in handles {
+        match h.await.unwrap().unwrap() {
+            Outcome::Applied { written, .. } => {
+                tokens.insert(written.token);
+                already += usize::from(written.already_applied);
+            }
+            other => panic!("not applied: {other:?}"),
+        }
+    }
+    assert_eq!(already, 1, "the operation submitted twice is applied once");
+    for d in 0..DOCS {
+        let doc = source(es.as_ref(), &index, &d.to_string()).await;
+        let extra = if d == 0 { 1000 } else { 0 };
+        assert_eq!(doc["n"], json!(OPS / DOCS + extra), "{index}/{d}: {doc}");
+        let stamp = Stamp::of(&doc).expect("stamped");
+        for op in ops.iter().filter(|op| op.target_id() == d.to_string()) {
+            assert!(stamp.contains(&op.id), "{index}/{d} records {}", op.id);
+        }
+    }
+    let calls = counted.hook();
+    assert_eq!(
+        calls.of("index") + calls.of("delete"),
+        0,
+        "no single-document write"
+    );
+    assert_eq!(
+        calls.bulk_writes.load(Ordering::Relaxed),
+        OPS + 1,
+        "one bulk item per applied operation"
+    );
+    assert!(
+        calls.of("bulk") < OPS,
+        "{} bulk requests for {OPS} operations",
+        calls.of("bulk")
+    );
+    assert!(
+        tokens.len() < OPS,
+        "{} acquisitions for {OPS} operations",
+        tokens.len()
+    );
+    let stats = exec.stats();
+    assert_eq!(
+        (
+            stats.applied,
+            stats.already_applied,
+            stats.parked,
+            stats.lost
+        ),
+        (OPS as u64 + 2, 1, 0, 0),
+        "{stats:?}"
+    );
+}

@@ -249,8 +249,9 @@ fn bad_arguments_exit_64() {
     }
 }
 
-/// `zkguard bench --service --local --json`: the three paths' figures are positive numbers, and
-/// every write was made.
+/// `zkguard bench --service --local --json`: the three paths' figures are positive numbers,
+/// every write was made (as many on each path), and the report names the build and the exec
+/// concurrency.
 #[test]
 fn service_benchmark_reports_the_three_paths() {
     let out = zkguard(&[
@@ -288,6 +289,13 @@ fn service_benchmark_reports_the_three_paths() {
             "{ratio}: {report}"
         );
     }
+    // It says what it measured: the build, and how many exec processes ran the background
+    // operations (4 per client).
+    assert_eq!(report["exec_background_clients"], 8, "{report}");
+    assert!(
+        ["debug", "release"].contains(&report["build"].as_str().unwrap_or_default()),
+        "{report}"
+    );
     // Usage: fewer saves than clients is refused.
     let bad = zkguard(&["--service", "--iterations", "1", "--contenders", "2"]);
     assert_eq!(bad.status.code(), Some(64), "{}", text(&bad.stderr));

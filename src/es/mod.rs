@@ -20,7 +20,7 @@ pub use client::EsStore;
 pub use hook::{HookedStore, IndexGate, StoreCall, StoreHook};
 
 /// Errors of the document-store layer. Each HTTP failure class maps to its own variant.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum EsError {
     /// 409: a version conflict (a conditional write lost, `op_type=create` found a document, or an

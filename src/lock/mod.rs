@@ -193,7 +193,7 @@ fn blocker(b: &Option<Box<Blocker>>) -> String {
 }
 
 /// Errors of the lock layer, mirroring the design's exceptions.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
     /// The design's `InstanceLockException`: the lock was not acquired in time. With a zero

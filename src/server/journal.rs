@@ -125,7 +125,10 @@ impl Entry {
 }
 
 struct Inner {
-    file: File,
+    /// Shared with the thread that `fsync`s it (group commit).
+    file: Arc<File>,
+    /// Lines written so far (the sequence number of the last one).
+    written: u64,
     entries: HashMap<Uuid, Entry>,
     /// Queued operations in the order they were accepted (finished ones are skipped lazily).
     queued_order: VecDeque<Uuid>,
@@ -139,6 +142,18 @@ pub struct Journal {
     path: PathBuf,
     inner: Mutex<Inner>,
     compact_every: usize,
+    /// Group commit: how far the file is known durable.
+    sync: Mutex<SyncState>,
+}
+
+/// Group commit: one `fsync` makes every line written before it durable, so a caller whose
+/// line an ended `fsync` covered needs none of its own.
+#[derive(Debug, Default)]
+struct SyncState {
+    /// Lines up to this sequence number are durable.
+    synced: u64,
+    /// `fsync`s made (for tests).
+    fsyncs: u64,
 }
 
 impl std::fmt::Debug for Journal {
@@ -251,8 +266,10 @@ impl Journal {
         let journal = Journal {
             compact_every: COMPACT_EVERY,
             path: path.to_path_buf(),
+            sync: Mutex::new(SyncState::default()),
             inner: Mutex::new(Inner {
-                file,
+                file: Arc::new(file),
+                written: 0,
                 entries,
                 queued: pending.len(),
                 queued_order,
@@ -321,7 +338,7 @@ impl Journal {
         }
         let line = serde_json::to_string(&Record::Accepted { ops: fresh.clone() })
             .map_err(|e| io(&self.path)(std::io::Error::other(e)))?;
-        self.append(&mut inner, &line)?;
+        let seq = self.append(&mut inner, &line)?;
         for op in &fresh {
             inner.queued_order.push_back(op.id);
             inner.entries.insert(
@@ -333,6 +350,23 @@ impl Journal {
             );
         }
         inner.queued += fresh.len();
+        drop(inner);
+        if let Err(e) = self.sync_through(seq) {
+            // Not durable: the request is refused, so the operations are not queued either.
+            let mut inner = self.lock();
+            for op in &fresh {
+                if inner
+                    .entries
+                    .get(&op.id)
+                    .is_some_and(|e| e.finished.is_none())
+                {
+                    inner.entries.remove(&op.id);
+                    inner.queued -= 1;
+                }
+            }
+            self.trim(&mut inner);
+            return Err(e);
+        }
         Ok(fresh)
     }
 
@@ -361,6 +395,57 @@ impl Journal {
 
     fn finish_blocking(&self, finished: Finished, durable: bool) -> Result<(), JournalError> {
         let mut inner = self.lock();
+        let result = self.record_finished(&mut inner, finished, durable);
+        drop(inner);
+        match result {
+            Ok(Some(seq)) => self.sync_through(seq),
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Records outcomes (one `fsync` for all of them), compacting the journal when it has grown
+    /// enough.
+    ///
+    /// # Errors
+    /// As [`Journal::finish`]; every outcome is known in memory either way.
+    pub async fn finish_all(self: &Arc<Self>, all: Vec<Finished>) -> Result<(), JournalError> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut inner = me.lock();
+            let mut last = None;
+            let mut failed = None;
+            for finished in all {
+                match me.record_finished(&mut inner, finished, true) {
+                    Ok(seq) => last = seq.or(last),
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+            drop(inner);
+            if let Some(seq) = last {
+                me.sync_through(seq)?;
+            }
+            failed.map_or(Ok(()), Err)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(JournalError::Io {
+                path: self.path.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })
+        })
+    }
+
+    /// Records an outcome in the table and, if `durable`, writes its line; returns the line's
+    /// sequence number (not yet durable: see [`Journal::sync_through`]).
+    fn record_finished(
+        &self,
+        inner: &mut Inner,
+        finished: Finished,
+        durable: bool,
+    ) -> Result<Option<u64>, JournalError> {
         let id = finished.id;
         let was_queued = inner
             .entries
@@ -369,9 +454,9 @@ impl Journal {
         let result = if durable {
             let line = serde_json::to_string(&Record::Finished(finished.clone()))
                 .map_err(|e| io(&self.path)(std::io::Error::other(e)));
-            line.and_then(|l| self.append(&mut inner, &l))
+            line.and_then(|l| self.append(inner, &l)).map(Some)
         } else {
-            Ok(())
+            Ok(None)
         };
         if was_queued {
             inner.queued -= 1;
@@ -384,9 +469,9 @@ impl Journal {
             },
         );
         inner.finished_order.push_back(id);
-        self.trim(&mut inner);
+        self.trim(inner);
         if durable && inner.appended >= self.compact_every {
-            if let Err(e) = self.compact(&mut inner) {
+            if let Err(e) = self.compact(inner) {
                 tracing::warn!(error = %e, "journal compaction failed; the journal keeps growing until the next attempt");
                 inner.appended = 0;
             }
@@ -394,15 +479,51 @@ impl Journal {
         result
     }
 
-    fn append(&self, inner: &mut Inner, line: &str) -> Result<(), JournalError> {
+    /// Writes one line (not yet durable: see [`Journal::sync_through`]); returns its sequence
+    /// number.
+    fn append(&self, inner: &mut Inner, line: &str) -> Result<u64, JournalError> {
         let err = io(&self.path);
         let mut bytes = Vec::with_capacity(line.len() + 1);
         bytes.extend_from_slice(line.as_bytes());
         bytes.push(b'\n');
-        inner.file.write_all(&bytes).map_err(&err)?;
-        inner.file.sync_data().map_err(&err)?;
+        (&*inner.file).write_all(&bytes).map_err(&err)?;
         inner.appended += 1;
-        Ok(())
+        inner.written += 1;
+        Ok(inner.written)
+    }
+
+    fn sync_state(&self) -> std::sync::MutexGuard<'_, SyncState> {
+        self.sync.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Returns once line `seq` is durable: at once when an `fsync` that started after it was
+    /// written has ended, else after an `fsync` of its own, which covers every line written
+    /// so far. Called without the journal's table lock, so that other requests write their
+    /// lines meanwhile; `fsync`s of several callers run at the same time, and the kernel
+    /// completes them with one commit of the file system's journal.
+    fn sync_through(&self, seq: u64) -> Result<(), JournalError> {
+        if self.sync_state().synced >= seq {
+            return Ok(());
+        }
+        // Every line written up to now is covered by this fsync.
+        let (target, file) = {
+            let inner = self.lock();
+            (inner.written, inner.file.clone())
+        };
+        let result = file.sync_data();
+        let mut state = self.sync_state();
+        state.fsyncs += 1;
+        if result.is_ok() {
+            state.synced = state.synced.max(target);
+        }
+        drop(state);
+        result.map_err(io(&self.path))
+    }
+
+    /// How many `fsync`s of appended lines were made (compactions not counted).
+    #[cfg(test)]
+    fn fsyncs(&self) -> u64 {
+        self.sync_state().fsyncs
     }
 
     /// Forgets the oldest outcomes beyond [`KEEP_FINISHED`].
@@ -474,11 +595,16 @@ impl Journal {
                 let _ = d.sync_all();
             }
         }
-        inner.file = OpenOptions::new()
-            .append(true)
-            .open(&self.path)
-            .map_err(&err)?;
+        inner.file = Arc::new(
+            OpenOptions::new()
+                .append(true)
+                .open(&self.path)
+                .map_err(&err)?,
+        );
         inner.appended = 0;
+        // The rewritten file holds (durably) everything written so far.
+        let mut state = self.sync_state();
+        state.synced = state.synced.max(inner.written);
         Ok(())
     }
 }
@@ -598,5 +724,42 @@ mod tests {
         for id in &done {
             assert_eq!(j.get(id).unwrap().state(), OpState::Applied);
         }
+    }
+
+    /// One `fsync` covers every line written before it: requests whose lines it covered return
+    /// without one of their own, and each line is durable (found again after a restart).
+    #[tokio::test]
+    async fn an_fsync_covers_every_line_written_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let (j, _) = Journal::open(&path).unwrap();
+        let ops: Vec<Operation> = (0..8).map(op).collect();
+        // Eight lines written while no fsync ran (as by requests that arrive together).
+        let seqs: Vec<u64> = {
+            let mut inner = j.lock();
+            ops.iter()
+                .map(|o| {
+                    let line = serde_json::to_string(&Record::Accepted {
+                        ops: vec![o.clone()],
+                    })
+                    .unwrap();
+                    j.append(&mut inner, &line).unwrap()
+                })
+                .collect()
+        };
+        // The last request's fsync covers all eight; the others need none.
+        j.sync_through(*seqs.last().unwrap()).unwrap();
+        for seq in &seqs {
+            j.sync_through(*seq).unwrap();
+        }
+        assert_eq!(j.fsyncs(), 1);
+        // A line written later needs an fsync of its own.
+        j.accept(vec![op(8)]).await.unwrap();
+        assert_eq!(j.fsyncs(), 2);
+        drop(j);
+        let copy = dir.path().join("copy.jsonl");
+        std::fs::copy(&path, &copy).unwrap();
+        let (_, pending) = Journal::open(&copy).unwrap();
+        assert_eq!(pending.len(), 9);
     }
 }

@@ -41,6 +41,13 @@ mod state;
 
 use state::{AppState, Backend};
 
+/// Background operations in flight (the executor's concurrency).
+pub const BACKGROUND_IN_FLIGHT: usize = 256;
+/// Background operations of one monitor applied under one lock acquisition, at most.
+pub const BACKGROUND_PER_LOCK: usize = 32;
+/// Writes in one `_bulk` request, at most.
+pub const BACKGROUND_PER_BULK: usize = 256;
+
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -130,11 +137,13 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     let sink =
         zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(doc_store.clone()))
             .map_err(|e| CliError::new(EX_CONFIG, e))?;
-    let executor = zkguard::write::background::BackgroundExecutor::from_settings(
-        writer.clone(),
-        sink,
-        &settings,
-    );
+    // Background operations are grouped by monitor and written in shared bulk requests, with
+    // enough of them in flight to fill those requests.
+    let executor = zkguard::write::background::BackgroundExecutor::builder(writer.clone(), sink)
+        .retry(&settings.retry)
+        .concurrency(BACKGROUND_IN_FLIGHT)
+        .batch_by_monitor(BACKGROUND_PER_LOCK, BACKGROUND_PER_BULK)
+        .build();
 
     let coordinator = zkguard::txn::Coordinator::new(doc_store.clone(), settings.txn.clone())
         .with_retry(zkguard::txn::RetryPolicy::from_settings(&settings.retry))

@@ -65,7 +65,13 @@ pub struct AppState {
     backend_up: watch::Sender<bool>,
     /// Background operations running, by id; watched so that shutdown can wait until none is.
     running: watch::Sender<HashMap<Uuid, AbortHandle>>,
+    /// Tokens of the latest background acquisitions counted in the lock metrics: operations
+    /// applied under one acquisition share its token, and the acquisition counts once.
+    counted_tokens: std::sync::Mutex<std::collections::VecDeque<u64>>,
 }
+
+/// How many recent background tokens are remembered (far more than acquisitions in flight).
+const COUNTED_TOKENS: usize = 4096;
 
 /// Receives the operations the dispatcher feeds to the executor.
 pub type QueueReceiver = mpsc::UnboundedReceiver<Operation>;
@@ -104,6 +110,7 @@ impl AppState {
             es_ok: watch::channel(Ok(())).0,
             backend_up: watch::channel(true).0,
             running: watch::channel(HashMap::new()).0,
+            counted_tokens: std::sync::Mutex::new(std::collections::VecDeque::new()),
         };
         (Arc::new(state), rx)
     }
@@ -160,6 +167,22 @@ impl AppState {
         m.queue_depth
             .set(self.waiting.load(Ordering::Relaxed) as i64);
         m.sync_executor(&self.executor.stats());
+    }
+
+    /// Whether the background acquisition of `token` is seen here for the first time.
+    fn first_use_of(&self, token: u64) -> bool {
+        let mut seen = self
+            .counted_tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if seen.contains(&token) {
+            return false;
+        }
+        if seen.len() >= COUNTED_TOKENS {
+            seen.pop_front();
+        }
+        seen.push_back(token);
+        true
     }
 
     /// Stops every background operation still running (they stay in the journal) and waits up
@@ -230,6 +253,21 @@ pub async fn dispatch(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut backend_up = state.backend_up.subscribe();
+    // Outcomes are journaled by one task, all those that arrived during its previous write in
+    // one batch (one fsync), instead of one blocking task per operation.
+    let (outcomes, mut recorded) = mpsc::unbounded_channel::<Finished>();
+    let journal = state.journal.clone();
+    tokio::spawn(async move {
+        while let Some(first) = recorded.recv().await {
+            let mut all = vec![first];
+            while let Ok(more) = recorded.try_recv() {
+                all.push(more);
+            }
+            if let Err(e) = journal.finish_all(all).await {
+                tracing::error!(error = %e, "cannot record outcomes in the journal; their operations run again at the next start");
+            }
+        }
+    });
     loop {
         let op = tokio::select! {
             op = rx.recv() => match op { Some(op) => op, None => return },
@@ -252,13 +290,16 @@ pub async fn dispatch(
         });
         let st = state.clone();
         let mut task_stop = stop.clone();
+        let outcomes = outcomes.clone();
         tokio::spawn(async move {
             let outcome = handle.await;
             st.running.send_modify(|r| {
                 r.remove(&op.id);
             });
             match outcome {
-                Ok(Ok(outcome)) => record(&st, outcome).await,
+                Ok(Ok(outcome)) => {
+                    let _ = outcomes.send(record(&st, outcome));
+                }
                 // Neither applied nor parked: the dead-letter sink refused it. It is still in
                 // the journal, unfinished; queue it again after a pause, so that it ends applied
                 // or parked once the sink takes writes again (or at the next start).
@@ -278,7 +319,8 @@ pub async fn dispatch(
     }
 }
 
-async fn record(state: &AppState, outcome: Outcome) {
+/// Counts an outcome; returns its journal record.
+fn record(state: &AppState, outcome: Outcome) -> Finished {
     let m = &state.metrics;
     let finished = match outcome {
         Outcome::Applied {
@@ -286,7 +328,9 @@ async fn record(state: &AppState, outcome: Outcome) {
             attempts,
             written,
         } => {
-            m.lock_used("background", written.waited, written.held);
+            if state.first_use_of(written.token) {
+                m.lock_used("background", written.waited, written.held);
+            }
             m.outcome("background", "applied");
             Finished {
                 id: op_id,
@@ -323,7 +367,5 @@ async fn record(state: &AppState, outcome: Outcome) {
             }
         }
     };
-    if let Err(e) = state.journal.finish(finished).await {
-        tracing::error!(error = %e, "cannot record an outcome in the journal; the operation runs again at the next start");
-    }
+    finished
 }

@@ -9,10 +9,15 @@
 //!   languages did before the service).
 //!
 //! Each path saves `saves` documents in the foreground from `clients` concurrent clients on
-//! `docs` shared documents (latency per save: p50, p99), then runs the same number of
-//! background operations (operations per second, from the first submission until the last is
-//! applied; for the service, until its journal is empty). `zkguard exec` runs at most 100 of each,
-//! since every run is a process and a ZooKeeper session of its own.
+//! `docs` shared documents (latency per save: p50, p99), then runs the same background
+//! operations on the same documents (operations per second, from the first submission until the
+//! last is applied: the library awaits every outcome, the service's journal is empty and its
+//! metrics count every operation applied, every exec process has exited after its write). The
+//! library configures its executor as `zkguard serve` does (operations grouped by monitor,
+//! [`crate::server::BACKGROUND_IN_FLIGHT`] in flight). `zkguard exec` runs the background
+//! operations from [`EXEC_BACKGROUND_CLIENTS_FACTOR`] times as many concurrent processes, its
+//! best on a 2-core machine, since each is CPU-bound (a process and a ZooKeeper session per
+//! write) rather than waiting.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,6 +41,18 @@ pub struct ServicePlan {
     pub docs: u32,
     /// Foreground saves, and background operations, per path.
     pub saves: u32,
+}
+
+/// How many times `clients` concurrent `zkguard exec` processes run the background operations:
+/// exec is bound by process starts and ZooKeeper sessions, not by waiting, and this many gave
+/// it its best throughput on a 2-core machine (1x, 2x and 4x were tried).
+pub const EXEC_BACKGROUND_CLIENTS_FACTOR: u32 = 4;
+
+impl ServicePlan {
+    /// Concurrent `zkguard exec` processes for the background operations.
+    pub fn exec_clients(&self) -> u32 {
+        self.clients * EXEC_BACKGROUND_CLIENTS_FACTOR
+    }
 }
 
 /// The figures of one path.
@@ -99,6 +116,8 @@ impl ServiceReport {
             "clients": self.plan.clients,
             "docs": self.plan.docs,
             "saves": self.plan.saves,
+            "exec_background_clients": self.plan.exec_clients(),
+            "build": if cfg!(debug_assertions) { "debug" } else { "release" },
             "service_over_library_fg_p50": (self.fg_ratio() * 100.0).round() / 100.0,
             "service_over_exec_bg_throughput": (self.bg_ratio() * 10.0).round() / 10.0,
         });
@@ -116,10 +135,20 @@ impl ServiceReport {
 
     /// A table.
     pub fn table(&self) -> String {
+        let per = self.plan.saves / self.plan.clients * self.plan.clients;
         let mut out = format!(
-            "{} clients, {} documents, {} foreground saves and {} background operations per path\n\n{:<28} {:>10} {:>10} {:>16}\n",
-            self.plan.clients, self.plan.docs, self.plan.saves, self.plan.saves,
-            "path", "fg p50", "fg p99", "bg ops/s"
+            "{build} build; {docs} shared documents; per path {per} foreground saves from {clients} concurrent clients \
+             (latency of each save), then {per} background operations on the same documents \
+             (operations per second from the first submission until the last is applied; \
+             {exec} concurrent zkguard exec processes for exec)\n\n{:<28} {:>10} {:>10} {:>16}\n",
+            "path",
+            "fg p50",
+            "fg p99",
+            "bg ops/s",
+            build = if cfg!(debug_assertions) { "debug" } else { "release" },
+            docs = self.plan.docs,
+            clients = self.plan.clients,
+            exec = self.plan.exec_clients(),
         );
         for (name, f) in [
             ("library (in-process)", &self.library),
@@ -161,11 +190,7 @@ pub async fn run(settings: Settings, plan: ServicePlan) -> Result<ServiceReport,
     settings.zookeeper.lock_root = format!("/zkguard-bench-service/{tag}");
     let library = library(&settings, plan, &format!("bench-lib-{tag}")).await?;
     let service = service(&settings, plan, &format!("bench-svc-{tag}")).await?;
-    let exec_plan = ServicePlan {
-        saves: plan.saves.min(100),
-        ..plan
-    };
-    let exec = exec(&settings, exec_plan, &format!("bench-exec-{tag}")).await?;
+    let exec = exec(&settings, plan, &format!("bench-exec-{tag}")).await?;
     Ok(ServiceReport {
         plan,
         library,
@@ -228,25 +253,42 @@ async fn library(
 
     let sink = zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(store))
         .map_err(|e| e.to_string())?;
-    let executor = BackgroundExecutor::from_settings(writer, sink, settings);
+    // Configured as `zkguard serve` configures its executor.
+    let executor = BackgroundExecutor::builder(writer, sink)
+        .retry(&settings.retry)
+        .concurrency(crate::server::BACKGROUND_IN_FLIGHT)
+        .batch_by_monitor(
+            crate::server::BACKGROUND_PER_LOCK,
+            crate::server::BACKGROUND_PER_BULK,
+        )
+        .build();
     let n = per * plan.clients;
     let started = Instant::now();
     let mut handles = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        let d = i % plan.docs;
-        let op = Operation::index(
-            format!("{index}:{d}"),
-            index,
-            d.to_string(),
-            json!({"bg": i}),
-        )
-        .with_type(LockType::Background);
-        handles.push(executor.submit(op).await);
+    // The service's clients' documents, in the order they send them.
+    for i in 0..per {
+        for c in 0..plan.clients {
+            let d = doc_of(c, i, plan.docs);
+            let op = Operation::index(
+                format!("{index}:{d}"),
+                index,
+                d.to_string(),
+                json!({"bg": i, "client": c}),
+            )
+            .with_type(LockType::Background);
+            handles.push(executor.submit(op).await);
+        }
     }
     for h in handles {
-        h.await
+        let outcome = h
+            .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
+        if !outcome.is_applied() {
+            return Err(format!(
+                "a background operation was not applied: {outcome:?}"
+            ));
+        }
     }
     let elapsed = started.elapsed();
     session.close();
@@ -344,6 +386,28 @@ async fn journal_empty(http: &reqwest::Client, base: &str) -> Result<bool, Strin
     Ok(text.lines().any(|l| l == "zkguard_journal_depth 0"))
 }
 
+/// `zkguard_operations_total{lock_type="background",outcome="applied"}`.
+async fn background_applied(http: &reqwest::Client, base: &str) -> Result<u64, String> {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(text
+        .lines()
+        .filter(|l| {
+            l.starts_with("zkguard_operations_total{")
+                && l.contains("lock_type=\"background\"")
+                && l.contains("outcome=\"applied\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum())
+}
+
 async fn service(
     settings: &Settings,
     plan: ServicePlan,
@@ -437,12 +501,18 @@ async fn service(
     for t in tasks {
         t.await.map_err(|e| e.to_string())??;
     }
-    // Until every accepted operation is applied (the journal holds no unfinished one).
+    // Until every accepted operation is finished (the journal holds no unfinished one).
     while !journal_empty(&http, &base).await? {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let elapsed = started.elapsed();
     let n = per * plan.clients;
+    let applied = background_applied(&http, &base).await?;
+    if applied != u64::from(n) {
+        return Err(format!(
+            "zkguard serve applied {applied} of {n} background operations (see its dead letters)"
+        ));
+    }
     drop(served);
     Ok(PathFigures {
         saves: samples.len(),
@@ -512,11 +582,20 @@ async fn exec(settings: &Settings, plan: ServicePlan, index: &str) -> Result<Pat
 
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for c in 0..plan.clients {
+    // The same operations as the other paths, taken from one queue by more concurrent exec
+    // clients, so that exec's throughput is not held back by clients waiting on one another.
+    let queue: std::collections::VecDeque<(u32, u32)> = (0..per)
+        .flat_map(|i| (0..plan.clients).map(move |c| (c, i)))
+        .collect();
+    let queue = Arc::new(std::sync::Mutex::new(queue));
+    for _ in 0..plan.exec_clients() {
         let settings = settings.clone();
         let once = once.clone();
+        let queue = queue.clone();
         tasks.push(tokio::spawn(async move {
-            for i in 0..per {
+            loop {
+                let next = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+                let Some((c, i)) = next else { break };
                 once(settings.clone(), "background", doc_of(c, i, plan.docs), i).await?;
             }
             Ok::<_, String>(())

@@ -41,6 +41,7 @@ use uuid::Uuid;
 use crate::backoff::Backoff;
 use crate::config::{RetrySettings, Settings};
 use crate::lock::{LockError, LockType};
+use crate::write::batch::Batcher;
 use crate::write::deadletter::{DeadLetter, DeadLetterError, DeadLetterSink, ParkReason};
 use crate::write::guarded::{GuardedError, GuardedWriter, Written};
 use crate::write::ops::Operation;
@@ -202,6 +203,7 @@ pub struct BackgroundExecutorBuilder {
     backoff_max: Duration,
     lock_timeout: Option<Duration>,
     concurrency: usize,
+    batch: Option<(usize, usize)>,
 }
 
 impl BackgroundExecutorBuilder {
@@ -240,15 +242,36 @@ impl BackgroundExecutorBuilder {
         self
     }
 
+    /// Groups background writes by monitor object: the attempts queued for one monitor run
+    /// one after another under one lock acquisition (at most `max_per_lock` of them), and the
+    /// writes of many monitors go to Elasticsearch in shared `_bulk` requests (at most
+    /// `max_bulk` writes each; a request is sent as soon as the previous one is answered, with
+    /// whatever was handed in meanwhile). Each write still carries its own lock's fencing token
+    /// and records its operation id, so every guarantee of [`GuardedWriter::run`] holds per
+    /// operation, as do retries, parking and the outcomes. Pair it with a larger
+    /// [`BackgroundExecutorBuilder::concurrency`] (operations in flight): with 16 in flight, at
+    /// most 16 writes can share a request.
+    ///
+    /// Without it (the default), every attempt is one [`GuardedWriter::run`]: one acquisition,
+    /// one read and one write request.
+    pub fn batch_by_monitor(mut self, max_per_lock: usize, max_bulk: usize) -> Self {
+        self.batch = Some((max_per_lock.max(1), max_bulk.max(1)));
+        self
+    }
+
     /// The executor.
     pub fn build(self) -> BackgroundExecutor {
         let bg_writer = match self.lock_timeout {
             Some(t) => self.writer.clone().with_lock_timeout(t),
             None => self.writer.clone(),
         };
+        let batcher = self
+            .batch
+            .map(|(per_lock, bulk)| Batcher::new(bg_writer.clone(), per_lock, bulk));
         BackgroundExecutor {
             inner: Arc::new(Inner {
                 fg_writer: self.writer,
+                batcher,
                 bg_writer,
                 sink: self.sink,
                 attempts: self.attempts,
@@ -300,6 +323,7 @@ pub struct BackgroundExecutor {
 struct Inner {
     fg_writer: GuardedWriter,
     bg_writer: GuardedWriter,
+    batcher: Option<Arc<Batcher>>,
     sink: Arc<dyn DeadLetterSink>,
     attempts: u32,
     backoff: Backoff,
@@ -332,6 +356,7 @@ impl BackgroundExecutor {
             backoff_max: Duration::from_secs(5),
             lock_timeout: None,
             concurrency: 16,
+            batch: None,
         }
         .retry(&Settings::default().retry)
     }
@@ -475,7 +500,11 @@ impl Inner {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let error = match self.bg_writer.run(&op).await {
+            let result = match &self.batcher {
+                Some(batcher) => batcher.run(op.clone()).await,
+                None => self.bg_writer.run(&op).await,
+            };
+            let error = match result {
                 Ok(written) => {
                     bump(&c.applied);
                     if written.already_applied {

@@ -55,7 +55,7 @@ use serde_json::{Map, Value};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::es::{DocMeta, DocStore, EsError, Refresh, WriteCondition};
+use crate::es::{BulkAction, DocMeta, DocStore, EsError, Refresh, WriteCondition};
 use crate::lock::{Guard, LockError, LockRequest, LockService, LockType};
 use crate::write::ops::{
     apply_change, strip_meta, with_stamp, ApplyError, Change, DeleteMode, OpError, OpKind,
@@ -63,7 +63,7 @@ use crate::write::ops::{
 };
 
 /// Errors of guarded writes.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum GuardedError {
     /// The operation is not well formed; it can never succeed as it is.
@@ -163,6 +163,15 @@ impl GuardedError {
             Self::Store(_) => "es_rejected",
         }
     }
+}
+
+/// What a guarded write sends (see [`GuardedWriter::plan`]).
+#[derive(Debug)]
+pub(crate) enum Plan {
+    /// The document records the operation: nothing to send.
+    AlreadyApplied,
+    /// The whole new document, or the delete, carrying the token.
+    Send(BulkAction),
 }
 
 /// The result of a successful guarded write.
@@ -363,20 +372,61 @@ impl GuardedWriter {
         let id = op.target_id();
         self.ensure_held(guard, op)?;
         let current = self.store.get(index, id).await?;
-        let stamp = current.as_ref().and_then(|d| Stamp::of(&d.source));
+        let written = |meta| Written {
+            op_id: op.id,
+            token,
+            meta,
+            already_applied: false,
+            waited: Duration::ZERO,
+            held: Duration::ZERO,
+        };
+        match self.plan(op, token, current.as_ref().map(|d| &d.source))? {
+            Plan::AlreadyApplied => {
+                tracing::info!(op = %op.id, "the document already records this operation; nothing to write");
+                Ok(Written {
+                    already_applied: true,
+                    ..written(current.map(|d| d.meta))
+                })
+            }
+            Plan::Send(BulkAction::Delete { condition, .. }) => {
+                self.ensure_held(guard, op)?;
+                self.store
+                    .delete(index, id, condition, self.refresh)
+                    .await
+                    .map(written)
+                    .map_err(|e| fenced_or(e, index, id, token))
+            }
+            Plan::Send(BulkAction::Index {
+                source, condition, ..
+            }) => {
+                self.ensure_held(guard, op)?;
+                self.store
+                    .index(index, id, &source, condition, self.refresh)
+                    .await
+                    .map(|meta| written(Some(meta)))
+                    .map_err(|e| fenced_or(e, index, id, token))
+            }
+        }
+    }
+
+    /// What writing `op` with `token` sends, given the target document's source as stored now
+    /// (`None`: absent): nothing when the document records the operation already, else the whole
+    /// new document (or the delete), carrying `token` as its external version.
+    pub(crate) fn plan(
+        &self,
+        op: &Operation,
+        token: u64,
+        current: Option<&Value>,
+    ) -> Result<Plan, GuardedError> {
+        let index = op.target_index();
+        let id = op.target_id();
+        let stamp = current.and_then(Stamp::of);
         if stamp.as_ref().is_some_and(|s| s.contains(&op.id)) {
-            tracing::info!(op = %op.id, "the document already records this operation; nothing to write");
-            return Ok(Written {
-                op_id: op.id,
-                token,
-                meta: current.map(|d| d.meta),
-                already_applied: true,
-                waited: Duration::ZERO,
-                held: Duration::ZERO,
-            });
+            return Ok(Plan::AlreadyApplied);
         }
         let stamp = stamp.unwrap_or_default();
-        let live = current.as_ref().filter(|_| !stamp.deleted);
+        let live = current.filter(|_| !stamp.deleted);
+        let condition = WriteCondition::ExternalGte(token);
         let new_source = match &op.kind {
             OpKind::Index { doc, .. } => with_stamp(
                 doc.clone(),
@@ -384,7 +434,7 @@ impl GuardedWriter {
             ),
             OpKind::Update { change, upsert, .. } => {
                 let mut source = match live {
-                    Some(doc) => strip_meta(&doc.source),
+                    Some(doc) => strip_meta(doc),
                     None if *upsert => Value::Object(Map::new()),
                     None => {
                         return Err(GuardedError::NotFound {
@@ -415,49 +465,36 @@ impl GuardedWriter {
                 mode: DeleteMode::Hard,
                 ..
             } => {
-                self.ensure_held(guard, op)?;
-                let result = self
-                    .store
-                    .delete(index, id, WriteCondition::ExternalGte(token), self.refresh)
-                    .await;
-                return match result {
-                    Ok(meta) => Ok(Written {
-                        op_id: op.id,
-                        token,
-                        meta,
-                        already_applied: false,
-                        waited: Duration::ZERO,
-                        held: Duration::ZERO,
-                    }),
-                    Err(e) => Err(fenced_or(e, index, id, token)),
-                };
+                return Ok(Plan::Send(BulkAction::Delete {
+                    index: index.to_string(),
+                    id: id.to_string(),
+                    condition,
+                }))
             }
         };
-        self.ensure_held(guard, op)?;
-        match self
-            .store
-            .index(
-                index,
-                id,
-                &new_source,
-                WriteCondition::ExternalGte(token),
-                self.refresh,
-            )
-            .await
-        {
-            Ok(meta) => Ok(Written {
-                op_id: op.id,
-                token,
-                meta: Some(meta),
-                already_applied: false,
-                waited: Duration::ZERO,
-                held: Duration::ZERO,
-            }),
-            Err(e) => Err(fenced_or(e, index, id, token)),
-        }
+        Ok(Plan::Send(BulkAction::Index {
+            index: index.to_string(),
+            id: id.to_string(),
+            source: new_source,
+            condition,
+        }))
     }
 
-    fn ensure_held(&self, guard: &dyn Guard, op: &Operation) -> Result<(), GuardedError> {
+    /// The lock wait override, if any.
+    pub(crate) fn lock_timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// When written documents become visible to searches.
+    pub(crate) fn refresh(&self) -> Refresh {
+        self.refresh
+    }
+
+    pub(crate) fn ensure_held(
+        &self,
+        guard: &dyn Guard,
+        op: &Operation,
+    ) -> Result<(), GuardedError> {
         if guard.is_held() {
             return Ok(());
         }
@@ -474,7 +511,7 @@ impl GuardedWriter {
     }
 }
 
-fn fenced_or(e: EsError, index: &str, id: &str, token: u64) -> GuardedError {
+pub(crate) fn fenced_or(e: EsError, index: &str, id: &str, token: u64) -> GuardedError {
     match e {
         EsError::Conflict { reason, .. } => {
             tracing::warn!(%index, %id, token, %reason, "write fenced by a newer lock holder");

@@ -18,6 +18,7 @@
 //! document-store layers; `docs/fencing.md` explains the fencing.
 
 pub mod background;
+mod batch;
 pub mod deadletter;
 pub mod guarded;
 pub mod ops;

@@ -1,0 +1,466 @@
+//! Background writes grouped by monitor object and sent to Elasticsearch in shared `_bulk`
+//! requests (see [`super::background::BackgroundExecutorBuilder::batch_by_monitor`]).
+//!
+//! Every monitor with queued attempts has one *lane*: a task that takes the attempts queued for
+//! that monitor (oldest first, at most `max_per_lock`, with those queued while the lock was
+//! awaited), acquires the monitor's lock once, reads each target document once, computes every write in order on top of the previous one (exactly
+//! what the same writes one after another under the lock would send), and hands them to the
+//! *bulk writer*. The bulk writer sends whatever the lanes handed it while its previous request
+//! was under way as one `_bulk` request (group commit), so one request carries the writes of many
+//! monitors. Each item carries its own lock's fencing token as the external version and gets its
+//! own result; the lane releases the lock once its items are answered, then takes the attempts
+//! queued meanwhile under a new acquisition, so foreground contenders queued on the monitor go
+//! first.
+//!
+//! The guarantees are those of [`GuardedWriter::run`] for each attempt: the write is sent only
+//! while the lock is held, it is fenced by the token, and the document records the operation id,
+//! so a retry or a replay is recognised and not applied twice. Two attempts of one operation id
+//! never go in one request: the second waits for the next acquisition, where it sees the first
+//! one's stored result. A hard delete is the last write to its document in a request; the writes
+//! after it wait for the next acquisition.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::es::{BulkAction, DocMeta, DocStore, EsError, Refresh};
+use crate::lock::{Guard, LockRequest};
+use crate::write::guarded::{fenced_or, GuardedError, GuardedWriter, Plan, Written};
+use crate::write::ops::Operation;
+
+/// The result of one attempt.
+type Attempt = Result<Written, GuardedError>;
+
+/// One attempt waiting in its monitor's lane.
+struct Queued {
+    op: Operation,
+    done: oneshot::Sender<Attempt>,
+}
+
+/// The writes of one lane for the bulk writer, and where their results go.
+struct BulkJob {
+    actions: Vec<BulkAction>,
+    done: oneshot::Sender<Result<Vec<Result<DocMeta, EsError>>, EsError>>,
+}
+
+/// The lanes and the bulk writer of one executor.
+pub(crate) struct Batcher {
+    writer: GuardedWriter,
+    lanes: Mutex<HashMap<String, VecDeque<Queued>>>,
+    bulk: OnceLock<mpsc::UnboundedSender<BulkJob>>,
+    max_per_lock: usize,
+    max_bulk: usize,
+}
+
+impl Batcher {
+    /// Lanes over `writer` (its lock service, store, lock timeout and refresh): at most
+    /// `max_per_lock` attempts under one acquisition, at most `max_bulk` writes in one request
+    /// (a lane's writes are never split).
+    pub(crate) fn new(writer: GuardedWriter, max_per_lock: usize, max_bulk: usize) -> Arc<Self> {
+        Arc::new(Self {
+            writer,
+            lanes: Mutex::new(HashMap::new()),
+            bulk: OnceLock::new(),
+            max_per_lock: max_per_lock.max(1),
+            max_bulk: max_bulk.max(1),
+        })
+    }
+
+    fn lanes(&self) -> std::sync::MutexGuard<'_, HashMap<String, VecDeque<Queued>>> {
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One attempt of `op`, as [`GuardedWriter::run`] makes it, in its monitor's lane.
+    ///
+    /// # Errors
+    /// Those of [`GuardedWriter::run`].
+    pub(crate) async fn run(self: &Arc<Self>, op: Operation) -> Attempt {
+        op.validate()?;
+        let (done, rx) = oneshot::channel();
+        let start = {
+            let mut lanes = self.lanes();
+            match lanes.get_mut(&op.monitor) {
+                Some(queue) => {
+                    queue.push_back(Queued { op, done });
+                    None
+                }
+                None => {
+                    let monitor = op.monitor.clone();
+                    lanes.insert(monitor.clone(), VecDeque::from([Queued { op, done }]));
+                    Some(monitor)
+                }
+            }
+        };
+        if let Some(monitor) = start {
+            let me = self.clone();
+            let span = tracing::info_span!("background_lane", monitor = %monitor);
+            tokio::spawn(
+                async move {
+                    let lane = std::panic::AssertUnwindSafe(me.lane(&monitor)).catch_unwind();
+                    if lane.await.is_err() {
+                        // Dropping the queued attempts answers their callers with an error.
+                        me.lanes().remove(&monitor);
+                        tracing::error!("a background lane stopped unexpectedly; its queued attempts fail and are retried");
+                    }
+                }
+                .instrument(span),
+            );
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(GuardedError::Store(EsError::Protocol(
+                "the background lane stopped before answering; the attempt is retried".into(),
+            )))
+        })
+    }
+
+    /// Serves one monitor until its queue is empty.
+    async fn lane(&self, monitor: &str) {
+        loop {
+            let batch: Vec<Queued> = {
+                let mut lanes = self.lanes();
+                let Some(queue) = lanes.get_mut(monitor) else {
+                    return;
+                };
+                if queue.is_empty() {
+                    lanes.remove(monitor);
+                    return;
+                }
+                let n = queue.len().min(self.max_per_lock);
+                queue.drain(..n).collect()
+            };
+            let later = self.apply(monitor, batch).await;
+            if !later.is_empty() {
+                let mut lanes = self.lanes();
+                let queue = lanes.entry(monitor.to_string()).or_default();
+                for q in later.into_iter().rev() {
+                    queue.push_front(q);
+                }
+            }
+        }
+    }
+
+    /// Applies `batch` (all for `monitor`) under one acquisition; returns the attempts that
+    /// must wait for the next one.
+    async fn apply(&self, monitor: &str, mut batch: Vec<Queued>) -> Vec<Queued> {
+        let first = &batch[0].op;
+        let mut request =
+            LockRequest::new(monitor.to_string(), first.info.clone()).with_type(first.lock_type);
+        if let Some(t) = self.writer.lock_timeout() {
+            request = request.with_timeout(t);
+        }
+        let started = Instant::now();
+        let guard = match self.writer.locks().acquire(request).await {
+            Ok(g) => g,
+            Err(e) => {
+                let e = GuardedError::Lock(e);
+                for q in batch {
+                    let _ = q.done.send(Err(e.clone()));
+                }
+                return Vec::new();
+            }
+        };
+        let waited = started.elapsed();
+        let acquired = Instant::now();
+        let token = guard.fencing_token();
+        // The attempts queued for this monitor while the lock was awaited join this acquisition.
+        {
+            let mut lanes = self.lanes();
+            if let Some(queue) = lanes.get_mut(monitor) {
+                let n = queue
+                    .len()
+                    .min(self.max_per_lock.saturating_sub(batch.len()));
+                batch.extend(queue.drain(..n));
+            }
+        }
+        tracing::debug!(
+            token,
+            attempts = batch.len(),
+            waited_ms = waited.as_millis() as u64,
+            "lane lock acquired"
+        );
+        let (results, later) = self.write(guard.as_ref(), batch).await;
+        let held = acquired.elapsed();
+        if let Err(e) = guard.unlock().await {
+            tracing::warn!(error = %e, "releasing the lock after a batch of writes failed");
+        }
+        for (q, result) in results {
+            let _ = q.done.send(result.map(|w| Written { waited, held, ..w }));
+        }
+        later
+    }
+
+    /// Reads the target documents, plans every write in order and sends them in the bulk
+    /// writer's next request. Returns each attempt with its result, and the attempts left for
+    /// the next acquisition.
+    async fn write(
+        &self,
+        guard: &dyn Guard,
+        batch: Vec<Queued>,
+    ) -> (Vec<(Queued, Attempt)>, Vec<Queued>) {
+        let token = guard.fencing_token();
+        let store = self.writer.store();
+        let mut results: Vec<(Queued, Option<Attempt>)> = Vec::with_capacity(batch.len());
+        let mut later = Vec::new();
+
+        // Each target document, read once.
+        let mut targets: Vec<(String, String)> = Vec::new();
+        let mut seen = HashSet::new();
+        for q in &batch {
+            let key = (
+                q.op.target_index().to_string(),
+                q.op.target_id().to_string(),
+            );
+            if seen.insert(key.clone()) {
+                targets.push(key);
+            }
+        }
+        if !guard.is_held() {
+            let results = batch
+                .into_iter()
+                .map(|q| {
+                    let e = self.lost(guard, &q.op);
+                    (q, Err(e))
+                })
+                .collect();
+            return (results, Vec::new());
+        }
+        let reads =
+            futures::future::join_all(targets.iter().map(|(index, id)| store.get(index, id))).await;
+        let mut docs: HashMap<(String, String), DocState> = HashMap::new();
+        for (key, read) in targets.into_iter().zip(reads) {
+            let state = match read {
+                Ok(doc) => DocState {
+                    meta: doc.as_ref().map(|d| d.meta),
+                    source: doc.map(|d| d.source),
+                    failed: None,
+                    closed: false,
+                },
+                Err(e) => DocState {
+                    source: None,
+                    meta: None,
+                    failed: Some(GuardedError::Store(e)),
+                    closed: false,
+                },
+            };
+            docs.insert(key, state);
+        }
+
+        // Every write, in order, on top of the previous ones.
+        let mut actions = Vec::new();
+        let mut sent: Vec<usize> = Vec::new();
+        let mut ids: HashSet<Uuid> = HashSet::new();
+        for q in batch {
+            let key = (
+                q.op.target_index().to_string(),
+                q.op.target_id().to_string(),
+            );
+            let doc = docs.get_mut(&key).expect("every target was read");
+            if doc.closed || ids.contains(&q.op.id) {
+                later.push(q);
+                continue;
+            }
+            if let Some(e) = &doc.failed {
+                let e = e.clone();
+                results.push((q, Some(Err(e))));
+                continue;
+            }
+            let written = |meta| Written {
+                op_id: q.op.id,
+                token,
+                meta,
+                already_applied: false,
+                waited: Duration::ZERO,
+                held: Duration::ZERO,
+            };
+            match self.writer.plan(&q.op, token, doc.source.as_ref()) {
+                Err(e) => results.push((q, Some(Err(e)))),
+                Ok(Plan::AlreadyApplied) => {
+                    tracing::info!(op = %q.op.id, "the document already records this operation; nothing to write");
+                    let w = Written {
+                        already_applied: true,
+                        ..written(doc.meta)
+                    };
+                    results.push((q, Some(Ok(w))));
+                }
+                Ok(Plan::Send(action)) => {
+                    match &action {
+                        BulkAction::Index { source, .. } => doc.source = Some(source.clone()),
+                        BulkAction::Delete { .. } => {
+                            doc.source = None;
+                            doc.closed = true;
+                        }
+                    }
+                    doc.meta = None;
+                    ids.insert(q.op.id);
+                    actions.push(action);
+                    sent.push(results.len());
+                    results.push((q, None));
+                }
+            }
+        }
+
+        if !actions.is_empty() {
+            let targets: Vec<(String, String)> = actions
+                .iter()
+                .map(|a| match a {
+                    BulkAction::Index { index, id, .. } | BulkAction::Delete { index, id, .. } => {
+                        (index.clone(), id.clone())
+                    }
+                })
+                .collect();
+            // The last check before anything is sent.
+            if !guard.is_held() {
+                for i in &sent {
+                    let e = self.lost(guard, &results[*i].0.op);
+                    results[*i].1 = Some(Err(e));
+                }
+            } else {
+                match self.send(actions).await {
+                    Ok(items) => {
+                        for ((i, item), (index, id)) in sent.iter().zip(items).zip(&targets) {
+                            let (q, r) = &mut results[*i];
+                            *r = Some(match item {
+                                Ok(meta) => Ok(Written {
+                                    op_id: q.op.id,
+                                    token,
+                                    meta: Some(meta),
+                                    already_applied: false,
+                                    waited: Duration::ZERO,
+                                    held: Duration::ZERO,
+                                }),
+                                Err(e) => Err(fenced_or(e, index, id, token)),
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        for i in &sent {
+                            results[*i].1 = Some(Err(GuardedError::Store(e.clone())));
+                        }
+                    }
+                }
+            }
+        }
+        (
+            results
+                .into_iter()
+                .map(|(q, r)| (q, r.expect("every attempt has a result")))
+                .collect(),
+            later,
+        )
+    }
+
+    /// The error of a write not sent because the lock is no longer held.
+    fn lost(&self, guard: &dyn Guard, op: &Operation) -> GuardedError {
+        match self.writer.ensure_held(guard, op) {
+            Err(e) => e,
+            Ok(()) => GuardedError::LockLost {
+                monitor: op.monitor.clone(),
+                index: op.target_index().to_string(),
+                id: op.target_id().to_string(),
+                reason: "released".into(),
+            },
+        }
+    }
+
+    /// Hands `actions` to the bulk writer and waits for their results, in order.
+    async fn send(
+        &self,
+        actions: Vec<BulkAction>,
+    ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
+        let tx = self.bulk.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(bulk_writer(
+                self.writer.store().clone(),
+                self.writer.refresh(),
+                rx,
+                self.max_bulk,
+            ));
+            tx
+        });
+        let n = actions.len();
+        let (done, rx) = oneshot::channel();
+        let gone = || EsError::Protocol("the bulk writer stopped before answering".into());
+        tx.send(BulkJob { actions, done }).map_err(|_| gone())?;
+        let items = rx.await.map_err(|_| gone())??;
+        if items.len() != n {
+            return Err(EsError::Protocol(format!(
+                "{} results for {n} writes",
+                items.len()
+            )));
+        }
+        Ok(items)
+    }
+}
+
+/// A target document as the lane sees it: as read, then as its planned writes leave it.
+struct DocState {
+    source: Option<Value>,
+    meta: Option<DocMeta>,
+    /// The read failed: every write to it fails with this error.
+    failed: Option<GuardedError>,
+    /// A hard delete is planned: later writes wait for the next acquisition.
+    closed: bool,
+}
+
+/// Sends the lanes' writes: everything handed in while the previous request was under way goes
+/// in the next one (up to `max` writes). Ends when the executor is dropped.
+async fn bulk_writer(
+    store: Arc<dyn DocStore>,
+    refresh: Refresh,
+    mut rx: mpsc::UnboundedReceiver<BulkJob>,
+    max: usize,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut count = first.actions.len();
+        let mut jobs = vec![first];
+        while count < max {
+            match rx.try_recv() {
+                Ok(job) => {
+                    count += job.actions.len();
+                    jobs.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        let mut actions = Vec::with_capacity(count);
+        let mut answers = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            answers.push((job.actions.len(), job.done));
+            actions.extend(job.actions);
+        }
+        tracing::debug!(
+            writes = actions.len(),
+            lanes = answers.len(),
+            "bulk request"
+        );
+        match store.bulk(&actions, refresh).await {
+            Ok(items) if items.len() == actions.len() => {
+                let mut items = items.into_iter();
+                for (n, done) in answers {
+                    let _ = done.send(Ok(items.by_ref().take(n).collect()));
+                }
+            }
+            Ok(items) => {
+                let e = EsError::Protocol(format!(
+                    "_bulk answered {} items for {} writes",
+                    items.len(),
+                    actions.len()
+                ));
+                for (_, done) in answers {
+                    let _ = done.send(Err(e.clone()));
+                }
+            }
+            Err(e) => {
+                for (_, done) in answers {
+                    let _ = done.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
