@@ -1702,82 +1702,12 @@ async fn bearer_tokens_are_required_and_reloaded_on_sighup() {
     }
 }
 
-/// Makes a throwaway CA and a server certificate for 127.0.0.1 signed by it, with the openssl
-/// CLI; returns (CA certificate, server certificate, server key) paths.
-fn throwaway_ca(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
-    let p = |name: &str| dir.join(name);
-    let openssl = |args: &[&str]| {
-        let o = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("run openssl");
-        assert!(o.status.success(), "openssl {args:?}: {o:?}");
-    };
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=zkguard test CA",
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,cRLSign",
-    ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ]);
-    std::fs::write(
-        p("server.ext"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "server.ext",
-    ]);
-    (p("ca.pem"), p("server.pem"), p("server.key"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tls_serves_clients_that_trust_its_ca_and_no_others() {
     let base = Env::new(&shared_zk().connect_string(), "tls");
-    let (ca, cert, key) = throwaway_ca(base.dir.path());
+    let authority = common::certs::Ca::new(base.dir.path(), "serve");
+    let ca = authority.cert();
+    let (cert, key) = authority.issue("server");
     let env = base
         .with("ZKGUARD_SERVER_TLS_CERT", cert.to_str().unwrap())
         .with("ZKGUARD_SERVER_TLS_KEY", key.to_str().unwrap());
