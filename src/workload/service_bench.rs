@@ -374,28 +374,25 @@ async fn start_service(settings: &Settings, plan: ServicePlan) -> Result<Served,
     })
 }
 
-async fn journal_empty(http: &reqwest::Client, base: &str) -> Result<bool, String> {
-    let text = http
-        .get(format!("{base}/metrics"))
+/// The service's `/metrics` page.
+async fn metrics_text(http: &reqwest::Client, base: &str) -> Result<String, String> {
+    http.get(format!("{base}/metrics"))
         .send()
         .await
         .map_err(|e| e.to_string())?
         .text()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+}
+
+async fn journal_empty(http: &reqwest::Client, base: &str) -> Result<bool, String> {
+    let text = metrics_text(http, base).await?;
     Ok(text.lines().any(|l| l == "zkguard_journal_depth 0"))
 }
 
 /// `zkguard_operations_total{lock_type="background",outcome="applied"}`.
 async fn background_applied(http: &reqwest::Client, base: &str) -> Result<u64, String> {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .text()
-        .await
-        .map_err(|e| e.to_string())?;
+    let text = metrics_text(http, base).await?;
     Ok(text
         .lines()
         .filter(|l| {
