@@ -7,7 +7,10 @@
 # runs against a local osmem-server (its own column: the peers are ZooKeeper-only). Prints one
 # table per server (medians with the min-max spread), then the zkguard/Curator ratios beside the
 # goals (hand-offs/s and throughput 1.5x with forceSync=no, 1.2x with forceSync on; requests per
-# hand-off at most Curator's), and writes the combined JSON to target/bench/results.json.
+# hand-off at most Curator's), and writes the combined JSON to target/bench/results.json. Beside
+# the wall-clock figures, each peer counts the server's requests (zk_packets_received) and
+# measures its own CPU time and the server's (/proc/PID/stat of the ZooKeeper process) per cycle,
+# per hand-off and per throughput cycle: figures that a busy machine does not move.
 #
 # Usage: scripts/bench.sh [--iterations N] [--contenders N] [--monitors N] [--rounds N] [--no-build]
 #        (or ITERATIONS=, CONTENDERS=, MONITORS=, ROUNDS= in the environment; 5 rounds by default,
@@ -94,6 +97,7 @@ fi
 # Two servers: "sync" (forceSync on, data under $WORK) and "nosync" (forceSync=no, data on tmpfs).
 MODES=(sync nosync)
 declare -A ZK_AT
+declare -A ZK_PID
 free_port() {
     "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
@@ -141,6 +145,7 @@ EOF
         if four_letter "$port" srvr | grep -q '^Mode: standalone' \
             && four_letter "$port" conf | grep -q "^dataDir=$data"; then
             ZK_AT[$mode]="127.0.0.1:$port"
+            ZK_PID[$mode]="$pid"
             return 0
         fi
         sleep 0.1
@@ -194,20 +199,22 @@ ZKGUARD_ENV=(env -u ZKGUARD_CONFIG -u ZKGUARD_LOCK_BACKEND -u RUST_LOG
 # it does not use ZooKeeper).
 run_one() {
     local name="$1" mode="$2" round="$3"
-    local zk="" tag="$name-$mode"
-    [ -z "$mode" ] || zk="${ZK_AT[$mode]}"
+    local zk="" tag="$name-$mode" server=()
+    # Each peer also measures the server's CPU time per cycle, hand-off and throughput cycle.
+    [ -z "$mode" ] || { zk="${ZK_AT[$mode]}"; server=(--server-pid "${ZK_PID[$mode]}"); }
     case "$name" in
         zkguard)
             [ -x "$ZKGUARD" ] || { : >"$OUT/$tag-$round.json"; return; }
             run_peer "$tag" "$round" "${ZKGUARD_ENV[@]}" "$ZKGUARD" bench --backend zookeeper --json \
-                --zk "$zk" "${COUNTS[@]}" ;;
+                --zk "$zk" "${server[@]}" "${COUNTS[@]}" ;;
         curator)
             [ "$CURATOR_OK" = 1 ] || { : >"$OUT/$tag-$round.json"; return; }
             run_peer "$tag" "$round" java -XX:+UseSerialGC -cp "$CURATOR_BUILD:$CURATOR_CP" CuratorBench \
-                --json --zk "$zk" "${COUNTS[@]}" ;;
+                --json --zk "$zk" "${server[@]}" "${COUNTS[@]}" ;;
         kazoo)
             [ "$HAVE_KAZOO" = 1 ] || { : >"$OUT/$tag-$round.json"; return; }
-            run_peer "$tag" "$round" "$PY" "$ROOT/bench/kazoo/kazoo_bench.py" --json --zk "$zk" "${COUNTS[@]}" ;;
+            run_peer "$tag" "$round" "$PY" "$ROOT/bench/kazoo/kazoo_bench.py" --json --zk "$zk" \
+                "${server[@]}" "${COUNTS[@]}" ;;
         zkguard-es)
             # The Elasticsearch lease lock, against an osmem-server that zkguard starts and stops.
             [ -x "$ZKGUARD" ] || { : >"$OUT/$name-$round.json"; return; }
@@ -243,11 +250,16 @@ FIGURES = [
     ("uncontended.p99_ms", "uncontended p99 (ms, lower is better)"),
     ("uncontended.requests_per_cycle", "requests per cycle (lower is better)"),
     ("uncontended.cpu_ms_per_cycle", "client CPU ms per cycle (lower is better)"),
+    ("uncontended.server_cpu_ms_per_cycle", "server CPU ms per cycle (lower is better)"),
     ("contended.handoffs_per_sec", "contended hand-offs/s (higher is better)"),
     ("contended.owner_changes_per_sec", "  of which to another session/s"),
     ("contended.requests_per_handoff", "  requests per hand-off (lower is better)"),
     ("contended.cpu_ms_per_handoff", "  client CPU ms per hand-off (lower is better)"),
+    ("contended.server_cpu_ms_per_handoff", "  server CPU ms per hand-off (lower is better)"),
     ("throughput.ops_per_sec", "throughput ops/s (higher is better)"),
+    ("throughput.requests_per_op", "  requests per cycle (lower is better)"),
+    ("throughput.cpu_ms_per_op", "  client CPU ms per cycle (lower is better)"),
+    ("throughput.server_cpu_ms_per_op", "  server CPU ms per cycle (lower is better)"),
 ]
 PEERS = [("zkguard", "zkguard"), ("curator", "Curator"), ("kazoo", "kazoo")]
 # zkguard's Elasticsearch lease lock: its own column, no ratios (the peers are ZooKeeper-only),

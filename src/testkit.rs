@@ -839,6 +839,15 @@ impl ZkServer {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// The server's process id while it runs (for measuring its CPU time).
+    pub fn pid(&self) -> Option<u32> {
+        self.proc
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|p| p.child.id())
+    }
+
     /// The client port.
     pub fn port(&self) -> u16 {
         self.port

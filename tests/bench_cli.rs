@@ -17,6 +17,17 @@ const FIGURES: &[&str] = &[
     "contended.requests_per_handoff",
     "contended.cpu_ms_per_handoff",
     "throughput.ops_per_sec",
+    "throughput.requests_per_op",
+    "throughput.cpu_ms_per_op",
+];
+
+/// The server's CPU time per cycle: measured on the ZooKeeper server `--local` starts (a
+/// number, possibly 0 over a short run: the JVM's clock ticks by 10 ms), `null` on
+/// Elasticsearch.
+const SERVER_FIGURES: &[&str] = &[
+    "uncontended.server_cpu_ms_per_cycle",
+    "contended.server_cpu_ms_per_handoff",
+    "throughput.server_cpu_ms_per_op",
 ];
 
 fn zkguard(args: &[&str]) -> Output {
@@ -86,6 +97,19 @@ fn local_json(backend: &str) -> serde_json::Map<String, Value> {
             "{key} = {n} is not a positive number"
         );
     }
+    for key in SERVER_FIGURES {
+        let v = obj
+            .get(*key)
+            .unwrap_or_else(|| panic!("missing key {key} in {obj:?}"));
+        if backend == "zookeeper" {
+            let n = v
+                .as_f64()
+                .unwrap_or_else(|| panic!("{key} is not a number: {v}"));
+            assert!(n >= 0.0 && n.is_finite(), "{key} = {n}");
+        } else {
+            assert!(v.is_null(), "{key} = {v}: there is no ZooKeeper server");
+        }
+    }
     let p50 = obj["uncontended.p50_ms"].as_f64().unwrap();
     let p99 = obj["uncontended.p99_ms"].as_f64().unwrap();
     assert!(p50 <= p99, "p50 {p50} > p99 {p99}");
@@ -111,6 +135,35 @@ fn zookeeper_json_has_every_figure_and_three_requests_per_cycle() {
     assert!(
         per_handoff >= 2.0,
         "requests per hand-off: {per_handoff}, expected at least 2"
+    );
+    // A throughput cycle costs at least an uncontended cycle's requests.
+    let per_op = obj["throughput.requests_per_op"].as_f64().unwrap();
+    assert!(
+        per_op >= 2.0,
+        "requests per throughput cycle: {per_op}, expected at least 2"
+    );
+}
+
+#[test]
+fn server_pid_must_name_a_readable_process() {
+    let out = zkguard(&[
+        "--backend",
+        "zookeeper",
+        "--zk",
+        "127.0.0.1:1",
+        "--server-pid",
+        "4294967295",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "stderr:\n{}",
+        text(&out.stderr)
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("--server-pid 4294967295") && stderr.contains("/proc/4294967295/stat"),
+        "stderr:\n{stderr}"
     );
 }
 
@@ -153,6 +206,7 @@ fn table_names_every_figure() {
         "client CPU per uncontended cycle",
         "client CPU per hand-off",
         "throughput (2 sessions, 2 monitors)",
+        "client CPU per cycle",
     ] {
         assert!(stdout.contains(needle), "missing {needle:?} in:\n{stdout}");
     }

@@ -1,12 +1,15 @@
 // Benchmark peer for `zkguard bench`: Apache Curator's InterProcessMutex, measured the same way.
 //
 // Usage: java CuratorBench --zk HOST:PORT[,...] [--iterations N] [--contenders N] [--monitors N]
-//                          [--warmup N] [--json]
+//                          [--warmup N] [--server-pid PID] [--json]
 // Prints one JSON object:
 //   {"backend":"curator", "iterations":N, "contenders":C, "monitors":M,
-//    "uncontended":{"p50_ms":..,"p99_ms":..,"requests_per_cycle":..,"cpu_ms_per_cycle":..},
-//    "contended":{"handoffs_per_sec":..,"requests_per_handoff":..,"cpu_ms_per_handoff":..},
-//    "throughput":{"ops_per_sec":..}}
+//    "uncontended":{"p50_ms":..,"p99_ms":..,"requests_per_cycle":..,"cpu_ms_per_cycle":..,
+//                   "server_cpu_ms_per_cycle":..},
+//    "contended":{"handoffs_per_sec":..,"requests_per_handoff":..,"cpu_ms_per_handoff":..,
+//                 "server_cpu_ms_per_handoff":..},
+//    "throughput":{"ops_per_sec":..,"requests_per_op":..,"cpu_ms_per_op":..,"server_cpu_ms_per_op":..}}
+// (the server_cpu figures are null without --server-pid)
 //
 // - uncontended: one client acquires and releases one reused lock path, N cycles after a warm-up;
 //   latency of a whole cycle (acquire + release). requests_per_cycle is the growth of the server's
@@ -17,7 +20,10 @@
 //   until N hand-offs happened in total; hand-offs per second. requests_per_handoff is the growth
 //   of zk_packets_received during those N hand-offs (all clients' requests), divided by N.
 // - throughput: C clients over M lock paths (each operation picks a path at random) until N
-//   acquire/release operations happened in total; operations per second.
+//   acquire/release operations happened in total; operations per second, with its requests and
+//   this JVM's CPU time per operation counted as above.
+// - server_cpu_ms_*: with --server-pid, the user + system CPU time of that process (the
+//   ZooKeeper server; /proc/PID/stat, Linux) over the same cycles, divided by their number.
 
 import java.io.ByteArrayOutputStream;
 import java.lang.management.ManagementFactory;
@@ -52,6 +58,7 @@ public final class CuratorBench {
         int contenders = 4;
         int monitors = 8;
         int warmup = -1;
+        long serverPid = -1;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--zk": zk = args[++i]; break;
@@ -59,6 +66,7 @@ public final class CuratorBench {
                 case "--contenders": contenders = Integer.parseInt(args[++i]); break;
                 case "--monitors": monitors = Integer.parseInt(args[++i]); break;
                 case "--warmup": warmup = Integer.parseInt(args[++i]); break;
+                case "--server-pid": serverPid = Long.parseLong(args[++i]); break;
                 case "--json": break;
                 default:
                     System.err.println("CuratorBench: unknown argument " + args[i]
@@ -80,6 +88,7 @@ public final class CuratorBench {
         double p99;
         double requestsPerCycle;
         double cpuMsPerCycle;
+        Double serverCpuMsPerCycle;
         CuratorFramework solo = client(zk);
         try {
             InterProcessMutex lock = new InterProcessMutex(solo, base + "/uncontended");
@@ -89,12 +98,14 @@ public final class CuratorBench {
             long[] nanos = new long[iterations];
             long before = packetsReceived(zk);
             long cpuBefore = cpuNanos();
+            long serverBefore = serverCpuNanos(serverPid);
             for (int i = 0; i < iterations; i++) {
                 long t0 = System.nanoTime();
                 cycle(lock);
                 nanos[i] = System.nanoTime() - t0;
             }
             cpuMsPerCycle = (cpuNanos() - cpuBefore) / 1e6 / iterations;
+            serverCpuMsPerCycle = perCycleMs(serverBefore, serverCpuNanos(serverPid), iterations);
             long after = packetsReceived(zk);
             Arrays.sort(nanos);
             p50 = percentile(nanos, 0.50) / 1e6;
@@ -114,21 +125,31 @@ public final class CuratorBench {
             run(clients, 1, base + "/contended", Math.min(warmup, 20 * contenders));
             long handoffBefore = packetsReceived(zk);
             long cpuBefore = cpuNanos();
+            long serverBefore = serverCpuNanos(serverPid);
             double handoffs = run(clients, 1, base + "/contended", iterations);
             double cpuMsPerHandoff = (cpuNanos() - cpuBefore) / 1e6 / iterations;
+            Double serverCpuMsPerHandoff = perCycleMs(serverBefore, serverCpuNanos(serverPid), iterations);
             double requestsPerHandoff = (double) (packetsReceived(zk) - handoffBefore) / iterations;
             run(clients, monitors, base + "/throughput", Math.min(warmup, 20 * contenders));
+            long opsBefore = packetsReceived(zk);
+            cpuBefore = cpuNanos();
+            serverBefore = serverCpuNanos(serverPid);
             double ops = run(clients, monitors, base + "/throughput", iterations);
+            double cpuMsPerOp = (cpuNanos() - cpuBefore) / 1e6 / iterations;
+            Double serverCpuMsPerOp = perCycleMs(serverBefore, serverCpuNanos(serverPid), iterations);
+            double requestsPerOp = (double) (packetsReceived(zk) - opsBefore) / iterations;
 
             System.out.println(String.format(Locale.ROOT,
                 "{\"backend\":\"curator\",\"iterations\":%d,\"contenders\":%d,\"monitors\":%d,"
                     + "\"uncontended\":{\"p50_ms\":%.4f,\"p99_ms\":%.4f,\"requests_per_cycle\":%.2f,"
-                    + "\"cpu_ms_per_cycle\":%.4f},"
+                    + "\"cpu_ms_per_cycle\":%.4f,\"server_cpu_ms_per_cycle\":%s},"
                     + "\"contended\":{\"handoffs_per_sec\":%.1f,\"requests_per_handoff\":%.2f,"
-                    + "\"cpu_ms_per_handoff\":%.4f},"
-                    + "\"throughput\":{\"ops_per_sec\":%.1f}}",
-                iterations, contenders, monitors, p50, p99, requestsPerCycle, cpuMsPerCycle, handoffs, requestsPerHandoff,
-                cpuMsPerHandoff, ops));
+                    + "\"cpu_ms_per_handoff\":%.4f,\"server_cpu_ms_per_handoff\":%s},"
+                    + "\"throughput\":{\"ops_per_sec\":%.1f,\"requests_per_op\":%.2f,"
+                    + "\"cpu_ms_per_op\":%.4f,\"server_cpu_ms_per_op\":%s}}",
+                iterations, contenders, monitors, p50, p99, requestsPerCycle, cpuMsPerCycle,
+                json(serverCpuMsPerCycle), handoffs, requestsPerHandoff, cpuMsPerHandoff,
+                json(serverCpuMsPerHandoff), ops, requestsPerOp, cpuMsPerOp, json(serverCpuMsPerOp)));
         } finally {
             for (CuratorFramework c : clients) {
                 c.close();
@@ -204,6 +225,54 @@ public final class CuratorBench {
     private static long cpuNanos() {
         return ((com.sun.management.OperatingSystemMXBean)
             ManagementFactory.getOperatingSystemMXBean()).getProcessCpuTime();
+    }
+
+    /**
+     * User + system CPU time of process `pid` (the ZooKeeper server) from /proc/PID/stat, in ns;
+     * -1 without a pid or when it cannot be read.
+     */
+    private static long serverCpuNanos(long pid) {
+        if (pid < 0) {
+            return -1;
+        }
+        try {
+            String stat = new String(java.nio.file.Files.readAllBytes(
+                java.nio.file.Paths.get("/proc/" + pid + "/stat")), StandardCharsets.US_ASCII);
+            // The command name (field 2) may hold spaces: count from the parenthesis closing it.
+            String[] f = stat.substring(stat.lastIndexOf(')') + 2).trim().split("\\s+");
+            long ticks = Long.parseLong(f[11]) + Long.parseLong(f[12]);
+            return ticks * 1_000_000_000L / clockTicks();
+        } catch (java.io.IOException | RuntimeException e) {
+            return -1;
+        }
+    }
+
+    private static long clockTicksPerSec = -1;
+
+    /** The kernel's clock ticks per second (`getconf CLK_TCK`; 100 when it cannot be asked). */
+    private static long clockTicks() {
+        if (clockTicksPerSec < 0) {
+            clockTicksPerSec = 100;
+            try {
+                Process p = new ProcessBuilder("getconf", "CLK_TCK").redirectErrorStream(true).start();
+                String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.US_ASCII).trim();
+                if (p.waitFor() == 0 && Long.parseLong(out) > 0) {
+                    clockTicksPerSec = Long.parseLong(out);
+                }
+            } catch (java.io.IOException | InterruptedException | NumberFormatException e) {
+                // keep 100, Linux's USER_HZ
+            }
+        }
+        return clockTicksPerSec;
+    }
+
+    /** Milliseconds per cycle between two serverCpuNanos readings, or null. */
+    private static Double perCycleMs(long before, long after, int cycles) {
+        return before < 0 || after < 0 ? null : (after - before) / 1e6 / cycles;
+    }
+
+    private static String json(Double v) {
+        return v == null ? "null" : String.format(Locale.ROOT, "%.4f", v);
     }
 
     private static long percentile(long[] sorted, double q) {

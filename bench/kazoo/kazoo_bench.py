@@ -2,13 +2,17 @@
 """Benchmark peer for `zkguard bench`: kazoo's `Lock` recipe, measured the same way.
 
 Usage: /usr/bin/python3 kazoo_bench.py --zk HOST:PORT[,...] [--iterations N] [--contenders N]
-                                       [--monitors N] [--warmup N] [--json]
+                                       [--monitors N] [--warmup N] [--server-pid PID] [--json]
 
 Prints one JSON object:
   {"backend": "kazoo", "iterations": N, "contenders": C, "monitors": M,
-   "uncontended": {"p50_ms": .., "p99_ms": .., "requests_per_cycle": .., "cpu_ms_per_cycle": ..},
-   "contended": {"handoffs_per_sec": .., "requests_per_handoff": .., "cpu_ms_per_handoff": ..},
-   "throughput": {"ops_per_sec": ..}}
+   "uncontended": {"p50_ms": .., "p99_ms": .., "requests_per_cycle": .., "cpu_ms_per_cycle": ..,
+                   "server_cpu_ms_per_cycle": ..},
+   "contended": {"handoffs_per_sec": .., "requests_per_handoff": .., "cpu_ms_per_handoff": ..,
+                 "server_cpu_ms_per_handoff": ..},
+   "throughput": {"ops_per_sec": .., "requests_per_op": .., "cpu_ms_per_op": ..,
+                  "server_cpu_ms_per_op": ..}}
+(the server_cpu figures are null without --server-pid)
 
 - uncontended: one client acquires and releases one reused lock path, N cycles after a warm-up;
   latency of a whole cycle (acquire + release). requests_per_cycle is the growth of the server's
@@ -19,13 +23,17 @@ Prints one JSON object:
   until N hand-offs happened in total; hand-offs per second. requests_per_handoff is the growth
   of zk_packets_received during those N hand-offs (all clients' requests), divided by N.
 - throughput: C clients over M lock paths (each operation picks a path at random) until N
-  acquire/release operations happened in total; operations per second.
+  acquire/release operations happened in total; operations per second, with its requests and
+  this process's CPU time per operation counted as above.
+- server_cpu_ms_*: with --server-pid, the user + system CPU time of that process (the ZooKeeper
+  server; /proc/PID/stat, Linux) over the same cycles, divided by their number.
 """
 
 import argparse
 import json
 import logging
 import math
+import os
 import random
 import resource
 import socket
@@ -55,6 +63,26 @@ def cpu_seconds():
     """User + system CPU time of this process (all threads), from getrusage(RUSAGE_SELF)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def server_cpu_seconds(pid):
+    """User + system CPU time of process `pid` (the ZooKeeper server) from /proc/PID/stat, or
+    None without a pid or when it cannot be read."""
+    if pid is None:
+        return None
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+        fields = stat.rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def per_cycle_ms(before, after, cycles):
+    if before is None or after is None:
+        return None
+    return round((after - before) * 1e3 / cycles, 4)
 
 
 def percentile(sorted_values, q):
@@ -132,6 +160,7 @@ def main():
     parser.add_argument("--contenders", type=int, default=4)
     parser.add_argument("--monitors", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=-1)
+    parser.add_argument("--server-pid", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="accepted; the output is always JSON")
     args = parser.parse_args()
     if min(args.iterations, args.contenders, args.monitors) < 1:
@@ -148,11 +177,14 @@ def main():
         nanos = []
         before = packets_received(args.zk)
         cpu_before = cpu_seconds()
+        server_before = server_cpu_seconds(args.server_pid)
         for _ in range(args.iterations):
             t0 = time.perf_counter_ns()
             cycle(lock)
             nanos.append(time.perf_counter_ns() - t0)
         cpu_cycle = (cpu_seconds() - cpu_before) * 1e3 / args.iterations
+        server_cycle = per_cycle_ms(
+            server_before, server_cpu_seconds(args.server_pid), args.iterations)
         after = packets_received(args.zk)
     finally:
         solo.stop()
@@ -167,11 +199,20 @@ def main():
         run(clients, 1, base + "/contended", short)
         handoff_before = packets_received(args.zk)
         cpu_before = cpu_seconds()
+        server_before = server_cpu_seconds(args.server_pid)
         handoffs = run(clients, 1, base + "/contended", args.iterations)
         cpu_handoff = (cpu_seconds() - cpu_before) * 1e3 / args.iterations
+        server_handoff = per_cycle_ms(
+            server_before, server_cpu_seconds(args.server_pid), args.iterations)
         handoff_requests = packets_received(args.zk) - handoff_before
         run(clients, args.monitors, base + "/throughput", short)
+        ops_before = packets_received(args.zk)
+        cpu_before = cpu_seconds()
+        server_before = server_cpu_seconds(args.server_pid)
         ops = run(clients, args.monitors, base + "/throughput", args.iterations)
+        cpu_op = (cpu_seconds() - cpu_before) * 1e3 / args.iterations
+        server_op = per_cycle_ms(server_before, server_cpu_seconds(args.server_pid), args.iterations)
+        op_requests = packets_received(args.zk) - ops_before
     finally:
         for c in clients:
             c.stop()
@@ -187,13 +228,20 @@ def main():
             "p99_ms": round(percentile(nanos, 0.99) / 1e6, 4),
             "requests_per_cycle": round((after - before) / args.iterations, 2),
             "cpu_ms_per_cycle": round(cpu_cycle, 4),
+            "server_cpu_ms_per_cycle": server_cycle,
         },
         "contended": {
             "handoffs_per_sec": round(handoffs, 1),
             "requests_per_handoff": round(handoff_requests / args.iterations, 2),
             "cpu_ms_per_handoff": round(cpu_handoff, 4),
+            "server_cpu_ms_per_handoff": server_handoff,
         },
-        "throughput": {"ops_per_sec": round(ops, 1)},
+        "throughput": {
+            "ops_per_sec": round(ops, 1),
+            "requests_per_op": round(op_requests / args.iterations, 2),
+            "cpu_ms_per_op": round(cpu_op, 4),
+            "server_cpu_ms_per_op": server_op,
+        },
     }
     print(json.dumps(result))
     return 0

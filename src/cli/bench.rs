@@ -87,6 +87,10 @@ pub struct BenchArgs {
     /// --local, starts both a ZooKeeper and an osmem-server.
     #[arg(long, conflicts_with = "backend")]
     pub service: bool,
+    /// Process id of the ZooKeeper server (Linux): also measure its CPU time per cycle,
+    /// hand-off and throughput cycle. With --local, the server started for the run is measured.
+    #[arg(long, value_name = "PID", conflicts_with = "local")]
+    pub server_pid: Option<u32>,
     /// Async runtime of the benchmark (diagnostics).
     #[arg(long, value_enum, default_value_t = RuntimeArg::CurrentThread, hide = true)]
     pub runtime: RuntimeArg,
@@ -390,7 +394,36 @@ fn print_table(report: &BenchReport, at: &str, local: bool) {
             ),
             format!("{:.1} ops/s", report.ops_per_sec),
         ),
+        (
+            "  requests per cycle".to_string(),
+            report
+                .requests_per_op
+                .map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}")),
+        ),
+        (
+            "  client CPU per cycle".to_string(),
+            format!("{:.3} ms", report.cpu_ms_per_op),
+        ),
     ];
+    let server = [
+        (
+            "server CPU per uncontended cycle",
+            report.server_cpu_ms_per_cycle,
+        ),
+        ("server CPU per hand-off", report.server_cpu_ms_per_handoff),
+        (
+            "server CPU per throughput cycle",
+            report.server_cpu_ms_per_op,
+        ),
+    ];
+    let rows: Vec<(String, String)> = rows
+        .into_iter()
+        .chain(
+            server
+                .into_iter()
+                .filter_map(|(label, ms)| Some((label.to_string(), format!("{:.3} ms", ms?)))),
+        )
+        .collect();
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     let vwidth = rows.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
     println!("{:<width$}  {:>vwidth$}", "figure", "value");
@@ -425,6 +458,19 @@ pub async fn run(mut settings: Settings, args: BenchArgs) -> Result<u8, CliError
     } else {
         None
     };
+    let server_pid = match &local {
+        Some(LocalServer::Zk(zk)) => zk.pid(),
+        Some(LocalServer::Es(_)) => None,
+        None => args.server_pid,
+    };
+    if let Some(pid) = server_pid.filter(|_| backend == LockBackendKind::ZooKeeper) {
+        if bench::process_cpu_time(pid).is_none() {
+            return Err(CliError::usage(format!(
+                "--server-pid {pid}: no process whose CPU time can be read from /proc/{pid}/stat; give the pid of the running ZooKeeper server"
+            )));
+        }
+        plan = plan.with_server_pid(pid);
+    }
     let at = endpoint(&settings, backend);
     if !args.json {
         eprintln!(

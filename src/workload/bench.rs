@@ -31,7 +31,14 @@
 //!   whatever the machine's load.
 //! - **throughput**: the same clients over `monitors` monitor objects, each cycle on a monitor
 //!   picked at random, until `iterations` cycles happened in total; cycles per second. Same
-//!   warm-up.
+//!   warm-up. Its requests and the client CPU time are counted per cycle as above.
+//! - **server CPU time**: with [`BenchPlan::with_server_pid`] (`zkguard bench --server-pid`,
+//!   which `make bench` passes; `--local` knows its own server), the user + system CPU time of
+//!   the ZooKeeper server process (`/proc/PID/stat`, Linux) over the measured uncontended
+//!   cycles, hand-offs and throughput cycles, divided by their number. On a small machine the
+//!   server's CPU is what every client competes for, so this figure says what a lock costs the
+//!   server whatever else runs; it is measured the same way by the peers. The JVM's clock ticks
+//!   by 10 ms: use at least 1000 iterations.
 //!
 //! Every acquisition waits at most [`BenchPlan::lock_timeout`] (60 s by default, as the peers),
 //! instead of the configured per-type timeouts, so that a slow machine yields slow figures
@@ -82,6 +89,8 @@ pub struct BenchPlan {
     pub warmup: Option<u32>,
     /// How long one acquisition may wait before the run fails.
     pub lock_timeout: Duration,
+    /// The ZooKeeper server's process id, whose CPU time is measured when set.
+    pub server_pid: Option<u32>,
 }
 
 impl BenchPlan {
@@ -93,7 +102,15 @@ impl BenchPlan {
             monitors,
             warmup: None,
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            server_pid: None,
         }
+    }
+
+    /// Measures the CPU time of the server process `pid` too (Linux `/proc`; on another system,
+    /// or when the process cannot be read, the server figures are `null`).
+    pub fn with_server_pid(mut self, pid: u32) -> Self {
+        self.server_pid = Some(pid);
+        self
     }
 
     /// Sets the number of uncontended warm-up cycles.
@@ -173,6 +190,18 @@ pub struct BenchReport {
     pub cpu_ms_per_handoff: f64,
     /// Acquire+release cycles per second over all monitors.
     pub ops_per_sec: f64,
+    /// Requests per throughput cycle (all clients' requests, counted as for
+    /// [`requests_per_cycle`](Self::requests_per_cycle)).
+    pub requests_per_op: Option<f64>,
+    /// Client CPU time (user + system of this process, all clients) per throughput cycle, in
+    /// milliseconds.
+    pub cpu_ms_per_op: f64,
+    /// Server CPU time per uncontended cycle, in milliseconds (with a server pid).
+    pub server_cpu_ms_per_cycle: Option<f64>,
+    /// Server CPU time per contended acquisition, in milliseconds (with a server pid).
+    pub server_cpu_ms_per_handoff: Option<f64>,
+    /// Server CPU time per throughput cycle, in milliseconds (with a server pid).
+    pub server_cpu_ms_per_op: Option<f64>,
 }
 
 fn round(value: f64, digits: i32) -> f64 {
@@ -186,8 +215,12 @@ impl BenchReport {
     /// `uncontended.p99_ms`, `uncontended.requests_per_cycle` (`null` when not counted),
     /// `uncontended.cpu_ms_per_cycle`, `contended.handoffs_per_sec`,
     /// `contended.owner_changes_per_sec`, `contended.requests_per_handoff` (`null` when not
-    /// counted), `contended.cpu_ms_per_handoff`, `throughput.ops_per_sec`. Latencies and CPU
-    /// times are rounded to 0.1 µs, requests to 0.01, rates to 0.1 (as the peers print them).
+    /// counted), `contended.cpu_ms_per_handoff`, `throughput.ops_per_sec`,
+    /// `throughput.requests_per_op` (`null` when not counted), `throughput.cpu_ms_per_op`, and
+    /// the server's CPU time `uncontended.server_cpu_ms_per_cycle`,
+    /// `contended.server_cpu_ms_per_handoff` and `throughput.server_cpu_ms_per_op` (`null`
+    /// without a server pid). Latencies and CPU times are rounded to 0.1 µs, requests to 0.01,
+    /// rates to 0.1 (as the peers print them).
     pub fn to_json(&self) -> Value {
         json!({
             "backend": self.backend,
@@ -204,6 +237,11 @@ impl BenchReport {
             "contended.requests_per_handoff": self.requests_per_handoff.map(|r| round(r, 2)),
             "contended.cpu_ms_per_handoff": round(self.cpu_ms_per_handoff, 4),
             "throughput.ops_per_sec": round(self.ops_per_sec, 1),
+            "throughput.requests_per_op": self.requests_per_op.map(|r| round(r, 2)),
+            "throughput.cpu_ms_per_op": round(self.cpu_ms_per_op, 4),
+            "uncontended.server_cpu_ms_per_cycle": self.server_cpu_ms_per_cycle.map(|c| round(c, 4)),
+            "contended.server_cpu_ms_per_handoff": self.server_cpu_ms_per_handoff.map(|c| round(c, 4)),
+            "throughput.server_cpu_ms_per_op": self.server_cpu_ms_per_op.map(|c| round(c, 4)),
         })
     }
 }
@@ -490,6 +528,34 @@ fn cpu_ms_per(before: Duration, after: Duration, cycles: u32) -> f64 {
     after.saturating_sub(before).as_secs_f64() * 1e3 / f64::from(cycles)
 }
 
+/// User + system CPU time of process `pid` (all threads), from `/proc/PID/stat`: `None` when it
+/// cannot be read (another system, a process that is gone).
+pub fn process_cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count from the parenthesis that closes it.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime), the 12th and 13th after the name, in clock ticks.
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions; it only reads a system constant.
+    let per_sec = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) };
+    let per_sec = u64::try_from(per_sec).ok().filter(|&t| t > 0)?;
+    Some(Duration::from_secs_f64(ticks as f64 / per_sec as f64))
+}
+
+/// The server's CPU time, read at the edges of each measured phase.
+struct ServerCpu(Option<u32>);
+
+impl ServerCpu {
+    fn read(&self) -> Option<Duration> {
+        self.0.and_then(process_cpu_time)
+    }
+
+    /// Milliseconds per cycle between two readings.
+    fn per(before: Option<Duration>, after: Option<Duration>, cycles: u32) -> Option<f64> {
+        Some(cpu_ms_per(before?, after?, cycles))
+    }
+}
+
 /// Nearest-rank percentile of sorted values (rank `ceil(q * n)`, clamped), as the peers.
 pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
     if sorted.is_empty() {
@@ -641,6 +707,7 @@ async fn run_inner(
     let solo = connect(settings, backend).await?;
     progress.finish(Phase::Connecting);
     let counter = RequestCounter::new(settings, std::slice::from_ref(&solo));
+    let server = ServerCpu(plan.server_pid);
     let monitor = format!("{base}-uncontended");
     let warmup = plan.warmup();
     let result = async {
@@ -656,6 +723,7 @@ async fn run_inner(
         let mut samples = Vec::with_capacity(plan.iterations as usize);
         let before = counter.read().await;
         let cpu_before = cpu_time();
+        let server_before = server.read();
         for _ in 0..plan.iterations {
             let t0 = Instant::now();
             cycle(solo.service.as_ref(), &monitor, timeout)
@@ -665,15 +733,16 @@ async fn run_inner(
             progress.advance(1);
         }
         let cpu = cpu_ms_per(cpu_before, cpu_time(), plan.iterations);
+        let server_cpu = ServerCpu::per(server_before, server.read(), plan.iterations);
         let after = counter.read().await;
         progress.finish(Phase::Uncontended);
         samples.sort_unstable();
         let requests = RequestCounter::per_cycle(before, after, plan.iterations);
-        Ok::<_, BenchError>((samples, requests, cpu))
+        Ok::<_, BenchError>((samples, requests, cpu, server_cpu))
     }
     .await;
     solo.close();
-    let (samples, requests_per_cycle, cpu_ms_per_cycle) = result?;
+    let (samples, requests_per_cycle, cpu_ms_per_cycle, server_cpu_ms_per_cycle) = result?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let p50 = ms(percentile(&samples, 0.50));
     let p99 = ms(percentile(&samples, 0.99));
@@ -682,6 +751,7 @@ async fn run_inner(
         p99_ms = p99,
         requests_per_cycle,
         cpu_ms_per_cycle,
+        server_cpu_ms_per_cycle,
         "uncontended figures"
     );
 
@@ -719,6 +789,7 @@ async fn run_inner(
         let counter = RequestCounter::new(settings, &clients);
         let before = counter.read().await;
         let cpu_before = cpu_time();
+        let server_before = server.read();
         let handoffs = run_shared(
             &clients,
             &contended,
@@ -728,8 +799,11 @@ async fn run_inner(
             &progress,
         )
         .await?;
-        let cpu = cpu_ms_per(cpu_before, cpu_time(), plan.iterations);
-        let requests = RequestCounter::per_cycle(before, counter.read().await, plan.iterations);
+        let handoff = PhaseCost {
+            cpu_ms: cpu_ms_per(cpu_before, cpu_time(), plan.iterations),
+            server_cpu_ms: ServerCpu::per(server_before, server.read(), plan.iterations),
+            requests: RequestCounter::per_cycle(before, counter.read().await, plan.iterations),
+        };
         run_shared(
             &clients,
             &spread,
@@ -739,6 +813,9 @@ async fn run_inner(
             &progress,
         )
         .await?;
+        let before = counter.read().await;
+        let cpu_before = cpu_time();
+        let server_before = server.read();
         let ops = run_shared(
             &clients,
             &spread,
@@ -748,11 +825,16 @@ async fn run_inner(
             &progress,
         )
         .await?;
-        Ok::<_, BenchError>((handoffs, requests, cpu, ops))
+        let op = PhaseCost {
+            cpu_ms: cpu_ms_per(cpu_before, cpu_time(), plan.iterations),
+            server_cpu_ms: ServerCpu::per(server_before, server.read(), plan.iterations),
+            requests: RequestCounter::per_cycle(before, counter.read().await, plan.iterations),
+        };
+        Ok::<_, BenchError>((handoffs, handoff, ops, op))
     }
     .await;
     clients.iter().for_each(Client::close);
-    let (handoffs, requests_per_handoff, cpu_ms_per_handoff, ops) = result?;
+    let (handoffs, handoff, ops, op) = result?;
     let (handoffs_per_sec, owner_changes_per_sec, ops_per_sec) = (
         handoffs.per_sec,
         handoffs.owner_changes_per_sec,
@@ -760,7 +842,12 @@ async fn run_inner(
     );
     info!(
         handoffs_per_sec,
-        owner_changes_per_sec, cpu_ms_per_handoff, ops_per_sec, "contended figures"
+        owner_changes_per_sec,
+        cpu_ms_per_handoff = handoff.cpu_ms,
+        server_cpu_ms_per_handoff = handoff.server_cpu_ms,
+        ops_per_sec,
+        server_cpu_ms_per_op = op.server_cpu_ms,
+        "contended figures"
     );
 
     Ok(BenchReport {
@@ -778,10 +865,25 @@ async fn run_inner(
         cpu_ms_per_cycle,
         handoffs_per_sec,
         owner_changes_per_sec,
-        requests_per_handoff,
-        cpu_ms_per_handoff,
+        requests_per_handoff: handoff.requests,
+        cpu_ms_per_handoff: handoff.cpu_ms,
         ops_per_sec,
+        requests_per_op: op.requests,
+        cpu_ms_per_op: op.cpu_ms,
+        server_cpu_ms_per_cycle,
+        server_cpu_ms_per_handoff: handoff.server_cpu_ms,
+        server_cpu_ms_per_op: op.server_cpu_ms,
     })
+}
+
+/// What the measured cycles of one shared phase cost, per cycle.
+struct PhaseCost {
+    /// Client CPU milliseconds.
+    cpu_ms: f64,
+    /// Server CPU milliseconds, with a server pid.
+    server_cpu_ms: Option<f64>,
+    /// Requests, when counted.
+    requests: Option<f64>,
 }
 
 #[cfg(test)]
@@ -841,6 +943,11 @@ mod tests {
             requests_per_handoff: Some(7.123),
             cpu_ms_per_handoff: 0.5,
             ops_per_sec: 200.0,
+            requests_per_op: Some(3.456),
+            cpu_ms_per_op: 0.25,
+            server_cpu_ms_per_cycle: None,
+            server_cpu_ms_per_handoff: Some(0.333_33),
+            server_cpu_ms_per_op: Some(0.2),
         };
         let j = r.to_json();
         assert_eq!(j["uncontended.p50_ms"], 1.2346);
@@ -849,5 +956,31 @@ mod tests {
         assert_eq!(j["uncontended.cpu_ms_per_cycle"], 0.1235);
         assert_eq!(j["contended.cpu_ms_per_handoff"], 0.5);
         assert_eq!(j["backend"], "zookeeper");
+        assert_eq!(j["throughput.requests_per_op"], 3.46);
+        assert_eq!(j["throughput.cpu_ms_per_op"], 0.25);
+        assert!(j["uncontended.server_cpu_ms_per_cycle"].is_null());
+        assert_eq!(j["contended.server_cpu_ms_per_handoff"], 0.3333);
+    }
+
+    #[test]
+    fn cpu_time_of_a_process_is_read_from_proc() {
+        let own = process_cpu_time(std::process::id()).expect("this process's own stat");
+        // Burn CPU until the reading grows (the clock ticks by 10 ms).
+        let t0 = std::time::Instant::now();
+        let mut x = 0u64;
+        loop {
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+            let later = process_cpu_time(std::process::id()).expect("read again");
+            if later > own {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the CPU time read from /proc did not grow: {later:?}"
+            );
+        }
+        assert_eq!(process_cpu_time(u32::MAX), None);
     }
 }
