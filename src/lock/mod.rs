@@ -447,6 +447,9 @@ pub trait Guard: Send + Sync + fmt::Debug {
 #[derive(Debug, Clone)]
 pub(crate) struct LossSignal {
     tx: Arc<watch::Sender<Option<LossReason>>>,
+    /// Woken when someone starts waiting for the loss ([`LossSignal::wait`]): a backend may
+    /// watch more closely from then on.
+    interest: Arc<tokio::sync::Notify>,
 }
 
 impl Default for LossSignal {
@@ -460,7 +463,13 @@ impl LossSignal {
     pub fn new() -> Self {
         Self {
             tx: Arc::new(watch::channel(None).0),
+            interest: Arc::new(tokio::sync::Notify::new()),
         }
+    }
+
+    /// Resolves once someone waits for the loss (at once if someone already did).
+    pub async fn interest(&self) {
+        self.interest.notified().await
     }
 
     /// Marks the lock lost (the first reason wins). Returns whether this call fired it.
@@ -482,6 +491,8 @@ impl LossSignal {
 
     /// Waits until fired.
     pub async fn wait(&self) -> LossReason {
+        // A permit is kept when nobody listens yet: the next `interest()` resolves at once.
+        self.interest.notify_one();
         let mut rx = self.tx.subscribe();
         loop {
             if let Some(r) = rx.borrow_and_update().clone() {

@@ -20,7 +20,7 @@ use super::node::{attempt_id, now_ms, NodeData, Paths};
 use super::queue::{ensure_monitor, fast_path, plain_create, promote, read_queue};
 use super::recover::recover_own;
 use super::release::delete_nodes;
-use super::session::ZkSession;
+use super::session::{Slot, ZkSession};
 use crate::config::ZkAcl;
 use crate::lock::{
     validate_monitor, Blocker, Guard, LockError, LockRequest, LockService, LockType,
@@ -142,10 +142,6 @@ pub(super) async fn acquire(
         .await?;
         slot.lock_root_checked.store(true, Ordering::Release);
     }
-    // Registered before any request below, so no mutex change after this point is missed.
-    let mut mutex_rx = slot.mutex_events(&paths.mutex).await?;
-    mutex_rx.borrow_and_update();
-
     let attempt = attempt_id();
     let mut data = NodeData {
         info: request.info.clone(),
@@ -178,9 +174,16 @@ pub(super) async fn acquire(
     let sorts_first = |p: &str| {
         p <= settings.foreground_prefix.as_str() && p <= settings.background_prefix.as_str()
     };
+    // When a wait ends on its own: at the deadline, or when a starving background waiter is
+    // due to be promoted.
+    let wake_at = |p: &str| {
+        promote_at
+            .filter(|_| p != settings.foreground_prefix)
+            .map_or(deadline, |at| at.min(deadline))
+    };
 
-    // Fast path: queue node and mutex node in one multi, the child list pipelined behind it;
-    // skipped on a monitor that was contended last time.
+    // Fast path: queue node and mutex node in one multi, which also reads the monitor's stat;
+    // skipped on a monitor that was contended recently.
     // A try-once contender always tries the fast path, without queueing when the mutex is held.
     let contended_before = slot.contended(&paths.mutex) && !try_once;
     let mut others_seen = false;
@@ -195,16 +198,7 @@ pub(super) async fn acquire(
         let attempt = if contended_before {
             plain_create(client, &paths, &prefix, &data, &mut pending).await
         } else {
-            fast_path(
-                client,
-                &paths,
-                &prefix,
-                &mut data,
-                &mut pending,
-                &mut mutex_rx,
-                !try_once,
-            )
-            .await
+            fast_path(client, &paths, &prefix, &mut data, &mut pending, !try_once).await
         };
         match attempt {
             Ok(step) => break step,
@@ -245,14 +239,28 @@ pub(super) async fn acquire(
                     data.attempt.clone(),
                     request,
                     token,
-                    mutex_rx,
                 ));
             }
             Step::Busy => {
                 return Err(give_up(&mut pending, &paths, &prefix, &request, started).await)
             }
-            Step::Wait(_) if try_once => {
+            Step::Wait(_) | Step::FirstInLine if try_once => {
                 return Err(give_up(&mut pending, &paths, &prefix, &request, started).await)
+            }
+            Step::FirstInLine => {
+                // Our turn came while the mutex is still held (by a lower class, or by a
+                // contender that grabbed it on the fast path and is about to give it back):
+                // wait for it.
+                step = match await_mutex(&slot, &paths, deadline, wake_at(&prefix)).await? {
+                    MutexWait::Ended(e) => return Err(abandon(&mut pending, e).await),
+                    MutexWait::Released => {
+                        let node = pending.node.clone().expect("first in line with a node");
+                        let verify = !sorts_first(&prefix);
+                        take_mutex(client, &paths, &data, &node, &mut pending, verify).await?
+                    }
+                    MutexWait::LookAgain => Step::Wait(Queue::default()),
+                };
+                continue;
             }
             Step::Wait(queue) => queue,
         };
@@ -304,104 +312,109 @@ pub(super) async fn acquire(
             prefix = settings.foreground_prefix.clone();
             continue;
         }
-        let wake_at = promote_at
-            .filter(|_| prefix != settings.foreground_prefix)
-            .map_or(deadline, |p| p.min(deadline));
-        let mut health = slot.health_watch();
         if pos == 0 {
-            if !queue.mutex_present {
-                // We are first and the mutex is free: take it (we just read the queue).
-                step = take_mutex(
-                    client,
-                    &paths,
-                    &data,
-                    &node,
-                    &mut pending,
-                    &mut mutex_rx,
-                    false,
-                )
-                .await?;
+            // We are first (we just read the queue): take the mutex if it is free, else wait for
+            // it.
+            step = if queue.mutex_present {
+                Step::FirstInLine
+            } else {
+                take_mutex(client, &paths, &data, &node, &mut pending, false).await?
+            };
+            continue;
+        }
+        let wake_at = wake_at(&prefix);
+        let mut health = slot.health_watch();
+        let pred = queue.predecessor(&node).expect("pos > 0").name.clone();
+        let was_second = pos == 1;
+        // A data watch (not an exists watch): on a node that is already gone it leaves no watch
+        // behind on the server, which would otherwise cost a request to remove.
+        let watcher = match client.get_and_watch_data(&paths.child(&pred)).await {
+            Ok((_, _, w)) => w,
+            Err(ZkError::NoNode) => {
+                // Gone before we could watch it: as if woken by its deletion.
+                step = if was_second {
+                    take_mutex(
+                        client,
+                        &paths,
+                        &data,
+                        &node,
+                        &mut pending,
+                        !sorts_first(&prefix),
+                    )
+                    .await?
+                } else {
+                    Step::Wait(Queue::default())
+                };
                 continue;
             }
-            // First in line; the mutex is held (by a lower class or a yielding contender).
-            tokio::select! {
-                _ = mutex_rx.changed() => {}
-                _ = tokio::time::sleep_until(wake_at.into()) => { step = Step::Wait(Queue::default()); continue; }
-                r = health_failure(&mut health) => return Err(abandon(&mut pending, r).await),
+            Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
+                wait_connected(&slot, deadline).await?;
+                step = Step::Wait(Queue::default());
+                continue;
             }
-            // Nobody can have got ahead of a first-class head since our listing: take the mutex
-            // without reading the queue again (`docs/zookeeper-lock.md`, "Handoff").
-            let verify = !sorts_first(&prefix);
-            step = take_mutex(
-                client,
-                &paths,
-                &data,
-                &node,
-                &mut pending,
-                &mut mutex_rx,
-                verify,
-            )
-            .await?;
+            Err(e) => return Err(map_zk(e, "watching the node ahead")),
+        };
+        let event = tokio::select! {
+            event = watcher.changed() => event,
+            _ = tokio::time::sleep_until(wake_at.into()) => { step = Step::Wait(Queue::default()); continue; }
+            r = health_failure(&mut health) => return Err(abandon(&mut pending, r).await),
+        };
+        // The node just ahead left. If it left as the holder (its release empties its data
+        // in the same multi that deletes it: `NodeDataChanged`), or it was the head at our
+        // listing, every node that was ahead of us is gone, so try the mutex right away. A
+        // first-class node is then certainly first: no node queued since can sort before
+        // it (`docs/zookeeper-lock.md`, "Handoff"), so it takes the mutex without a read.
+        // Any other node has the queue read pipelined with its create (the verification):
+        // a first-class contender may have arrived meanwhile.
+        let handed_over = event.event_type == EventType::NodeDataChanged;
+        let deleted = event.event_type == EventType::NodeDeleted;
+        step = if handed_over || was_second {
+            let verify = !((handed_over || deleted) && sorts_first(&prefix));
+            take_mutex(client, &paths, &data, &node, &mut pending, verify).await?
         } else {
-            let pred = queue.predecessor(&node).expect("pos > 0").name.clone();
-            let was_second = pos == 1;
-            let watcher = match client.check_and_watch_stat(&paths.child(&pred)).await {
-                Ok((Some(_), w)) => w,
-                Ok((None, _)) => {
-                    // Gone before we could watch it: as if woken by its deletion.
-                    step = if was_second {
-                        take_mutex(
-                            client,
-                            &paths,
-                            &data,
-                            &node,
-                            &mut pending,
-                            &mut mutex_rx,
-                            !sorts_first(&prefix),
-                        )
-                        .await?
-                    } else {
-                        Step::Wait(Queue::default())
-                    };
-                    continue;
-                }
-                Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
-                    wait_connected(&slot, deadline).await?;
-                    step = Step::Wait(Queue::default());
-                    continue;
-                }
-                Err(e) => return Err(map_zk(e, "watching the node ahead")),
-            };
-            let event = tokio::select! {
-                event = watcher.changed() => event,
-                _ = tokio::time::sleep_until(wake_at.into()) => { step = Step::Wait(Queue::default()); continue; }
-                r = health_failure(&mut health) => return Err(abandon(&mut pending, r).await),
-            };
-            // The node just ahead left. If it left as the holder (its release empties its data
-            // in the same multi that deletes it: `NodeDataChanged`), or it was the head at our
-            // listing, every node that was ahead of us is gone, so try the mutex right away. A
-            // first-class node is then certainly first: no node queued since can sort before
-            // it (`docs/zookeeper-lock.md`, "Handoff"), so it takes the mutex without a read.
-            // Any other node has the queue read pipelined with its create (the verification):
-            // a first-class contender may have arrived meanwhile.
-            let handed_over = event.event_type == EventType::NodeDataChanged;
-            let deleted = event.event_type == EventType::NodeDeleted;
-            step = if handed_over || was_second {
-                let verify = !((handed_over || deleted) && sorts_first(&prefix));
-                take_mutex(
-                    client,
-                    &paths,
-                    &data,
-                    &node,
-                    &mut pending,
-                    &mut mutex_rx,
-                    verify,
-                )
-                .await?
-            } else {
-                Step::Wait(Queue::default())
-            };
+            Step::Wait(Queue::default())
+        };
+    }
+}
+
+/// How waiting for the mutex ended.
+enum MutexWait {
+    /// The mutex node is gone (or was already): take it.
+    Released,
+    /// The deadline (or the time to promote a starving background waiter) came, or the
+    /// connection was lost meanwhile: read the queue again.
+    LookAgain,
+    /// The session ended.
+    Ended(LockError),
+}
+
+/// Waits, first in line, until the mutex node is gone: one read that leaves a data watch on it.
+/// When it is already gone the read fails and leaves no watch on the server.
+async fn await_mutex(
+    slot: &Slot,
+    paths: &Paths,
+    deadline: Instant,
+    wake_at: Instant,
+) -> Result<MutexWait, LockError> {
+    let mut health = slot.health_watch();
+    let watcher = match slot.client.get_and_watch_data(&paths.mutex).await {
+        Ok((_, _, watcher)) => watcher,
+        Err(ZkError::NoNode) => return Ok(MutexWait::Released),
+        Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
+            wait_connected(slot, deadline).await?;
+            return Ok(MutexWait::LookAgain);
         }
+        Err(e) => return Err(map_zk(e, "watching the mutex node")),
+    };
+    tokio::select! {
+        event = watcher.changed() => Ok(match event.event_type {
+            // The end of the session: the next request says how.
+            EventType::Session => MutexWait::LookAgain,
+            // Deleted (or its data changed, which zkguard never does: the take will tell).
+            _ => MutexWait::Released,
+        }),
+        _ = tokio::time::sleep_until(wake_at.into()) => Ok(MutexWait::LookAgain),
+        e = health_failure(&mut health) => Ok(MutexWait::Ended(e)),
     }
 }
 

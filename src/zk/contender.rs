@@ -56,6 +56,9 @@ pub(super) enum Step {
         token: u64,
     },
     Wait(Queue),
+    /// First in line (seen in the queue just read, or proven without reading it) while the
+    /// mutex is still held: wait for the mutex, then take it.
+    FirstInLine,
     /// The mutex was held and the contender did not queue (try once).
     Busy,
 }

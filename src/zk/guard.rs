@@ -2,11 +2,11 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::watch;
 use tracing::{debug, instrument, warn, Instrument};
-use zookeeper_client::Error as ZkError;
+use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
 
 use super::map_zk;
 use super::node::{NodeData, Paths};
@@ -41,7 +41,6 @@ impl LockGuard {
         attempt: String,
         request: LockRequest,
         token: u64,
-        mutex_rx: watch::Receiver<u64>,
     ) -> Self {
         let loss = LossSignal::new();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
@@ -61,9 +60,7 @@ impl LockGuard {
         };
         let span = tracing::info_span!("zk_lock_held", monitor = %request.monitor, token);
         debug!(node = %node, "watching the held lock");
-        tokio::spawn(
-            watch_for_loss(slot, paths.mutex, attempt, mutex_rx, loss, stop_rx).instrument(span),
-        );
+        tokio::spawn(watch_for_loss(slot, paths.mutex, attempt, loss, stop_rx).instrument(span));
         guard
     }
 
@@ -72,7 +69,10 @@ impl LockGuard {
         self.token
     }
 
-    /// Whether the lock is still held.
+    /// Whether the lock is still held, as far as this process knows: a session expiry or a
+    /// disconnection longer than the grace shows at once; a deletion of the mutex node by
+    /// someone else once the holder watches it ([`MUTEX_WATCH_AFTER`] after the acquisition, or
+    /// from the first call of [`LockGuard::lost`]).
     pub fn is_held(&self) -> bool {
         !self.released.load(Ordering::Acquire) && self.loss.get().is_none()
     }
@@ -88,7 +88,8 @@ impl LockGuard {
     }
 
     /// Completes when the lock is lost (session expired, disconnected longer than the grace,
-    /// mutex node deleted by someone else).
+    /// mutex node deleted by someone else). The first call makes the holder watch the mutex
+    /// node at once, if it does not yet (one request).
     ///
     /// # Cancellation safety
     /// Cancel-safe: it only observes.
@@ -179,34 +180,67 @@ impl Drop for LockGuard {
     }
 }
 
-/// Watches a held lock: session expiry, long disconnection, and the mutex node changing hands.
+/// How long a lock is held before its holder watches the mutex node for a deletion by someone
+/// else; at once when someone awaits [`LockGuard::lost`] (as `zkguard exec` does). A watch costs
+/// a request; a lock held for less than this (a single fenced write) does without it, with
+/// fencing to reject its write should the mutex have gone meanwhile. Session expiry and a long
+/// disconnection are seen at once either way.
+pub const MUTEX_WATCH_AFTER: Duration = Duration::from_millis(100);
+
+/// How long a released lock's mutex watch is kept, at most, until the release's own deletion of
+/// the mutex fires it: dropped before it fired, it would cost a request to remove.
+const KEEP_FIRED_WATCH: Duration = Duration::from_secs(300);
+
+type MutexEvent = std::pin::Pin<Box<dyn std::future::Future<Output = WatchedEvent> + Send>>;
+
+/// Watches a held lock: session expiry, long disconnection, and (after [`MUTEX_WATCH_AFTER`], or
+/// once someone awaits the loss) the mutex node changing hands.
 pub(super) async fn watch_for_loss(
     slot: Arc<Slot>,
     mutex_path: String,
     attempt: String,
-    mut mutex_rx: watch::Receiver<u64>,
     loss: LossSignal,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
+    let released = |stop: &mut tokio::sync::oneshot::Receiver<()>| {
+        !matches!(
+            stop.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+        )
+    };
     let mut health = slot.health_watch();
-    // `mutex_rx` was marked just before the mutex was created: any deletion since is flagged.
-    let mut verify = false;
+    let watch_at = tokio::time::Instant::now() + MUTEX_WATCH_AFTER;
+    // The mutex watch, once armed.
+    let mut mutex: Option<MutexEvent> = None;
+    let mut armed = false;
+    // Read the mutex (and watch it) before waiting again.
+    let mut check = false;
     loop {
-        if verify {
-            verify = false;
-            let released = |stop: &mut tokio::sync::oneshot::Receiver<()>| {
-                !matches!(
-                    stop.try_recv(),
-                    Err(tokio::sync::oneshot::error::TryRecvError::Empty)
-                )
-            };
-            // Released meanwhile: the deletion seen may be our own release.
+        // The read waits for no reconnection: while disconnected, the check waits for the
+        // connection to come back (a reconnection sets it again), and the grace runs.
+        if check && *health.borrow() == Health::Connected {
+            check = false;
+            armed = true;
             if released(&mut stop) {
-                return;
+                return keep_until_fired(mutex).await;
             }
-            debug!("verifying the mutex after a deletion event");
-            let lost = match slot.client.get_data(&mutex_path).await {
-                Ok((bytes, stat)) => {
+            debug!("checking the mutex node");
+            let read = tokio::select! {
+                biased;
+                _ = &mut stop => return keep_until_fired(mutex).await,
+                r = slot.client.get_and_watch_data(&mutex_path) => Some(r),
+                // Connection trouble: health decides, and the mutex is read once connected.
+                _ = health.changed() => None,
+            };
+            let Some(read) = read else {
+                check = true;
+                continue;
+            };
+            let lost = match read {
+                Ok((bytes, stat, watcher)) => {
+                    // Replaces an earlier watch of the same node, which fired or is shared: no
+                    // request to remove it.
+                    mutex = Some(Box::pin(watcher.changed()));
                     let ours = stat.ephemeral_owner == slot.session_id
                         && serde_json::from_slice::<NodeData>(&bytes)
                             .map(|d| d.attempt == attempt)
@@ -214,7 +248,7 @@ pub(super) async fn watch_for_loss(
                     (!ours).then_some("the mutex node now belongs to someone else: lock lost")
                 }
                 Err(ZkError::NoNode) => Some("the mutex node was deleted: lock lost"),
-                // Connection trouble: health decides.
+                // Connection trouble: health decides, and the mutex is read again once connected.
                 Err(_) => None,
             };
             if let Some(what) = lost {
@@ -241,7 +275,7 @@ pub(super) async fn watch_for_loss(
                 let until = since + slot.grace;
                 tokio::select! {
                 biased;
-                        _ = &mut stop => return,
+                        _ = &mut stop => return keep_until_fired(mutex).await,
                         _ = tokio::time::sleep_until(until.into()) => {
                             if matches!(*health.borrow(), Health::Disconnected { .. }) {
                                 warn!(grace_ms = slot.grace.as_millis() as u64, "disconnected longer than the grace: lock counts as lost");
@@ -249,7 +283,11 @@ pub(super) async fn watch_for_loss(
                                 return;
                             }
                         }
-                        r = health.changed() => if r.is_err() { loss.fire(LossReason::SessionExpired); return; },
+                        r = health.changed() => {
+                            if r.is_err() { loss.fire(LossReason::SessionExpired); return; }
+                            // Reconnected: the mutex may have changed unseen.
+                            if armed && *health.borrow() == Health::Connected { check = true; }
+                        }
                     }
                 continue;
             }
@@ -257,17 +295,28 @@ pub(super) async fn watch_for_loss(
         }
         tokio::select! {
             biased;
-            _ = &mut stop => return,
-            r = mutex_rx.changed() => {
-                if r.is_err() { loss.fire(LossReason::SessionExpired); return; }
-                verify = true;
+            _ = &mut stop => return keep_until_fired(mutex).await,
+            event = async { mutex.as_mut().expect("guarded by the condition").await }, if mutex.is_some() => {
+                mutex = None;
+                // Deleted or changed: read it again (a session event: health decides first).
+                check = event.event_type != EventType::Session;
             }
             r = health.changed() => {
                 if r.is_err() { loss.fire(LossReason::SessionExpired); return; }
                 // After a reconnection the mutex may have changed unseen: check it.
-                if *health.borrow() == Health::Connected { verify = true; }
+                if armed && *health.borrow() == Health::Connected { check = true; }
             }
+            _ = loss.interest(), if !armed => { armed = true; check = true; }
+            _ = tokio::time::sleep_until(watch_at), if !armed => { armed = true; check = true; }
         }
+    }
+}
+
+/// Keeps a released lock's mutex watch until it fires (the release deletes the mutex, or the
+/// session ends), so that dropping it sends no request to remove it.
+async fn keep_until_fired(mutex: Option<MutexEvent>) {
+    if let Some(event) = mutex {
+        let _ = tokio::time::timeout(KEEP_FIRED_WATCH, event).await;
     }
 }
 

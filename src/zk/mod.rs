@@ -31,7 +31,7 @@ mod state;
 mod tls;
 
 pub use acquire::{ZkBlockingWriteLock, ZkLockService};
-pub use guard::LockGuard;
+pub use guard::{LockGuard, MUTEX_WATCH_AFTER};
 pub use inspect::{clear_stray, list_locks, Contender, MonitorState, StrayOutcome};
 pub use names::QueueNode;
 pub use node::NodeData;

@@ -2,7 +2,6 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
 use tracing::debug;
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
@@ -14,20 +13,17 @@ use super::release::delete_nodes;
 use crate::lock::LockError;
 
 /// Tries to create the mutex node. With `verify`, the queue is read in the same round trip and
-/// the mutex given back if someone else is first; without, the caller has just seen itself first.
+/// the mutex given back if someone else is first; without, the caller knows it is first, and
+/// stays first (`docs/zookeeper-lock.md`, "Handoff"): if the mutex is still held, it waits for
+/// the mutex without reading the queue ([`Step::FirstInLine`]).
 pub(super) async fn take_mutex(
     client: &Client,
     paths: &Paths,
     data: &NodeData,
     node: &str,
     pending: &mut Pending,
-    mutex_rx: &mut watch::Receiver<u64>,
     verify: bool,
 ) -> Result<Step, LockError> {
-    // Deletions before this point cannot concern the mutex we may create below; any later one
-    // is flagged on `mutex_rx` (which the guard inherits).
-    pending.slot.flush_mutex_events(&paths.mutex);
-    mutex_rx.borrow_and_update();
     let bytes = encode_mutex(data, node);
     let options = paths.create(CreateMode::Ephemeral);
     let create = client.create(&paths.mutex, &bytes, &options);
@@ -69,10 +65,11 @@ pub(super) async fn take_mutex(
                 }
             }
         }
-        Err(ZkError::NodeExists) => Ok(Step::Wait(match children {
-            Some(Ok((c, _))) => Queue::from_children(&c),
-            _ => Queue::default(),
-        })),
+        Err(ZkError::NodeExists) => Ok(match children {
+            None => Step::FirstInLine,
+            Some(Ok((c, _))) => Step::Wait(Queue::from_children(&c)),
+            Some(Err(_)) => Step::Wait(Queue::default()),
+        }),
         Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
             debug!("connection loss while taking the mutex; checking whether it is ours");
             // Did our create happen? Read the mutex and compare the attempt id.

@@ -1,10 +1,10 @@
 //! The queue: the monitor node, queue nodes (created alone or with the mutex in one multi),
 //! re-queueing a starved background waiter as foreground, and reading the queue in order.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use tokio::sync::watch;
-use tracing::info;
+use tracing::{debug, info};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult};
 
 use super::contender::{wait_connected, Pending, Step};
@@ -16,23 +16,30 @@ use super::release::delete_nodes;
 use super::session::Slot;
 use crate::lock::LockError;
 
-/// One multi creating our queue node and the mutex node, with the queue read pipelined. When
-/// the mutex is held, queues with a plain create if `queue_if_held`, else returns
-/// [`Step::Busy`] (nothing was created: the multi is atomic).
+/// The fast path: one multi creates our queue node and the mutex node and reads the monitor
+/// node's stat (an empty `setData` on it, whose answer carries the stat as of the multi). With
+/// exactly two children (ours), nobody else is queued: the lock is ours, with the multi's zxid
+/// (the monitor's `mzxid`, also the mutex's `czxid`) as the token, in one request. With more,
+/// the queue is read to see who goes first. When the mutex is held, nothing was created (a
+/// multi is atomic): queues with a plain create if `queue_if_held`, else returns
+/// [`Step::Busy`].
+///
+/// The `setData` needs the WRITE permission on the monitor node; with a `zookeeper.acl` that
+/// withholds it, the session falls back for good to [`fast_path_listed`] (the multi without it,
+/// and the queue read pipelined behind it).
 pub(super) async fn fast_path(
     client: &Client,
     paths: &Paths,
     prefix: &str,
     data: &mut NodeData,
     pending: &mut Pending,
-    mutex_rx: &mut watch::Receiver<u64>,
     queue_if_held: bool,
 ) -> Result<Step, ZkError> {
+    if !pending.slot.stat_fast_path.load(Ordering::Relaxed) {
+        return fast_path_listed(client, paths, prefix, data, pending, queue_if_held).await;
+    }
     let node_path = format!("{}/{prefix}-", paths.monitor);
     let node_bytes = encode(data);
-    // Deletions before this point cannot concern the mutex we may create below.
-    pending.slot.flush_mutex_events(&paths.mutex);
-    mutex_rx.borrow_and_update();
     let mut multi = client.new_multi_writer();
     multi.add_create(
         &node_path,
@@ -45,18 +52,112 @@ pub(super) async fn fast_path(
         &node_bytes,
         &paths.create(CreateMode::Ephemeral),
     )?;
+    multi.add_set_data(&paths.monitor, &[], None)?;
+    pending.in_flight = true;
+    let committed = multi.commit().await;
+    // After a connection loss the multi may or may not have happened: stay "in flight" until
+    // `recover_own` has looked, so that an abandoned attempt is searched for and removed.
+    pending.in_flight = lost_answer(&committed);
+    match committed {
+        Ok(results) => {
+            let (name, monitor) = match results.as_slice() {
+                [MultiWriteResult::Create { path, .. }, MultiWriteResult::Create { .. }, MultiWriteResult::SetData { stat }] => {
+                    (child_name(path), *stat)
+                }
+                _ => {
+                    return Err(ZkError::UnexpectedError(
+                        "the fast path's multi answered with other results than two creates and a setData".into(),
+                    ))
+                }
+            };
+            pending.node = Some(name.clone());
+            pending.holds_mutex = true;
+            // The multi's zxid: it created the mutex and last modified the monitor.
+            let token = monitor.mzxid as u64;
+            if monitor.num_children == 2 {
+                return Ok(Step::Acquired { token });
+            }
+            // Others are queued (the mutex was free between two holders, or a lower class
+            // waits): read the order.
+            match client.get_children(&paths.monitor).await {
+                Ok((children, _)) => {
+                    let queue = Queue::from_children(&children);
+                    if queue.position(&name) == Some(0) {
+                        Ok(Step::Acquired { token })
+                    } else {
+                        yield_mutex(client, paths, pending).await?;
+                        Ok(Step::Wait(queue))
+                    }
+                }
+                Err(_) => {
+                    // We hold the mutex but could not verify the order: give it back and wait.
+                    yield_mutex(client, paths, pending).await?;
+                    Ok(Step::Wait(Queue::default()))
+                }
+            }
+        }
+        Err(MultiWriteError::OperationFailed {
+            index: 1,
+            source: ZkError::NodeExists,
+        }) => {
+            // Mutex held: queue normally (or not at all, trying once).
+            if !queue_if_held {
+                return Ok(Step::Busy);
+            }
+            plain_create(client, paths, prefix, data, pending).await
+        }
+        Err(MultiWriteError::OperationFailed {
+            index: 2,
+            source: ZkError::NoAuth,
+        }) => {
+            debug!("zookeeper.acl does not let this session write monitor nodes: the fast path reads the queue instead of the monitor's stat");
+            pending.slot.stat_fast_path.store(false, Ordering::Relaxed);
+            fast_path_listed(client, paths, prefix, data, pending, queue_if_held).await
+        }
+        Err(MultiWriteError::OperationFailed { source, .. }) => Err(source),
+        Err(MultiWriteError::RequestFailed { source }) => Err(source),
+    }
+}
+
+/// Whether a create's answer was lost (the create may or may not have happened).
+fn lost_answer<T>(result: &Result<T, MultiWriteError>) -> bool {
+    matches!(
+        result,
+        Err(MultiWriteError::RequestFailed {
+            source: ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)
+        })
+    )
+}
+
+/// The fast path for a session that may not write monitor nodes: the multi creates the queue
+/// node and the mutex, and the queue read is pipelined behind it (ZooKeeper answers a session's
+/// requests in order, so the read sees the multi).
+async fn fast_path_listed(
+    client: &Client,
+    paths: &Paths,
+    prefix: &str,
+    data: &mut NodeData,
+    pending: &mut Pending,
+    queue_if_held: bool,
+) -> Result<Step, ZkError> {
+    let node_path = format!("{}/{prefix}-", paths.monitor);
+    let node_bytes = encode(data);
+    let mut multi = client.new_multi_writer();
+    multi.add_create(
+        &node_path,
+        &node_bytes,
+        &paths.create(CreateMode::EphemeralSequential),
+    )?;
+    multi.add_create(
+        &paths.mutex,
+        &node_bytes,
+        &paths.create(CreateMode::Ephemeral),
+    )?;
     let commit = multi.commit();
     let children = client.get_children(&paths.monitor);
     pending.in_flight = true;
     let (committed, children) = tokio::join!(commit, children);
-    // After a connection loss the multi may or may not have happened: stay "in flight" until
-    // `recover_own` has looked, so that an abandoned attempt is searched for and removed.
-    pending.in_flight = matches!(
-        committed,
-        Err(MultiWriteError::RequestFailed {
-            source: ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)
-        })
-    );
+    pending.in_flight = lost_answer(&committed);
     match committed {
         Ok(results) => {
             let mut created = results.into_iter();
@@ -107,7 +208,6 @@ pub(super) async fn fast_path(
             index: 1,
             source: ZkError::NodeExists,
         }) => {
-            // Mutex held: queue normally (or not at all, trying once).
             if !queue_if_held {
                 return Ok(Step::Busy);
             }

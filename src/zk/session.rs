@@ -1,17 +1,14 @@
 //! One ZooKeeper session shared by many locks, replaced after expiry.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, RwLock};
 use std::time::{Duration, Instant};
 
-use std::future::Future;
 use tokio::sync::{mpsc, watch, Mutex};
 use tracing::{debug, info, warn};
 
-use zookeeper_client::{
-    AddWatchMode, Client, EventType, PersistentWatcher, SessionState, StateWatcher, WatchedEvent,
-};
+use zookeeper_client::{Client, SessionState, StateWatcher};
 
 use crate::config::ZkSettings;
 use crate::lock::LockError;
@@ -19,8 +16,12 @@ use crate::lock::LockError;
 use super::map_zk;
 use super::reaper::Reap;
 
-/// How many monitors' mutex watches one session keeps before evicting the least recently used.
-const MUTEX_WATCH_CAPACITY: usize = 1024;
+/// How many contended monitors one session remembers (see [`Slot::contended`]).
+const CONTENTION_CAPACITY: usize = 4096;
+/// The highest contention score of a monitor.
+const CONTENTION_MAX: u8 = 3;
+/// The contention score from which a monitor's acquisitions skip the fast path.
+const CONTENTION_SKIP_FAST_PATH: u8 = 2;
 
 /// The state of every session this process opened, so that [`wait_for_sessions_to_end`] can let
 /// them end in order before the runtime goes away.
@@ -72,81 +73,24 @@ pub(crate) enum Health {
     Closed,
 }
 
-struct MutexWatch {
-    tx: watch::Sender<u64>,
-    events: Arc<StdMutex<WatchState>>,
-    task: tokio::task::JoinHandle<()>,
-    last_used: u64,
-    /// Whether this session's last acquisition of the monitor met other contenders.
-    contended: bool,
-}
-
-/// A persistent watcher shared by its forwarding task and by [`Slot::flush_mutex_events`].
-struct WatchState {
-    watcher: PersistentWatcher,
-    /// The session's state: a watcher is never polled once its session has ended.
-    session: StateWatcher,
-    done: bool,
-    /// The forwarding task's waker: a flush polls with it so the channel keeps waking the task.
-    task_waker: Option<std::task::Waker>,
-}
-
-impl WatchState {
-    /// Takes one ready event (never waits). `None` once the session has ended: after its
-    /// terminal event, or when the session task went away without one (its runtime shut down;
-    /// the patched client then reports `Closed`, see `patches/README.md`).
-    fn poll_event(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<WatchedEvent>> {
-        if self.done || self.session.peek_state().is_terminated() {
-            self.done = true;
-            return std::task::Poll::Ready(None);
-        }
-        let fut = self.watcher.changed();
-        let mut fut = std::pin::pin!(fut);
-        match fut.as_mut().poll(cx) {
-            std::task::Poll::Ready(ev) => {
-                if ev.event_type == EventType::Session && ev.session_state.is_terminated() {
-                    self.done = true;
-                }
-                std::task::Poll::Ready(Some(ev))
-            }
-            std::task::Poll::Pending => std::task::Poll::Pending,
-        }
-    }
-}
-
-/// Counts the events that matter to locks: deletions of the mutex, reconnections (events may be
-/// lost while disconnected) and the end of the session.
-fn forward(event: &WatchedEvent, tx: &watch::Sender<u64>) {
-    let relevant = match event.event_type {
-        EventType::Session => {
-            event.session_state.is_terminated()
-                || event.session_state == SessionState::SyncConnected
-        }
-        EventType::NodeDeleted => true,
-        _ => false,
-    };
-    if relevant {
-        tx.send_modify(|v| *v += 1);
-    }
-}
-
 /// One live ZooKeeper session (one `Client`).
 pub(crate) struct Slot {
     pub client: Client,
     pub session_id: i64,
     pub grace: Duration,
     health: watch::Receiver<Health>,
-    watches: StdMutex<HashMap<String, MutexWatch>>,
-    clock: AtomicU64,
+    /// Per monitor (mutex path), how contended this session's recent acquisitions were: see
+    /// [`Slot::contended`]. Only monitors that met contention are kept.
+    contention: StdMutex<HashMap<String, u8>>,
     reaper: mpsc::UnboundedSender<Reap>,
     /// Whether the lock root's ACL was checked against `zookeeper.acl` in this session.
     pub lock_root_checked: AtomicBool,
     /// Whether releases may mark the holder's queue node (`release::release_held`): cleared
     /// when `zookeeper.acl` does not let this session write its own nodes.
     pub mark_releases: AtomicBool,
+    /// Whether the fast path may read the monitor's stat in its multi (`queue::fast_path`):
+    /// cleared when `zookeeper.acl` does not let this session write monitor nodes.
+    pub stat_fast_path: AtomicBool,
 }
 
 impl std::fmt::Debug for Slot {
@@ -154,16 +98,6 @@ impl std::fmt::Debug for Slot {
         f.debug_struct("Slot")
             .field("session_id", &format_args!("{:#x}", self.session_id))
             .finish()
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if let Ok(w) = self.watches.get_mut() {
-            for (_, mw) in w.drain() {
-                mw.task.abort();
-            }
-        }
     }
 }
 
@@ -211,141 +145,41 @@ impl Slot {
         }
     }
 
-    /// A receiver whose value changes whenever the mutex node at `path` is deleted, and after
-    /// every reconnection (events can be lost while disconnected). The
-    /// persistent watch behind it is registered on first use (one request) and reused.
-    ///
-    /// The watch is registered before this returns, so every change made after it returns is
-    /// reported.
-    pub async fn mutex_events(&self, path: &str) -> Result<watch::Receiver<u64>, LockError> {
-        let tick = self.clock.fetch_add(1, Ordering::Relaxed);
-        if let Some(w) = self.watches.lock().expect("watch map").get_mut(path) {
-            w.last_used = tick;
-            return Ok(w.tx.subscribe());
-        }
-        let watcher = self
-            .client
-            .watch(path, AddWatchMode::Persistent)
-            .await
-            .map_err(|e| map_zk(e, "watching the mutex node"))?;
-        let mut map = self.watches.lock().expect("watch map");
-        if let Some(w) = map.get_mut(path) {
-            // Someone registered it meanwhile: keep theirs, drop ours.
-            w.last_used = tick;
-            return Ok(w.tx.subscribe());
-        }
-        let (tx, rx) = watch::channel(0u64);
-        let events = Arc::new(StdMutex::new(WatchState {
-            watcher,
-            session: self.client.state_watcher(),
-            done: false,
-            task_waker: None,
-        }));
-        let (fwd, shared, client, watch_path) = (
-            tx.clone(),
-            events.clone(),
-            self.client.clone(),
-            path.to_string(),
-        );
-        let task = tokio::spawn(async move {
-            let mut disconnected = false;
-            loop {
-                let event = std::future::poll_fn(|cx| {
-                    let mut state = shared.lock().expect("watch state");
-                    state.task_waker = Some(cx.waker().clone());
-                    state.poll_event(cx)
-                })
-                .await;
-                let Some(event) = event else { break };
-                if event.event_type == EventType::Session {
-                    match event.session_state {
-                        SessionState::Disconnected => disconnected = true,
-                        SessionState::SyncConnected if disconnected => {
-                            disconnected = false;
-                            // A persistent watch does not come back after a reconnection here
-                            // (seen with ZooKeeper 3.8 and this client): register it again before
-                            // telling anyone to re-check, so no later deletion goes unseen.
-                            match client.watch(&watch_path, AddWatchMode::Persistent).await {
-                                Ok(fresh) => {
-                                    let old = std::mem::replace(
-                                        &mut shared.lock().expect("watch state").watcher,
-                                        fresh,
-                                    );
-                                    drop(old);
-                                    debug!(path = %watch_path, "mutex watch registered again after reconnection");
-                                }
-                                Err(e) => {
-                                    debug!(path = %watch_path, error = %e, "could not register the mutex watch again")
-                                }
-                            }
-                        }
-                        _ => {}
+    /// Whether this session's recent acquisitions of the monitor whose mutex is `path` met other
+    /// contenders: then the next one queues without trying the fast path, whose multi would
+    /// only find the mutex held (or grab it from under the rightful next holder and give it
+    /// back). A saturating score: each acquisition that met others raises it (up to
+    /// [`CONTENTION_MAX`]), each that did not lowers it; the fast path is skipped from
+    /// [`CONTENTION_SKIP_FAST_PATH`] on. One contended acquisition among quiet ones keeps the fast
+    /// path, which costs less than queueing unless the monitor is usually busy.
+    pub fn contended(&self, path: &str) -> bool {
+        self.contention
+            .lock()
+            .expect("contention map")
+            .get(path)
+            .is_some_and(|&score| score >= CONTENTION_SKIP_FAST_PATH)
+    }
+
+    /// Records what an acquisition of the monitor met (see [`Slot::contended`]).
+    pub fn set_contended(&self, path: &str, contended: bool) {
+        let mut map = self.contention.lock().expect("contention map");
+        match (map.get_mut(path), contended) {
+            (Some(score), true) => *score = (*score + 1).min(CONTENTION_MAX),
+            (Some(score), false) if *score > 1 => *score -= 1,
+            (Some(_), false) => {
+                map.remove(path);
+            }
+            (None, true) => {
+                if map.len() >= CONTENTION_CAPACITY {
+                    // Forget the quieter half; only the choice of the first request depends on it.
+                    map.retain(|_, score| *score >= CONTENTION_SKIP_FAST_PATH);
+                    if map.len() >= CONTENTION_CAPACITY {
+                        map.clear();
                     }
                 }
-                forward(&event, &fwd);
+                map.insert(path.to_string(), 1);
             }
-        });
-        if map.len() >= MUTEX_WATCH_CAPACITY {
-            // Only a watch nobody listens to (no waiter, no holder) may go.
-            if let Some(oldest) = map
-                .iter()
-                .filter(|(_, w)| w.tx.receiver_count() == 0)
-                .min_by_key(|(_, w)| w.last_used)
-                .map(|(k, _)| k.clone())
-            {
-                if let Some(w) = map.remove(&oldest) {
-                    w.task.abort();
-                }
-            }
-        }
-        map.insert(
-            path.to_string(),
-            MutexWatch {
-                tx,
-                events,
-                task,
-                last_used: tick,
-                contended: false,
-            },
-        );
-        Ok(rx)
-    }
-}
-
-impl Slot {
-    /// Whether this session's last acquisition of the monitor whose mutex is `path` met other
-    /// contenders: then the next one queues without trying the fast path, whose speculative
-    /// grab of the mutex would only collide with the rightful next holder.
-    pub fn contended(&self, path: &str) -> bool {
-        self.watches
-            .lock()
-            .expect("watch map")
-            .get(path)
-            .is_some_and(|w| w.contended)
-    }
-
-    /// Records what the last acquisition of the monitor met (see [`Slot::contended`]).
-    pub fn set_contended(&self, path: &str, contended: bool) {
-        if let Some(w) = self.watches.lock().expect("watch map").get_mut(path) {
-            w.contended = contended;
-        }
-    }
-
-    /// Forwards every mutex event ZooKeeper has already delivered for `path`, so that a
-    /// following `borrow_and_update` on a receiver of it consumes all of them. Events are
-    /// delivered before the answers of later requests, so after this, no event of a change
-    /// older than the last answered request can show up late.
-    pub fn flush_mutex_events(&self, path: &str) {
-        let map = self.watches.lock().expect("watch map");
-        let Some(w) = map.get(path) else { return };
-        let mut state = w.events.lock().expect("watch state");
-        let waker = state
-            .task_waker
-            .clone()
-            .unwrap_or_else(futures::task::noop_waker);
-        let mut cx = std::task::Context::from_waker(&waker);
-        while let std::task::Poll::Ready(Some(event)) = state.poll_event(&mut cx) {
-            forward(&event, &w.tx);
+            (None, false) => {}
         }
     }
 }
@@ -620,10 +454,10 @@ impl ZkSession {
             session_id,
             grace,
             health: health_rx,
-            watches: StdMutex::new(HashMap::new()),
-            clock: AtomicU64::new(0),
+            contention: StdMutex::new(HashMap::new()),
             lock_root_checked: AtomicBool::new(false),
             mark_releases: AtomicBool::new(true),
+            stat_fast_path: AtomicBool::new(true),
             reaper,
         }
     }
@@ -748,10 +582,11 @@ mod tests {
     use crate::testkit::ZkServer;
 
     /// The sequence behind a rare panic at process exit: the runtime that runs a session's task
-    /// shuts down (dropping the task, so no terminal event is ever sent) while a mutex watch of
-    /// that session is still polled. Polling must report the end, not panic.
+    /// shuts down (dropping the task, so no terminal event is ever sent) while a watch of that
+    /// session (a waiter's or a holder's watch on a lock node) is still polled. Polling must
+    /// report the end, not panic.
     #[test]
-    fn a_mutex_watch_polled_after_its_session_task_is_gone_reports_the_end() {
+    fn a_watch_polled_after_its_session_task_is_gone_reports_the_end() {
         let zk = ZkServer::builder()
             .tick_time(500)
             .start()
@@ -764,26 +599,26 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let path = "/watch-end/privateLock";
-        let (session, slot, mut rx) = session_rt.block_on(async {
+        let path = "/watch-end";
+        let (session, watcher) = session_rt.block_on(async {
             let session = ZkSession::connect(&settings).await.unwrap();
             let slot = session.slot().await.unwrap();
-            let rx = slot.mutex_events(path).await.unwrap();
-            (session, slot, rx)
+            let open = zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::anyone_all());
+            slot.client.create(path, &[], &open).await.unwrap();
+            let (_, _, watcher) = slot.client.get_and_watch_data(path).await.unwrap();
+            (session, watcher)
         });
-        rx.borrow_and_update();
-        // The session task (and the forwarding task) go away with their runtime, without a
-        // terminal event.
+        // The session task goes away with its runtime, without a terminal event.
         drop(session_rt);
-        // A waiter taking the mutex polls the watch first; before the fix this panicked in the
-        // client (`Option::unwrap()` on `None` in `PersistentReceiver::recv`).
-        slot.flush_mutex_events(path);
+        // Before the fix this panicked in the client (a cancelled oneshot unwrapped in
+        // `OneshotReceiver::recv`).
+        let event = futures::executor::block_on(watcher.changed());
+        assert_eq!(event.event_type, zookeeper_client::EventType::Session);
         assert!(
-            rx.has_changed().unwrap(),
-            "the end of the session must reach the mutex waiters"
+            event.session_state.is_terminated(),
+            "the end of the session must reach the watcher: {event:?}"
         );
-        // Once ended, the watch is not polled again.
-        slot.flush_mutex_events(path);
-        drop((slot, session));
+        drop(session);
     }
 }
