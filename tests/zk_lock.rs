@@ -1170,6 +1170,9 @@ async fn an_acl_without_write_permission_still_hands_the_lock_over() {
     let mut settings = zk_settings(&servers, "nowrite");
     settings.auth = Some(ZkAuth::digest(credentials));
     settings.acl = ZkAcl::Explicit(vec![entry]);
+    // A root of its own: zkguard gives the root's missing parents the configured ACL, which
+    // would keep the other tests (without credentials) out of a shared parent.
+    settings.lock_root = format!("/zkguard-test-nowrite-{}", uuid_tag());
     let (c1, c2) = (session(&settings).await, session(&settings).await);
     for _ in 0..2 {
         let g1 = ZkBlockingWriteLock::new("first", &c1, "N1")

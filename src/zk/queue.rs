@@ -16,17 +16,18 @@ use super::release::delete_nodes;
 use super::session::Slot;
 use crate::lock::LockError;
 
-/// The fast path: one multi creates our queue node and the mutex node and reads the monitor
-/// node's stat (an empty `setData` on it, whose answer carries the stat as of the multi). With
-/// exactly two children (ours), nobody else is queued: the lock is ours, with the multi's zxid
-/// (the monitor's `mzxid`, also the mutex's `czxid`) as the token, in one request. With more,
-/// the queue is read to see who goes first. When the mutex is held, nothing was created (a
-/// multi is atomic): queues with a plain create if `queue_if_held`, else returns
-/// [`Step::Busy`].
+/// The fast path, one request: a multi that deletes the monitor node, creates it again,
+/// creates our queue node and the mutex node in it, and sets the monitor's (empty) data, whose
+/// answer carries the monitor's stat as of the multi. The delete fails (`NotEmpty`) unless the
+/// monitor has no child at all: nobody holds the mutex and nobody is queued. So when the multi
+/// succeeds we are alone and first: the lock is ours, with the multi's zxid (the monitor's
+/// `mzxid`, also the mutex's `czxid`) as the token, and no read of the queue is needed. When it
+/// fails, nothing was done (a multi is atomic): queues with a plain create if `queue_if_held`,
+/// else returns [`Step::Busy`].
 ///
-/// The `setData` needs the WRITE permission on the monitor node; with a `zookeeper.acl` that
-/// withholds it, the session falls back for good to [`fast_path_listed`] (the multi without it,
-/// and the queue read pipelined behind it).
+/// The multi needs the DELETE and CREATE permissions on the lock root and WRITE on the monitor
+/// node; with a `zookeeper.acl` that withholds one of them the session falls back for good to
+/// [`fast_path_listed`].
 pub(super) async fn fast_path(
     client: &Client,
     paths: &Paths,
@@ -41,6 +42,8 @@ pub(super) async fn fast_path(
     let node_path = format!("{}/{prefix}-", paths.monitor);
     let node_bytes = encode(data);
     let mut multi = client.new_multi_writer();
+    multi.add_delete(&paths.monitor, None)?;
+    multi.add_create(&paths.monitor, &[], &paths.create(CreateMode::Container))?;
     multi.add_create(
         &node_path,
         &node_bytes,
@@ -60,57 +63,35 @@ pub(super) async fn fast_path(
     pending.in_flight = lost_answer(&committed);
     match committed {
         Ok(results) => {
-            let (name, monitor) = match results.as_slice() {
-                [MultiWriteResult::Create { path, .. }, MultiWriteResult::Create { .. }, MultiWriteResult::SetData { stat }] => {
-                    (child_name(path), *stat)
-                }
-                _ => {
-                    return Err(ZkError::UnexpectedError(
-                        "the fast path's multi answered with other results than two creates and a setData".into(),
-                    ))
-                }
+            let [_, _, MultiWriteResult::Create { path, .. }, _, MultiWriteResult::SetData { stat }] =
+                results.as_slice()
+            else {
+                return Err(ZkError::UnexpectedError(
+                    "the fast path's multi answered with other results than a delete, three creates and a setData".into(),
+                ));
             };
-            pending.node = Some(name.clone());
+            pending.node = Some(child_name(path));
             pending.holds_mutex = true;
             // The multi's zxid: it created the mutex and last modified the monitor.
-            let token = monitor.mzxid as u64;
-            if monitor.num_children == 2 {
-                return Ok(Step::Acquired { token });
-            }
-            // Others are queued (the mutex was free between two holders, or a lower class
-            // waits): read the order.
-            match client.get_children(&paths.monitor).await {
-                Ok((children, _)) => {
-                    let queue = Queue::from_children(&children);
-                    if queue.position(&name) == Some(0) {
-                        Ok(Step::Acquired { token })
-                    } else {
-                        yield_mutex(client, paths, pending).await?;
-                        Ok(Step::Wait(queue))
-                    }
-                }
-                Err(_) => {
-                    // We hold the mutex but could not verify the order: give it back and wait.
-                    yield_mutex(client, paths, pending).await?;
-                    Ok(Step::Wait(Queue::default()))
-                }
-            }
+            Ok(Step::Acquired {
+                token: stat.mzxid as u64,
+            })
         }
         Err(MultiWriteError::OperationFailed {
-            index: 1,
-            source: ZkError::NodeExists,
+            index: 0,
+            source: ZkError::NotEmpty,
         }) => {
-            // Mutex held: queue normally (or not at all, trying once).
+            // Held, or contenders queued: queue normally (or not at all, trying once).
             if !queue_if_held {
                 return Ok(Step::Busy);
             }
             plain_create(client, paths, prefix, data, pending).await
         }
         Err(MultiWriteError::OperationFailed {
-            index: 2,
             source: ZkError::NoAuth,
+            ..
         }) => {
-            debug!("zookeeper.acl does not let this session write monitor nodes: the fast path reads the queue instead of the monitor's stat");
+            debug!("zookeeper.acl does not let this session recreate and write monitor nodes: the fast path reads the queue instead");
             pending.slot.stat_fast_path.store(false, Ordering::Relaxed);
             fast_path_listed(client, paths, prefix, data, pending, queue_if_held).await
         }
@@ -129,9 +110,10 @@ fn lost_answer<T>(result: &Result<T, MultiWriteError>) -> bool {
     )
 }
 
-/// The fast path for a session that may not write monitor nodes: the multi creates the queue
-/// node and the mutex, and the queue read is pipelined behind it (ZooKeeper answers a session's
-/// requests in order, so the read sees the multi).
+/// The fast path for a session that may not recreate or write monitor nodes: the multi creates
+/// the queue node and the mutex, and the queue read is pipelined behind it (ZooKeeper answers a
+/// session's requests in order, so the read sees the multi). If the read shows someone ahead (a
+/// waiter between two holders), the mutex is given back at once.
 async fn fast_path_listed(
     client: &Client,
     paths: &Paths,

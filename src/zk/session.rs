@@ -88,8 +88,8 @@ pub(crate) struct Slot {
     /// Whether releases may mark the holder's queue node (`release::release_held`): cleared
     /// when `zookeeper.acl` does not let this session write its own nodes.
     pub mark_releases: AtomicBool,
-    /// Whether the fast path may read the monitor's stat in its multi (`queue::fast_path`):
-    /// cleared when `zookeeper.acl` does not let this session write monitor nodes.
+    /// Whether the fast path may recreate the monitor node in its multi (`queue::fast_path`):
+    /// cleared when `zookeeper.acl` does not let this session do so.
     pub stat_fast_path: AtomicBool,
 }
 
