@@ -585,8 +585,8 @@ impl zkguard::es::StoreHook for CallCounts {
 /// Batched by monitor: 200 increments on 4 documents submitted at once, and one operation
 /// submitted twice. Every increment is applied exactly once (the counters add up, each document
 /// records each of its operations), the duplicate once, and the writes travel in shared `_bulk`
-/// requests: no single-document write, fewer requests than operations, and fewer lock
-/// acquisitions (tokens) than operations.
+/// requests and the reads in shared `_mget` requests: no single-document write or read, fewer
+/// requests than operations, and fewer lock acquisitions (tokens) than operations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_by_monitor_applies_each_operation_once_in_shared_bulk_requests() {
     const DOCS: usize = 4;
@@ -662,6 +662,12 @@ async fn batched_by_monitor_applies_each_operation_once_in_shared_bulk_requests(
         calls.of("index") + calls.of("delete"),
         0,
         "no single-document write"
+    );
+    assert_eq!(calls.of("get"), 0, "no single-document read");
+    assert!(
+        calls.of("mget") < OPS,
+        "{} _mget requests for {OPS} operations",
+        calls.of("mget")
     );
     assert_eq!(
         calls.bulk_writes.load(Ordering::Relaxed),

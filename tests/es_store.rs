@@ -250,6 +250,58 @@ async fn get_of_a_missing_doc_or_index_is_none() {
     assert!(es.get("articles", "present").await.unwrap().is_some());
 }
 
+/// `_mget` answers each document in the order asked, realtime (no refresh), with the same
+/// metadata a GET gives; a missing document or index is `None`, as for a GET.
+#[tokio::test]
+async fn mget_answers_each_document_in_order_like_get() {
+    let server = start_osmem();
+    let es = store(&server);
+    let written = es
+        .index(
+            "articles",
+            "a",
+            &json!({"title": "A"}),
+            WriteCondition::Always,
+            Refresh::No,
+        )
+        .await
+        .unwrap();
+    es.index(
+        "articles",
+        "b",
+        &json!({"title": "B"}),
+        WriteCondition::Always,
+        Refresh::No,
+    )
+    .await
+    .unwrap();
+    let asked: Vec<(String, String)> = [
+        ("articles", "b"),
+        ("no-such-index", "x"),
+        ("articles", "absent"),
+        ("articles", "a"),
+    ]
+    .iter()
+    .map(|(i, d)| (i.to_string(), d.to_string()))
+    .collect();
+    let docs: Vec<Option<zkguard::es::Doc>> = es
+        .mget(&asked)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.unwrap())
+        .collect();
+    assert_eq!(docs.len(), 4);
+    assert_eq!(docs[0].as_ref().unwrap().source, json!({"title": "B"}));
+    assert_eq!(docs[1], None);
+    assert_eq!(docs[2], None);
+    let a = docs[3].as_ref().unwrap();
+    assert_eq!(a.source, json!({"title": "A"}));
+    assert_eq!(a.meta, written, "the same metadata as the write answered");
+    assert_eq!(Some(a.clone()), es.get("articles", "a").await.unwrap());
+    assert!(es.mget(&[]).await.unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn ensure_index_applies_mappings_and_is_idempotent() {
     let server = start_osmem();

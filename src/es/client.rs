@@ -21,7 +21,9 @@ use elasticsearch::indices::{
     IndicesCreate, IndicesCreateParts, IndicesRefresh, IndicesRefreshParts,
 };
 use elasticsearch::params::{OpType, Refresh as EsRefresh, VersionType};
-use elasticsearch::{BulkParts, DeleteParts, Elasticsearch, GetParts, IndexParts, SearchParts};
+use elasticsearch::{
+    BulkParts, DeleteParts, Elasticsearch, GetParts, IndexParts, MgetParts, SearchParts,
+};
 use serde_json::{json, Map, Value};
 use url::Url;
 
@@ -531,6 +533,69 @@ impl DocStore for EsStore {
             404 => Ok(None),
             _ => Err(error_for_status(status, &body, index, id)),
         }
+    }
+
+    async fn mget(
+        &self,
+        docs: &[(String, String)],
+    ) -> Result<Vec<Result<Option<Doc>, EsError>>, EsError> {
+        if docs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let what = format!("mget of {} documents", docs.len());
+        let body = json!({
+            "docs": docs
+                .iter()
+                .map(|(index, id)| json!({"_index": index, "_id": id}))
+                .collect::<Vec<_>>(),
+        });
+        let response = self
+            .send(&what, || {
+                self.client
+                    .mget(MgetParts::None)
+                    .realtime(true)
+                    .body(body.clone())
+                    .send()
+            })
+            .await?;
+        let (status, answer) = read(response, self, &what).await?;
+        if !(200..=299).contains(&status) {
+            return Err(error_for_status(status, &answer, "", ""));
+        }
+        let items = answer
+            .get("docs")
+            .and_then(Value::as_array)
+            .ok_or_else(|| EsError::Protocol(format!("{what}: the answer has no docs array")))?;
+        if items.len() != docs.len() {
+            return Err(EsError::Protocol(format!(
+                "{what}: the answer has {} documents for {} asked",
+                items.len(),
+                docs.len()
+            )));
+        }
+        Ok(items
+            .iter()
+            .zip(docs)
+            .map(|(item, (index, id))| match item.get("error") {
+                // A missing index, as a GET's 404.
+                Some(e)
+                    if e.get("type").and_then(Value::as_str)
+                        == Some("index_not_found_exception") =>
+                {
+                    Ok(None)
+                }
+                Some(e) => Err(error_for_status(
+                    e.get("status").and_then(Value::as_u64).unwrap_or(500) as u16,
+                    &json!({ "error": e }),
+                    index,
+                    id,
+                )),
+                None if item.get("found").and_then(Value::as_bool) == Some(true) => {
+                    doc_of(item, &format!("GET {index}/{id} in {what}")).map(Some)
+                }
+                None => Ok(None),
+            })
+            .collect())
     }
 
     async fn index(

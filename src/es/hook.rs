@@ -20,6 +20,11 @@ pub enum StoreCall<'a> {
         /// Document id.
         id: &'a str,
     },
+    /// [`DocStore::mget`].
+    Mget {
+        /// `(index, id)` of each document.
+        docs: &'a [(String, String)],
+    },
     /// [`DocStore::index`].
     Index {
         /// Index.
@@ -73,11 +78,12 @@ pub enum StoreCall<'a> {
 }
 
 impl StoreCall<'_> {
-    /// The name of the [`DocStore`] method: `get`, `index`, `delete`, `search`, `bulk`,
+    /// The name of the [`DocStore`] method: `get`, `mget`, `index`, `delete`, `search`, `bulk`,
     /// `ensure_index` or `refresh` (a label for metrics and logs).
     pub fn method(&self) -> &'static str {
         match self {
             Self::Get { .. } => "get",
+            Self::Mget { .. } => "mget",
             Self::Index { .. } => "index",
             Self::Delete { .. } => "delete",
             Self::Search { .. } => "search",
@@ -223,6 +229,13 @@ impl<H: StoreHook> DocStore for HookedStore<H> {
     async fn get(&self, index: &str, id: &str) -> Result<Option<Doc>, EsError> {
         let call = StoreCall::Get { index, id };
         self.around(call, self.inner.get(index, id)).await
+    }
+    async fn mget(
+        &self,
+        docs: &[(String, String)],
+    ) -> Result<Vec<Result<Option<Doc>, EsError>>, EsError> {
+        let call = StoreCall::Mget { docs };
+        self.around(call, self.inner.mget(docs)).await
     }
     async fn index(
         &self,

@@ -193,6 +193,19 @@ pub trait DocStore: Send + Sync + 'static {
     /// [`EsError`] for transport and server failures.
     async fn get(&self, index: &str, id: &str) -> Result<Option<Doc>, EsError>;
 
+    /// Realtime GET of several documents, `(index, id)` each, in one request (`_mget`): one
+    /// result per document, in order, `None` for a document (or index) that does not exist.
+    /// The default makes one [`DocStore::get`] per document.
+    ///
+    /// # Errors
+    /// [`EsError`] when the request as a whole failed; a document's own failure is its item's.
+    async fn mget(
+        &self,
+        docs: &[(String, String)],
+    ) -> Result<Vec<Result<Option<Doc>, EsError>>, EsError> {
+        Ok(futures::future::join_all(docs.iter().map(|(index, id)| self.get(index, id))).await)
+    }
+
     /// Indexes (creates or replaces) a whole document under a precondition.
     ///
     /// # Errors

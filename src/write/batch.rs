@@ -3,11 +3,12 @@
 //!
 //! Every monitor with queued attempts has one *lane*: a task that takes the attempts queued for
 //! that monitor (oldest first, at most `max_per_lock`, with those queued while the lock was
-//! awaited), acquires the monitor's lock once, reads each target document once, computes every write in order on top of the previous one (exactly
-//! what the same writes one after another under the lock would send), and hands them to the
-//! *bulk writer*. The bulk writer sends whatever the lanes handed it while its previous request
-//! was under way as one `_bulk` request (group commit), so one request carries the writes of many
-//! monitors. Each item carries its own lock's fencing token as the external version and gets its
+//! awaited), acquires the monitor's lock once, reads each target document once, computes every
+//! write in order on top of the previous one (exactly what the same writes one after another
+//! under the lock would send), and hands them to the *bulk writer*. The bulk writer sends
+//! whatever the lanes handed it while its previous request was under way as one `_bulk` request
+//! (group commit), so one request carries the writes of many monitors. The reads go the same way
+//! through the *reader*, as shared `_mget` requests (realtime, as a GET). Each item carries its own lock's fencing token as the external version and gets its
 //! own result; the lane releases the lock once its items are answered, then takes the attempts
 //! queued meanwhile under a new acquisition, so foreground contenders queued on the monitor go
 //! first.
@@ -29,7 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::es::{BulkAction, DocMeta, DocStore, EsError, Refresh};
+use crate::es::{BulkAction, Doc, DocMeta, EsError};
 use crate::lock::{Guard, LockRequest};
 use crate::write::guarded::{fenced_or, GuardedError, GuardedWriter, Plan, Written};
 use crate::write::ops::Operation;
@@ -43,17 +44,24 @@ struct Queued {
     done: oneshot::Sender<Attempt>,
 }
 
-/// The writes of one lane for the bulk writer, and where their results go.
-struct BulkJob {
-    actions: Vec<BulkAction>,
-    done: oneshot::Sender<Result<Vec<Result<DocMeta, EsError>>, EsError>>,
+/// One lane's share of a grouped request (its writes for the bulk writer, its reads for the
+/// reader), and where their results go, one per item, in order.
+struct Job<T, R> {
+    items: Vec<T>,
+    done: oneshot::Sender<Result<Vec<R>, EsError>>,
 }
+
+/// A target document: `(index, id)`.
+type Target = (String, String);
+type WriteJob = Job<BulkAction, Result<DocMeta, EsError>>;
+type ReadJob = Job<Target, Result<Option<Doc>, EsError>>;
 
 /// The lanes and the bulk writer of one executor.
 pub(crate) struct Batcher {
     writer: GuardedWriter,
     lanes: Mutex<HashMap<String, VecDeque<Queued>>>,
-    bulk: OnceLock<mpsc::UnboundedSender<BulkJob>>,
+    bulk: OnceLock<mpsc::UnboundedSender<WriteJob>>,
+    reads: OnceLock<mpsc::UnboundedSender<ReadJob>>,
     max_per_lock: usize,
     max_bulk: usize,
 }
@@ -67,6 +75,7 @@ impl Batcher {
             writer,
             lanes: Mutex::new(HashMap::new()),
             bulk: OnceLock::new(),
+            reads: OnceLock::new(),
             max_per_lock: max_per_lock.max(1),
             max_bulk: max_bulk.max(1),
         })
@@ -204,12 +213,11 @@ impl Batcher {
         batch: Vec<Queued>,
     ) -> (Vec<(Queued, Attempt)>, Vec<Queued>) {
         let token = guard.fencing_token();
-        let store = self.writer.store();
         let mut results: Vec<(Queued, Option<Attempt>)> = Vec::with_capacity(batch.len());
         let mut later = Vec::new();
 
         // Each target document, read once.
-        let mut targets: Vec<(String, String)> = Vec::new();
+        let mut targets: Vec<Target> = Vec::new();
         let mut seen = HashSet::new();
         for q in &batch {
             let key = (
@@ -230,8 +238,10 @@ impl Batcher {
                 .collect();
             return (results, Vec::new());
         }
-        let reads =
-            futures::future::join_all(targets.iter().map(|(index, id)| store.get(index, id))).await;
+        let reads = match self.read(targets.clone()).await {
+            Ok(reads) => reads,
+            Err(e) => vec![Err(e); targets.len()],
+        };
         let mut docs: HashMap<(String, String), DocState> = HashMap::new();
         for (key, read) in targets.into_iter().zip(reads) {
             let state = match read {
@@ -375,27 +385,52 @@ impl Batcher {
     ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
         let tx = self.bulk.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(bulk_writer(
-                self.writer.store().clone(),
-                self.writer.refresh(),
-                rx,
-                self.max_bulk,
-            ));
+            let (store, refresh) = (self.writer.store().clone(), self.writer.refresh());
+            tokio::spawn(group_commit(rx, self.max_bulk, "_bulk", move |actions| {
+                let store = store.clone();
+                async move { store.bulk(&actions, refresh).await }
+            }));
             tx
         });
-        let n = actions.len();
-        let (done, rx) = oneshot::channel();
-        let gone = || EsError::Protocol("the bulk writer stopped before answering".into());
-        tx.send(BulkJob { actions, done }).map_err(|_| gone())?;
-        let items = rx.await.map_err(|_| gone())??;
-        if items.len() != n {
-            return Err(EsError::Protocol(format!(
-                "{} results for {n} writes",
-                items.len()
-            )));
-        }
-        Ok(items)
+        submit(tx, actions, "the bulk writer").await
     }
+
+    /// Hands `targets` to the reader and waits for the documents, in order.
+    async fn read(
+        &self,
+        targets: Vec<Target>,
+    ) -> Result<Vec<Result<Option<Doc>, EsError>>, EsError> {
+        let tx = self.reads.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let store = self.writer.store().clone();
+            tokio::spawn(group_commit(rx, self.max_bulk, "_mget", move |targets| {
+                let store = store.clone();
+                async move { store.mget(&targets).await }
+            }));
+            tx
+        });
+        submit(tx, targets, "the reader").await
+    }
+}
+
+/// Hands `items` to a grouped sender and waits for their results, in order.
+async fn submit<T, R>(
+    tx: &mpsc::UnboundedSender<Job<T, R>>,
+    items: Vec<T>,
+    who: &str,
+) -> Result<Vec<R>, EsError> {
+    let n = items.len();
+    let (done, rx) = oneshot::channel();
+    let gone = || EsError::Protocol(format!("{who} stopped before answering"));
+    tx.send(Job { items, done }).map_err(|_| gone())?;
+    let results = rx.await.map_err(|_| gone())??;
+    if results.len() != n {
+        return Err(EsError::Protocol(format!(
+            "{who}: {} results for {n} items",
+            results.len()
+        )));
+    }
+    Ok(results)
 }
 
 /// A target document as the lane sees it: as read, then as its planned writes leave it.
@@ -408,49 +443,50 @@ struct DocState {
     closed: bool,
 }
 
-/// Sends the lanes' writes: everything handed in while the previous request was under way goes
-/// in the next one (up to `max` writes). Ends when the executor is dropped.
-async fn bulk_writer(
-    store: Arc<dyn DocStore>,
-    refresh: Refresh,
-    mut rx: mpsc::UnboundedReceiver<BulkJob>,
+/// Sends the lanes' items (writes, or reads) in grouped requests: everything handed in while
+/// the previous request was under way goes in the next one (up to `max` items), so one request
+/// carries the items of many lanes; each lane gets its own items' results. Ends when the
+/// executor is dropped.
+async fn group_commit<T, R, F, Fut>(
+    mut rx: mpsc::UnboundedReceiver<Job<T, R>>,
     max: usize,
-) {
+    what: &'static str,
+    mut call: F,
+) where
+    F: FnMut(Vec<T>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<R>, EsError>>,
+{
     while let Some(first) = rx.recv().await {
-        let mut count = first.actions.len();
+        let mut count = first.items.len();
         let mut jobs = vec![first];
         while count < max {
             match rx.try_recv() {
                 Ok(job) => {
-                    count += job.actions.len();
+                    count += job.items.len();
                     jobs.push(job);
                 }
                 Err(_) => break,
             }
         }
-        let mut actions = Vec::with_capacity(count);
+        let mut items = Vec::with_capacity(count);
         let mut answers = Vec::with_capacity(jobs.len());
         for job in jobs {
-            answers.push((job.actions.len(), job.done));
-            actions.extend(job.actions);
+            answers.push((job.items.len(), job.done));
+            items.extend(job.items);
         }
-        tracing::debug!(
-            writes = actions.len(),
-            lanes = answers.len(),
-            "bulk request"
-        );
-        match store.bulk(&actions, refresh).await {
-            Ok(items) if items.len() == actions.len() => {
-                let mut items = items.into_iter();
+        tracing::debug!(items = items.len(), lanes = answers.len(), "{what} request");
+        let asked = items.len();
+        match call(items).await {
+            Ok(results) if results.len() == asked => {
+                let mut results = results.into_iter();
                 for (n, done) in answers {
-                    let _ = done.send(Ok(items.by_ref().take(n).collect()));
+                    let _ = done.send(Ok(results.by_ref().take(n).collect()));
                 }
             }
-            Ok(items) => {
+            Ok(results) => {
                 let e = EsError::Protocol(format!(
-                    "_bulk answered {} items for {} writes",
-                    items.len(),
-                    actions.len()
+                    "{what} answered {} items for {asked}",
+                    results.len()
                 ));
                 for (_, done) in answers {
                     let _ = done.send(Err(e.clone()));
