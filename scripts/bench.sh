@@ -12,9 +12,12 @@
 # measures its own CPU time and the server's (/proc/PID/stat of the ZooKeeper process) per cycle,
 # per hand-off and per throughput cycle: figures that a busy machine does not move.
 #
-# Usage: scripts/bench.sh [--iterations N] [--contenders N] [--monitors N] [--rounds N] [--no-build]
-#        (or ITERATIONS=, CONTENDERS=, MONITORS=, ROUNDS= in the environment; 5 rounds by default,
-#        interleaved; ZKGUARD_BIN=path runs that zkguard binary instead of building one)
+# Usage: scripts/bench.sh [--iterations N] [--contenders N] [--monitors N] [--rounds N]
+#                        [--warmup-iterations N] [--no-build]
+#        (or ITERATIONS=, CONTENDERS=, MONITORS=, ROUNDS=, WARMUP_ITERATIONS= in the environment;
+#        5 rounds by default, interleaved, after an unmeasured warm-up of each server by zkguard
+#        and Curator with 5000 iterations each; ZKGUARD_BIN=path runs that zkguard binary instead
+#        of building one)
 # Needs: cargo, java + javac, the Debian packages of scripts/install-deps.sh.
 set -euo pipefail
 
@@ -23,6 +26,7 @@ ITERATIONS="${ITERATIONS:-1000}"
 CONTENDERS="${CONTENDERS:-4}"
 MONITORS="${MONITORS:-8}"
 ROUNDS="${ROUNDS:-5}"
+WARMUP_ITERATIONS="${WARMUP_ITERATIONS:-5000}"
 BUILD=1
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -30,12 +34,13 @@ while [ $# -gt 0 ]; do
         --contenders) CONTENDERS="$2"; shift 2 ;;
         --monitors) MONITORS="$2"; shift 2 ;;
         --rounds) ROUNDS="$2"; shift 2 ;;
+        --warmup-iterations) WARMUP_ITERATIONS="$2"; shift 2 ;;
         --no-build) BUILD=0; shift ;;
-        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
-for n in "$ITERATIONS" "$CONTENDERS" "$MONITORS" "$ROUNDS"; do
+for n in "$ITERATIONS" "$CONTENDERS" "$MONITORS" "$ROUNDS" "$WARMUP_ITERATIONS"; do
     [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "bench.sh: counts must be positive integers, got '$n'" >&2; exit 64; }
 done
 
@@ -178,16 +183,8 @@ run_peer() {
     fi
 }
 
-# Warm each server's JIT and disk first, so the first measured bench is not penalised.
 HAVE_KAZOO=0
 "$PY" -c 'import kazoo' 2>/dev/null && HAVE_KAZOO=1
-if [ "$HAVE_KAZOO" = 1 ]; then
-    echo "warming up the servers ..." >&2
-    for mode in "${MODES[@]}"; do
-        timeout 120 "$PY" "$ROOT/bench/kazoo/kazoo_bench.py" --zk "${ZK_AT[$mode]}" --iterations 300 \
-            --contenders "$CONTENDERS" --monitors "$MONITORS" >/dev/null 2>&1 || true
-    done
-fi
 [ -x "$ZKGUARD" ] || echo "  zkguard: $ZKGUARD not built; n/a" >&2
 [ "$HAVE_KAZOO" = 1 ] || echo "  kazoo: python3-kazoo missing (run scripts/install-deps.sh); n/a" >&2
 
@@ -222,6 +219,22 @@ run_one() {
                 --json "${COUNTS[@]}" ;;
     esac
 }
+# Warm each server up first, unmeasured: a ZooKeeper that has just started spends several times
+# the CPU per request until its JVM has compiled its hot code (about 20,000 lock cycles: server CPU
+# per uncontended cycle fell from 1.7 ms to 0.5 ms over them here), which would slow whichever
+# rounds came first. Every peer takes part, so the server warms up on each one's mix of requests.
+echo "warming up the servers ($WARMUP_ITERATIONS iterations of each peer) ..." >&2
+for mode in "${MODES[@]}"; do
+    zk="${ZK_AT[$mode]}"
+    warm=(--zk "$zk" --iterations "$WARMUP_ITERATIONS" --contenders "$CONTENDERS" --monitors "$MONITORS")
+    [ ! -x "$ZKGUARD" ] || timeout 600 "${ZKGUARD_ENV[@]}" "$ZKGUARD" bench --backend zookeeper --json \
+        "${warm[@]}" >/dev/null 2>&1 || true
+    [ "$CURATOR_OK" != 1 ] || timeout 600 java -XX:+UseSerialGC -cp "$CURATOR_BUILD:$CURATOR_CP" \
+        CuratorBench "${warm[@]}" >/dev/null 2>&1 || true
+    [ "$HAVE_KAZOO" != 1 ] || timeout 600 "$PY" "$ROOT/bench/kazoo/kazoo_bench.py" --zk "$zk" \
+        --iterations 300 --contenders "$CONTENDERS" --monitors "$MONITORS" >/dev/null 2>&1 || true
+done
+
 # Rounds interleave the peers and the two servers, each round in a rotated order, so that neither
 # a slow start nor a burst of load on the machine favours one of them; the tables show each
 # figure's median and its spread over the rounds.

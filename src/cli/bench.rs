@@ -515,10 +515,15 @@ async fn run_service(mut settings: Settings, args: &BenchArgs) -> Result<u8, Cli
     if !args.json {
         eprintln!("zkguard bench --service: library, zkguard serve and zkguard exec ...");
     }
+    let zk_pid = locals.iter().find_map(|l| match l {
+        LocalServer::Zk(zk) => zk.pid(),
+        LocalServer::Es(_) => None,
+    });
     let plan = ServicePlan {
         clients: args.contenders,
         docs: args.monitors,
         saves: args.iterations,
+        zk_pid: zk_pid.or(args.server_pid),
     };
     let result = service_bench::run(settings, plan).await;
     for server in locals {

@@ -531,7 +531,13 @@ fn cpu_ms_per(before: Duration, after: Duration, cycles: u32) -> f64 {
 /// User + system CPU time of process `pid` (all threads), from `/proc/PID/stat`: `None` when it
 /// cannot be read (another system, a process that is gone).
 pub fn process_cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_time(std::path::Path::new(&format!("/proc/{pid}/stat")))
+}
+
+/// User + system CPU time from a `/proc` `stat` file (of a process, or of one of its threads
+/// under `/proc/PID/task/TID/stat`).
+pub fn stat_cpu_time(path: &std::path::Path) -> Option<Duration> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // The command name (field 2) may hold spaces: count from the parenthesis that closes it.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     // Fields 14 and 15 (utime, stime), the 12th and 13th after the name, in clock ticks.

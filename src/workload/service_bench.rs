@@ -14,7 +14,9 @@
 //! last is applied: the library awaits every outcome, the service's journal is empty and its
 //! metrics count every operation applied, every exec process has exited after its write). The
 //! library configures its executor as `zkguard serve` does (operations grouped by monitor,
-//! [`crate::server::BACKGROUND_IN_FLIGHT`] in flight). `zkguard exec` runs the background
+//! [`crate::server::BACKGROUND_IN_FLIGHT`] in flight). The library's workload runs once, not
+//! measured, before the three paths, until ZooKeeper's JIT compilers are done (see
+//! [`warm_up`]): the servers are then equally warm for all of them. `zkguard exec` runs the background
 //! operations from [`EXEC_BACKGROUND_CLIENTS_FACTOR`] times as many concurrent processes, its
 //! best on a 2-core machine, since each is CPU-bound (a process and a ZooKeeper session per
 //! write) rather than waiting.
@@ -41,6 +43,9 @@ pub struct ServicePlan {
     pub docs: u32,
     /// Foreground saves, and background operations, per path.
     pub saves: u32,
+    /// The ZooKeeper server's process id, when known: the warm-up then lasts until its JIT
+    /// compilers are done (see [`run`]).
+    pub zk_pid: Option<u32>,
 }
 
 /// How many times `clients` concurrent `zkguard exec` processes run the background operations:
@@ -97,6 +102,8 @@ pub struct ServiceReport {
     pub service: PathFigures,
     /// `zkguard exec` per write.
     pub exec: PathFigures,
+    /// Unmeasured runs of the library's workload before the measured ones.
+    pub warmup_runs: u32,
 }
 
 impl ServiceReport {
@@ -117,6 +124,7 @@ impl ServiceReport {
             "docs": self.plan.docs,
             "saves": self.plan.saves,
             "exec_background_clients": self.plan.exec_clients(),
+            "warmup_runs": self.warmup_runs,
             "build": if cfg!(debug_assertions) { "debug" } else { "release" },
             "service_over_library_fg_p50": (self.fg_ratio() * 100.0).round() / 100.0,
             "service_over_exec_bg_throughput": (self.bg_ratio() * 10.0).round() / 10.0,
@@ -140,7 +148,8 @@ impl ServiceReport {
             "{build} build; {docs} shared documents; per path {per} foreground saves from {clients} concurrent clients \
              (latency of each save), then {per} background operations on the same documents \
              (operations per second from the first submission until the last is applied; \
-             {exec} concurrent zkguard exec processes for exec)\n\n{:<28} {:>10} {:>10} {:>16}\n",
+             {exec} concurrent zkguard exec processes for exec); after {warm} unmeasured run(s) \
+             of the workload that warmed the servers up\n\n{:<28} {:>10} {:>10} {:>16}\n",
             "path",
             "fg p50",
             "fg p99",
@@ -149,6 +158,7 @@ impl ServiceReport {
             docs = self.plan.docs,
             clients = self.plan.clients,
             exec = self.plan.exec_clients(),
+            warm = self.warmup_runs,
         );
         for (name, f) in [
             ("library (in-process)", &self.library),
@@ -188,6 +198,7 @@ pub async fn run(settings: Settings, plan: ServicePlan) -> Result<ServiceReport,
     let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
     let mut settings = settings;
     settings.zookeeper.lock_root = format!("/zkguard-bench-service/{tag}");
+    let warmup_runs = warm_up(&settings, plan, &tag).await?;
     let library = library(&settings, plan, &format!("bench-lib-{tag}")).await?;
     let service = service(&settings, plan, &format!("bench-svc-{tag}")).await?;
     let exec = exec(&settings, plan, &format!("bench-exec-{tag}")).await?;
@@ -196,7 +207,54 @@ pub async fn run(settings: Settings, plan: ServicePlan) -> Result<ServiceReport,
         library,
         service,
         exec,
+        warmup_runs,
     })
+}
+
+/// At most this many unmeasured runs of the library's workload before the measured ones.
+pub const MAX_WARMUP_RUNS: u32 = 8;
+
+/// The CPU time the JIT compiler threads of process `pid` (a JVM) have used so far: the sum over
+/// its threads named `C1 CompilerThread…` or `C2 CompilerThread…` (Linux `/proc`).
+fn jit_cpu_time(pid: u32) -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if name.starts_with("C1 Compiler") || name.starts_with("C2 Compiler") {
+            total += super::bench::stat_cpu_time(&task.path().join("stat")).unwrap_or_default();
+        }
+    }
+    Some(total)
+}
+
+/// Warm-up, not measured. A ZooKeeper that has just started spends several times the CPU per
+/// request until its JVM has compiled its hot code (its compiler threads took a core for tens
+/// of thousands of lock cycles here), which would slow whichever path ran first. So the
+/// library's workload runs first, unmeasured, until the server's JIT compilers used less than
+/// 2% of the run's time in the last run (at most [`MAX_WARMUP_RUNS`] runs); without the server's
+/// process id (servers not started here), twice. The paths then run on servers as warm as each
+/// other.
+async fn warm_up(settings: &Settings, plan: ServicePlan, tag: &str) -> Result<u32, String> {
+    for run in 1..=MAX_WARMUP_RUNS {
+        let before = plan.zk_pid.and_then(jit_cpu_time);
+        let started = Instant::now();
+        library(settings, plan, &format!("bench-warm-{tag}-{run}")).await?;
+        let compiling = plan
+            .zk_pid
+            .and_then(jit_cpu_time)
+            .zip(before)
+            .map(|(after, before)| after.saturating_sub(before));
+        tracing::info!(run, compiling = ?compiling, took = ?started.elapsed(), "warm-up run");
+        match compiling {
+            Some(c) if c.as_secs_f64() < 0.02 * started.elapsed().as_secs_f64() => return Ok(run),
+            None if run >= 2 => return Ok(run),
+            _ => {}
+        }
+    }
+    Ok(MAX_WARMUP_RUNS)
 }
 
 async fn library(
