@@ -185,6 +185,8 @@ run_peer() {
 
 HAVE_KAZOO=0
 "$PY" -c 'import kazoo' 2>/dev/null && HAVE_KAZOO=1
+ZKGUARD_SERVER_PID=0
+[ ! -x "$ZKGUARD" ] || ! "$ZKGUARD" bench --help 2>/dev/null | grep -q -- --server-pid || ZKGUARD_SERVER_PID=1
 [ -x "$ZKGUARD" ] || echo "  zkguard: $ZKGUARD not built; n/a" >&2
 [ "$HAVE_KAZOO" = 1 ] || echo "  kazoo: python3-kazoo missing (run scripts/install-deps.sh); n/a" >&2
 
@@ -196,14 +198,16 @@ ZKGUARD_ENV=(env -u ZKGUARD_CONFIG -u ZKGUARD_LOCK_BACKEND -u RUST_LOG
 # it does not use ZooKeeper).
 run_one() {
     local name="$1" mode="$2" round="$3"
-    local zk="" tag="$name-$mode" server=()
-    # Each peer also measures the server's CPU time per cycle, hand-off and throughput cycle.
+    local zk="" tag="$name-$mode" server=() zkguard_server=()
+    # Each peer also measures the server's CPU time per cycle, hand-off and throughput cycle
+    # (a zkguard binary older than --server-pid, given by ZKGUARD_BIN, does without).
     [ -z "$mode" ] || { zk="${ZK_AT[$mode]}"; server=(--server-pid "${ZK_PID[$mode]}"); }
+    [ "$ZKGUARD_SERVER_PID" != 1 ] || zkguard_server=("${server[@]}")
     case "$name" in
         zkguard)
             [ -x "$ZKGUARD" ] || { : >"$OUT/$tag-$round.json"; return; }
             run_peer "$tag" "$round" "${ZKGUARD_ENV[@]}" "$ZKGUARD" bench --backend zookeeper --json \
-                --zk "$zk" "${server[@]}" "${COUNTS[@]}" ;;
+                --zk "$zk" "${zkguard_server[@]}" "${COUNTS[@]}" ;;
         curator)
             [ "$CURATOR_OK" = 1 ] || { : >"$OUT/$tag-$round.json"; return; }
             run_peer "$tag" "$round" java -XX:+UseSerialGC -cp "$CURATOR_BUILD:$CURATOR_CP" CuratorBench \

@@ -182,8 +182,8 @@ pub(super) async fn acquire(
             .map_or(deadline, |at| at.min(deadline))
     };
 
-    // Fast path: queue node and mutex node in one multi, which also reads the monitor's stat;
-    // skipped on a monitor that was contended recently.
+    // Fast path: one multi that recreates the monitor node, empty, with our queue node and the
+    // mutex in it; skipped on a monitor that was busy lately.
     // A try-once contender always tries the fast path, without queueing when the mutex is held.
     let contended_before = slot.contended(&paths.mutex) && !try_once;
     let mut others_seen = false;
@@ -249,8 +249,7 @@ pub(super) async fn acquire(
             }
             Step::FirstInLine => {
                 // Our turn came while the mutex is still held (by a lower class, or by a
-                // contender that grabbed it on the fast path and is about to give it back):
-                // wait for it.
+                // contender that took it and is giving it back): wait for it.
                 step = match await_mutex(&slot, &paths, deadline, wake_at(&prefix)).await? {
                     MutexWait::Ended(e) => return Err(abandon(&mut pending, e).await),
                     MutexWait::Released => {

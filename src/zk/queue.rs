@@ -36,7 +36,7 @@ pub(super) async fn fast_path(
     pending: &mut Pending,
     queue_if_held: bool,
 ) -> Result<Step, ZkError> {
-    if !pending.slot.stat_fast_path.load(Ordering::Relaxed) {
+    if !pending.slot.recreating_fast_path.load(Ordering::Relaxed) {
         return fast_path_listed(client, paths, prefix, data, pending, queue_if_held).await;
     }
     let node_path = format!("{}/{prefix}-", paths.monitor);
@@ -92,7 +92,10 @@ pub(super) async fn fast_path(
             ..
         }) => {
             debug!("zookeeper.acl does not let this session recreate and write monitor nodes: the fast path reads the queue instead");
-            pending.slot.stat_fast_path.store(false, Ordering::Relaxed);
+            pending
+                .slot
+                .recreating_fast_path
+                .store(false, Ordering::Relaxed);
             fast_path_listed(client, paths, prefix, data, pending, queue_if_held).await
         }
         Err(MultiWriteError::OperationFailed { source, .. }) => Err(source),

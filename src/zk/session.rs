@@ -90,7 +90,7 @@ pub(crate) struct Slot {
     pub mark_releases: AtomicBool,
     /// Whether the fast path may recreate the monitor node in its multi (`queue::fast_path`):
     /// cleared when `zookeeper.acl` does not let this session do so.
-    pub stat_fast_path: AtomicBool,
+    pub recreating_fast_path: AtomicBool,
 }
 
 impl std::fmt::Debug for Slot {
@@ -147,8 +147,7 @@ impl Slot {
 
     /// Whether this session's recent acquisitions of the monitor whose mutex is `path` met other
     /// contenders: then the next one queues without trying the fast path, whose multi would
-    /// only find the mutex held (or grab it from under the rightful next holder and give it
-    /// back). A saturating score: each acquisition that met others raises it (up to
+    /// only fail (a wasted write: ZooKeeper logs a failed transaction too). A saturating score: each acquisition that met others raises it (up to
     /// [`CONTENTION_MAX`]), each that did not lowers it; the fast path is skipped from
     /// [`CONTENTION_SKIP_FAST_PATH`] on. One contended acquisition among quiet ones keeps the fast
     /// path, which costs less than queueing unless the monitor is usually busy.
@@ -457,7 +456,7 @@ impl ZkSession {
             contention: StdMutex::new(HashMap::new()),
             lock_root_checked: AtomicBool::new(false),
             mark_releases: AtomicBool::new(true),
-            stat_fast_path: AtomicBool::new(true),
+            recreating_fast_path: AtomicBool::new(true),
             reaper,
         }
     }
