@@ -363,17 +363,22 @@ async fn a_lock_held_a_while_watches_its_mutex_and_its_release_leaves_no_watch()
     settings.session_timeout = Duration::from_secs(30);
     let c = session(&settings).await;
     let mutex = format!("{}/W1/privateLock", settings.lock_root);
-    let g = ZkBlockingWriteLock::new("long", &c, "W1")
-        .unwrap()
-        .lock_with_timeout()
-        .await
-        .unwrap();
-    eventually(
-        zkguard::zk::MUTEX_WATCH_AFTER + Duration::from_secs(5),
-        "the holder watches its mutex",
-        || async { watched(&zk, &mutex) },
-    )
-    .await;
+    // Takes the lock and holds it until the holder watches its mutex.
+    let hold_until_watched = || async {
+        let g = ZkBlockingWriteLock::new("long", &c, "W1")
+            .unwrap()
+            .lock_with_timeout()
+            .await
+            .unwrap();
+        eventually(
+            zkguard::zk::MUTEX_WATCH_AFTER + Duration::from_secs(5),
+            "the holder watches its mutex",
+            || async { watched(&zk, &mutex) },
+        )
+        .await;
+        g
+    };
+    let g = hold_until_watched().await;
     let before = zk.packets_received().unwrap();
     g.unlock().await.unwrap();
     let after = zk.packets_received().unwrap();
@@ -386,17 +391,7 @@ async fn a_lock_held_a_while_watches_its_mutex_and_its_release_leaves_no_watch()
     assert!(!watched(&zk, &mutex), "a watch was left on {mutex}");
 
     // Deleted by someone else while held, unseen by any caller of lost(): the guard notices.
-    let g = ZkBlockingWriteLock::new("long", &c, "W1")
-        .unwrap()
-        .lock_with_timeout()
-        .await
-        .unwrap();
-    eventually(
-        zkguard::zk::MUTEX_WATCH_AFTER + Duration::from_secs(5),
-        "the holder watches its mutex",
-        || async { watched(&zk, &mutex) },
-    )
-    .await;
+    let g = hold_until_watched().await;
     let admin = zookeeper_client::Client::connect(&zk.connect_string())
         .await
         .unwrap();

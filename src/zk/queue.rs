@@ -5,7 +5,9 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use tracing::{debug, info};
-use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult};
+use zookeeper_client::{
+    Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult, MultiWriter,
+};
 
 use super::contender::{wait_connected, Pending, Step};
 use super::map_zk;
@@ -39,22 +41,10 @@ pub(super) async fn fast_path(
     if !pending.slot.recreating_fast_path.load(Ordering::Relaxed) {
         return fast_path_listed(client, paths, prefix, data, pending, queue_if_held).await;
     }
-    let node_path = format!("{}/{prefix}-", paths.monitor);
-    let node_bytes = encode(data);
     let mut multi = client.new_multi_writer();
     multi.add_delete(&paths.monitor, None)?;
     multi.add_create(&paths.monitor, &[], &paths.create(CreateMode::Container))?;
-    multi.add_create(
-        &node_path,
-        &node_bytes,
-        &paths.create(CreateMode::EphemeralSequential),
-    )?;
-    // The mutex names its holder's node, which is not known yet: the owner and attempt suffice.
-    multi.add_create(
-        &paths.mutex,
-        &node_bytes,
-        &paths.create(CreateMode::Ephemeral),
-    )?;
+    add_queue_node_and_mutex(&mut multi, paths, prefix, data)?;
     multi.add_set_data(&paths.monitor, &[], None)?;
     pending.in_flight = true;
     let committed = multi.commit().await;
@@ -103,6 +93,23 @@ pub(super) async fn fast_path(
     }
 }
 
+/// Adds the creates of our queue node and of the mutex to a multi.
+fn add_queue_node_and_mutex(
+    multi: &mut MultiWriter<'_>,
+    paths: &Paths,
+    prefix: &str,
+    data: &NodeData,
+) -> Result<(), ZkError> {
+    let bytes = encode(data);
+    multi.add_create(
+        &format!("{}/{prefix}-", paths.monitor),
+        &bytes,
+        &paths.create(CreateMode::EphemeralSequential),
+    )?;
+    // The mutex names its holder's node, which is not known yet: the owner and attempt suffice.
+    multi.add_create(&paths.mutex, &bytes, &paths.create(CreateMode::Ephemeral))
+}
+
 /// Whether a create's answer was lost (the create may or may not have happened).
 fn lost_answer<T>(result: &Result<T, MultiWriteError>) -> bool {
     matches!(
@@ -125,19 +132,8 @@ async fn fast_path_listed(
     pending: &mut Pending,
     queue_if_held: bool,
 ) -> Result<Step, ZkError> {
-    let node_path = format!("{}/{prefix}-", paths.monitor);
-    let node_bytes = encode(data);
     let mut multi = client.new_multi_writer();
-    multi.add_create(
-        &node_path,
-        &node_bytes,
-        &paths.create(CreateMode::EphemeralSequential),
-    )?;
-    multi.add_create(
-        &paths.mutex,
-        &node_bytes,
-        &paths.create(CreateMode::Ephemeral),
-    )?;
+    add_queue_node_and_mutex(&mut multi, paths, prefix, data)?;
     let commit = multi.commit();
     let children = client.get_children(&paths.monitor);
     pending.in_flight = true;
