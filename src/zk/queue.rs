@@ -71,11 +71,8 @@ pub(super) async fn fast_path(
             index: 0,
             source: ZkError::NotEmpty,
         }) => {
-            // Held, or contenders queued: queue normally (or not at all, trying once).
-            if !queue_if_held {
-                return Ok(Step::Busy);
-            }
-            plain_create(client, paths, prefix, data, pending).await
+            // Held, or contenders queued.
+            queue_when_busy(client, paths, prefix, data, pending, queue_if_held).await
         }
         Err(MultiWriteError::OperationFailed {
             source: ZkError::NoAuth,
@@ -91,6 +88,22 @@ pub(super) async fn fast_path(
         Err(MultiWriteError::OperationFailed { source, .. }) => Err(source),
         Err(MultiWriteError::RequestFailed { source }) => Err(source),
     }
+}
+
+/// A fast path found the lock busy and created nothing: queue with a plain create, or, trying
+/// once (not `queue_if_held`), report [`Step::Busy`].
+async fn queue_when_busy(
+    client: &Client,
+    paths: &Paths,
+    prefix: &str,
+    data: &NodeData,
+    pending: &mut Pending,
+    queue_if_held: bool,
+) -> Result<Step, ZkError> {
+    if !queue_if_held {
+        return Ok(Step::Busy);
+    }
+    plain_create(client, paths, prefix, data, pending).await
 }
 
 /// Adds the creates of our queue node and of the mutex to a multi.
@@ -188,12 +201,7 @@ async fn fast_path_listed(
         Err(MultiWriteError::OperationFailed {
             index: 1,
             source: ZkError::NodeExists,
-        }) => {
-            if !queue_if_held {
-                return Ok(Step::Busy);
-            }
-            plain_create(client, paths, prefix, data, pending).await
-        }
+        }) => queue_when_busy(client, paths, prefix, data, pending, queue_if_held).await,
         Err(MultiWriteError::OperationFailed { source, .. }) => Err(source),
         Err(MultiWriteError::RequestFailed { source }) => Err(source),
     }
