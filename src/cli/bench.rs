@@ -103,6 +103,14 @@ enum LocalServer {
 }
 
 impl LocalServer {
+    /// The process id of a local ZooKeeper (for measuring its CPU time).
+    fn zk_pid(&self) -> Option<u32> {
+        match self {
+            Self::Zk(zk) => zk.pid(),
+            Self::Es(_) => None,
+        }
+    }
+
     async fn stop(self) {
         let _ = tokio::task::spawn_blocking(move || match self {
             Self::Zk(zk) => zk.stop(),
@@ -459,8 +467,7 @@ pub async fn run(mut settings: Settings, args: BenchArgs) -> Result<u8, CliError
         None
     };
     let server_pid = match &local {
-        Some(LocalServer::Zk(zk)) => zk.pid(),
-        Some(LocalServer::Es(_)) => None,
+        Some(server) => server.zk_pid(),
         None => args.server_pid,
     };
     if let Some(pid) = server_pid.filter(|_| backend == LockBackendKind::ZooKeeper) {
@@ -515,10 +522,7 @@ async fn run_service(mut settings: Settings, args: &BenchArgs) -> Result<u8, Cli
     if !args.json {
         eprintln!("zkguard bench --service: library, zkguard serve and zkguard exec ...");
     }
-    let zk_pid = locals.iter().find_map(|l| match l {
-        LocalServer::Zk(zk) => zk.pid(),
-        LocalServer::Es(_) => None,
-    });
+    let zk_pid = locals.iter().find_map(LocalServer::zk_pid);
     let plan = ServicePlan {
         clients: args.contenders,
         docs: args.monitors,

@@ -727,9 +727,7 @@ async fn run_inner(
         progress.finish(Phase::UncontendedWarmup);
         progress.start(Phase::Uncontended, plan.iterations.into());
         let mut samples = Vec::with_capacity(plan.iterations as usize);
-        let before = counter.read().await;
-        let cpu_before = cpu_time();
-        let server_before = server.read();
+        let meter = PhaseMeter::start(&counter, &server).await;
         for _ in 0..plan.iterations {
             let t0 = Instant::now();
             cycle(solo.service.as_ref(), &monitor, timeout)
@@ -738,17 +736,19 @@ async fn run_inner(
             samples.push(t0.elapsed());
             progress.advance(1);
         }
-        let cpu = cpu_ms_per(cpu_before, cpu_time(), plan.iterations);
-        let server_cpu = ServerCpu::per(server_before, server.read(), plan.iterations);
-        let after = counter.read().await;
+        let cost = meter.finish(plan.iterations).await;
         progress.finish(Phase::Uncontended);
         samples.sort_unstable();
-        let requests = RequestCounter::per_cycle(before, after, plan.iterations);
-        Ok::<_, BenchError>((samples, requests, cpu, server_cpu))
+        Ok::<_, BenchError>((samples, cost))
     }
     .await;
     solo.close();
-    let (samples, requests_per_cycle, cpu_ms_per_cycle, server_cpu_ms_per_cycle) = result?;
+    let (samples, cycle_cost) = result?;
+    let PhaseCost {
+        cpu_ms: cpu_ms_per_cycle,
+        server_cpu_ms: server_cpu_ms_per_cycle,
+        requests: requests_per_cycle,
+    } = cycle_cost;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let p50 = ms(percentile(&samples, 0.50));
     let p99 = ms(percentile(&samples, 0.99));
@@ -793,9 +793,7 @@ async fn run_inner(
         )
         .await?;
         let counter = RequestCounter::new(settings, &clients);
-        let before = counter.read().await;
-        let cpu_before = cpu_time();
-        let server_before = server.read();
+        let meter = PhaseMeter::start(&counter, &server).await;
         let handoffs = run_shared(
             &clients,
             &contended,
@@ -805,11 +803,7 @@ async fn run_inner(
             &progress,
         )
         .await?;
-        let handoff = PhaseCost {
-            cpu_ms: cpu_ms_per(cpu_before, cpu_time(), plan.iterations),
-            server_cpu_ms: ServerCpu::per(server_before, server.read(), plan.iterations),
-            requests: RequestCounter::per_cycle(before, counter.read().await, plan.iterations),
-        };
+        let handoff = meter.finish(plan.iterations).await;
         run_shared(
             &clients,
             &spread,
@@ -819,9 +813,7 @@ async fn run_inner(
             &progress,
         )
         .await?;
-        let before = counter.read().await;
-        let cpu_before = cpu_time();
-        let server_before = server.read();
+        let meter = PhaseMeter::start(&counter, &server).await;
         let ops = run_shared(
             &clients,
             &spread,
@@ -831,11 +823,7 @@ async fn run_inner(
             &progress,
         )
         .await?;
-        let op = PhaseCost {
-            cpu_ms: cpu_ms_per(cpu_before, cpu_time(), plan.iterations),
-            server_cpu_ms: ServerCpu::per(server_before, server.read(), plan.iterations),
-            requests: RequestCounter::per_cycle(before, counter.read().await, plan.iterations),
-        };
+        let op = meter.finish(plan.iterations).await;
         Ok::<_, BenchError>((handoffs, handoff, ops, op))
     }
     .await;
@@ -882,7 +870,42 @@ async fn run_inner(
     })
 }
 
-/// What the measured cycles of one shared phase cost, per cycle.
+/// The readings at the start of a measured phase: requests, client CPU, server CPU.
+struct PhaseMeter<'a> {
+    counter: &'a RequestCounter,
+    server: &'a ServerCpu,
+    requests: Option<u64>,
+    cpu: Duration,
+    server_cpu: Option<Duration>,
+}
+
+impl<'a> PhaseMeter<'a> {
+    async fn start(counter: &'a RequestCounter, server: &'a ServerCpu) -> Self {
+        let requests = counter.read().await;
+        Self {
+            counter,
+            server,
+            requests,
+            cpu: cpu_time(),
+            server_cpu: server.read(),
+        }
+    }
+
+    /// What the phase's `cycles` cost, per cycle. The CPU times are read before the request
+    /// counter, whose reading is itself a request.
+    async fn finish(self, cycles: u32) -> PhaseCost {
+        let cpu_ms = cpu_ms_per(self.cpu, cpu_time(), cycles);
+        let server_cpu_ms = ServerCpu::per(self.server_cpu, self.server.read(), cycles);
+        let requests = RequestCounter::per_cycle(self.requests, self.counter.read().await, cycles);
+        PhaseCost {
+            cpu_ms,
+            server_cpu_ms,
+            requests,
+        }
+    }
+}
+
+/// What the measured cycles of one phase cost, per cycle.
 struct PhaseCost {
     /// Client CPU milliseconds.
     cpu_ms: f64,

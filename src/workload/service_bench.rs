@@ -14,9 +14,9 @@
 //! last is applied: the library awaits every outcome, the service's journal is empty and its
 //! metrics count every operation applied, every exec process has exited after its write). The
 //! library configures its executor as `zkguard serve` does (operations grouped by monitor,
-//! [`crate::server::BACKGROUND_IN_FLIGHT`] in flight). The library's workload runs once, not
-//! measured, before the three paths, until ZooKeeper's JIT compilers are done (see
-//! [`warm_up`]): the servers are then equally warm for all of them. `zkguard exec` runs the background
+//! [`crate::server::BACKGROUND_IN_FLIGHT`] in flight). Before the three paths, the library's
+//! workload runs unmeasured until ZooKeeper's JIT compilers are done (see [`warm_up`]): the
+//! servers are then equally warm for all of them. `zkguard exec` runs the background
 //! operations from [`EXEC_BACKGROUND_CLIENTS_FACTOR`] times as many concurrent processes, its
 //! best on a 2-core machine, since each is CPU-bound (a process and a ZooKeeper session per
 //! write) rather than waiting.
@@ -44,7 +44,7 @@ pub struct ServicePlan {
     /// Foreground saves, and background operations, per path.
     pub saves: u32,
     /// The ZooKeeper server's process id, when known: the warm-up then lasts until its JIT
-    /// compilers are done (see [`run`]).
+    /// compilers are done (see [`warm_up`]).
     pub zk_pid: Option<u32>,
 }
 

@@ -198,7 +198,7 @@ pub(super) async fn acquire(
         let attempt = if contended_before {
             plain_create(client, &paths, &prefix, &data, &mut pending).await
         } else {
-            fast_path(client, &paths, &prefix, &mut data, &mut pending, !try_once).await
+            fast_path(client, &paths, &prefix, &data, &mut pending, !try_once).await
         };
         match attempt {
             Ok(step) => break step,

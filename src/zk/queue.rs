@@ -34,7 +34,7 @@ pub(super) async fn fast_path(
     client: &Client,
     paths: &Paths,
     prefix: &str,
-    data: &mut NodeData,
+    data: &NodeData,
     pending: &mut Pending,
     queue_if_held: bool,
 ) -> Result<Step, ZkError> {
@@ -141,7 +141,7 @@ async fn fast_path_listed(
     client: &Client,
     paths: &Paths,
     prefix: &str,
-    data: &mut NodeData,
+    data: &NodeData,
     pending: &mut Pending,
     queue_if_held: bool,
 ) -> Result<Step, ZkError> {
