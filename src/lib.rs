@@ -50,5 +50,7 @@ pub mod zk;
 
 #[doc(hidden)] // for the zkguard binary (the demo's retry budget)
 pub use backoff::Backoff;
-pub use lock::{Blocker, Guard, LockError, LockRequest, LockService, LockType, LossReason};
+pub use lock::{
+    Blocker, Guard, LockError, LockRequest, LockService, LockType, LossReason, Release,
+};
 pub use zk::{LockGuard, ZkBlockingWriteLock, ZkLockService, ZkSession};

@@ -281,6 +281,55 @@ async fn uncontended_cycle_needs_two_requests() {
     );
 }
 
+/// `LockGuard::release` sends the release before it returns and awaits nothing: the session's
+/// next acquisition, sent right behind it, finds the monitor free (a try-once fast path reports
+/// the lock busy otherwise), a cycle still costs two requests, and a release dropped unawaited
+/// still completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_goes_out_before_it_returns_and_the_next_acquisition_finds_it_applied() {
+    // A server of its own, so that no other test's requests are counted.
+    let zk = zk_server();
+    let mut settings = zk_settings(&zk.connect_string(), "pipelined");
+    settings.session_timeout = Duration::from_secs(30);
+    let c = session(&settings).await;
+    let lock = ZkBlockingWriteLock::new("w", &c, "R1").unwrap();
+    // Warm up: creates the root and the monitor node.
+    lock.try_lock().await.unwrap().unlock().await.unwrap();
+    let cycles = 100u64;
+    let before = zk.packets_received().unwrap();
+    let mut releasing = lock.try_lock().await.unwrap().release();
+    let mut token = 0;
+    for i in 1..cycles {
+        let g = lock.try_lock().await.unwrap_or_else(|e| {
+            panic!("cycle {i}: the release sent before this try was not applied first: {e}")
+        });
+        assert!(g.fencing_token() > token);
+        token = g.fencing_token();
+        releasing.await.unwrap();
+        releasing = g.release();
+    }
+    releasing.await.unwrap();
+    let after = zk.packets_received().unwrap();
+    let per_cycle = (after - before) as f64 / cycles as f64;
+    assert!(
+        per_cycle <= 2.05,
+        "{per_cycle} requests per acquire+release"
+    );
+
+    // Dropped unawaited, a release still completes: another session gets the lock.
+    drop(lock.try_lock().await.unwrap().release());
+    let other = session(&settings).await;
+    ZkBlockingWriteLock::new("w", &other, "R1")
+        .unwrap()
+        .with_timeout(Duration::from_secs(20))
+        .lock_with_timeout()
+        .await
+        .expect("the dropped release completed")
+        .unlock()
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_session_reports_loss_and_the_next_holder_gets_a_higher_token() {
     init_tracing();

@@ -441,6 +441,106 @@ pub trait Guard: Send + Sync + fmt::Debug {
     /// [`LockError::NoNode`] when the lock no longer existed; connection errors (the lock is then
     /// released by session expiry or lease expiry).
     async fn unlock(self: Box<Self>) -> Result<(), LockError>;
+
+    /// Releases the lock without waiting for the answer: completes once the release is ordered
+    /// before every later acquisition through the same lock service, and returns the release
+    /// under way. Await the [`Release`] for the outcome that [`Guard::unlock`] would report (it
+    /// is ready by the time a later acquisition of the same session has its answer), or
+    /// [`Release::detach`] it.
+    ///
+    /// On ZooKeeper the request is sent before this returns and nothing is awaited: ZooKeeper
+    /// applies a session's requests in order, so the session's next acquisition goes out right
+    /// behind the release and needs no round trip of its own to wait for it (one write's
+    /// latency, with its `fsync`, saved per lock cycle). Other sessions see the lock free once
+    /// ZooKeeper has applied the release, as after `unlock`. The default (the Elasticsearch
+    /// lease lock) completes the release first.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe once polled: the release finishes in the background.
+    async fn release(self: Box<Self>) -> Release {
+        Release::done(self.unlock().await)
+    }
+}
+
+/// A release on its way ([`Guard::release`]): a future of the outcome that [`Guard::unlock`]
+/// reports. Dropping it lets the release finish in the background, unreported.
+#[derive(Debug)]
+#[must_use = "await the release for its outcome, or detach it to have a failure logged"]
+pub struct Release(ReleaseState);
+
+#[derive(Debug)]
+enum ReleaseState {
+    Done(Option<Result<(), LockError>>),
+    Running(tokio::task::JoinHandle<Result<(), LockError>>),
+}
+
+impl Release {
+    /// A release that has completed with `outcome` (for a [`Guard`] that wraps another, or
+    /// releases before it returns).
+    pub fn done(outcome: Result<(), LockError>) -> Self {
+        Self(ReleaseState::Done(Some(outcome)))
+    }
+
+    /// Starts `work` in the calling thread: polls it once, which runs it up to its first
+    /// pending point (a backend sends its request there, in the caller's order), then spawns the
+    /// rest as a task.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime, as [`tokio::spawn`], unless `work` completes at its first poll.
+    pub(crate) fn start<F>(work: F) -> Self
+    where
+        F: std::future::Future<Output = Result<(), LockError>> + Send + 'static,
+    {
+        let mut work = Box::pin(work);
+        let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+        match work.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(outcome) => Self::done(outcome),
+            // The task polls it again at once, with a waker of its own.
+            std::task::Poll::Pending => Self(ReleaseState::Running(tokio::spawn(work))),
+        }
+    }
+
+    /// Lets the release finish in the background and logs a failure at `warn`, after `what`
+    /// (what the failure means to the caller).
+    pub fn detach(self, what: &'static str) {
+        match self.0 {
+            ReleaseState::Done(Some(Err(e))) => tracing::warn!(error = %e, "{what}"),
+            ReleaseState::Done(_) => {}
+            running => {
+                let release = Self(running);
+                tokio::spawn(async move {
+                    if let Err(e) = release.await {
+                        tracing::warn!(error = %e, "{what}");
+                    }
+                });
+            }
+        }
+    }
+}
+
+impl std::future::Future for Release {
+    type Output = Result<(), LockError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match &mut self.0 {
+            ReleaseState::Done(outcome) => std::task::Poll::Ready(
+                outcome
+                    .take()
+                    .expect("a completed release is not polled again"),
+            ),
+            ReleaseState::Running(task) => std::pin::Pin::new(task).poll(cx).map(|joined| {
+                joined.unwrap_or_else(|e| {
+                    Err(LockError::Backend {
+                        context: "releasing the lock".into(),
+                        detail: e.to_string(),
+                    })
+                })
+            }),
+        }
+    }
 }
 
 /// A shared, awaitable loss flag used by guards of both backends.

@@ -32,6 +32,12 @@
 //! - **throughput**: the same clients over `monitors` monitor objects, each cycle on a monitor
 //!   picked at random, until `iterations` cycles happened in total; cycles per second. Same
 //!   warm-up. Its requests and the client CPU time are counted per cycle as above.
+//! - **release**: in the contended and throughput phases each client releases with
+//!   [`zkguard::Guard::release`], as guarded writes and `zkguard serve`'s lanes do: on ZooKeeper the
+//!   release is sent, the client's next acquisition goes out behind it, and the release's
+//!   outcome is checked once that acquisition has its answer (a failed release fails the run).
+//!   The uncontended cycle awaits [`zkguard::Guard::unlock`], so its latency is the whole round of both.
+//!   The peers' release calls wait for the answer (their APIs have no other way).
 //! - **server CPU time**: with [`BenchPlan::with_server_pid`] (`zkguard bench --server-pid`,
 //!   which `make bench` passes; `--local` knows its own server), the user + system CPU time of
 //!   the ZooKeeper server process (`/proc/PID/stat`, Linux) over the measured uncontended
@@ -65,7 +71,7 @@ use tracing::{info, warn, Instrument};
 use zkguard::config::{LockBackendKind, Settings};
 use zkguard::es::{DocStore, EsError, EsStore, HookedStore, StoreCall, StoreHook};
 use zkguard::eslock::EsLockService;
-use zkguard::lock::{LockError, LockRequest, LockService};
+use zkguard::lock::{LockError, LockRequest, LockService, Release};
 use zkguard::zk::{ZkLockService, ZkSession};
 
 /// The lock info written by benchmark acquisitions (shown by `zkguard locks`).
@@ -613,6 +619,9 @@ async fn run_shared(
         let me = index + 1;
         tasks.spawn(async move {
             barrier.wait().await;
+            // The release under way of this client's last lock: sent, its outcome checked once
+            // the next acquisition has its answer (by then it is in).
+            let mut releasing: Option<Release> = None;
             while remaining.fetch_sub(1, Ordering::AcqRel) > 0 {
                 let m = if monitors.len() == 1 {
                     0
@@ -626,7 +635,11 @@ async fn run_shared(
                         if holders[m].swap(me, Ordering::AcqRel) != me {
                             changes.fetch_add(1, Ordering::Relaxed);
                         }
-                        guard.unlock().await
+                        let released = releasing.replace(guard.release().await);
+                        match released {
+                            Some(release) => release.await,
+                            None => Ok(()),
+                        }
                     }
                     Err(e) => Err(e),
                 };
@@ -636,7 +649,10 @@ async fn run_shared(
                 }
                 progress.advance(1);
             }
-            Ok(())
+            match releasing {
+                Some(release) => release.await,
+                None => Ok(()),
+            }
         });
     }
     barrier.wait().await;

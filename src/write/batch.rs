@@ -195,9 +195,11 @@ impl Batcher {
         );
         let (results, later) = self.write(guard.as_ref(), batch).await;
         let held = acquired.elapsed();
-        if let Err(e) = guard.unlock().await {
-            tracing::warn!(error = %e, "releasing the lock after a batch of writes failed");
-        }
+        // Not awaited: the lane's next acquisition is ordered behind the release.
+        guard
+            .release()
+            .await
+            .detach("releasing the lock after a batch of writes failed");
         for (q, result) in results {
             let _ = q.done.send(result.map(|w| Written { waited, held, ..w }));
         }

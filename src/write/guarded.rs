@@ -302,8 +302,10 @@ impl GuardedWriter {
     ///
     /// # Errors
     /// [`GuardedError::Lock`] when the lock was not acquired (nothing was read or written);
-    /// the errors of [`GuardedWriter::write_under`]. A failed release after a successful write
-    /// is logged, not returned: the write is done and the lock goes with the session or lease.
+    /// the errors of [`GuardedWriter::write_under`]. The release is not awaited
+    /// ([`Guard::release`]): it is sent (ZooKeeper) or done (lease lock) before this returns, and
+    /// a failure is logged, not returned: the write is done and the lock goes with the session
+    /// or lease.
     ///
     /// # Cancellation safety
     /// Dropping the future drops the guard, which releases the lock in the background. A write
@@ -319,7 +321,8 @@ impl GuardedWriter {
         );
         async move {
             op.validate()?;
-            let mut request = LockRequest::new(op.monitor.clone(), op.info.clone()).with_type(op.lock_type);
+            let mut request =
+                LockRequest::new(op.monitor.clone(), op.info.clone()).with_type(op.lock_type);
             if let Some(t) = self.timeout {
                 request = request.with_timeout(t);
             }
@@ -327,15 +330,19 @@ impl GuardedWriter {
             let guard = self.locks.acquire(request).await?;
             let waited = started.elapsed();
             let acquired = Instant::now();
-            tracing::debug!(token = guard.fencing_token(), waited_ms = waited.as_millis() as u64, "lock acquired");
+            tracing::debug!(
+                token = guard.fencing_token(),
+                waited_ms = waited.as_millis() as u64,
+                "lock acquired"
+            );
             let result = self.write_under(guard.as_ref(), op).await;
             let held = acquired.elapsed();
-            if let Err(e) = guard.unlock().await {
-                match &result {
-                    Ok(_) => tracing::warn!(error = %e, "the write succeeded but releasing the lock failed"),
-                    Err(_) => tracing::debug!(error = %e, "releasing the lock after a failed write failed"),
-                }
-            }
+            // The answer to the release is not awaited: the write's outcome is known, and the
+            // session's next acquisition is ordered behind the release anyway.
+            guard.release().await.detach(match &result {
+                Ok(_) => "the write succeeded but releasing the lock failed",
+                Err(_) => "releasing the lock after a failed write failed",
+            });
             result.map(|w| Written { waited, held, ..w })
         }
         .instrument(span)

@@ -13,7 +13,7 @@ use super::node::{NodeData, Paths};
 use super::reaper::Reap;
 use super::release::{delete_nodes, release_held};
 use super::session::{Health, Slot};
-use crate::lock::{Guard, LockError, LockRequest, LockType, LossReason, LossSignal};
+use crate::lock::{Guard, LockError, LockRequest, LockType, LossReason, LossSignal, Release};
 
 /// A held ZooKeeper lock.
 ///
@@ -97,17 +97,33 @@ impl LockGuard {
         self.loss.wait().await
     }
 
-    /// Releases the lock: deletes the queue node and the mutex node in one multi.
+    /// Releases the lock: deletes the queue node and the mutex node in one multi, and waits for
+    /// the answer. The same as `self.release().await`.
     ///
     /// # Errors
     /// - [`LockError::NoNode`]: the lock no longer existed (it was lost before the release);
     /// - [`LockError::SessionExpired`]: the session expired (the nodes went with it).
     ///
     /// # Cancellation safety
-    /// Not cancel-safe in the sense that a cancelled release finishes in the background: the
-    /// nodes are removed either way.
+    /// Cancel-safe: the release is sent at the first poll and finishes in the background.
+    pub async fn unlock(self) -> Result<(), LockError> {
+        self.release().await
+    }
+
+    /// Releases the lock without waiting: sends the release multi (or, after a loss, whatever
+    /// is left to delete) before it returns, and answers the outcome through the returned
+    /// [`Release`], which finishes in the background if dropped. ZooKeeper applies a session's
+    /// requests in order: the session's next request, such as the next acquisition of the same
+    /// monitor, goes out right behind the release and finds it applied, without a round trip
+    /// of its own spent waiting for it (see [`Guard::release`]).
+    ///
+    /// # Errors
+    /// The [`Release`] resolves to the errors of [`LockGuard::unlock`].
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime (as [`tokio::spawn`]); dropping the guard releases it anywhere.
     #[instrument(name = "zk_unlock", skip_all, fields(monitor = %self.monitor, token = self.token))]
-    pub async fn unlock(mut self) -> Result<(), LockError> {
+    pub fn release(mut self) -> Release {
         self.released.store(true, Ordering::Release);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -116,50 +132,38 @@ impl LockGuard {
         let mutex = (!mutex_deleted).then(|| self.mutex_path.clone());
         let node = self.node_path.clone();
         let slot = self.slot.clone();
-        // Hand the work to the reaper if this future is dropped midway.
-        let mut reap = Some(Reap {
-            queue_node: Some(node.clone()),
-            mutex: mutex.clone(),
-            search: None,
-            attempt: self.attempt.clone(),
-        });
-        struct ReapOnDrop<'a>(&'a Slot, &'a mut Option<Reap>);
-        impl Drop for ReapOnDrop<'_> {
-            fn drop(&mut self) {
-                if let Some(r) = self.1.take() {
-                    self.0.reap(r);
+        let attempt = self.attempt.clone();
+        let monitor = self.monitor.clone();
+        // The first poll (in Release::start, before this returns) sends the first request.
+        let work = async move {
+            let result = match &mutex {
+                Some(m) => {
+                    release_held(&slot.client, &node, m, &attempt, &slot.mark_releases).await
                 }
+                None => delete_nodes(&slot.client, Some(&node), None, &attempt).await,
+            };
+            match result {
+                Ok(()) if mutex_deleted => Err(LockError::NoNode {
+                    monitor,
+                    detail: "the mutex node had been deleted by someone else".into(),
+                }),
+                Ok(()) => {
+                    debug!("lock released");
+                    Ok(())
+                }
+                Err(ZkError::NoNode) => Err(LockError::NoNode {
+                    monitor,
+                    detail: format!("{node} or its mutex node was already gone"),
+                }),
+                Err(ZkError::SessionExpired | ZkError::ClientClosed) => {
+                    Err(LockError::SessionExpired {
+                        context: format!("releasing `{monitor}`"),
+                    })
+                }
+                Err(e) => Err(map_zk(e, "releasing the lock")),
             }
-        }
-        let on_drop = ReapOnDrop(&slot, &mut reap);
-        let result = match &mutex {
-            Some(m) => {
-                release_held(&slot.client, &node, m, &self.attempt, &slot.mark_releases).await
-            }
-            None => delete_nodes(&slot.client, Some(&node), None, &self.attempt).await,
         };
-        on_drop.1.take();
-        drop(on_drop);
-        match result {
-            Ok(()) if mutex_deleted => Err(LockError::NoNode {
-                monitor: self.monitor.clone(),
-                detail: "the mutex node had been deleted by someone else".into(),
-            }),
-            Ok(()) => {
-                debug!("lock released");
-                Ok(())
-            }
-            Err(ZkError::NoNode) => Err(LockError::NoNode {
-                monitor: self.monitor.clone(),
-                detail: format!("{node} or its mutex node was already gone"),
-            }),
-            Err(ZkError::SessionExpired | ZkError::ClientClosed) => {
-                Err(LockError::SessionExpired {
-                    context: format!("releasing `{}`", self.monitor),
-                })
-            }
-            Err(e) => Err(map_zk(e, "releasing the lock")),
-        }
+        Release::start(work.in_current_span())
     }
 }
 
@@ -342,5 +346,8 @@ impl Guard for LockGuard {
     }
     async fn unlock(self: Box<Self>) -> Result<(), LockError> {
         LockGuard::unlock(*self).await
+    }
+    async fn release(self: Box<Self>) -> Release {
+        LockGuard::release(*self)
     }
 }

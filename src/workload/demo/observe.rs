@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use zkguard::lock::{Guard, LockError, LockRequest, LockService, LockType, LossReason};
+use zkguard::lock::{Guard, LockError, LockRequest, LockService, LockType, LossReason, Release};
 
 #[derive(Default)]
 pub(super) struct LockStats {
@@ -236,6 +236,12 @@ impl Guard for ObservedGuard {
         match self.record() {
             Some(guard) => guard.unlock().await,
             None => Ok(()),
+        }
+    }
+    async fn release(mut self: Box<Self>) -> Release {
+        match self.record() {
+            Some(guard) => guard.release().await,
+            None => Release::done(Ok(())),
         }
     }
 }
