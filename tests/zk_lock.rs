@@ -11,7 +11,7 @@ use common::*;
 use zkguard::testkit::ZkServer;
 use zkguard::zk::{clear_stray, list_locks, StrayOutcome};
 use zkguard::{Blocker, LockError, LockType, LossReason, ZkBlockingWriteLock};
-use zookeeper_client::{Acls, CreateMode};
+use zookeeper_client::{Acls, CreateMode, EventType};
 
 /// One server shared by the tests that do not stop or pause it (each uses its own lock root).
 fn shared() -> &'static ZkServer {
@@ -453,6 +453,70 @@ async fn a_lock_held_a_while_watches_its_mutex_and_its_release_leaves_no_watch()
     .await;
     assert_eq!(g.loss(), Some(LossReason::MutexDeleted));
     assert!(matches!(g.unlock().await, Err(LockError::NoNode { .. })));
+}
+
+/// A lock taken on a monitor with no other node is released without the hand-over mark (every
+/// waiter came later): a watcher of its queue node sees `NodeDeleted`, and the foreground waiter
+/// queued right behind it takes the lock at once, without listing the queue again (the release
+/// and the waiter's create of the mutex). A lock taken after waiting is released with the mark
+/// (`NodeDataChanged`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_alone_is_released_without_the_mark_and_its_waiter_reads_nothing_more() {
+    // A server of its own, so that no other test's requests are counted.
+    let zk = zk_server();
+    let mut settings = zk_settings(&zk.connect_string(), "alone");
+    settings.session_timeout = Duration::from_secs(30);
+    let monitor = format!("{}/M1", settings.lock_root);
+    let (h, w) = (session(&settings).await, session(&settings).await);
+    let admin = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    let queue_nodes = || async {
+        let (children, _) = admin.get_children(&monitor).await.unwrap();
+        let mut nodes: Vec<String> = children
+            .into_iter()
+            .filter(|c| c != "privateLock")
+            .map(|c| format!("{monitor}/{c}"))
+            .collect();
+        nodes.sort();
+        nodes
+    };
+    let lock = |s: &zkguard::ZkSession, info: &str| {
+        ZkBlockingWriteLock::new(info, s, "M1")
+            .unwrap()
+            .with_timeout(Duration::from_secs(20))
+    };
+    // Alone on the monitor: the fast path.
+    let held = lock(&h, "holder").try_lock().await.unwrap();
+    let [holder_node] = queue_nodes().await.try_into().unwrap();
+    let waiter = tokio::spawn({
+        let lock = lock(&w, "waiter");
+        async move { lock.lock_with_timeout().await }
+    });
+    eventually(
+        Duration::from_secs(10),
+        "the waiter watches the holder's queue node",
+        || async { watched(&zk, &holder_node) && queue_nodes().await.len() == 2 },
+    )
+    .await;
+    let (_, _, seen) = admin.get_and_watch_data(&holder_node).await.unwrap();
+    let before = zk.packets_received().unwrap();
+    held.unlock().await.unwrap();
+    let taken = waiter.await.unwrap().expect("the waiter takes the lock");
+    let after = zk.packets_received().unwrap();
+    assert_eq!(seen.changed().await.event_type, EventType::NodeDeleted);
+    assert!(
+        after - before <= 3,
+        "{} packets from the release to the waiter's lock (expected the release, the waiter's \
+         create of the mutex and the mntr reading: no second listing)",
+        after - before
+    );
+
+    // The waiter took it after waiting: its release carries the mark for whoever queued behind.
+    let [waiter_node] = queue_nodes().await.try_into().unwrap();
+    let (_, _, seen) = admin.get_and_watch_data(&waiter_node).await.unwrap();
+    taken.unlock().await.unwrap();
+    assert_eq!(seen.changed().await.event_type, EventType::NodeDataChanged);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

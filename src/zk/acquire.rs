@@ -12,7 +12,7 @@ use zookeeper_client::{Error as ZkError, EventType};
 
 use super::acl::{acl_list, check_lock_root};
 use super::contender::{abandon, health_failure, wait_connected, Pending, Step};
-use super::guard::LockGuard;
+use super::guard::{Held, LockGuard};
 use super::map_zk;
 use super::mutex::take_mutex;
 use super::names::Queue;
@@ -163,6 +163,7 @@ pub(super) async fn acquire(
         armed: true,
         in_flight: false,
         attempt: data.attempt.clone(),
+        alone: false,
     };
     let promote_at = match (request.lock_type, settings.background_max_wait) {
         (LockType::Background, Some(wait)) => Some(started + wait),
@@ -238,7 +239,10 @@ pub(super) async fn acquire(
                     node,
                     data.attempt.clone(),
                     request,
-                    token,
+                    Held {
+                        token,
+                        alone: pending.alone,
+                    },
                 ));
             }
             Step::Busy => {

@@ -22,6 +22,9 @@ pub(super) struct Pending {
     /// A create (queue node or mutex) was sent and its answer not yet handled.
     pub(super) in_flight: bool,
     pub(super) attempt: String,
+    /// Took the lock on a monitor that had no other node (the fast path's multi recreated it):
+    /// the release needs no hand-over mark (see `LockGuard::release`).
+    pub(super) alone: bool,
 }
 
 impl Pending {

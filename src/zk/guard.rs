@@ -28,9 +28,18 @@ pub struct LockGuard {
     mutex_path: String,
     attempt: String,
     token: u64,
+    /// Whether the release empties the queue node before deleting it (see
+    /// [`LockGuard::release`]).
+    hand_over_mark: bool,
     loss: LossSignal,
     released: Arc<AtomicBool>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// How an acquisition ended: the token, and whether the monitor had no other node then.
+pub(super) struct Held {
+    pub(super) token: u64,
+    pub(super) alone: bool,
 }
 
 impl LockGuard {
@@ -40,7 +49,7 @@ impl LockGuard {
         node: String,
         attempt: String,
         request: LockRequest,
-        token: u64,
+        Held { token, alone }: Held,
     ) -> Self {
         let loss = LossSignal::new();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
@@ -54,6 +63,7 @@ impl LockGuard {
             mutex_path: paths.mutex.clone(),
             attempt: attempt.clone(),
             token,
+            hand_over_mark: !alone,
             loss: loss.clone(),
             released,
             stop: Some(stop_tx),
@@ -111,8 +121,12 @@ impl LockGuard {
     }
 
     /// Releases the lock without waiting: sends the release multi (or, after a loss, whatever
-    /// is left to delete) before it returns, and answers the outcome through the returned
-    /// [`Release`], which finishes in the background if dropped. ZooKeeper applies a session's
+    /// is left to delete) before it returns. The multi empties the queue node before deleting
+    /// it (the hand-over mark, see `docs/zookeeper-lock.md`, "Handoff") unless the lock was
+    /// taken on a monitor with no other node: every waiter came later, so a first-class waiter
+    /// right behind saw this lock's node as the head, which `NodeDeleted` tells it as much (a
+    /// waiter of another class verifies the queue anyway). It answers the outcome through the
+    /// returned [`Release`], which finishes in the background if dropped. ZooKeeper applies a session's
     /// requests in order: the session's next request, such as the next acquisition of the same
     /// monitor, goes out right behind the release and finds it applied, without a round trip
     /// of its own spent waiting for it (see [`Guard::release`]).
@@ -134,12 +148,14 @@ impl LockGuard {
         let slot = self.slot.clone();
         let attempt = self.attempt.clone();
         let monitor = self.monitor.clone();
+        let hand_over_mark = self.hand_over_mark;
         // The first poll (in Release::start, before this returns) sends the first request.
         let work = async move {
             let result = match &mutex {
-                Some(m) => {
+                Some(m) if hand_over_mark => {
                     release_held(&slot.client, &node, m, &attempt, &slot.mark_releases).await
                 }
+                Some(m) => delete_nodes(&slot.client, Some(&node), Some(m), &attempt).await,
                 None => delete_nodes(&slot.client, Some(&node), None, &attempt).await,
             };
             match result {

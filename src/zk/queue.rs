@@ -62,6 +62,7 @@ pub(super) async fn fast_path(
             };
             pending.node = Some(child_name(path));
             pending.holds_mutex = true;
+            pending.alone = true;
             // The multi's zxid: it created the mutex and last modified the monitor.
             Ok(Step::Acquired {
                 token: stat.mzxid as u64,
