@@ -26,8 +26,9 @@ bench-service: deps
 deps:
 	scripts/install-deps.sh
 
-# Formatting, lints, and no import cycle between the files of src/.
+# Formatting, lints, docs without broken links, and no import cycle between the files of src/.
 check:
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features testkit
 	python3 scripts/import-cycles.py

@@ -530,8 +530,8 @@ impl ZkSession {
     /// A receiver of this session's connection state: [`watch::Receiver::borrow`] gives the
     /// current one, [`watch::Receiver::changed`] waits for the next change. Changes that follow
     /// each other quickly may be seen as their last one only (a `Suspended` then `Connected`
-    /// within a moment may read as `Connected`); [`ConnectionState::Lost`] stays until a new
-    /// session is connected, and [`ConnectionState::Closed`] is final.
+    /// within a moment may read as `Connected`); [`ConnectionState::Lost`](super::ConnectionState::Lost) stays until a new
+    /// session is connected, and [`ConnectionState::Closed`](super::ConnectionState::Closed) is final.
     ///
     /// ```no_run
     /// # async fn example(session: zkguard::ZkSession) {
