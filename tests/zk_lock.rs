@@ -243,11 +243,7 @@ async fn dropped_guard_releases_in_the_background() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncontended_cycle_needs_two_requests() {
-    // A server of its own, so that no other test's requests are counted.
-    let zk = zk_server();
-    let mut settings = zk_settings(&zk.connect_string(), "requests");
-    // A long session so that pings are rare.
-    settings.session_timeout = Duration::from_secs(30);
+    let (zk, settings) = counted_server("requests");
     let c = session(&settings).await;
     // Warm up: creates the root and the monitor node.
     for _ in 0..3 {
@@ -287,10 +283,7 @@ async fn uncontended_cycle_needs_two_requests() {
 /// still completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_goes_out_before_it_returns_and_the_next_acquisition_finds_it_applied() {
-    // A server of its own, so that no other test's requests are counted.
-    let zk = zk_server();
-    let mut settings = zk_settings(&zk.connect_string(), "pipelined");
-    settings.session_timeout = Duration::from_secs(30);
+    let (zk, settings) = counted_server("pipelined");
     let c = session(&settings).await;
     let lock = ZkBlockingWriteLock::new("w", &c, "R1").unwrap();
     // Warm up: creates the root and the monitor node.
@@ -406,10 +399,7 @@ async fn deleted_mutex_is_reported_as_loss() {
 /// request, and leaves no watch behind (the release's own deletion fires it: nothing to remove).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_held_a_while_watches_its_mutex_and_its_release_leaves_no_watch() {
-    // A server of its own, so that no other test's requests are counted.
-    let zk = zk_server();
-    let mut settings = zk_settings(&zk.connect_string(), "watchlater");
-    settings.session_timeout = Duration::from_secs(30);
+    let (zk, settings) = counted_server("watchlater");
     let c = session(&settings).await;
     let mutex = format!("{}/W1/privateLock", settings.lock_root);
     // Takes the lock and holds it until the holder watches its mutex.
@@ -462,10 +452,7 @@ async fn a_lock_held_a_while_watches_its_mutex_and_its_release_leaves_no_watch()
 /// (`NodeDataChanged`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_taken_alone_is_released_without_the_mark_and_its_waiter_reads_nothing_more() {
-    // A server of its own, so that no other test's requests are counted.
-    let zk = zk_server();
-    let mut settings = zk_settings(&zk.connect_string(), "alone");
-    settings.session_timeout = Duration::from_secs(30);
+    let (zk, settings) = counted_server("alone");
     let monitor = format!("{}/M1", settings.lock_root);
     let (h, w) = (session(&settings).await, session(&settings).await);
     let admin = zookeeper_client::Client::connect(&zk.connect_string())
@@ -1085,6 +1072,15 @@ async fn live_holders_are_never_seen_as_stray_while_the_lock_changes_hands() {
 }
 
 /// Whether the server holds a watch on `path` (four-letter word `wchp`).
+/// A server of its own, so that no other test's requests are counted, and settings for it under
+/// the lock root tagged `tag`, with long sessions so that pings are rare.
+fn counted_server(tag: &str) -> (ZkServer, zkguard::config::ZkSettings) {
+    let zk = zk_server();
+    let mut settings = zk_settings(&zk.connect_string(), tag);
+    settings.session_timeout = Duration::from_secs(30);
+    (zk, settings)
+}
+
 fn watched(zk: &ZkServer, path: &str) -> bool {
     zk.four_letter("wchp")
         .unwrap()
@@ -1199,11 +1195,7 @@ async fn foreground_waiter_whose_node_ahead_left_behind_the_head_lists_the_queue
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreground_handoff_needs_five_requests() {
-    // A server of its own, so that no other test's requests are counted.
-    let zk = zk_server();
-    let mut settings = zk_settings(&zk.connect_string(), "handoff");
-    // Long sessions so that pings are rare.
-    settings.session_timeout = Duration::from_secs(30);
+    let (zk, settings) = counted_server("handoff");
     let sessions = [
         session(&settings).await,
         session(&settings).await,
