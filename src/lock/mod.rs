@@ -444,8 +444,8 @@ pub trait Guard: Send + Sync + fmt::Debug {
 
     /// Releases the lock without waiting for the answer: completes once the release is ordered
     /// before every later acquisition through the same lock service, and returns the release
-    /// under way. Await the [`Release`] for the outcome that [`Guard::unlock`] would report (it
-    /// is ready by the time a later acquisition of the same session has its answer), or
+    /// under way. Await the [`Release`] for the outcome that [`Guard::unlock`] would report (its
+    /// answer is in by the time a later acquisition of the same session has its own), or
     /// [`Release::detach`] it.
     ///
     /// On ZooKeeper the request is sent before this returns and nothing is awaited: ZooKeeper
@@ -502,6 +502,9 @@ impl Release {
 
     /// Lets the release finish in the background and logs a failure at `warn`, after `what`
     /// (what the failure means to the caller).
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime while the release is still under way, as [`tokio::spawn`].
     pub fn detach(self, what: &'static str) {
         match self.0 {
             ReleaseState::Done(Some(Err(e))) => tracing::warn!(error = %e, "{what}"),
@@ -673,6 +676,31 @@ pub(crate) fn znode_char(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Release::start` runs the work up to its first pending point before it returns (where a
+    /// backend sends its request), and the rest in a task whose outcome the `Release` answers.
+    #[tokio::test]
+    async fn a_release_starts_its_work_before_it_returns() {
+        let sent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (answer_tx, answer_rx) = tokio::sync::oneshot::channel::<Result<(), LockError>>();
+        let release = Release::start({
+            let sent = sent.clone();
+            async move {
+                sent.store(true, std::sync::atomic::Ordering::SeqCst);
+                answer_rx.await.expect("answered")
+            }
+        });
+        assert!(sent.load(std::sync::atomic::Ordering::SeqCst));
+        answer_tx
+            .send(Err(LockError::NoNode {
+                monitor: "m".into(),
+                detail: "gone".into(),
+            }))
+            .unwrap();
+        assert!(matches!(release.await, Err(LockError::NoNode { .. })));
+        // Work that needs no waiting is done at once.
+        assert!(Release::start(async { Ok(()) }).await.is_ok());
+    }
 
     #[test]
     fn monitor_names() {

@@ -36,7 +36,8 @@ pub struct LockGuard {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-/// How an acquisition ended: the token, and whether the monitor had no other node then.
+/// What an acquisition hands to its guard: the token, and whether the lock was taken on a
+/// monitor with no other node (then its release needs no hand-over mark).
 pub(super) struct Held {
     pub(super) token: u64,
     pub(super) alone: bool,
@@ -121,15 +122,17 @@ impl LockGuard {
     }
 
     /// Releases the lock without waiting: sends the release multi (or, after a loss, whatever
-    /// is left to delete) before it returns. The multi empties the queue node before deleting
-    /// it (the hand-over mark, see `docs/zookeeper-lock.md`, "Handoff") unless the lock was
-    /// taken on a monitor with no other node: every waiter came later, so a first-class waiter
-    /// right behind saw this lock's node as the head, which `NodeDeleted` tells it as much (a
-    /// waiter of another class verifies the queue anyway). It answers the outcome through the
-    /// returned [`Release`], which finishes in the background if dropped. ZooKeeper applies a session's
+    /// is left to delete) before it returns, and answers the outcome through the returned
+    /// [`Release`], which finishes in the background if dropped. ZooKeeper applies a session's
     /// requests in order: the session's next request, such as the next acquisition of the same
     /// monitor, goes out right behind the release and finds it applied, without a round trip
     /// of its own spent waiting for it (see [`Guard::release`]).
+    ///
+    /// The multi empties the queue node before deleting it (the hand-over mark, see
+    /// `docs/zookeeper-lock.md`, "Handoff"), unless the lock was taken on a monitor with no
+    /// other node: then every waiter came later, a first-class waiter right behind saw this
+    /// lock's node as the head (all it needs to take the lock on `NodeDeleted`), and a waiter
+    /// of another class verifies the queue anyway.
     ///
     /// # Errors
     /// The [`Release`] resolves to the errors of [`LockGuard::unlock`].
@@ -155,8 +158,7 @@ impl LockGuard {
                 Some(m) if hand_over_mark => {
                     release_held(&slot.client, &node, m, &attempt, &slot.mark_releases).await
                 }
-                Some(m) => delete_nodes(&slot.client, Some(&node), Some(m), &attempt).await,
-                None => delete_nodes(&slot.client, Some(&node), None, &attempt).await,
+                _ => delete_nodes(&slot.client, Some(&node), mutex.as_deref(), &attempt).await,
             };
             match result {
                 Ok(()) if mutex_deleted => Err(LockError::NoNode {
