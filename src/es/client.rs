@@ -304,6 +304,32 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// Maps a failed HTTP status and its body to an [`EsError`].
 ///
 /// `index`/`id` name the document for conflicts (empty when not about one document).
+/// The per-item array `key` of the answer to a request of `asked` items (`_bulk`'s `items`,
+/// `_mget`'s `docs`), one entry per item in order: the status's error unless it is 2xx, a
+/// protocol error when the array is missing or has another length.
+fn answer_items<'a>(
+    status: u16,
+    answer: &'a Value,
+    key: &str,
+    asked: usize,
+    what: &str,
+) -> Result<&'a [Value], EsError> {
+    if !(200..=299).contains(&status) {
+        return Err(error_for_status(status, answer, "", ""));
+    }
+    let items = answer
+        .get(key)
+        .and_then(Value::as_array)
+        .ok_or_else(|| EsError::Protocol(format!("{what}: the answer has no {key} array")))?;
+    if items.len() != asked {
+        return Err(EsError::Protocol(format!(
+            "{what}: the answer has {} {key} entries for {asked} asked",
+            items.len()
+        )));
+    }
+    Ok(items)
+}
+
 pub(crate) fn error_for_status(status: u16, body: &Value, index: &str, id: &str) -> EsError {
     let reason = reason_of(body);
     match status {
@@ -559,20 +585,7 @@ impl DocStore for EsStore {
             })
             .await?;
         let (status, answer) = read(response, self, &what).await?;
-        if !(200..=299).contains(&status) {
-            return Err(error_for_status(status, &answer, "", ""));
-        }
-        let items = answer
-            .get("docs")
-            .and_then(Value::as_array)
-            .ok_or_else(|| EsError::Protocol(format!("{what}: the answer has no docs array")))?;
-        if items.len() != docs.len() {
-            return Err(EsError::Protocol(format!(
-                "{what}: the answer has {} documents for {} asked",
-                items.len(),
-                docs.len()
-            )));
-        }
+        let items = answer_items(status, &answer, "docs", docs.len(), &what)?;
         Ok(items
             .iter()
             .zip(docs)
@@ -765,22 +778,7 @@ impl DocStore for EsStore {
                 })
                 .await?;
             let (status, answer) = read(response, self, &what).await?;
-            if !(200..=299).contains(&status) {
-                return Err(error_for_status(status, &answer, "", ""));
-            }
-            let items = answer
-                .get("items")
-                .and_then(Value::as_array)
-                .ok_or_else(|| {
-                    EsError::Protocol(format!("{what}: the answer has no items array"))
-                })?;
-            if items.len() != sent.len() {
-                return Err(EsError::Protocol(format!(
-                    "{what}: the answer has {} items for {} actions",
-                    items.len(),
-                    sent.len()
-                )));
-            }
+            let items = answer_items(status, &answer, "items", sent.len(), &what)?;
             for (item, &i) in items.iter().zip(&sent) {
                 let (index, id) = match &actions[i] {
                     BulkAction::Index { index, id, .. } | BulkAction::Delete { index, id, .. } => {

@@ -8,10 +8,10 @@
 //! under the lock would send), and hands them to the *bulk writer*. The bulk writer sends
 //! whatever the lanes handed it while its previous request was under way as one `_bulk` request
 //! (group commit), so one request carries the writes of many monitors. The reads go the same way
-//! through the *reader*, as shared `_mget` requests (realtime, as a GET). Each item carries its own lock's fencing token as the external version and gets its
-//! own result; the lane releases the lock once its items are answered, then takes the attempts
-//! queued meanwhile under a new acquisition, so foreground contenders queued on the monitor go
-//! first.
+//! through the *reader*, as shared `_mget` requests (realtime, as a GET). Each item carries its
+//! own lock's fencing token as the external version and gets its own result; the lane releases
+//! the lock once its items are answered, then takes the attempts queued meanwhile under a new
+//! acquisition, so foreground contenders queued on the monitor go first.
 //!
 //! The guarantees are those of [`GuardedWriter::run`] for each attempt: the write is sent only
 //! while the lock is held, it is fenced by the token, and the document records the operation id,
@@ -415,24 +415,17 @@ impl Batcher {
     }
 }
 
-/// Hands `items` to a grouped sender and waits for their results, in order.
+/// Hands `items` to a grouped sender and waits for their results: one per item, in order
+/// ([`group_commit`] answers a job only from a request that answered every item).
 async fn submit<T, R>(
     tx: &mpsc::UnboundedSender<Job<T, R>>,
     items: Vec<T>,
     who: &str,
 ) -> Result<Vec<R>, EsError> {
-    let n = items.len();
     let (done, rx) = oneshot::channel();
     let gone = || EsError::Protocol(format!("{who} stopped before answering"));
     tx.send(Job { items, done }).map_err(|_| gone())?;
-    let results = rx.await.map_err(|_| gone())??;
-    if results.len() != n {
-        return Err(EsError::Protocol(format!(
-            "{who}: {} results for {n} items",
-            results.len()
-        )));
-    }
-    Ok(results)
+    rx.await.map_err(|_| gone())?
 }
 
 /// A target document as the lane sees it: as read, then as its planned writes leave it.
