@@ -696,3 +696,84 @@ async fn batched_by_monitor_applies_each_operation_once_in_shared_bulk_requests(
         "{stats:?}"
     );
 }
+
+/// A lane with a backlog on one monitor takes one batch per acquisition, and each acquisition
+/// releases the previous batch's lock in the same ZooKeeper request: about one request per batch
+/// (two when each batch's lock is released on its own). Every operation is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_with_a_backlog_releases_each_batch_in_the_next_acquisition() {
+    const OPS: usize = 40;
+    let servers = shared();
+    // A ZooKeeper of its own: its request count is this test's alone.
+    let zk = zkguard::testkit::ZkServer::start().expect("ZooKeeper");
+    let dir = tempfile::tempdir().unwrap();
+    let settings = guarded_support::settings(&zk.connect_string(), servers.es.url(), dir.path());
+    let es = store(&settings);
+    let index = format!("lane-{}", tag());
+    let monitor = format!("{index}:0");
+    let (_s, l) = locks(&settings).await;
+    GuardedWriter::new(l.clone(), es.clone())
+        .on(&monitor)
+        .index(&index, "0", json!({"n": 0}))
+        .await
+        .unwrap();
+    let exec = BackgroundExecutor::builder(
+        GuardedWriter::new(l, es.clone()),
+        Arc::new(FileSink::new(&settings.retry.file_path)) as Arc<dyn DeadLetterSink>,
+    )
+    .retry(&settings.retry)
+    .concurrency(OPS)
+    .batch_by_monitor(4, 64)
+    .build();
+    let before = zk.packets_received().unwrap();
+    let mut handles = Vec::new();
+    for _ in 0..OPS {
+        let op = Operation::increment(&monitor, &index, "0", "n", 1);
+        handles.push(exec.submit(op).await);
+    }
+    let mut tokens = std::collections::HashSet::new();
+    for h in handles {
+        match h.await.unwrap().unwrap() {
+            Outcome::Applied { written, .. } => {
+                tokens.insert(written.token);
+            }
+            other => panic!("not applied: {other:?}"),
+        }
+    }
+    // The last batch's lock goes once the lane is idle: the monitor is free again.
+    let probe = session_locks_probe(&settings, &monitor).await;
+    let after = zk.packets_received().unwrap();
+    assert_eq!(source(es.as_ref(), &index, "0").await["n"], json!(OPS));
+    let batches = tokens.len();
+    assert!(
+        batches >= OPS / 4,
+        "{batches} acquisitions for batches of at most 4"
+    );
+    // Each batch's acquisition (its first multi also releases the previous batch's lock), the
+    // last release, the probe's session and lock cycle, the reading of the count, a ping or two
+    // (measured: 16 for 10 batches; 25 with each lock released on its own).
+    let requests = after - before;
+    eprintln!("{requests} requests for {batches} batches");
+    assert!(
+        (requests as f64) < 1.5 * batches as f64 + 6.0,
+        "{requests} ZooKeeper requests for {batches} batches"
+    );
+    drop(probe);
+}
+
+/// Takes and releases `monitor`'s lock through a session of its own (waiting for the lane's
+/// last release); returns that session.
+async fn session_locks_probe(
+    settings: &zkguard::config::Settings,
+    monitor: &str,
+) -> zkguard::ZkSession {
+    let (session, locks) = locks(settings).await;
+    locks
+        .acquire(LockRequest::new(monitor, "probe").with_timeout(Duration::from_secs(10)))
+        .await
+        .expect("the monitor is released once the lane is idle")
+        .unlock()
+        .await
+        .unwrap();
+    session
+}

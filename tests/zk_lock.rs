@@ -1302,3 +1302,293 @@ async fn an_acl_without_write_permission_still_hands_the_lock_over() {
         g2.unlock().await.unwrap();
     }
 }
+
+/// Takes `a`'s lock after waiting behind `b`, three times: from then on the monitor counts as
+/// busy for `a`'s session (its acquisitions queue at once). Returns `a`'s guard.
+async fn held_after_contention(
+    a: &ZkBlockingWriteLock,
+    b: &ZkBlockingWriteLock,
+    servers: &str,
+    monitor: &str,
+) -> zkguard::LockGuard {
+    let mut held: Option<zkguard::LockGuard> = None;
+    for _ in 0..3 {
+        if let Some(g) = held.take() {
+            g.unlock().await.unwrap();
+        }
+        let gb = b.lock_with_timeout().await.unwrap();
+        let wa = tokio::spawn({
+            let a = a.clone();
+            async move { a.lock_with_timeout().await }
+        });
+        eventually(Duration::from_secs(10), "a waits behind b", || async {
+            queued(servers, monitor, "A-").await == 2
+        })
+        .await;
+        gb.unlock().await.unwrap();
+        held = Some(wa.await.unwrap().unwrap());
+    }
+    held.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_queues_again_in_its_release_hands_over_in_four_requests() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let (zk, settings) = counted_server("requeue");
+    let sessions = [
+        session(&settings).await,
+        session(&settings).await,
+        session(&settings).await,
+    ];
+    let inside = Arc::new(AtomicBool::new(false));
+    let run = |cycles: usize| {
+        let workers: Vec<_> = sessions
+            .iter()
+            .map(|s| {
+                let lock = ZkBlockingWriteLock::new("h", s, "Q1")
+                    .unwrap()
+                    .with_timeout(Duration::from_secs(20));
+                let inside = inside.clone();
+                tokio::spawn(async move {
+                    let mut held = lock.lock_with_timeout().await.unwrap();
+                    assert!(!inside.swap(true, SeqCst), "two holders at once");
+                    let mut token = held.fencing_token();
+                    for _ in 1..cycles {
+                        inside.store(false, SeqCst);
+                        let (release, next) = lock.release_and_lock(held).await;
+                        held = next.unwrap();
+                        assert!(!inside.swap(true, SeqCst), "two holders at once");
+                        release.await.expect("released in the requeueing multi");
+                        assert!(held.fencing_token() > token);
+                        token = held.fencing_token();
+                    }
+                    inside.store(false, SeqCst);
+                    held.unlock().await.unwrap();
+                })
+            })
+            .collect();
+        async move {
+            for w in workers {
+                w.await.unwrap();
+            }
+        }
+    };
+    // Warm up: the monitor node, every session's "busy" mark for the monitor.
+    run(20).await;
+    let cycles = 150;
+    let before = zk.packets_received().unwrap();
+    run(cycles).await;
+    let after = zk.packets_received().unwrap();
+    let per_handoff = (after - before) as f64 / (3 * cycles) as f64;
+    // The holder's multi (release and new queue node), its pipelined child list and its watch
+    // on the node ahead; the successor's mutex create. Without the requeueing multi: 5.
+    assert!(
+        per_handoff < 4.5,
+        "{per_handoff} requests per contended hand-off"
+    );
+    eprintln!("{per_handoff} requests per contended hand-off");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_queues_again_in_its_release_goes_behind_its_waiters() {
+    let zk = shared();
+    let settings = zk_settings(&zk.connect_string(), "requeue-order");
+    let monitor = format!("{}/O1", settings.lock_root);
+    let (sa, sb) = (session(&settings).await, session(&settings).await);
+    let lock = |s: &zkguard::ZkSession, info: &str| {
+        ZkBlockingWriteLock::new(info, s, "O1")
+            .unwrap()
+            .with_timeout(Duration::from_secs(20))
+    };
+    let (a, b) = (lock(&sa, "a"), lock(&sb, "b"));
+    let servers = zk.connect_string();
+    let held = held_after_contention(&a, &b, &servers, &monitor).await;
+    let a_token = held.fencing_token();
+    let wb = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock_with_timeout().await }
+    });
+    eventually(Duration::from_secs(10), "b waits behind a", || async {
+        queued(&servers, &monitor, "A-").await == 2
+    })
+    .await;
+    let a_again = tokio::spawn({
+        let a = a.clone();
+        async move { a.release_and_lock(held).await }
+    });
+    let gb = wb.await.unwrap().expect("b takes the lock that a released");
+    assert!(gb.fencing_token() > a_token);
+    eventually(Duration::from_secs(10), "a queued again", || async {
+        queued(&servers, &monitor, "A-").await == 2
+    })
+    .await;
+    assert!(!a_again.is_finished(), "a took the lock while b holds it");
+    let b_token = gb.fencing_token();
+    gb.unlock().await.unwrap();
+    let (release, next) = a_again.await.unwrap();
+    release.await.expect("a's release");
+    let ga = next.expect("a takes the lock after b");
+    assert!(ga.fencing_token() > b_token);
+    ga.unlock().await.unwrap();
+    assert!(children(&servers, &monitor).await.is_empty());
+
+    // A lock lost meanwhile (its mutex deleted by someone else): the release reports it, the
+    // acquisition goes on its own.
+    let held = held_after_contention(&a, &b, &servers, &monitor).await;
+    let admin = zookeeper_client::Client::connect(&servers).await.unwrap();
+    admin
+        .delete(&format!("{monitor}/privateLock"), None)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("loss reported");
+    assert_eq!(reason, LossReason::MutexDeleted);
+    let (release, next) = a.release_and_lock(held).await;
+    assert!(
+        matches!(release.await, Err(LockError::NoNode { .. })),
+        "the release of a lost lock reports it"
+    );
+    next.expect("the acquisition does not depend on the lost lock")
+        .unlock()
+        .await
+        .unwrap();
+    assert!(children(&servers, &monitor).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requeueing_release_cut_after_the_server_applied_it_leaves_no_ghost() {
+    let zk = shared();
+    let proxy = ZkProxy::start(&zk.connect_string());
+    let settings = zk_settings(&proxy.connect_string(), "requeue-cut");
+    let mut direct = settings.clone();
+    direct.servers = zk.connect_string();
+    let monitor = format!("{}/C1", settings.lock_root);
+    let (sa, sb) = (session(&settings).await, session(&direct).await);
+    let lock = |s: &zkguard::ZkSession, info: &str| {
+        ZkBlockingWriteLock::new(info, s, "C1")
+            .unwrap()
+            .with_timeout(Duration::from_secs(30))
+    };
+    let (a, b) = (lock(&sa, "a"), lock(&sb, "b"));
+    let held = held_after_contention(&a, &b, &direct.servers, &monitor).await;
+    let wb = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock_with_timeout().await }
+    });
+    eventually(Duration::from_secs(10), "b waits behind a", || async {
+        queued(&direct.servers, &monitor, "A-").await == 2
+    })
+    .await;
+    // The requeueing multi reaches the server, which applies it; its answer is lost.
+    proxy.cut_after(OP_MULTI);
+    let a_again = tokio::spawn({
+        let a = a.clone();
+        async move { a.release_and_lock(held).await }
+    });
+    let gb = wb.await.unwrap().expect("b takes the lock that a released");
+    eventually(
+        Duration::from_secs(10),
+        "the cut happened and a is queued once, behind b",
+        || async { proxy.cuts() == 1 && queued(&direct.servers, &monitor, "A-").await == 2 },
+    )
+    .await;
+    // a's new node came with the release, in the transaction that woke b: before b's mutex.
+    let admin = zookeeper_client::Client::connect(&direct.servers)
+        .await
+        .unwrap();
+    let mut nodes = children(&direct.servers, &monitor).await;
+    nodes.retain(|n| n.starts_with("A-"));
+    nodes.sort();
+    let (_, a_node) = admin
+        .get_data(&format!("{monitor}/{}", nodes[1]))
+        .await
+        .unwrap();
+    let (_, mutex) = admin
+        .get_data(&format!("{monitor}/privateLock"))
+        .await
+        .unwrap();
+    assert!(
+        a_node.czxid < mutex.czxid,
+        "a's node was created in the multi that released its lock, before b took the mutex"
+    );
+    gb.unlock().await.unwrap();
+    let (release, next) = a_again.await.unwrap();
+    release
+        .await
+        .expect("the careful release finds its nodes gone with the applied multi");
+    let ga = next.expect("a finds its node by attempt id and takes the lock");
+    let kids = children(&direct.servers, &monitor).await;
+    assert_eq!(
+        kids.iter().filter(|k| k.starts_with("A-")).count(),
+        1,
+        "one queue node, no ghost: {kids:?}"
+    );
+    ga.unlock().await.unwrap();
+    eventually(Duration::from_secs(5), "nothing left behind", || async {
+        children(&direct.servers, &monitor).await.is_empty()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn going_from_lock_to_lock_takes_one_request_per_cycle_and_waits_where_the_next_is_busy() {
+    let (zk, settings) = counted_server("lock-to-lock");
+    let c = session(&settings).await;
+    let lock = |m: &str| {
+        ZkBlockingWriteLock::new("w", &c, m)
+            .unwrap()
+            .with_timeout(Duration::from_secs(20))
+    };
+    let monitors = [lock("L1"), lock("L2"), lock("L3")];
+    // Warm up: the root and the monitor nodes.
+    for l in &monitors {
+        l.lock_with_timeout().await.unwrap().unlock().await.unwrap();
+    }
+    let cycles = 99;
+    let before = zk.packets_received().unwrap();
+    let mut held = monitors[0].lock_with_timeout().await.unwrap();
+    let mut token = held.fencing_token();
+    for i in 1..=cycles {
+        let (release, next) = monitors[i % 3].release_and_lock(held).await;
+        held = next.unwrap();
+        release.await.expect("released with the next acquisition");
+        assert!(held.fencing_token() > token);
+        token = held.fencing_token();
+    }
+    held.unlock().await.unwrap();
+    let after = zk.packets_received().unwrap();
+    let per_cycle = (after - before) as f64 / (cycles + 1) as f64;
+    // One multi per cycle: the release of the lock held and the fast path of the next. Released
+    // and acquired one after the other: 2.
+    assert!(per_cycle < 1.1, "{per_cycle} requests per cycle");
+
+    // The next lock busy: the fast path's part fails, so nothing of the multi was applied; the
+    // release goes on its own at once, and the acquisition waits.
+    let other = session(&settings).await;
+    let busy = ZkBlockingWriteLock::new("busy", &other, "L2")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    let held = monitors[0].lock_with_timeout().await.unwrap();
+    let moving = tokio::spawn({
+        let next = monitors[1].clone();
+        async move { next.release_and_lock(held).await }
+    });
+    let freed = ZkBlockingWriteLock::new("x", &other, "L1")
+        .unwrap()
+        .with_timeout(Duration::from_secs(20))
+        .lock_with_timeout()
+        .await
+        .expect("L1 is released while its holder waits for L2");
+    assert!(
+        !moving.is_finished(),
+        "L2 taken while held by another session"
+    );
+    freed.unlock().await.unwrap();
+    busy.unlock().await.unwrap();
+    let (release, next) = moving.await.unwrap();
+    release.await.unwrap();
+    next.expect("L2 once free").unlock().await.unwrap();
+}

@@ -412,13 +412,50 @@ pub trait LockService: Send + Sync + 'static {
     /// Cancel-safe: a dropped acquisition removes whatever it had queued, in the background.
     async fn acquire(&self, request: LockRequest) -> Result<Box<dyn Guard>, LockError>;
 
+    /// Releases `held` and acquires `next`, as `held.release()` followed by
+    /// `self.acquire(next)`, in one step where the backend can: a client that goes from one
+    /// lock to the next (a bulk job working through objects one at a time, or a worker with
+    /// more work on the same object that lets the contenders queued meanwhile go first).
+    ///
+    /// On ZooKeeper, when `held` was acquired through this service's session, the
+    /// acquisition's first multi also deletes `held`'s nodes: the fast path's operations on a
+    /// quiet monitor, the create of the queue node on a monitor busy lately. That is a request
+    /// and a transaction (with its `fsync`) less per lock cycle, and `held` is free the moment
+    /// the next acquisition's first step is applied. If that step fails (the fast path's
+    /// monitor is busy), nothing of it was applied: the release follows at once on its own,
+    /// one round trip later than `held.release()` would have sent it, and the acquisition
+    /// queues as usual. On the same monitor, the contenders queued behind `held` go first, as
+    /// after a release: the new queue node's sequence number is higher than theirs. On the
+    /// Elasticsearch lease lock, and for a guard of another session, the release goes first
+    /// and the acquisition follows.
+    ///
+    /// Returns the release under way (await it for the outcome [`Guard::unlock`] would report)
+    /// and the acquisition's outcome. A failed acquisition still releases `held`.
+    ///
+    /// # Errors
+    /// The acquisition's are those of [`LockService::acquire`]; the release's those of
+    /// [`Guard::unlock`].
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: dropped before the release was sent, `held` is released in the background
+    /// (as a dropped guard), and the acquisition cleans up as a dropped
+    /// [`LockService::acquire`].
+    async fn release_and_acquire(
+        &self,
+        held: Box<dyn Guard>,
+        next: LockRequest,
+    ) -> (Release, Result<Box<dyn Guard>, LockError>) {
+        let release = held.release().await;
+        (release, self.acquire(next).await)
+    }
+
     /// `"zookeeper"` or `"elasticsearch"`.
     fn backend_name(&self) -> &'static str;
 }
 
 /// A held lock.
 #[async_trait]
-pub trait Guard: Send + Sync + fmt::Debug {
+pub trait Guard: Send + Sync + fmt::Debug + std::any::Any {
     /// The monitor object.
     fn monitor(&self) -> &str;
     /// The lock type it was acquired with.

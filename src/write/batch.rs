@@ -9,9 +9,11 @@
 //! whatever the lanes handed it while its previous request was under way as one `_bulk` request
 //! (group commit), so one request carries the writes of many monitors. The reads go the same way
 //! through the *reader*, as shared `_mget` requests (realtime, as a GET). Each item carries its
-//! own lock's fencing token as the external version and gets its own result; the lane releases
-//! the lock once its items are answered, then takes the attempts queued meanwhile under a new
-//! acquisition, so foreground contenders queued on the monitor go first.
+//! own lock's fencing token as the external version and gets its own result; once its items are
+//! answered, the lane takes the attempts queued meanwhile under a new acquisition, which
+//! releases the lock in the same request (`LockService::release_and_acquire`), so foreground
+//! contenders queued on the monitor go first; the lock of the last batch is released when the
+//! lane's queue is empty.
 //!
 //! The guarantees are those of [`GuardedWriter::run`] for each attempt: the write is sent only
 //! while the lock is held, it is fenced by the token, and the document records the operation id,
@@ -128,22 +130,36 @@ impl Batcher {
         })
     }
 
-    /// Serves one monitor until its queue is empty.
+    /// Serves one monitor until its queue is empty. The lock of one batch is released by the
+    /// acquisition of the next (`LockService::release_and_acquire`: on ZooKeeper, one request
+    /// for both, and the contenders queued meanwhile go first), or once the queue is empty.
     async fn lane(&self, monitor: &str) {
+        let mut held: Option<Box<dyn Guard>> = None;
         loop {
-            let batch: Vec<Queued> = {
+            let batch: Option<Vec<Queued>> = {
                 let mut lanes = self.lanes();
-                let Some(queue) = lanes.get_mut(monitor) else {
-                    return;
-                };
-                if queue.is_empty() {
-                    lanes.remove(monitor);
-                    return;
+                match lanes.get_mut(monitor).filter(|q| !q.is_empty()) {
+                    Some(queue) => {
+                        let n = queue.len().min(self.max_per_lock);
+                        Some(queue.drain(..n).collect())
+                    }
+                    None => {
+                        lanes.remove(monitor);
+                        None
+                    }
                 }
-                let n = queue.len().min(self.max_per_lock);
-                queue.drain(..n).collect()
             };
-            let later = self.apply(monitor, batch).await;
+            let Some(batch) = batch else {
+                if let Some(guard) = held {
+                    guard
+                        .release()
+                        .await
+                        .detach("releasing the lock after a batch of writes failed");
+                }
+                return;
+            };
+            let (later, guard) = self.apply(monitor, batch, held.take()).await;
+            held = guard;
             if !later.is_empty() {
                 let mut lanes = self.lanes();
                 let queue = lanes.entry(monitor.to_string()).or_default();
@@ -154,9 +170,14 @@ impl Batcher {
         }
     }
 
-    /// Applies `batch` (all for `monitor`) under one acquisition; returns the attempts that
-    /// must wait for the next one.
-    async fn apply(&self, monitor: &str, mut batch: Vec<Queued>) -> Vec<Queued> {
+    /// Applies `batch` (all for `monitor`) under one acquisition, which releases `held`;
+    /// returns the attempts that must wait for the next one, and the lock, still held.
+    async fn apply(
+        &self,
+        monitor: &str,
+        mut batch: Vec<Queued>,
+        held: Option<Box<dyn Guard>>,
+    ) -> (Vec<Queued>, Option<Box<dyn Guard>>) {
         let first = &batch[0].op;
         let mut request =
             LockRequest::new(monitor.to_string(), first.info.clone()).with_type(first.lock_type);
@@ -164,14 +185,23 @@ impl Batcher {
             request = request.with_timeout(t);
         }
         let started = Instant::now();
-        let guard = match self.writer.locks().acquire(request).await {
+        let outcome = match held {
+            Some(held) => {
+                let (release, acquired) =
+                    self.writer.locks().release_and_acquire(held, request).await;
+                release.detach("releasing the lock after a batch of writes failed");
+                acquired
+            }
+            None => self.writer.locks().acquire(request).await,
+        };
+        let guard = match outcome {
             Ok(g) => g,
             Err(e) => {
                 let e = GuardedError::Lock(e);
                 for q in batch {
                     let _ = q.done.send(Err(e.clone()));
                 }
-                return Vec::new();
+                return (Vec::new(), None);
             }
         };
         let waited = started.elapsed();
@@ -195,15 +225,10 @@ impl Batcher {
         );
         let (results, later) = self.write(guard.as_ref(), batch).await;
         let held = acquired.elapsed();
-        // Not awaited: the lane's next acquisition is ordered behind the release.
-        guard
-            .release()
-            .await
-            .detach("releasing the lock after a batch of writes failed");
         for (q, result) in results {
             let _ = q.done.send(result.map(|w| Written { waited, held, ..w }));
         }
-        later
+        (later, Some(guard))
     }
 
     /// Reads the target documents, plans every write in order and sends them in the bulk

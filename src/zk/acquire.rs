@@ -17,13 +17,15 @@ use super::map_zk;
 use super::mutex::take_mutex;
 use super::names::Queue;
 use super::node::{attempt_id, now_ms, NodeData, Paths};
-use super::queue::{ensure_monitor, fast_path, plain_create, promote, read_queue};
+use super::queue::{
+    ensure_monitor, fast_path, plain_create, promote, queue_after, read_queue, After,
+};
 use super::recover::recover_own;
 use super::release::delete_nodes;
 use super::session::{Slot, ZkSession};
 use crate::config::ZkAcl;
 use crate::lock::{
-    validate_monitor, Blocker, Guard, LockError, LockRequest, LockService, LockType,
+    validate_monitor, Blocker, Guard, LockError, LockRequest, LockService, LockType, Release,
 };
 
 /// A lock on one monitor object, in the shape of the design's `ZkBlockingWriteLock`.
@@ -93,6 +95,32 @@ impl ZkBlockingWriteLock {
         acquire(&self.session, self.request.clone()).await
     }
 
+    /// Releases `held` and acquires this lock, in one request where it can: when `held` is a
+    /// lock of this session (of any monitor), the acquisition's first multi deletes `held`'s
+    /// nodes too (see [`LockService::release_and_acquire`]). On the same monitor, the
+    /// contenders queued behind `held` go first, as after [`LockGuard::unlock`]. Otherwise
+    /// `held` is released ([`LockGuard::release`]) and the acquisition follows. Either way
+    /// this then waits for the lock as [`ZkBlockingWriteLock::lock_with_timeout`]; a zero
+    /// timeout releases `held` first and tries once.
+    ///
+    /// Returns the release under way, which resolves to what [`LockGuard::unlock`] would have
+    /// reported, and the acquisition's outcome. A failed acquisition still releases `held`.
+    ///
+    /// # Errors
+    /// The acquisition's are those of [`ZkBlockingWriteLock::lock_with_timeout`], the
+    /// release's those of [`LockGuard::unlock`].
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: dropped before the release was sent, `held` is released in the background
+    /// as a dropped guard; a dropped acquisition removes what it queued, as a dropped
+    /// [`ZkBlockingWriteLock::lock_with_timeout`].
+    pub async fn release_and_lock(
+        &self,
+        held: LockGuard,
+    ) -> (Release, Result<LockGuard, LockError>) {
+        acquire_after(&self.session, self.request.clone(), held).await
+    }
+
     /// Tries once: takes the lock if it is free right now and no contender that goes first is
     /// queued (a background try fails while foreground contenders wait), in one round trip;
     /// otherwise fails at once. Nothing stays queued either way.
@@ -113,10 +141,55 @@ impl ZkBlockingWriteLock {
     }
 }
 
-#[instrument(name = "zk_lock", skip_all, fields(monitor = %request.monitor, lock_type = %request.lock_type))]
 pub(super) async fn acquire(
     session: &ZkSession,
     request: LockRequest,
+) -> Result<LockGuard, LockError> {
+    acquire_with(session, request, &mut Handover::default()).await
+}
+
+/// Releases `previous` and acquires `request`: when `previous` is a lock of this session, the
+/// acquisition's first multi carries its release (the fast path's operations, or the create of
+/// the queue node on a monitor busy lately); otherwise the release is sent first and the
+/// acquisition follows, as [`LockGuard::release`] and [`acquire`].
+pub(super) async fn acquire_after(
+    session: &ZkSession,
+    request: LockRequest,
+    previous: LockGuard,
+) -> (Release, Result<LockGuard, LockError>) {
+    let mut handover = Handover {
+        previous: Some(previous),
+        release: None,
+    };
+    let result = acquire_with(session, request, &mut handover).await;
+    (handover.finish(), result)
+}
+
+/// A held lock released by the acquisition that takes it ([`acquire_after`]).
+#[derive(Default)]
+struct Handover {
+    /// Not released yet.
+    previous: Option<LockGuard>,
+    /// Its release, once under way.
+    release: Option<Release>,
+}
+
+impl Handover {
+    /// The release under way (sent now if the acquisition ended before it).
+    fn finish(self) -> Release {
+        match (self.release, self.previous) {
+            (Some(release), _) => release,
+            (None, Some(previous)) => previous.release(),
+            (None, None) => Release::done(Ok(())),
+        }
+    }
+}
+
+#[instrument(name = "zk_lock", skip_all, fields(monitor = %request.monitor, lock_type = %request.lock_type))]
+async fn acquire_with(
+    session: &ZkSession,
+    request: LockRequest,
+    handover: &mut Handover,
 ) -> Result<LockGuard, LockError> {
     validate_monitor(&request.monitor)?;
     let settings = session.settings();
@@ -187,6 +260,15 @@ pub(super) async fn acquire(
     // mutex in it; skipped on a monitor that was busy lately.
     // A try-once contender always tries the fast path, without queueing when the mutex is held.
     let contended_before = slot.contended(&paths.mutex) && !try_once;
+    // The lock this acquisition releases, in its first multi when it is of this session.
+    let mut release_with = match handover.previous.take() {
+        Some(p) if !try_once && p.can_release_with(&slot) => Some(p),
+        Some(p) => {
+            handover.release = Some(p.release());
+            None
+        }
+        None => None,
+    };
     let mut others_seen = false;
     // Every contender tries at least once, however short its timeout (creating the monitor node
     // first is not a try).
@@ -196,10 +278,29 @@ pub(super) async fn acquire(
             return Err(give_up(&mut pending, &paths, &prefix, &request, started).await);
         }
         tried = true;
-        let attempt = if contended_before {
-            plain_create(client, &paths, &prefix, &data, &mut pending).await
-        } else {
-            fast_path(client, &paths, &prefix, &data, &mut pending, !try_once).await
+        let after = release_with.take().map(|previous| After {
+            previous,
+            release: &mut handover.release,
+        });
+        let attempt = match after {
+            Some(after) if contended_before => {
+                queue_after(client, &paths, &prefix, &data, &mut pending, after).await
+            }
+            None if contended_before => {
+                plain_create(client, &paths, &prefix, &data, &mut pending).await
+            }
+            after => {
+                fast_path(
+                    client,
+                    &paths,
+                    &prefix,
+                    &data,
+                    &mut pending,
+                    !try_once,
+                    after,
+                )
+                .await
+            }
         };
         match attempt {
             Ok(step) => break step,
@@ -494,6 +595,24 @@ impl ZkLockService {
 impl LockService for ZkLockService {
     async fn acquire(&self, request: LockRequest) -> Result<Box<dyn Guard>, LockError> {
         Ok(Box::new(acquire(&self.session, request).await?))
+    }
+
+    async fn release_and_acquire(
+        &self,
+        held: Box<dyn Guard>,
+        next: LockRequest,
+    ) -> (Release, Result<Box<dyn Guard>, LockError>) {
+        if !(held.as_ref() as &dyn std::any::Any).is::<LockGuard>() {
+            // Another backend's guard (or one that wraps ours): one after the other.
+            let release = held.release().await;
+            return (release, self.acquire(next).await);
+        }
+        let held: Box<dyn std::any::Any + Send + Sync> = held;
+        let held = *held
+            .downcast::<LockGuard>()
+            .expect("a LockGuard, checked above");
+        let (release, acquired) = acquire_after(&self.session, next, held).await;
+        (release, acquired.map(|g| Box::new(g) as Box<dyn Guard>))
     }
 
     fn backend_name(&self) -> &'static str {

@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tracing::{debug, instrument, warn, Instrument};
-use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
+use zookeeper_client::{
+    Error as ZkError, EventType, MultiWriteError, MultiWriteResult, MultiWriter, WatchedEvent,
+};
 
 use super::map_zk;
 use super::node::{NodeData, Paths};
 use super::reaper::Reap;
-use super::release::{delete_nodes, release_held};
+use super::release::{delete_carefully, delete_nodes, release_held};
 use super::session::{Health, Slot};
 use crate::lock::{Guard, LockError, LockRequest, LockType, LossReason, LossSignal, Release};
 
@@ -140,48 +142,197 @@ impl LockGuard {
     /// # Panics
     /// Outside a Tokio runtime (as [`tokio::spawn`]); dropping the guard releases it anywhere.
     #[instrument(name = "zk_unlock", skip_all, fields(monitor = %self.monitor, token = self.token))]
-    pub fn release(mut self) -> Release {
+    pub fn release(self) -> Release {
+        let releasing = self.stop_holding();
+        // The first poll (in Release::start, before this returns) sends the first request.
+        Release::start(releasing.run().in_current_span())
+    }
+
+    /// Releases the lock in a multi that also carries the next acquisition's first operations,
+    /// `next` (on the same session), sent before this returns: the release multi's operations
+    /// first, then `next`'s. The acquisition learns through `joined` whether they were applied
+    /// (with the results of its own operations), were not (a multi is atomic: then the usual
+    /// release runs, and the acquisition goes on its own, told which of its operations failed,
+    /// if one did), or whether the answer was lost (the release then deletes carefully, and
+    /// the acquisition looks for what it created by attempt id).
+    pub(super) fn release_with(
+        self,
+        next: NextOps,
+        joined: tokio::sync::oneshot::Sender<Joined>,
+    ) -> Release {
+        let span = tracing::info_span!("zk_unlock", monitor = %self.monitor, token = self.token, joined = true);
+        let releasing = self.stop_holding();
+        let work = async move {
+            let Some(mutex) = releasing.mutex.clone() else {
+                let _ = joined.send(Joined::NotApplied { next_failed: None });
+                return releasing.run().await;
+            };
+            let client = &releasing.slot.client;
+            let mark =
+                releasing.hand_over_mark && releasing.slot.mark_releases.load(Ordering::Relaxed);
+            let own = if mark { 3 } else { 2 };
+            let mut multi = client.new_multi_writer();
+            let built = (|| {
+                multi.add_delete(&mutex, None)?;
+                if mark {
+                    multi.add_set_data(&releasing.node, &[], None)?;
+                }
+                multi.add_delete(&releasing.node, None)?;
+                next(&mut multi)
+            })();
+            if built.is_err() {
+                let _ = joined.send(Joined::NotApplied { next_failed: None });
+                return releasing.run().await;
+            }
+            match multi.commit().await {
+                Ok(mut results) if results.len() > own => {
+                    let _ = joined.send(Joined::Applied(results.split_off(own)));
+                    releasing.outcome(Ok(()))
+                }
+                Ok(_) => {
+                    let _ = joined.send(Joined::Lost(ZkError::UnexpectedError(
+                        "a release multi answered without the next acquisition's results".into(),
+                    )));
+                    releasing.outcome(Ok(()))
+                }
+                // Nothing was done (a multi is atomic): the usual release finds out what.
+                Err(MultiWriteError::OperationFailed { index, source }) => {
+                    let next_failed = index.checked_sub(own).map(|i| (i, source));
+                    let _ = joined.send(Joined::NotApplied { next_failed });
+                    releasing.run().await
+                }
+                Err(MultiWriteError::RequestFailed { source }) => {
+                    let _ = joined.send(Joined::Lost(source.clone()));
+                    match source {
+                        ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_) => {
+                            let result = delete_carefully(
+                                client,
+                                Some(&releasing.node),
+                                Some(&mutex),
+                                &releasing.attempt,
+                                false,
+                            )
+                            .await;
+                            releasing.outcome(result)
+                        }
+                        e => releasing.outcome(Err(e)),
+                    }
+                }
+            }
+        };
+        Release::start(work.instrument(span))
+    }
+
+    /// Ends holding: stops the loss watch and hands over what the release needs.
+    fn stop_holding(mut self) -> Releasing {
         self.released.store(true, Ordering::Release);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         let mutex_deleted = self.loss.get() == Some(LossReason::MutexDeleted);
-        let mutex = (!mutex_deleted).then(|| self.mutex_path.clone());
-        let node = self.node_path.clone();
-        let slot = self.slot.clone();
-        let attempt = self.attempt.clone();
-        let monitor = self.monitor.clone();
-        let hand_over_mark = self.hand_over_mark;
-        // The first poll (in Release::start, before this returns) sends the first request.
-        let work = async move {
-            let result = match &mutex {
-                Some(m) if hand_over_mark => {
-                    release_held(&slot.client, &node, m, &attempt, &slot.mark_releases).await
-                }
-                _ => delete_nodes(&slot.client, Some(&node), mutex.as_deref(), &attempt).await,
-            };
-            match result {
-                Ok(()) if mutex_deleted => Err(LockError::NoNode {
-                    monitor,
-                    detail: "the mutex node had been deleted by someone else".into(),
-                }),
-                Ok(()) => {
-                    debug!("lock released");
-                    Ok(())
-                }
-                Err(ZkError::NoNode) => Err(LockError::NoNode {
-                    monitor,
-                    detail: format!("{node} or its mutex node was already gone"),
-                }),
-                Err(ZkError::SessionExpired | ZkError::ClientClosed) => {
-                    Err(LockError::SessionExpired {
-                        context: format!("releasing `{monitor}`"),
-                    })
-                }
-                Err(e) => Err(map_zk(e, "releasing the lock")),
+        Releasing {
+            slot: self.slot.clone(),
+            mutex: (!mutex_deleted).then(|| self.mutex_path.clone()),
+            node: self.node_path.clone(),
+            attempt: self.attempt.clone(),
+            monitor: self.monitor.clone(),
+            hand_over_mark: self.hand_over_mark,
+            mutex_deleted,
+        }
+    }
+
+    /// Whether this guard can release in the multi of `slot`'s next acquisition: the same
+    /// session, and the lock still held.
+    pub(super) fn can_release_with(&self, slot: &Arc<Slot>) -> bool {
+        Arc::ptr_eq(&self.slot, slot) && self.is_held()
+    }
+}
+
+/// Adds the next acquisition's operations to a release multi ([`LockGuard::release_with`]).
+pub(super) type NextOps =
+    Box<dyn for<'a> FnOnce(&mut MultiWriter<'a>) -> Result<(), ZkError> + Send>;
+
+/// What became of the next acquisition's operations in [`LockGuard::release_with`].
+pub(super) enum Joined {
+    /// Applied with the release: the results of the next acquisition's operations.
+    Applied(Vec<MultiWriteResult>),
+    /// Nothing was applied; the release goes on its own. When one of the next acquisition's
+    /// operations failed: its index among them, and its error.
+    NotApplied {
+        next_failed: Option<(usize, ZkError)>,
+    },
+    /// The answer was lost, or the request failed: the operations may have been applied.
+    Lost(ZkError),
+}
+
+/// What a release needs of its guard.
+struct Releasing {
+    slot: Arc<Slot>,
+    /// The mutex node, unless someone else deleted it.
+    mutex: Option<String>,
+    node: String,
+    attempt: String,
+    monitor: String,
+    hand_over_mark: bool,
+    mutex_deleted: bool,
+}
+
+impl Releasing {
+    /// The release on its own: the release multi (with the hand-over mark unless the lock was
+    /// taken alone), careful deletes when that is no longer certain.
+    async fn run(self) -> Result<(), LockError> {
+        let result = match &self.mutex {
+            Some(m) if self.hand_over_mark => {
+                release_held(
+                    &self.slot.client,
+                    &self.node,
+                    m,
+                    &self.attempt,
+                    &self.slot.mark_releases,
+                )
+                .await
+            }
+            _ => {
+                delete_nodes(
+                    &self.slot.client,
+                    Some(&self.node),
+                    self.mutex.as_deref(),
+                    &self.attempt,
+                )
+                .await
             }
         };
-        Release::start(work.in_current_span())
+        self.outcome(result)
+    }
+
+    /// The release's outcome from the answer of its deletes.
+    fn outcome(self, result: Result<(), ZkError>) -> Result<(), LockError> {
+        let Self {
+            monitor,
+            node,
+            mutex_deleted,
+            ..
+        } = self;
+        match result {
+            Ok(()) if mutex_deleted => Err(LockError::NoNode {
+                monitor,
+                detail: "the mutex node had been deleted by someone else".into(),
+            }),
+            Ok(()) => {
+                debug!("lock released");
+                Ok(())
+            }
+            Err(ZkError::NoNode) => Err(LockError::NoNode {
+                monitor,
+                detail: format!("{node} or its mutex node was already gone"),
+            }),
+            Err(ZkError::SessionExpired | ZkError::ClientClosed) => {
+                Err(LockError::SessionExpired {
+                    context: format!("releasing `{monitor}`"),
+                })
+            }
+            Err(e) => Err(map_zk(e, "releasing the lock")),
+        }
     }
 }
 

@@ -41,6 +41,7 @@ pub(super) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+#[derive(Clone)]
 pub(super) struct Paths {
     pub(super) monitor: String,
     pub(super) mutex: String,

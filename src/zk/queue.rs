@@ -10,13 +10,14 @@ use zookeeper_client::{
 };
 
 use super::contender::{wait_connected, Pending, Step};
+use super::guard::{Joined, LockGuard, NextOps};
 use super::map_zk;
 use super::mutex::yield_mutex;
 use super::names::Queue;
 use super::node::{attempt_id, child_name, encode, NodeData, Paths};
 use super::release::delete_nodes;
 use super::session::Slot;
-use crate::lock::LockError;
+use crate::lock::{LockError, Release};
 
 /// The fast path, one request: a multi that deletes the monitor node, creates it again,
 /// creates our queue node and the mutex node in it, and sets the monitor's (empty) data, whose
@@ -37,17 +38,37 @@ pub(super) async fn fast_path(
     data: &NodeData,
     pending: &mut Pending,
     queue_if_held: bool,
+    after: Option<After<'_>>,
 ) -> Result<Step, ZkError> {
     if !pending.slot.recreating_fast_path.load(Ordering::Relaxed) {
+        if let Some(after) = after {
+            after.release_alone();
+        }
         return fast_path_listed(client, paths, prefix, data, pending, queue_if_held).await;
     }
-    let mut multi = client.new_multi_writer();
-    multi.add_delete(&paths.monitor, None)?;
-    multi.add_create(&paths.monitor, &[], &paths.create(CreateMode::Container))?;
-    add_queue_node_and_mutex(&mut multi, paths, prefix, data)?;
-    multi.add_set_data(&paths.monitor, &[], None)?;
+    let bytes = encode(data);
     pending.in_flight = true;
-    let committed = multi.commit().await;
+    let mut after = after;
+    let committed = loop {
+        match after.take() {
+            Some(after) => {
+                let ops: NextOps = {
+                    let (paths, prefix, bytes) = (paths.clone(), prefix.to_string(), bytes.clone());
+                    Box::new(move |multi| add_fast_path(multi, &paths, &prefix, &bytes))
+                };
+                match after.join(ops).await {
+                    Some(committed) => break committed,
+                    // The release's own part failed: it goes alone, and so does this.
+                    None => continue,
+                }
+            }
+            None => {
+                let mut multi = client.new_multi_writer();
+                add_fast_path(&mut multi, paths, prefix, &bytes)?;
+                break multi.commit().await;
+            }
+        }
+    };
     // After a connection loss the multi may or may not have happened: stay "in flight" until
     // `recover_own` has looked, so that an abandoned attempt is searched for and removed.
     pending.in_flight = lost_answer(&committed);
@@ -91,6 +112,61 @@ pub(super) async fn fast_path(
     }
 }
 
+/// The fast path's operations: delete the monitor node, create it again (a container), create
+/// our queue node and the mutex in it, set the monitor's (empty) data.
+fn add_fast_path(
+    multi: &mut MultiWriter<'_>,
+    paths: &Paths,
+    prefix: &str,
+    bytes: &[u8],
+) -> Result<(), ZkError> {
+    multi.add_delete(&paths.monitor, None)?;
+    multi.add_create(&paths.monitor, &[], &paths.create(CreateMode::Container))?;
+    add_queue_node_and_mutex(multi, paths, prefix, bytes)?;
+    multi.add_set_data(&paths.monitor, &[], None)
+}
+
+/// A lock of the same session that an acquisition releases in its first multi
+/// (`LockGuard::release_with`), and where the release under way goes.
+pub(super) struct After<'r> {
+    pub(super) previous: LockGuard,
+    pub(super) release: &'r mut Option<Release>,
+}
+
+impl After<'_> {
+    /// Releases the lock on its own.
+    pub(super) fn release_alone(self) {
+        *self.release = Some(self.previous.release());
+    }
+
+    /// Sends the release with `ops` in one multi (the request goes out before this returns),
+    /// and answers as `MultiWriter::commit` would for `ops` alone: their results, the failure
+    /// of one of them (nothing applied), or a lost answer. `None` when the release's own part failed: nothing was applied, and the
+    /// release went on its own.
+    fn join(
+        self,
+        ops: NextOps,
+    ) -> impl std::future::Future<Output = Option<Result<Vec<MultiWriteResult>, MultiWriteError>>>
+           + 'static {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        *self.release = Some(self.previous.release_with(ops, tx));
+        async move {
+            match rx.await {
+                Ok(Joined::Applied(results)) => Some(Ok(results)),
+                Ok(Joined::NotApplied {
+                    next_failed: Some((index, source)),
+                }) => Some(Err(MultiWriteError::OperationFailed { index, source })),
+                Ok(Joined::NotApplied { next_failed: None }) => None,
+                Ok(Joined::Lost(source)) => Some(Err(MultiWriteError::RequestFailed { source })),
+                // The release task ended without a word (the runtime is shutting down).
+                Err(_) => Some(Err(MultiWriteError::RequestFailed {
+                    source: ZkError::ConnectionLoss,
+                })),
+            }
+        }
+    }
+}
+
 /// A fast path found the lock busy and created nothing: queue with a plain create, or, trying
 /// once (not `queue_if_held`), report [`Step::Busy`].
 async fn queue_when_busy(
@@ -107,21 +183,21 @@ async fn queue_when_busy(
     plain_create(client, paths, prefix, data, pending).await
 }
 
-/// Adds the creates of our queue node and of the mutex to a multi.
+/// Adds the creates of our queue node and of the mutex (both with `bytes`, our node's data) to
+/// a multi.
 fn add_queue_node_and_mutex(
     multi: &mut MultiWriter<'_>,
     paths: &Paths,
     prefix: &str,
-    data: &NodeData,
+    bytes: &[u8],
 ) -> Result<(), ZkError> {
-    let bytes = encode(data);
     multi.add_create(
         &format!("{}/{prefix}-", paths.monitor),
-        &bytes,
+        bytes,
         &paths.create(CreateMode::EphemeralSequential),
     )?;
     // The mutex names its holder's node, which is not known yet: the owner and attempt suffice.
-    multi.add_create(&paths.mutex, &bytes, &paths.create(CreateMode::Ephemeral))
+    multi.add_create(&paths.mutex, bytes, &paths.create(CreateMode::Ephemeral))
 }
 
 /// Whether a create's answer was lost (the create may or may not have happened).
@@ -147,7 +223,7 @@ async fn fast_path_listed(
     queue_if_held: bool,
 ) -> Result<Step, ZkError> {
     let mut multi = client.new_multi_writer();
-    add_queue_node_and_mutex(&mut multi, paths, prefix, data)?;
+    add_queue_node_and_mutex(&mut multi, paths, prefix, &encode(data))?;
     let commit = multi.commit();
     let children = client.get_children(&paths.monitor);
     pending.in_flight = true;
@@ -235,6 +311,70 @@ pub(super) async fn plain_create(
             .map(|(c, _)| Queue::from_children(&c))
             .unwrap_or_default(),
     ))
+}
+
+/// Queues in the multi that releases a lock of the same session (`LockGuard::release_with`),
+/// with the queue read pipelined behind it. When nothing was applied, queues with a plain
+/// create (the release went on its own); when the answer was lost, returns the error with the
+/// create still counted in flight, so that the caller looks for the node by attempt id.
+pub(super) async fn queue_after(
+    client: &Client,
+    paths: &Paths,
+    prefix: &str,
+    data: &NodeData,
+    pending: &mut Pending,
+    after: After<'_>,
+) -> Result<Step, ZkError> {
+    pending.attempt = data.attempt.clone();
+    pending.in_flight = true;
+    let ops: NextOps = {
+        let (node, bytes) = (format!("{}/{prefix}-", paths.monitor), encode(data));
+        let paths = paths.clone();
+        Box::new(move |multi| {
+            multi.add_create(
+                &node,
+                &bytes,
+                &paths.create(CreateMode::EphemeralSequential),
+            )
+        })
+    };
+    // Sent at the call, so the read below sees it.
+    let committed = after.join(ops);
+    let children = client.get_children(&paths.monitor);
+    match committed.await {
+        Some(Ok(results)) => {
+            let Some(MultiWriteResult::Create { path, .. }) = results.first() else {
+                return Err(ZkError::UnexpectedError(
+                    "the release multi answered without the queue node's create".into(),
+                ));
+            };
+            pending.in_flight = false;
+            pending.node = Some(child_name(path));
+            Ok(Step::Wait(
+                children
+                    .await
+                    .map(|(c, _)| Queue::from_children(&c))
+                    .unwrap_or_default(),
+            ))
+        }
+        // The monitor node is gone: the caller creates it and queues again.
+        Some(Err(MultiWriteError::OperationFailed {
+            source: ZkError::NoNode,
+            ..
+        })) => {
+            pending.in_flight = false;
+            Err(ZkError::NoNode)
+        }
+        Some(Err(MultiWriteError::OperationFailed { source, .. })) => {
+            pending.in_flight = false;
+            Err(source)
+        }
+        Some(Err(MultiWriteError::RequestFailed { source })) => Err(source),
+        None => {
+            pending.in_flight = false;
+            plain_create(client, paths, prefix, data, pending).await
+        }
+    }
 }
 
 /// Re-queues a starving background waiter in the foreground class: new node first, then the old

@@ -81,6 +81,20 @@ async fn remove(
         Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => false,
         Err(e) => return Err(e),
     };
+    delete_carefully(client, queue_node, mutex, attempt, gone_before).await
+}
+
+/// The careful deletes of [`delete_nodes`], from the start: after a request that deleted the
+/// nodes, or did not, with its answer lost. Each node goes only if it is still this session's
+/// (the mutex only if it also carries `attempt`); retries on connection loss. Returns
+/// `Err(NoNode)` when `gone_before` (a node was found gone by the request before).
+pub(crate) async fn delete_carefully(
+    client: &Client,
+    queue_node: Option<&str>,
+    mutex: Option<&str>,
+    attempt: &str,
+    gone_before: bool,
+) -> Result<(), ZkError> {
     let mut backoff = crate::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
     loop {
         let mut result = Ok(());
