@@ -10,7 +10,10 @@
 # hand-off at most Curator's), and writes the combined JSON to target/bench/results.json. Beside
 # the wall-clock figures, each peer counts the server's requests (zk_packets_received) and
 # measures its own CPU time and the server's (/proc/PID/stat of the ZooKeeper process) per cycle,
-# per hand-off and per throughput cycle: figures that a busy machine does not move.
+# per hand-off and per throughput cycle: figures that a busy machine does not move. zkguard's
+# clients go from lock to lock with release_and_acquire (the next acquisition's first multi also
+# releases the lock held); a second zkguard column ("zkguard sep.", --separate-release) releases
+# each lock on its own first, as the peers do, and its ratio to Curator is printed beside each goal.
 #
 # Usage: scripts/bench.sh [--iterations N] [--contenders N] [--monitors N] [--rounds N]
 #                        [--warmup-iterations N] [--no-build]
@@ -188,6 +191,8 @@ HAVE_KAZOO=0
 ZKGUARD_SERVER_PID=0
 [ ! -x "$ZKGUARD" ] || ! "$ZKGUARD" bench --help 2>/dev/null | grep -q -- --server-pid || ZKGUARD_SERVER_PID=1
 [ -x "$ZKGUARD" ] || echo "  zkguard: $ZKGUARD not built; n/a" >&2
+ZKGUARD_SEPARATE=0
+[ ! -x "$ZKGUARD" ] || ! "$ZKGUARD" bench --help 2>/dev/null | grep -q -- --separate-release || ZKGUARD_SEPARATE=1
 [ "$HAVE_KAZOO" = 1 ] || echo "  kazoo: python3-kazoo missing (run scripts/install-deps.sh); n/a" >&2
 
 # zkguard's own configuration must not redirect the run (lock.backend, a config file); its
@@ -208,6 +213,12 @@ run_one() {
             [ -x "$ZKGUARD" ] || { : >"$OUT/$tag-$round.json"; return; }
             run_peer "$tag" "$round" "${ZKGUARD_ENV[@]}" "$ZKGUARD" bench --backend zookeeper --json \
                 --zk "$zk" "${zkguard_server[@]}" "${COUNTS[@]}" ;;
+        zkguard-sep)
+            # The same, releasing each lock on its own as the peers do (a binary older than the
+            # flag: n/a).
+            { [ -x "$ZKGUARD" ] && [ "$ZKGUARD_SEPARATE" = 1 ]; } || { : >"$OUT/$tag-$round.json"; return; }
+            run_peer "$tag" "$round" "${ZKGUARD_ENV[@]}" "$ZKGUARD" bench --backend zookeeper --json \
+                --separate-release --zk "$zk" "${zkguard_server[@]}" "${COUNTS[@]}" ;;
         curator)
             [ "$CURATOR_OK" = 1 ] || { : >"$OUT/$tag-$round.json"; return; }
             run_peer "$tag" "$round" java -XX:+UseSerialGC -cp "$CURATOR_BUILD:$CURATOR_CP" CuratorBench \
@@ -242,14 +253,14 @@ done
 # Rounds interleave the peers and the two servers, each round in a rotated order, so that neither
 # a slow start nor a burst of load on the machine favours one of them; the tables show each
 # figure's median and its spread over the rounds.
-rm -f "$OUT"/{zkguard,curator,kazoo}-{sync,nosync}-[0-9]*.{json,out,log} \
+rm -f "$OUT"/{zkguard,zkguard-sep,curator,kazoo}-{sync,nosync}-[0-9]*.{json,out,log} \
     "$OUT"/{zkguard,curator,kazoo,zkguard-es}{,-[0-9]*}.{json,out,log}
-ORDER=(zkguard curator kazoo)
+ORDER=(zkguard curator zkguard-sep kazoo)
 for round in $(seq 1 "$ROUNDS"); do
     for m in 0 1; do
         mode="${MODES[$(((m + round - 1) % 2))]}"
-        for i in 0 1 2; do
-            run_one "${ORDER[$(((i + round - 1) % 3))]}" "$mode" "$round"
+        for i in 0 1 2 3; do
+            run_one "${ORDER[$(((i + round - 1) % 4))]}" "$mode" "$round"
         done
     done
     run_one zkguard-es "" "$round"
@@ -279,6 +290,9 @@ FIGURES = [
     ("throughput.server_cpu_ms_per_op", "  server CPU ms per cycle (lower is better)"),
 ]
 PEERS = [("zkguard", "zkguard"), ("curator", "Curator"), ("kazoo", "kazoo")]
+# zkguard releasing each lock on its own before the next acquisition (--separate-release), as the
+# peers do: beside the others, with its own ratio to Curator in the goals.
+SEPARATE = [("zkguard-sep", "zkguard sep.")]
 # zkguard's Elasticsearch lease lock: its own column, no ratios (the peers are ZooKeeper-only),
 # in the first table only (it does not use ZooKeeper).
 EXTRA = [("zkguard-es", "zkguard ES")]
@@ -336,7 +350,8 @@ def cell(s):
 combined_modes = {}
 for index, (mode, zk, force_sync, title) in enumerate(MODES):
     results = {
-        name: [load("%s-%s" % (name, mode), r) for r in range(1, rounds + 1)] for name, _ in PEERS
+        name: [load("%s-%s" % (name, mode), r) for r in range(1, rounds + 1)]
+        for name, _ in PEERS + SEPARATE
     }
     extra = EXTRA if index == 0 else []
     for name, _ in extra:
@@ -354,14 +369,15 @@ for index, (mode, zk, force_sync, title) in enumerate(MODES):
             "zkguard/kazoo": r_kaz,
             "spread": {name: [s[1], s[2]] for name, s in st.items()},
         }
+        table[key]["zkguard-sep/curator"] = ratio(vals["zkguard-sep"], vals["curator"])
         rows.append(
             [label]
             + [cell(st[n]) for n, _ in PEERS]
             + [fmt(r_cur), fmt(r_kaz)]
-            + [cell(st[n]) for n, _ in extra]
+            + [cell(st[n]) for n, _ in SEPARATE + extra]
         )
     header = ["figure"] + [t for _, t in PEERS] + ["zkguard/Curator", "zkguard/kazoo"]
-    header += [t for _, t in extra]
+    header += [t for _, t in SEPARATE + extra]
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     line = lambda cells: "  ".join(
         c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
@@ -378,9 +394,10 @@ for index, (mode, zk, force_sync, title) in enumerate(MODES):
         "table": table,
     }
 print(
-    f"median [min-max] of {rounds} interleaved rounds; ratios of the medians; zkguard ES: "
-    f"osmem-server started by zkguard; {iterations} iterations, {contenders} contenders, "
-    f"{monitors} monitors"
+    f"median [min-max] of {rounds} interleaved rounds; ratios of the medians; zkguard: each "
+    f"client releases a lock in its next acquisition (release_and_acquire); zkguard sep.: on its "
+    f"own, then acquires (--separate-release), as the peers; zkguard ES: osmem-server started by "
+    f"zkguard; {iterations} iterations, {contenders} contenders, {monitors} monitors"
 )
 
 # The goals: zkguard/Curator of the medians, per server, beside the target; the spread of the
@@ -422,11 +439,13 @@ for mode, _, _, title in reversed(MODES):
         ahead = sum(1 for p in paired if (p > 1 if kind == "min" else p <= slack))
         per_round = (f"; per round {fmt(p_med)} [{fmt(p_lo)}-{fmt(p_hi)}], "
                      f"ahead in {ahead}/{len(paired)}") if paired else ""
+        r_sep = row["zkguard-sep/curator"]
+        separate = "" if r_sep is None else f"; separate release {fmt(r_sep)}"
         print(f"  {title:<32} {label:<40} {fmt(r)} [{fmt(lo)}-{fmt(hi)}]"
-              f"  goal {sign} {target:g}: {verdict}{note}{per_round}")
+              f"  goal {sign} {target:g}: {verdict}{note}{per_round}{separate}")
         goals.setdefault(mode, {})[key] = {
             "ratio": r, "spread": [lo, hi], "goal": target, "kind": kind, "met": met,
-            "per_round": paired, "rounds_ahead": ahead,
+            "per_round": paired, "rounds_ahead": ahead, "separate_release_ratio": r_sep,
         }
 
 # The forceSync-on figures keep their place at the top level; forceSync=no sits beside them.

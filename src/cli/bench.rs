@@ -91,6 +91,10 @@ pub struct BenchArgs {
     /// hand-off and throughput cycle. With --local, the server started for the run is measured.
     #[arg(long, value_name = "PID", conflicts_with = "local")]
     pub server_pid: Option<u32>,
+    /// Release each lock on its own before the next acquisition (`Guard::release`), instead
+    /// of in it (`LockService::release_and_acquire`), in the contended and throughput figures
+    #[arg(long)]
+    pub separate_release: bool,
     /// Async runtime of the benchmark (diagnostics).
     #[arg(long, value_enum, default_value_t = RuntimeArg::CurrentThread, hide = true)]
     pub runtime: RuntimeArg,
@@ -356,6 +360,14 @@ fn print_table(report: &BenchReport, at: &str, local: bool) {
         report.contenders,
         report.monitors
     );
+    println!(
+        "contended and throughput clients release {}",
+        if report.release == "separate" {
+            "each lock on its own, then acquire the next (--separate-release)"
+        } else {
+            "each lock in their next acquisition (release_and_acquire)"
+        }
+    );
     println!();
     let requests = report
         .requests_per_cycle
@@ -460,6 +472,9 @@ pub async fn run(mut settings: Settings, args: BenchArgs) -> Result<u8, CliError
     let mut plan = BenchPlan::new(args.iterations, args.contenders, args.monitors);
     if let Some(w) = args.warmup {
         plan = plan.with_warmup(w);
+    }
+    if args.separate_release {
+        plan = plan.with_separate_release();
     }
     let local = if args.local {
         Some(start_local(&mut settings, backend).await?)

@@ -32,12 +32,17 @@
 //! - **throughput**: the same clients over `monitors` monitor objects, each cycle on a monitor
 //!   picked at random, until `iterations` cycles happened in total; cycles per second. Same
 //!   warm-up. Its requests and the client CPU time are counted per cycle as above.
-//! - **release**: in the contended and throughput phases each client releases with
-//!   [`zkguard::Guard::release`], as guarded writes and `zkguard serve`'s lanes do: on ZooKeeper the
-//!   release is sent, the client's next acquisition goes out behind it, and the release's
-//!   outcome is checked once that acquisition has its answer (a failed release fails the run).
-//!   The uncontended cycle awaits [`zkguard::Guard::unlock`], so its latency is the whole round of both.
-//!   The peers' release calls wait for the answer (their APIs have no other way).
+//! - **release**: in the contended and throughput phases each client goes from lock to lock
+//!   with [`zkguard::LockService::release_and_acquire`], as `zkguard serve`'s lanes do: on
+//!   ZooKeeper the next acquisition's first multi also releases the lock held (one request
+//!   and one transaction for both), and the release's outcome is checked once the
+//!   acquisition has its answer (a failed release fails the run). With
+//!   [`BenchPlan::with_separate_release`] (`zkguard bench --separate-release`) each client
+//!   releases with [`zkguard::Guard::release`] instead, as guarded writes do: the release is
+//!   sent on its own and the next acquisition goes out right behind it. The uncontended cycle
+//!   awaits [`zkguard::Guard::unlock`] either way, so its latency is the whole round of both.
+//!   The peers release and acquire one after the other, waiting for each answer (their APIs
+//!   have no other way).
 //! - **server CPU time**: with [`BenchPlan::with_server_pid`] (`zkguard bench --server-pid`,
 //!   which `make bench` passes; `--local` knows its own server), the user + system CPU time of
 //!   the ZooKeeper server process (`/proc/PID/stat`, Linux) over the measured uncontended
@@ -71,7 +76,7 @@ use tracing::{info, warn, Instrument};
 use zkguard::config::{LockBackendKind, Settings};
 use zkguard::es::{DocStore, EsError, EsStore, HookedStore, StoreCall, StoreHook};
 use zkguard::eslock::EsLockService;
-use zkguard::lock::{LockError, LockRequest, LockService, Release};
+use zkguard::lock::{Guard, LockError, LockRequest, LockService};
 use zkguard::zk::{ZkLockService, ZkSession};
 
 /// The lock info written by benchmark acquisitions (shown by `zkguard locks`).
@@ -97,6 +102,10 @@ pub struct BenchPlan {
     pub lock_timeout: Duration,
     /// The ZooKeeper server's process id, whose CPU time is measured when set.
     pub server_pid: Option<u32>,
+    /// Whether the contended and throughput clients release each lock on its own
+    /// ([`zkguard::Guard::release`]) instead of in their next acquisition
+    /// ([`zkguard::LockService::release_and_acquire`]).
+    pub separate_release: bool,
 }
 
 impl BenchPlan {
@@ -109,7 +118,15 @@ impl BenchPlan {
             warmup: None,
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
             server_pid: None,
+            separate_release: false,
         }
+    }
+
+    /// Releases each lock on its own before the next acquisition, instead of in it (see the
+    /// module docs, "release").
+    pub fn with_separate_release(mut self) -> Self {
+        self.separate_release = true;
+        self
     }
 
     /// Measures the CPU time of the server process `pid` too (Linux `/proc`; on another system,
@@ -175,6 +192,9 @@ pub struct BenchReport {
     pub monitors: u32,
     /// Uncontended warm-up cycles that ran.
     pub warmup: u32,
+    /// How the contended and throughput clients released: `"release_and_acquire"` or
+    /// `"separate"` (see [`BenchPlan::separate_release`]).
+    pub release: &'static str,
     /// Median uncontended acquire+release latency, in milliseconds.
     pub uncontended_p50_ms: f64,
     /// 99th-percentile uncontended acquire+release latency, in milliseconds.
@@ -217,7 +237,7 @@ fn round(value: f64, digits: i32) -> f64 {
 
 impl BenchReport {
     /// One flat JSON object whose keys name each figure and its unit:
-    /// `backend`, `iterations`, `contenders`, `monitors`, `warmup`, `uncontended.p50_ms`,
+    /// `backend`, `iterations`, `contenders`, `monitors`, `warmup`, `release`, `uncontended.p50_ms`,
     /// `uncontended.p99_ms`, `uncontended.requests_per_cycle` (`null` when not counted),
     /// `uncontended.cpu_ms_per_cycle`, `contended.handoffs_per_sec`,
     /// `contended.owner_changes_per_sec`, `contended.requests_per_handoff` (`null` when not
@@ -234,6 +254,7 @@ impl BenchReport {
             "contenders": self.contenders,
             "monitors": self.monitors,
             "warmup": self.warmup,
+            "release": self.release,
             "uncontended.p50_ms": round(self.uncontended_p50_ms, 4),
             "uncontended.p99_ms": round(self.uncontended_p99_ms, 4),
             "uncontended.requests_per_cycle": self.requests_per_cycle.map(|r| round(r, 2)),
@@ -593,6 +614,7 @@ async fn run_shared(
     total: u32,
     timeout: Duration,
     phase: Phase,
+    separate_release: bool,
     progress: &Arc<dyn BenchProgress>,
 ) -> Result<SharedRun, BenchError> {
     progress.start(phase, total.into());
@@ -619,9 +641,9 @@ async fn run_shared(
         let me = index + 1;
         tasks.spawn(async move {
             barrier.wait().await;
-            // The release under way of this client's last lock: sent, its outcome checked once
-            // the next acquisition has its answer (by then it is in).
-            let mut releasing: Option<Release> = None;
+            // The lock this client took last, held until its next acquisition releases it: in
+            // one step when the backend can (`LockService::release_and_acquire`).
+            let mut held: Option<Box<dyn Guard>> = None;
             while remaining.fetch_sub(1, Ordering::AcqRel) > 0 {
                 let m = if monitors.len() == 1 {
                     0
@@ -629,28 +651,40 @@ async fn run_shared(
                     rand::thread_rng().gen_range(0..monitors.len())
                 };
                 let request = LockRequest::new(&monitors[m], LOCK_INFO).with_timeout(timeout);
-                let outcome = match service.acquire(request).await {
+                let (released, acquired) = match held.take() {
+                    Some(guard) if separate_release => {
+                        let release = guard.release().await;
+                        (Some(release), service.acquire(request).await)
+                    }
+                    Some(guard) => {
+                        let (release, acquired) = service.release_and_acquire(guard, request).await;
+                        (Some(release), acquired)
+                    }
+                    None => (None, service.acquire(request).await),
+                };
+                // The release's answer is in by the time the acquisition has its own.
+                let outcome = match (released, acquired) {
+                    (_, Err(e)) => Err(e),
+                    (Some(release), Ok(guard)) => release.await.map(|()| guard),
+                    (None, Ok(guard)) => Ok(guard),
+                };
+                match outcome {
                     Ok(guard) => {
                         // Holders of one monitor are mutually exclusive: these swaps are ordered.
                         if holders[m].swap(me, Ordering::AcqRel) != me {
                             changes.fetch_add(1, Ordering::Relaxed);
                         }
-                        let released = releasing.replace(guard.release().await);
-                        match released {
-                            Some(release) => release.await,
-                            None => Ok(()),
-                        }
+                        held = Some(guard);
                     }
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = outcome {
-                    remaining.store(0, Ordering::Release);
-                    return Err(e);
+                    Err(e) => {
+                        remaining.store(0, Ordering::Release);
+                        return Err(e);
+                    }
                 }
                 progress.advance(1);
             }
-            match releasing {
-                Some(release) => release.await,
+            match held {
+                Some(guard) => guard.unlock().await,
                 None => Ok(()),
             }
         });
@@ -805,6 +839,7 @@ async fn run_inner(
             short,
             timeout,
             Phase::ContendedWarmup,
+            plan.separate_release,
             &progress,
         )
         .await?;
@@ -816,6 +851,7 @@ async fn run_inner(
             plan.iterations,
             timeout,
             Phase::Contended,
+            plan.separate_release,
             &progress,
         )
         .await?;
@@ -826,6 +862,7 @@ async fn run_inner(
             short,
             timeout,
             Phase::ThroughputWarmup,
+            plan.separate_release,
             &progress,
         )
         .await?;
@@ -836,6 +873,7 @@ async fn run_inner(
             plan.iterations,
             timeout,
             Phase::Throughput,
+            plan.separate_release,
             &progress,
         )
         .await?;
@@ -869,6 +907,11 @@ async fn run_inner(
         contenders: plan.contenders,
         monitors: plan.monitors,
         warmup,
+        release: if plan.separate_release {
+            "separate"
+        } else {
+            "release_and_acquire"
+        },
         uncontended_p50_ms: p50,
         uncontended_p99_ms: p99,
         requests_per_cycle,
@@ -979,6 +1022,7 @@ mod tests {
             contenders: 2,
             monitors: 3,
             warmup: 50,
+            release: "separate",
             uncontended_p50_ms: 1.234_56,
             uncontended_p99_ms: 2.0,
             requests_per_cycle: None,
@@ -1001,6 +1045,7 @@ mod tests {
         assert_eq!(j["uncontended.cpu_ms_per_cycle"], 0.1235);
         assert_eq!(j["contended.cpu_ms_per_handoff"], 0.5);
         assert_eq!(j["backend"], "zookeeper");
+        assert_eq!(j["release"], "separate");
         assert_eq!(j["throughput.requests_per_op"], 3.46);
         assert_eq!(j["throughput.cpu_ms_per_op"], 0.25);
         assert!(j["uncontended.server_cpu_ms_per_cycle"].is_null());
