@@ -1193,28 +1193,47 @@ async fn foreground_waiter_whose_node_ahead_left_behind_the_head_lists_the_queue
     waiter.await.unwrap().unwrap().unlock().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn foreground_handoff_needs_five_requests() {
-    let (zk, settings) = counted_server("handoff");
+/// Three sessions take turns on one monitor, 20 acquisitions each to warm up (the monitor node,
+/// every session's "busy" mark for it), then 150 each, measured; each releases with
+/// `release_and_lock` (`requeue`) or with `unlock` and then acquires. Asserts that no two hold the
+/// lock at once and that tokens increase; returns the server's requests per acquisition.
+async fn requests_per_handoff(tag: &str, requeue: bool) -> f64 {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let (zk, settings) = counted_server(tag);
     let sessions = [
         session(&settings).await,
         session(&settings).await,
         session(&settings).await,
     ];
+    let inside = Arc::new(AtomicBool::new(false));
     let run = |cycles: usize| {
         let workers: Vec<_> = sessions
             .iter()
             .map(|s| {
-                let s = s.clone();
+                let lock = ZkBlockingWriteLock::new("h", s, "H1")
+                    .unwrap()
+                    .with_timeout(Duration::from_secs(20));
+                let inside = inside.clone();
                 tokio::spawn(async move {
-                    for _ in 0..cycles {
-                        let g = ZkBlockingWriteLock::new("h", &s, "H1")
-                            .unwrap()
-                            .lock_with_timeout()
-                            .await
-                            .unwrap();
-                        g.unlock().await.unwrap();
+                    let mut held = lock.lock_with_timeout().await.unwrap();
+                    assert!(!inside.swap(true, SeqCst), "two holders at once");
+                    let mut token = held.fencing_token();
+                    for _ in 1..cycles {
+                        inside.store(false, SeqCst);
+                        held = if requeue {
+                            let (release, next) = lock.release_and_lock(held).await;
+                            release.await.expect("released in the requeueing multi");
+                            next.unwrap()
+                        } else {
+                            held.unlock().await.unwrap();
+                            lock.lock_with_timeout().await.unwrap()
+                        };
+                        assert!(!inside.swap(true, SeqCst), "two holders at once");
+                        assert!(held.fencing_token() > token);
+                        token = held.fencing_token();
                     }
+                    inside.store(false, SeqCst);
+                    held.unlock().await.unwrap();
                 })
             })
             .collect();
@@ -1224,13 +1243,19 @@ async fn foreground_handoff_needs_five_requests() {
             }
         }
     };
-    // Warm up: the monitor node, the mutex watches, every session's "contended" mark.
     run(20).await;
     let cycles = 150;
     let before = zk.packets_received().unwrap();
     run(cycles).await;
     let after = zk.packets_received().unwrap();
     let per_handoff = (after - before) as f64 / (3 * cycles) as f64;
+    eprintln!("{per_handoff} requests per contended hand-off");
+    per_handoff
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreground_handoff_needs_five_requests() {
+    let per_handoff = requests_per_handoff("handoff", false).await;
     // Release multi; the re-queueing holder's create, pipelined child list and watch on the node
     // ahead; the successor's mutex create (no read: a foreground successor is first). The
     // first and last cycles of a run are not hand-offs, and a waiter whose node ahead is gone
@@ -1240,7 +1265,6 @@ async fn foreground_handoff_needs_five_requests() {
         per_handoff < 5.5,
         "{per_handoff} requests per contended hand-off"
     );
-    eprintln!("{per_handoff} requests per contended hand-off");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1333,60 +1357,13 @@ async fn held_after_contention(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_that_queues_again_in_its_release_hands_over_in_four_requests() {
-    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-    let (zk, settings) = counted_server("requeue");
-    let sessions = [
-        session(&settings).await,
-        session(&settings).await,
-        session(&settings).await,
-    ];
-    let inside = Arc::new(AtomicBool::new(false));
-    let run = |cycles: usize| {
-        let workers: Vec<_> = sessions
-            .iter()
-            .map(|s| {
-                let lock = ZkBlockingWriteLock::new("h", s, "Q1")
-                    .unwrap()
-                    .with_timeout(Duration::from_secs(20));
-                let inside = inside.clone();
-                tokio::spawn(async move {
-                    let mut held = lock.lock_with_timeout().await.unwrap();
-                    assert!(!inside.swap(true, SeqCst), "two holders at once");
-                    let mut token = held.fencing_token();
-                    for _ in 1..cycles {
-                        inside.store(false, SeqCst);
-                        let (release, next) = lock.release_and_lock(held).await;
-                        held = next.unwrap();
-                        assert!(!inside.swap(true, SeqCst), "two holders at once");
-                        release.await.expect("released in the requeueing multi");
-                        assert!(held.fencing_token() > token);
-                        token = held.fencing_token();
-                    }
-                    inside.store(false, SeqCst);
-                    held.unlock().await.unwrap();
-                })
-            })
-            .collect();
-        async move {
-            for w in workers {
-                w.await.unwrap();
-            }
-        }
-    };
-    // Warm up: the monitor node, every session's "busy" mark for the monitor.
-    run(20).await;
-    let cycles = 150;
-    let before = zk.packets_received().unwrap();
-    run(cycles).await;
-    let after = zk.packets_received().unwrap();
-    let per_handoff = (after - before) as f64 / (3 * cycles) as f64;
+    let per_handoff = requests_per_handoff("requeue", true).await;
     // The holder's multi (release and new queue node), its pipelined child list and its watch
     // on the node ahead; the successor's mutex create. Without the requeueing multi: 5.
     assert!(
         per_handoff < 4.5,
         "{per_handoff} requests per contended hand-off"
     );
-    eprintln!("{per_handoff} requests per contended hand-off");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
