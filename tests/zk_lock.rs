@@ -1541,7 +1541,8 @@ async fn going_from_lock_to_lock_takes_one_request_per_cycle_and_waits_where_the
     assert!(per_cycle < 1.1, "{per_cycle} requests per cycle");
 
     // The next lock busy: the fast path's part fails, so nothing of the multi was applied; the
-    // release goes on its own at once, and the acquisition waits.
+    // release goes at once in a second multi with the create of the queue node, and the
+    // acquisition waits.
     let other = session(&settings).await;
     let busy = ZkBlockingWriteLock::new("busy", &other, "L2")
         .unwrap()
@@ -1553,6 +1554,26 @@ async fn going_from_lock_to_lock_takes_one_request_per_cycle_and_waits_where_the
         let next = monitors[1].clone();
         async move { next.release_and_lock(held).await }
     });
+    let l2 = format!("{}/L2", settings.lock_root);
+    eventually(Duration::from_secs(10), "queued for L2", || async {
+        queued(&zk.connect_string(), &l2, "A-").await == 2
+    })
+    .await;
+    let admin = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .unwrap();
+    let mut nodes = children(&zk.connect_string(), &l2).await;
+    nodes.retain(|n| n.starts_with("A-"));
+    nodes.sort();
+    let (_, waiting) = admin.get_data(&format!("{l2}/{}", nodes[1])).await.unwrap();
+    let (_, l1) = admin
+        .get_data(&format!("{}/L1", settings.lock_root))
+        .await
+        .unwrap();
+    assert_eq!(
+        waiting.czxid, l1.pzxid,
+        "L1's nodes went in the transaction that queued for L2"
+    );
     let freed = ZkBlockingWriteLock::new("x", &other, "L1")
         .unwrap()
         .with_timeout(Duration::from_secs(20))

@@ -421,10 +421,10 @@ pub trait LockService: Send + Sync + 'static {
     /// acquisition's first multi also deletes `held`'s nodes: the fast path's operations on a
     /// quiet monitor, the create of the queue node on a monitor busy lately. That is a request
     /// and a transaction (with its `fsync`) less per lock cycle, and `held` is free the moment
-    /// the next acquisition's first step is applied. If that step fails (the fast path's
-    /// monitor is busy), nothing of it was applied: the release follows at once on its own,
-    /// one round trip later than `held.release()` would have sent it, and the acquisition
-    /// queues as usual. On the same monitor, the contenders queued behind `held` go first, as
+    /// the next acquisition's first step is applied. If that step fails, nothing of it was
+    /// applied: the release follows at once, one round trip later than `held.release()` would
+    /// have sent it, in a second multi with the new queue node when the fast path found the
+    /// monitor busy, and the acquisition waits as usual. On the same monitor, the contenders queued behind `held` go first, as
     /// after a release: the new queue node's sequence number is higher than theirs. On the
     /// Elasticsearch lease lock, and for a guard of another session, the release goes first
     /// and the acquisition follows.

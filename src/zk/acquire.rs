@@ -278,10 +278,9 @@ async fn acquire_with(
             return Err(give_up(&mut pending, &paths, &prefix, &request, started).await);
         }
         tried = true;
-        let after = release_with.take().map(|previous| After {
-            previous,
-            release: &mut handover.release,
-        });
+        let after = release_with
+            .take()
+            .map(|previous| After::new(previous, &mut handover.release));
         let attempt = match after {
             Some(after) if contended_before => {
                 queue_after(client, &paths, &prefix, &data, &mut pending, after).await

@@ -151,10 +151,12 @@ impl LockGuard {
     /// Releases the lock in a multi that also carries the next acquisition's first operations,
     /// `next` (on the same session), sent before this returns: the release multi's operations
     /// first, then `next`'s. The acquisition learns through `joined` whether they were applied
-    /// (with the results of its own operations), were not (a multi is atomic: then the usual
-    /// release runs, and the acquisition goes on its own, told which of its operations failed,
-    /// if one did), or whether the answer was lost (the release then deletes carefully, and
-    /// the acquisition looks for what it created by attempt id).
+    /// (with the results of its own operations), were not (a multi is atomic), or whether the
+    /// answer was lost (the release then deletes carefully, and the acquisition looks for what
+    /// it created by attempt id). When one of `next`'s operations failed, the acquisition gets
+    /// a [`Retry`]: through it, other operations go with the release in a new multi (the queue
+    /// node, once the fast path found the monitor busy); dropped, the usual release runs. When
+    /// the release's own part failed, the usual release runs at once.
     pub(super) fn release_with(
         self,
         next: NextOps,
@@ -171,53 +173,72 @@ impl LockGuard {
             let mark =
                 releasing.hand_over_mark && releasing.slot.mark_releases.load(Ordering::Relaxed);
             let own = if mark { 3 } else { 2 };
-            let mut multi = client.new_multi_writer();
-            let built = (|| {
-                multi.add_delete(&mutex, None)?;
-                if mark {
-                    multi.add_set_data(&releasing.node, &[], None)?;
-                }
-                multi.add_delete(&releasing.node, None)?;
-                next(&mut multi)
-            })();
-            if built.is_err() {
-                let _ = joined.send(Joined::NotApplied { next_failed: None });
-                return releasing.run().await;
-            }
-            match multi.commit().await {
-                Ok(mut results) if results.len() > own => {
-                    let _ = joined.send(Joined::Applied(results.split_off(own)));
-                    releasing.outcome(Ok(()))
-                }
-                Ok(_) => {
-                    let _ = joined.send(Joined::Lost(ZkError::UnexpectedError(
-                        "a release multi answered without the next acquisition's results".into(),
-                    )));
-                    releasing.outcome(Ok(()))
-                }
-                // Nothing was done (a multi is atomic): the usual release finds out what.
-                Err(MultiWriteError::OperationFailed { index, source }) => {
-                    let next_failed = index.checked_sub(own).map(|i| (i, source));
-                    let _ = joined.send(Joined::NotApplied { next_failed });
-                    releasing.run().await
-                }
-                Err(MultiWriteError::RequestFailed { source }) => {
-                    let _ = joined.send(Joined::Lost(source.clone()));
-                    match source {
-                        ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_) => {
-                            let result = delete_carefully(
-                                client,
-                                Some(&releasing.node),
-                                Some(&mutex),
-                                &releasing.attempt,
-                                false,
-                            )
-                            .await;
-                            releasing.outcome(result)
-                        }
-                        e => releasing.outcome(Err(e)),
+            let (mut next, mut joined) = (next, joined);
+            loop {
+                let mut multi = client.new_multi_writer();
+                let built = (|| {
+                    multi.add_delete(&mutex, None)?;
+                    if mark {
+                        multi.add_set_data(&releasing.node, &[], None)?;
                     }
+                    multi.add_delete(&releasing.node, None)?;
+                    next(&mut multi)
+                })();
+                if built.is_err() {
+                    let _ = joined.send(Joined::NotApplied { next_failed: None });
+                    return releasing.run().await;
                 }
+                return match multi.commit().await {
+                    Ok(mut results) if results.len() > own => {
+                        let _ = joined.send(Joined::Applied(results.split_off(own)));
+                        releasing.outcome(Ok(()))
+                    }
+                    Ok(_) => {
+                        let _ = joined.send(Joined::Lost(ZkError::UnexpectedError(
+                            "a release multi answered without the next acquisition's results"
+                                .into(),
+                        )));
+                        releasing.outcome(Ok(()))
+                    }
+                    // Nothing was done (a multi is atomic). The acquisition's part failed: it
+                    // may send other operations to go with the release.
+                    Err(MultiWriteError::OperationFailed { index, source }) if index >= own => {
+                        let (retry, again) = tokio::sync::oneshot::channel();
+                        let failed = (index - own, source, Retry(retry));
+                        let _ = joined.send(Joined::NotApplied {
+                            next_failed: Some(failed),
+                        });
+                        match again.await {
+                            Ok((ops, answer)) => {
+                                (next, joined) = (ops, answer);
+                                continue;
+                            }
+                            Err(_) => releasing.run().await,
+                        }
+                    }
+                    // The release's part failed: the usual release finds out what.
+                    Err(MultiWriteError::OperationFailed { .. }) => {
+                        let _ = joined.send(Joined::NotApplied { next_failed: None });
+                        releasing.run().await
+                    }
+                    Err(MultiWriteError::RequestFailed { source }) => {
+                        let _ = joined.send(Joined::Lost(source.clone()));
+                        match source {
+                            ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_) => {
+                                let result = delete_carefully(
+                                    client,
+                                    Some(&releasing.node),
+                                    Some(&mutex),
+                                    &releasing.attempt,
+                                    false,
+                                )
+                                .await;
+                                releasing.outcome(result)
+                            }
+                            e => releasing.outcome(Err(e)),
+                        }
+                    }
+                };
             }
         };
         Release::start(work.instrument(span))
@@ -256,13 +277,31 @@ pub(super) type NextOps =
 pub(super) enum Joined {
     /// Applied with the release: the results of the next acquisition's operations.
     Applied(Vec<MultiWriteResult>),
-    /// Nothing was applied; the release goes on its own. When one of the next acquisition's
-    /// operations failed: its index among them, and its error.
+    /// Nothing was applied. When one of the next acquisition's operations failed: its index
+    /// among them, its error, and the release waiting for other operations to carry; otherwise
+    /// the release goes on its own.
     NotApplied {
-        next_failed: Option<(usize, ZkError)>,
+        next_failed: Option<(usize, ZkError, Retry)>,
     },
     /// The answer was lost, or the request failed: the operations may have been applied.
     Lost(ZkError),
+}
+
+/// A release whose multi failed on the next acquisition's part, waiting for other operations
+/// to carry ([`Retry::send`]); dropped, it goes on its own.
+pub(super) struct Retry(
+    tokio::sync::oneshot::Sender<(NextOps, tokio::sync::oneshot::Sender<Joined>)>,
+);
+
+impl Retry {
+    /// Has the release send `ops` with it in a new multi; the outcome comes through `joined`.
+    /// The request goes out once the release's task runs, not before this returns.
+    pub(super) fn send(self, ops: NextOps, joined: tokio::sync::oneshot::Sender<Joined>) {
+        if let Err((_, joined)) = self.0.send((ops, joined)) {
+            // The release task is gone (the runtime is shutting down).
+            let _ = joined.send(Joined::Lost(ZkError::ConnectionLoss));
+        }
+    }
 }
 
 /// What a release needs of its guard.

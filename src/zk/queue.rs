@@ -10,7 +10,7 @@ use zookeeper_client::{
 };
 
 use super::contender::{wait_connected, Pending, Step};
-use super::guard::{Joined, LockGuard, NextOps};
+use super::guard::{Joined, LockGuard, NextOps, Retry};
 use super::map_zk;
 use super::mutex::yield_mutex;
 use super::names::Queue;
@@ -49,6 +49,8 @@ pub(super) async fn fast_path(
     let bytes = encode(data);
     pending.in_flight = true;
     let mut after = after;
+    // The release still waiting for operations to carry, once the fast path's failed.
+    let mut waiting = None;
     let committed = loop {
         match after.take() {
             Some(after) => {
@@ -56,10 +58,13 @@ pub(super) async fn fast_path(
                     let (paths, prefix, bytes) = (paths.clone(), prefix.to_string(), bytes.clone());
                     Box::new(move |multi| add_fast_path(multi, &paths, &prefix, &bytes))
                 };
-                match after.join(ops).await {
-                    Some(committed) => break committed,
+                match after.send(ops).answer().await {
+                    (Some(committed), retry) => {
+                        waiting = retry;
+                        break committed;
+                    }
                     // The release's own part failed: it goes alone, and so does this.
-                    None => continue,
+                    (None, _) => continue,
                 }
             }
             None => {
@@ -72,6 +77,19 @@ pub(super) async fn fast_path(
     // After a connection loss the multi may or may not have happened: stay "in flight" until
     // `recover_own` has looked, so that an abandoned attempt is searched for and removed.
     pending.in_flight = lost_answer(&committed);
+    // Busy: the queue node goes with the release. Anything else: the release goes on its own.
+    let busy = matches!(
+        committed,
+        Err(MultiWriteError::OperationFailed {
+            index: 0,
+            source: ZkError::NotEmpty
+        })
+    );
+    if !busy {
+        if let Some(waiting) = waiting.take() {
+            waiting.release_alone();
+        }
+    }
     match committed {
         Ok(results) => {
             let [_, _, MultiWriteResult::Create { path, .. }, _, MultiWriteResult::SetData { stat }] =
@@ -94,7 +112,7 @@ pub(super) async fn fast_path(
             source: ZkError::NotEmpty,
         }) => {
             // Held, or contenders queued.
-            queue_when_busy(client, paths, prefix, data, pending, queue_if_held).await
+            queue_when_busy(client, paths, prefix, data, pending, queue_if_held, waiting).await
         }
         Err(MultiWriteError::OperationFailed {
             source: ZkError::NoAuth,
@@ -129,46 +147,106 @@ fn add_fast_path(
 /// A lock of the same session that an acquisition releases in its first multi
 /// (`LockGuard::release_with`), and where the release under way goes.
 pub(super) struct After<'r> {
-    pub(super) previous: LockGuard,
-    pub(super) release: &'r mut Option<Release>,
+    how: Carrier,
+    release: &'r mut Option<Release>,
 }
 
-impl After<'_> {
-    /// Releases the lock on its own.
-    pub(super) fn release_alone(self) {
-        *self.release = Some(self.previous.release());
+/// What carries the next operations: the held lock, or its release waiting after a multi whose
+/// acquisition part failed.
+enum Carrier {
+    Held(LockGuard),
+    Waiting(Retry),
+}
+
+impl<'r> After<'r> {
+    /// `previous`, whose release goes to `release` once under way.
+    pub(super) fn new(previous: LockGuard, release: &'r mut Option<Release>) -> Self {
+        Self {
+            how: Carrier::Held(previous),
+            release,
+        }
     }
 
-    /// Sends the release with `ops` in one multi (the request goes out before this returns),
-    /// and answers as `MultiWriter::commit` would for `ops` alone: their results, the failure
-    /// of one of them (nothing applied), or a lost answer. `None` when the release's own part failed: nothing was applied, and the
-    /// release went on its own.
-    fn join(
-        self,
-        ops: NextOps,
-    ) -> impl std::future::Future<Output = Option<Result<Vec<MultiWriteResult>, MultiWriteError>>>
-           + 'static {
+    /// Releases the lock on its own.
+    pub(super) fn release_alone(self) {
+        match self.how {
+            Carrier::Held(previous) => *self.release = Some(previous.release()),
+            // Dropped, the waiting release goes on its own.
+            Carrier::Waiting(retry) => drop(retry),
+        }
+    }
+
+    /// Has the release send `ops` with it in one multi: before this returns for a held lock,
+    /// once the release's task runs for a waiting one ([`Sent::now`]).
+    fn send(self, ops: NextOps) -> Sent<'r> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        *self.release = Some(self.previous.release_with(ops, tx));
-        async move {
-            match rx.await {
-                Ok(Joined::Applied(results)) => Some(Ok(results)),
-                Ok(Joined::NotApplied {
-                    next_failed: Some((index, source)),
-                }) => Some(Err(MultiWriteError::OperationFailed { index, source })),
-                Ok(Joined::NotApplied { next_failed: None }) => None,
-                Ok(Joined::Lost(source)) => Some(Err(MultiWriteError::RequestFailed { source })),
-                // The release task ended without a word (the runtime is shutting down).
-                Err(_) => Some(Err(MultiWriteError::RequestFailed {
-                    source: ZkError::ConnectionLoss,
-                })),
+        let now = match self.how {
+            Carrier::Held(previous) => {
+                *self.release = Some(previous.release_with(ops, tx));
+                true
             }
+            Carrier::Waiting(retry) => {
+                retry.send(ops, tx);
+                false
+            }
+        };
+        Sent {
+            rx,
+            release: self.release,
+            now,
         }
     }
 }
 
-/// A fast path found the lock busy and created nothing: queue with a plain create, or, trying
-/// once (not `queue_if_held`), report [`Step::Busy`].
+/// Operations on their way with a release ([`After::send`]).
+struct Sent<'r> {
+    rx: tokio::sync::oneshot::Receiver<Joined>,
+    release: &'r mut Option<Release>,
+    /// Whether the request went out before `send` returned (a request sent after it is ordered
+    /// behind the multi).
+    now: bool,
+}
+
+impl<'r> Sent<'r> {
+    /// Answers as `MultiWriter::commit` would for the operations alone: their results, the
+    /// failure of one of them (nothing applied; then also the release, waiting for other
+    /// operations), or a lost answer. `None` when the release's own part failed: nothing was
+    /// applied, and the release went on its own.
+    async fn answer(
+        self,
+    ) -> (
+        Option<Result<Vec<MultiWriteResult>, MultiWriteError>>,
+        Option<After<'r>>,
+    ) {
+        match self.rx.await {
+            Ok(Joined::Applied(results)) => (Some(Ok(results)), None),
+            Ok(Joined::NotApplied {
+                next_failed: Some((index, source, retry)),
+            }) => (
+                Some(Err(MultiWriteError::OperationFailed { index, source })),
+                Some(After {
+                    how: Carrier::Waiting(retry),
+                    release: self.release,
+                }),
+            ),
+            Ok(Joined::NotApplied { next_failed: None }) => (None, None),
+            Ok(Joined::Lost(source)) => {
+                (Some(Err(MultiWriteError::RequestFailed { source })), None)
+            }
+            // The release task ended without a word (the runtime is shutting down).
+            Err(_) => (
+                Some(Err(MultiWriteError::RequestFailed {
+                    source: ZkError::ConnectionLoss,
+                })),
+                None,
+            ),
+        }
+    }
+}
+
+/// A fast path found the lock busy and created nothing: queue with a plain create (in the
+/// multi of the release waiting in `after`, if any), or, trying once (not `queue_if_held`),
+/// report [`Step::Busy`].
 async fn queue_when_busy(
     client: &Client,
     paths: &Paths,
@@ -176,11 +254,22 @@ async fn queue_when_busy(
     data: &NodeData,
     pending: &mut Pending,
     queue_if_held: bool,
+    after: Option<After<'_>>,
 ) -> Result<Step, ZkError> {
-    if !queue_if_held {
-        return Ok(Step::Busy);
+    match after {
+        Some(after) if queue_if_held => {
+            queue_after(client, paths, prefix, data, pending, after).await
+        }
+        after => {
+            if let Some(after) = after {
+                after.release_alone();
+            }
+            if !queue_if_held {
+                return Ok(Step::Busy);
+            }
+            plain_create(client, paths, prefix, data, pending).await
+        }
     }
-    plain_create(client, paths, prefix, data, pending).await
 }
 
 /// Adds the creates of our queue node and of the mutex (both with `bytes`, our node's data) to
@@ -278,7 +367,7 @@ async fn fast_path_listed(
         Err(MultiWriteError::OperationFailed {
             index: 1,
             source: ZkError::NodeExists,
-        }) => queue_when_busy(client, paths, prefix, data, pending, queue_if_held).await,
+        }) => queue_when_busy(client, paths, prefix, data, pending, queue_if_held, None).await,
         Err(MultiWriteError::OperationFailed { source, .. }) => Err(source),
         Err(MultiWriteError::RequestFailed { source }) => Err(source),
     }
@@ -338,10 +427,15 @@ pub(super) async fn queue_after(
             )
         })
     };
-    // Sent at the call, so the read below sees it.
-    let committed = after.join(ops);
-    let children = client.get_children(&paths.monitor);
-    match committed.await {
+    let sent = after.send(ops);
+    // Pipelined when the multi went out already: the read then sees it. (A release that waited
+    // sends it from its task: the queue is read once the node exists.)
+    let children = sent.now.then(|| client.get_children(&paths.monitor));
+    let (committed, waiting) = sent.answer().await;
+    if let Some(waiting) = waiting {
+        waiting.release_alone();
+    }
+    match committed {
         Some(Ok(results)) => {
             let Some(MultiWriteResult::Create { path, .. }) = results.first() else {
                 return Err(ZkError::UnexpectedError(
@@ -350,12 +444,15 @@ pub(super) async fn queue_after(
             };
             pending.in_flight = false;
             pending.node = Some(child_name(path));
-            Ok(Step::Wait(
-                children
+            let queue = match children {
+                Some(children) => children
                     .await
                     .map(|(c, _)| Queue::from_children(&c))
                     .unwrap_or_default(),
-            ))
+                // An empty queue means "not read yet".
+                None => Queue::default(),
+            };
+            Ok(Step::Wait(queue))
         }
         // The monitor node is gone: the caller creates it and queues again.
         Some(Err(MultiWriteError::OperationFailed {
