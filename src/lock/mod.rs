@@ -445,12 +445,29 @@ pub trait LockService: Send + Sync + 'static {
         held: Box<dyn Guard>,
         next: LockRequest,
     ) -> (Release, Result<Box<dyn Guard>, LockError>) {
-        let release = held.release().await;
-        (release, self.acquire(next).await)
+        release_then_acquire(self, held, next).await
     }
 
     /// `"zookeeper"` or `"elasticsearch"`.
     fn backend_name(&self) -> &'static str;
+}
+
+/// Releases `held` ([`Guard::release`]) and then acquires `next` through `locks`, one after
+/// the other: what [`LockService::release_and_acquire`] does where the backend cannot do both
+/// in one step, and the way to measure it against that step.
+///
+/// # Errors
+/// As [`LockService::release_and_acquire`].
+///
+/// # Cancellation safety
+/// As [`LockService::release_and_acquire`].
+pub async fn release_then_acquire<L: LockService + ?Sized>(
+    locks: &L,
+    held: Box<dyn Guard>,
+    next: LockRequest,
+) -> (Release, Result<Box<dyn Guard>, LockError>) {
+    let release = held.release().await;
+    (release, locks.acquire(next).await)
 }
 
 /// A held lock.

@@ -38,8 +38,9 @@
 //!   and one transaction for both), and the release's outcome is checked once the
 //!   acquisition has its answer (a failed release fails the run). With
 //!   [`BenchPlan::with_separate_release`] (`zkguard bench --separate-release`) each client
-//!   releases with [`zkguard::Guard::release`] instead, as guarded writes do: the release is
-//!   sent on its own and the next acquisition goes out right behind it. The uncontended cycle
+//!   goes through [`zkguard::lock::release_then_acquire`] instead: it releases with
+//!   [`zkguard::Guard::release`], as guarded writes do (the release is sent on its own), and the
+//!   next acquisition goes out right behind it. The uncontended cycle
 //!   awaits [`zkguard::Guard::unlock`] either way, so its latency is the whole round of both.
 //!   The peers release and acquire one after the other, waiting for each answer (their APIs
 //!   have no other way).
@@ -76,7 +77,7 @@ use tracing::{info, warn, Instrument};
 use zkguard::config::{LockBackendKind, Settings};
 use zkguard::es::{DocStore, EsError, EsStore, HookedStore, StoreCall, StoreHook};
 use zkguard::eslock::EsLockService;
-use zkguard::lock::{Guard, LockError, LockRequest, LockService};
+use zkguard::lock::{release_then_acquire, Guard, LockError, LockRequest, LockService};
 use zkguard::zk::{ZkLockService, ZkSession};
 
 /// The lock info written by benchmark acquisitions (shown by `zkguard locks`).
@@ -652,12 +653,12 @@ async fn run_shared(
                 };
                 let request = LockRequest::new(&monitors[m], LOCK_INFO).with_timeout(timeout);
                 let (released, acquired) = match held.take() {
-                    Some(guard) if separate_release => {
-                        let release = guard.release().await;
-                        (Some(release), service.acquire(request).await)
-                    }
                     Some(guard) => {
-                        let (release, acquired) = service.release_and_acquire(guard, request).await;
+                        let (release, acquired) = if separate_release {
+                            release_then_acquire(service.as_ref(), guard, request).await
+                        } else {
+                            service.release_and_acquire(guard, request).await
+                        };
                         (Some(release), acquired)
                     }
                     None => (None, service.acquire(request).await),

@@ -37,6 +37,9 @@ use crate::lock::{Guard, LockRequest};
 use crate::write::guarded::{fenced_or, GuardedError, GuardedWriter, Plan, Written};
 use crate::write::ops::Operation;
 
+/// What a failed release of a lane's lock means to the lane (logged at `warn`).
+const RELEASE_FAILED: &str = "releasing the lock after a batch of writes failed";
+
 /// The result of one attempt.
 type Attempt = Result<Written, GuardedError>;
 
@@ -151,10 +154,7 @@ impl Batcher {
             };
             let Some(batch) = batch else {
                 if let Some(guard) = held {
-                    guard
-                        .release()
-                        .await
-                        .detach("releasing the lock after a batch of writes failed");
+                    guard.release().await.detach(RELEASE_FAILED);
                 }
                 return;
             };
@@ -189,7 +189,7 @@ impl Batcher {
             Some(held) => {
                 let (release, acquired) =
                     self.writer.locks().release_and_acquire(held, request).await;
-                release.detach("releasing the lock after a batch of writes failed");
+                release.detach(RELEASE_FAILED);
                 acquired
             }
             None => self.writer.locks().acquire(request).await,

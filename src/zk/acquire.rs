@@ -25,7 +25,8 @@ use super::release::delete_nodes;
 use super::session::{Slot, ZkSession};
 use crate::config::ZkAcl;
 use crate::lock::{
-    validate_monitor, Blocker, Guard, LockError, LockRequest, LockService, LockType, Release,
+    release_then_acquire, validate_monitor, Blocker, Guard, LockError, LockRequest, LockService,
+    LockType, Release,
 };
 
 /// A lock on one monitor object, in the shape of the design's `ZkBlockingWriteLock`.
@@ -261,7 +262,7 @@ async fn acquire_with(
     // A try-once contender always tries the fast path, without queueing when the mutex is held.
     let contended_before = slot.contended(&paths.mutex) && !try_once;
     // The lock this acquisition releases, in its first multi when it is of this session.
-    let mut release_with = match handover.previous.take() {
+    let mut to_carry = match handover.previous.take() {
         Some(p) if !try_once && p.can_release_with(&slot) => Some(p),
         Some(p) => {
             handover.release = Some(p.release());
@@ -278,7 +279,7 @@ async fn acquire_with(
             return Err(give_up(&mut pending, &paths, &prefix, &request, started).await);
         }
         tried = true;
-        let after = release_with
+        let after = to_carry
             .take()
             .map(|previous| After::new(previous, &mut handover.release));
         let attempt = match after {
@@ -602,9 +603,8 @@ impl LockService for ZkLockService {
         next: LockRequest,
     ) -> (Release, Result<Box<dyn Guard>, LockError>) {
         if !(held.as_ref() as &dyn std::any::Any).is::<LockGuard>() {
-            // Another backend's guard (or one that wraps ours): one after the other.
-            let release = held.release().await;
-            return (release, self.acquire(next).await);
+            // Another backend's guard (or one that wraps ours).
+            return release_then_acquire(self, held, next).await;
         }
         let held: Box<dyn std::any::Any + Send + Sync> = held;
         let held = *held

@@ -13,7 +13,7 @@ use zookeeper_client::{
 use super::map_zk;
 use super::node::{NodeData, Paths};
 use super::reaper::Reap;
-use super::release::{delete_carefully, delete_nodes, release_held};
+use super::release::{add_release, delete_carefully, delete_nodes, release_held};
 use super::session::{Health, Slot};
 use crate::lock::{Guard, LockError, LockRequest, LockType, LossReason, LossSignal, Release};
 
@@ -172,22 +172,15 @@ impl LockGuard {
             let client = &releasing.slot.client;
             let mark =
                 releasing.hand_over_mark && releasing.slot.mark_releases.load(Ordering::Relaxed);
-            let own = if mark { 3 } else { 2 };
             let (mut next, mut joined) = (next, joined);
             loop {
                 let mut multi = client.new_multi_writer();
-                let built = (|| {
-                    multi.add_delete(&mutex, None)?;
-                    if mark {
-                        multi.add_set_data(&releasing.node, &[], None)?;
-                    }
-                    multi.add_delete(&releasing.node, None)?;
-                    next(&mut multi)
-                })();
-                if built.is_err() {
+                let built = add_release(&mut multi, &releasing.node, &mutex, mark)
+                    .and_then(|own| next(&mut multi).map(|()| own));
+                let Ok(own) = built else {
                     let _ = joined.send(Joined::NotApplied { next_failed: None });
                     return releasing.run().await;
-                }
+                };
                 return match multi.commit().await {
                     Ok(mut results) if results.len() > own => {
                         let _ = joined.send(Joined::Applied(results.split_off(own)));
@@ -258,7 +251,6 @@ impl LockGuard {
             attempt: self.attempt.clone(),
             monitor: self.monitor.clone(),
             hand_over_mark: self.hand_over_mark,
-            mutex_deleted,
         }
     }
 
@@ -313,7 +305,6 @@ struct Releasing {
     attempt: String,
     monitor: String,
     hand_over_mark: bool,
-    mutex_deleted: bool,
 }
 
 impl Releasing {
@@ -349,11 +340,11 @@ impl Releasing {
         let Self {
             monitor,
             node,
-            mutex_deleted,
+            mutex,
             ..
         } = self;
         match result {
-            Ok(()) if mutex_deleted => Err(LockError::NoNode {
+            Ok(()) if mutex.is_none() => Err(LockError::NoNode {
                 monitor,
                 detail: "the mutex node had been deleted by someone else".into(),
             }),

@@ -280,13 +280,23 @@ fn add_queue_node_and_mutex(
     prefix: &str,
     bytes: &[u8],
 ) -> Result<(), ZkError> {
+    add_queue_node(multi, paths, prefix, bytes)?;
+    // The mutex names its holder's node, which is not known yet: the owner and attempt suffice.
+    multi.add_create(&paths.mutex, bytes, &paths.create(CreateMode::Ephemeral))
+}
+
+/// Adds the create of our queue node (with `bytes`, its data) to a multi.
+fn add_queue_node(
+    multi: &mut MultiWriter<'_>,
+    paths: &Paths,
+    prefix: &str,
+    bytes: &[u8],
+) -> Result<(), ZkError> {
     multi.add_create(
         &format!("{}/{prefix}-", paths.monitor),
         bytes,
         &paths.create(CreateMode::EphemeralSequential),
-    )?;
-    // The mutex names its holder's node, which is not known yet: the owner and attempt suffice.
-    multi.add_create(&paths.mutex, bytes, &paths.create(CreateMode::Ephemeral))
+    )
 }
 
 /// Whether a create's answer was lost (the create may or may not have happened).
@@ -417,15 +427,8 @@ pub(super) async fn queue_after(
     pending.attempt = data.attempt.clone();
     pending.in_flight = true;
     let ops: NextOps = {
-        let (node, bytes) = (format!("{}/{prefix}-", paths.monitor), encode(data));
-        let paths = paths.clone();
-        Box::new(move |multi| {
-            multi.add_create(
-                &node,
-                &bytes,
-                &paths.create(CreateMode::EphemeralSequential),
-            )
-        })
+        let (paths, prefix, bytes) = (paths.clone(), prefix.to_string(), encode(data));
+        Box::new(move |multi| add_queue_node(multi, &paths, &prefix, &bytes))
     };
     let sent = after.send(ops);
     // Pipelined when the multi went out already: the read then sees it. (A release that waited
@@ -454,14 +457,8 @@ pub(super) async fn queue_after(
             };
             Ok(Step::Wait(queue))
         }
-        // The monitor node is gone: the caller creates it and queues again.
-        Some(Err(MultiWriteError::OperationFailed {
-            source: ZkError::NoNode,
-            ..
-        })) => {
-            pending.in_flight = false;
-            Err(ZkError::NoNode)
-        }
+        // Nothing was created. `NoNode`: the monitor node is gone, and the caller creates it
+        // and queues again.
         Some(Err(MultiWriteError::OperationFailed { source, .. })) => {
             pending.in_flight = false;
             Err(source)

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tracing::debug;
-use zookeeper_client::{Client, Error as ZkError};
+use zookeeper_client::{Client, Error as ZkError, MultiWriter};
 
 use super::node::NodeData;
 
@@ -65,11 +65,7 @@ async fn remove(
     let first = match (queue_node, mutex) {
         (Some(q), Some(m)) => {
             let mut multi = client.new_multi_writer();
-            multi.add_delete(m, None)?;
-            if hand_over {
-                multi.add_set_data(q, &[], None)?;
-            }
-            multi.add_delete(q, None)?;
+            add_release(&mut multi, q, m, hand_over)?;
             multi.commit().await.map(|_| ()).map_err(ZkError::from)
         }
         (Some(p), None) | (None, Some(p)) => client.delete(p, None).await,
@@ -82,6 +78,23 @@ async fn remove(
         Err(e) => return Err(e),
     };
     delete_carefully(client, queue_node, mutex, attempt, gone_before).await
+}
+
+/// Adds a held lock's release to a multi: delete the mutex, empty the queue node when
+/// `hand_over` (the hand-over mark, see [`release_held`]), delete the queue node. Returns how
+/// many operations it added.
+pub(crate) fn add_release(
+    multi: &mut MultiWriter<'_>,
+    queue_node: &str,
+    mutex: &str,
+    hand_over: bool,
+) -> Result<usize, ZkError> {
+    multi.add_delete(mutex, None)?;
+    if hand_over {
+        multi.add_set_data(queue_node, &[], None)?;
+    }
+    multi.add_delete(queue_node, None)?;
+    Ok(if hand_over { 3 } else { 2 })
 }
 
 /// The careful deletes of [`delete_nodes`], from the start: after a request that deleted the

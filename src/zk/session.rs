@@ -147,7 +147,8 @@ impl Slot {
 
     /// Whether this session's recent acquisitions of the monitor whose mutex is `path` met other
     /// contenders: then the next one queues without trying the fast path, whose multi would
-    /// only fail (a wasted write: ZooKeeper logs a failed transaction too). A saturating score: each acquisition that met others raises it (up to
+    /// only fail (a wasted write: ZooKeeper logs a failed transaction too). A saturating score:
+    /// each acquisition that met others raises it (up to
     /// [`CONTENTION_MAX`]), each that did not lowers it; the fast path is skipped from
     /// [`CONTENTION_SKIP_FAST_PATH`] on. One contended acquisition among quiet ones keeps the fast
     /// path, which costs less than queueing unless the monitor is usually busy.
@@ -530,8 +531,9 @@ impl ZkSession {
     /// A receiver of this session's connection state: [`watch::Receiver::borrow`] gives the
     /// current one, [`watch::Receiver::changed`] waits for the next change. Changes that follow
     /// each other quickly may be seen as their last one only (a `Suspended` then `Connected`
-    /// within a moment may read as `Connected`); [`ConnectionState::Lost`](super::ConnectionState::Lost) stays until a new
-    /// session is connected, and [`ConnectionState::Closed`](super::ConnectionState::Closed) is final.
+    /// within a moment may read as `Connected`);
+    /// [`ConnectionState::Lost`](super::ConnectionState::Lost) stays until a new session is
+    /// connected, and [`ConnectionState::Closed`](super::ConnectionState::Closed) is final.
     ///
     /// ```no_run
     /// # async fn example(session: zkguard::ZkSession) {
