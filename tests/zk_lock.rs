@@ -1328,26 +1328,35 @@ async fn an_acl_without_write_permission_still_hands_the_lock_over() {
 }
 
 /// Takes `a`'s lock after waiting behind `b`, three times: from then on the monitor counts as
-/// busy for `a`'s session (its acquisitions queue at once). Returns `a`'s guard.
+/// busy for `a`'s session (its acquisitions queue at once). Each time, `b` lets go only once `a`
+/// watches `b`'s queue node, so `a`'s reading of the queue saw `b` (an acquisition that met
+/// nobody would lower the score). Returns `a`'s guard.
 async fn held_after_contention(
     a: &ZkBlockingWriteLock,
     b: &ZkBlockingWriteLock,
-    servers: &str,
+    zk: &ZkServer,
     monitor: &str,
 ) -> zkguard::LockGuard {
+    let servers = zk.connect_string();
     let mut held: Option<zkguard::LockGuard> = None;
     for _ in 0..3 {
         if let Some(g) = held.take() {
             g.unlock().await.unwrap();
         }
         let gb = b.lock_with_timeout().await.unwrap();
+        let mut nodes = children(&servers, monitor).await;
+        nodes.retain(|n| n.starts_with("A-"));
+        let [b_node] = <[String; 1]>::try_from(nodes).expect("b's node alone");
+        let b_node = format!("{monitor}/{b_node}");
         let wa = tokio::spawn({
             let a = a.clone();
             async move { a.lock_with_timeout().await }
         });
-        eventually(Duration::from_secs(10), "a waits behind b", || async {
-            queued(servers, monitor, "A-").await == 2
-        })
+        eventually(
+            Duration::from_secs(10),
+            "a waits behind b, watching b's node",
+            || async { watched(zk, &b_node) },
+        )
         .await;
         gb.unlock().await.unwrap();
         held = Some(wa.await.unwrap().unwrap());
@@ -1379,7 +1388,7 @@ async fn a_holder_that_queues_again_in_its_release_goes_behind_its_waiters() {
     };
     let (a, b) = (lock(&sa, "a"), lock(&sb, "b"));
     let servers = zk.connect_string();
-    let held = held_after_contention(&a, &b, &servers, &monitor).await;
+    let held = held_after_contention(&a, &b, zk, &monitor).await;
     let a_token = held.fencing_token();
     let wb = tokio::spawn({
         let b = b.clone();
@@ -1411,7 +1420,7 @@ async fn a_holder_that_queues_again_in_its_release_goes_behind_its_waiters() {
 
     // A lock lost meanwhile (its mutex deleted by someone else): the release reports it, the
     // acquisition goes on its own.
-    let held = held_after_contention(&a, &b, &servers, &monitor).await;
+    let held = held_after_contention(&a, &b, zk, &monitor).await;
     let admin = zookeeper_client::Client::connect(&servers).await.unwrap();
     admin
         .delete(&format!("{monitor}/privateLock"), None)
@@ -1448,7 +1457,7 @@ async fn a_requeueing_release_cut_after_the_server_applied_it_leaves_no_ghost() 
             .with_timeout(Duration::from_secs(30))
     };
     let (a, b) = (lock(&sa, "a"), lock(&sb, "b"));
-    let held = held_after_contention(&a, &b, &direct.servers, &monitor).await;
+    let held = held_after_contention(&a, &b, zk, &monitor).await;
     let wb = tokio::spawn({
         let b = b.clone();
         async move { b.lock_with_timeout().await }
