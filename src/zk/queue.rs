@@ -542,3 +542,27 @@ pub(super) async fn ensure_monitor(
         Err(e) => Err(map_zk(e, "creating the monitor node")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A create whose answer cannot be read, for whatever reason, may have been applied: the
+    /// attempt stays in flight, so that a caller that gives up has the reaper search for what
+    /// it made (an applied `privateLock` would otherwise stay for the session's lifetime).
+    #[test]
+    fn a_create_whose_answer_cannot_be_read_stays_in_doubt() {
+        let in_doubt = |source| lost_answer::<()>(&Err(MultiWriteError::RequestFailed { source }));
+        assert!(in_doubt(ZkError::ConnectionLoss));
+        assert!(in_doubt(ZkError::Timeout));
+        assert!(in_doubt(ZkError::UnexpectedError(
+            "a release multi answered without the next acquisition's results".into()
+        )));
+        // Refused: nothing was applied.
+        assert!(!lost_answer::<()>(&Err(MultiWriteError::OperationFailed {
+            index: 0,
+            source: ZkError::NotEmpty
+        })));
+        assert!(!lost_answer(&Ok(())));
+    }
+}

@@ -1,14 +1,17 @@
 //! A ZooKeeper-aware TCP proxy that can cut a connection right after the server answered a
-//! chosen request, so the client sees `ConnectionLoss` for a request that did happen.
+//! chosen request, so the client sees `ConnectionLoss` for a request that did happen, or hold
+//! the server's answers from a chosen request on (the server applies the requests that follow,
+//! the client hears nothing) until the test lets them through.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 
 /// ZooKeeper opcodes of creates.
 pub const OP_CREATE: i32 = 1;
+pub const OP_DELETE: i32 = 2;
 pub const OP_MULTI: i32 = 14;
 pub const OP_CREATE2: i32 = 15;
 
@@ -27,6 +30,12 @@ struct State {
     /// After a cut, refuse reconnections until `unblock`.
     block_after_cut: AtomicBool,
     blocked: AtomicBool,
+    /// Opcode whose answer starts holding the answers (0 = none).
+    hold_op: AtomicI32,
+    /// While holding: the client's end of the held connection and the answers held, in order.
+    held: Mutex<Option<(TcpStream, Vec<Vec<u8>>)>>,
+    /// How many times holding started.
+    holds: AtomicUsize,
 }
 
 impl ZkProxy {
@@ -40,6 +49,9 @@ impl ZkProxy {
             stopped: AtomicBool::new(false),
             block_after_cut: AtomicBool::new(false),
             blocked: AtomicBool::new(false),
+            hold_op: AtomicI32::new(0),
+            held: Mutex::new(None),
+            holds: AtomicUsize::new(0),
         });
         let st = state.clone();
         thread::spawn(move || {
@@ -82,6 +94,38 @@ impl ZkProxy {
     pub fn cuts(&self) -> usize {
         self.state.cuts.load(Ordering::Acquire)
     }
+
+    /// From the answer to the next request with `op` on (that answer included), hold every
+    /// answer of that connection; requests still reach the server, which applies them.
+    pub fn hold_after(&self, op: i32) {
+        self.state.hold_op.store(op, Ordering::Release);
+    }
+
+    /// How many times holding started.
+    pub fn holds(&self) -> usize {
+        self.state.holds.load(Ordering::Acquire)
+    }
+
+    /// Delivers the answers held, in order, and stops holding.
+    pub fn release_held(&self) {
+        let mut held = self.state.held.lock().unwrap();
+        if let Some((mut client, frames)) = held.take() {
+            for f in frames {
+                if client.write_all(&f).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Drops the answers held and cuts their connection: the client never hears them.
+    pub fn cut_held(&self) {
+        let mut held = self.state.held.lock().unwrap();
+        if let Some((client, _)) = held.take() {
+            self.state.cuts.fetch_add(1, Ordering::AcqRel);
+            let _ = client.shutdown(Shutdown::Both);
+        }
+    }
 }
 
 impl Drop for ZkProxy {
@@ -108,17 +152,35 @@ fn relay(mut client: TcpStream, st: Arc<State>) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let drop_xid = Arc::new(AtomicI32::new(i32::MIN));
+    let hold_xid = Arc::new(AtomicI32::new(i32::MIN));
     // server -> client
     {
         let mut c = client.try_clone().unwrap();
         let mut s = server.try_clone().unwrap();
         let drop_xid = drop_xid.clone();
+        let hold_xid = hold_xid.clone();
         let st = st.clone();
         thread::spawn(move || {
             let mut first = true;
+            let mut holding = false;
             while let Some(frame) = read_frame(&mut s) {
                 if !first && frame.len() >= 8 {
                     let xid = i32::from_be_bytes(frame[4..8].try_into().unwrap());
+                    if !holding && xid == hold_xid.load(Ordering::Acquire) {
+                        holding = true;
+                        st.holds.fetch_add(1, Ordering::AcqRel);
+                        *st.held.lock().unwrap() = Some((c.try_clone().unwrap(), Vec::new()));
+                    }
+                    if holding {
+                        let mut held = st.held.lock().unwrap();
+                        if let Some((_, frames)) = held.as_mut() {
+                            frames.push(frame);
+                            continue;
+                        }
+                        // Released (or cut): from here on the answers flow again.
+                        holding = false;
+                        drop(held);
+                    }
                     if xid == drop_xid.load(Ordering::Acquire) {
                         if st.block_after_cut.load(Ordering::Acquire) {
                             st.blocked.store(true, Ordering::Release);
@@ -152,6 +214,16 @@ fn relay(mut client: TcpStream, st: Arc<State>) {
                     .is_ok()
             {
                 drop_xid.store(xid, Ordering::Release);
+            }
+            let hold = st.hold_op.load(Ordering::Acquire);
+            if hold != 0
+                && op == hold
+                && st
+                    .hold_op
+                    .compare_exchange(hold, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                hold_xid.store(xid, Ordering::Release);
             }
         }
         first = false;

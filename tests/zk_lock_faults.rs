@@ -1,0 +1,198 @@
+//! The ZooKeeper priority lock under lost answers and cancellations at the worst moment: each
+//! test pins down one interleaving in which a clean-up of this session's own nodes could remove
+//! a node that is no longer the one it meant (the next acquisition's queue node of the same
+//! name, the rightful successor's mutex).
+
+mod common;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::proxy::{ZkProxy, OP_DELETE, OP_MULTI};
+use common::*;
+use zkguard::testkit::ZkServer;
+use zkguard::zk::list_locks;
+use zkguard::{LockType, ZkBlockingWriteLock};
+use zookeeper_client::{Acls, CreateMode};
+
+/// One server shared by the tests of this file (each uses its own lock root).
+fn shared() -> &'static ZkServer {
+    static SERVER: OnceLock<ZkServer> = OnceLock::new();
+    SERVER.get_or_init(zk_server)
+}
+
+fn watched(zk: &ZkServer, path: &str) -> bool {
+    zk.four_letter("wchp")
+        .unwrap()
+        .lines()
+        .any(|l| l.trim() == path)
+}
+
+/// Node data as another zkguard process would write it.
+fn foreign_node_data(lock_type: &str, attempt: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "info": "elsewhere", "owner": "other-host:1:0000abcd", "attempt": attempt,
+        "host": "other-host", "pid": 1, "type": lock_type, "created_ms": 0
+    }))
+    .unwrap()
+}
+
+/// A lone holder's release is applied by the server and its answer lost with the connection;
+/// while the session is disconnected, the same session's next acquisition of the monitor queues
+/// behind the release's careful clean-up. The fast path recreates the empty monitor, so the new
+/// queue node has the released one's name (`A-0000000000`): the clean-up must not take it for
+/// the released one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_answer_was_lost_leaves_the_next_acquisitions_node_of_the_same_name() {
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let mut settings = zk_settings(&proxy.connect_string(), "stale-release");
+    settings.session_timeout = Duration::from_secs(20);
+    let monitor = format!("{}/S1", settings.lock_root);
+    let s = session(&settings).await;
+    let lock = ZkBlockingWriteLock::new("w", &s, "S1")
+        .unwrap()
+        .with_timeout(Duration::from_secs(30));
+    let first = lock.lock_with_timeout().await.unwrap();
+    let names = children(&direct, &monitor).await;
+    assert_eq!(names, ["A-0000000000", "privateLock"], "taken alone");
+
+    // The release multi is applied; its answer is lost with the connection, and the proxy
+    // refuses reconnections for now.
+    proxy.cut_after_and_block(OP_MULTI);
+    let release = first.release();
+    eventually(
+        Duration::from_secs(10),
+        "the release applied and its answer cut",
+        || async { proxy.cuts() == 1 && children(&direct, &monitor).await.is_empty() },
+    )
+    .await;
+    // The next acquisition goes out while disconnected (queued in the session, in order).
+    let mut next = Box::pin({
+        let lock = lock.clone();
+        async move { lock.lock_with_timeout().await }
+    });
+    assert!(futures::poll!(next.as_mut()).is_pending());
+    let next = tokio::spawn(next);
+    proxy.unblock();
+    let second = next
+        .await
+        .unwrap()
+        .expect("the next acquisition takes the lock");
+    release
+        .await
+        .expect("the release had been applied before its answer was lost");
+
+    let names = children(&direct, &monitor).await;
+    assert_eq!(
+        names,
+        ["A-0000000000", "privateLock"],
+        "the new holder keeps its queue node"
+    );
+    let mut viewer_settings = settings.clone();
+    viewer_settings.servers = direct.clone();
+    let viewer = session(&viewer_settings).await;
+    let view = list_locks(&viewer, Some("S1")).await.unwrap();
+    assert!(
+        !view[0].stray,
+        "a live holder is not shown as stray: {view:?}"
+    );
+    assert!(view[0].holder.is_some(), "{view:?}");
+    assert!(second.is_held());
+    second
+        .unlock()
+        .await
+        .expect("the new holder releases its own nodes");
+    assert!(children(&direct, &monitor).await.is_empty());
+}
+
+/// A background contender takes the mutex, finds a foreground contender ahead of it and gives
+/// the mutex back; the give-back is applied but its answer has not arrived when the contender
+/// is cancelled. Meanwhile the rightful successor took the mutex: the cancelled contender's
+/// clean-up must leave that mutex alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contender_cancelled_while_giving_the_mutex_back_leaves_the_successors_mutex() {
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let mut settings = zk_settings(&proxy.connect_string(), "giveback");
+    settings.session_timeout = Duration::from_secs(20);
+    let mut direct_settings = settings.clone();
+    direct_settings.servers = direct.clone();
+    let monitor = format!("{}/R1", settings.lock_root);
+    let mutex = format!("{monitor}/privateLock");
+
+    let sh = session(&direct_settings).await;
+    let holder = ZkBlockingWriteLock::new("h", &sh, "R1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    let sc = session(&settings).await;
+    let contender = ZkBlockingWriteLock::new("c", &sc, "R1")
+        .unwrap()
+        .with_type(LockType::Background)
+        .with_timeout(Duration::from_secs(30));
+    let waiting = tokio::spawn(async move { contender.lock_with_timeout().await });
+    let head = format!("{monitor}/A-0000000000");
+    eventually(
+        Duration::from_secs(10),
+        "the background contender watches the holder's node",
+        || async { queued(&direct, &monitor, "B-").await == 1 && watched(zk, &head) },
+    )
+    .await;
+    // A foreground contender of another process queues ahead of it, unseen by it.
+    let admin = zookeeper_client::Client::connect(&direct).await.unwrap();
+    admin
+        .create(
+            &format!("{monitor}/A-"),
+            &foreign_node_data("foreground", "successor"),
+            &CreateMode::EphemeralSequential.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+
+    // The holder leaves: the contender takes the mutex, sees the foreground node ahead and gives
+    // the mutex back. The server applies the give-back; its answer is held.
+    proxy.hold_after(OP_DELETE);
+    holder.unlock().await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the mutex was given back, the answer held",
+        || async {
+            proxy.holds() == 1
+                && !children(&direct, &monitor)
+                    .await
+                    .contains(&"privateLock".to_string())
+        },
+    )
+    .await;
+    // The successor takes the mutex.
+    admin
+        .create(
+            &mutex,
+            &foreign_node_data("foreground", "successor"),
+            &CreateMode::Ephemeral.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    // The contender is cancelled before the give-back's answer arrives.
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    proxy.release_held();
+    eventually(
+        Duration::from_secs(10),
+        "the cancelled contender's queue node is removed",
+        || async { queued(&direct, &monitor, "B-").await == 0 },
+    )
+    .await;
+    // The clean-up deletes the mutex (if at all) before or with the queue node: decided by now.
+    let (_, stat) = admin
+        .get_data(&mutex)
+        .await
+        .expect("the successor's mutex is still there");
+    assert_eq!(stat.ephemeral_owner, admin.session_id().0);
+}
