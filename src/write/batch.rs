@@ -53,8 +53,16 @@ struct Queued {
 /// reader), and where their results go, one per item, in order.
 struct Job<T, R> {
     items: Vec<T>,
+    /// The lock the items are written under (writes only): checked again just before the
+    /// request goes out. Dropped before `done` answers, so that the lane gets its lock back.
+    held: Option<Arc<Box<dyn Guard>>>,
     done: oneshot::Sender<Result<Vec<R>, EsError>>,
 }
+
+/// How the bulk writer answers a lane whose lock was lost while its writes waited for the
+/// request before theirs: not sent.
+const NOT_SENT: &str =
+    "not sent: the lock was lost while the writes waited for the previous _bulk request";
 
 /// A target document: `(index, id)`.
 type Target = (String, String);
@@ -223,12 +231,16 @@ impl Batcher {
             waited_ms = waited.as_millis() as u64,
             "lane lock acquired"
         );
-        let (results, later) = self.write(guard.as_ref(), batch).await;
+        // Shared with the bulk writer while the writes wait there (see `Job::held`).
+        let shared = Arc::new(guard);
+        let (results, later) = self.write(&shared, batch).await;
         let held = acquired.elapsed();
         for (q, result) in results {
             let _ = q.done.send(result.map(|w| Written { waited, held, ..w }));
         }
-        (later, Some(guard))
+        // The bulk writer has let go by now; if not (it stopped mid-way), the lock is released
+        // as a dropped guard once it does.
+        (later, Arc::try_unwrap(shared).ok())
     }
 
     /// Reads the target documents, plans every write in order and sends them in the bulk
@@ -236,9 +248,10 @@ impl Batcher {
     /// the next acquisition.
     async fn write(
         &self,
-        guard: &dyn Guard,
+        shared: &Arc<Box<dyn Guard>>,
         batch: Vec<Queued>,
     ) -> (Vec<(Queued, Attempt)>, Vec<Queued>) {
+        let guard: &dyn Guard = shared.as_ref().as_ref();
         let token = guard.fencing_token();
         let mut results: Vec<(Queued, Option<Attempt>)> = Vec::with_capacity(batch.len());
         let mut later = Vec::new();
@@ -351,14 +364,15 @@ impl Batcher {
                     }
                 })
                 .collect();
-            // The last check before anything is sent.
+            // A check before the writes are handed to the bulk writer; it checks again just
+            // before its request goes out, since they may wait there behind another lane's.
             if !guard.is_held() {
                 for i in &sent {
                     let e = self.lost(guard, &results[*i].0.op);
                     results[*i].1 = Some(Err(e));
                 }
             } else {
-                match self.send(actions).await {
+                match self.send(actions, shared.clone()).await {
                     Ok(items) => {
                         for ((i, item), (index, id)) in sent.iter().zip(items).zip(&targets) {
                             let (q, r) = &mut results[*i];
@@ -373,6 +387,12 @@ impl Batcher {
                                 }),
                                 Err(e) => Err(fenced_or(e, index, id, token)),
                             });
+                        }
+                    }
+                    Err(EsError::Protocol(m)) if m == NOT_SENT => {
+                        for i in &sent {
+                            let e = self.lost(guard, &results[*i].0.op);
+                            results[*i].1 = Some(Err(e));
                         }
                     }
                     Err(e) => {
@@ -405,10 +425,12 @@ impl Batcher {
         }
     }
 
-    /// Hands `actions` to the bulk writer and waits for their results, in order.
+    /// Hands `actions`, written under `held`, to the bulk writer and waits for their results, in
+    /// order (or for [`NOT_SENT`], when the lock was lost before the request went out).
     async fn send(
         &self,
         actions: Vec<BulkAction>,
+        held: Arc<Box<dyn Guard>>,
     ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
         let tx = self.bulk.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -419,7 +441,7 @@ impl Batcher {
             }));
             tx
         });
-        submit(tx, actions, "the bulk writer").await
+        submit(tx, actions, Some(held), "the bulk writer").await
     }
 
     /// Hands `targets` to the reader and waits for the documents, in order.
@@ -436,7 +458,7 @@ impl Batcher {
             }));
             tx
         });
-        submit(tx, targets, "the reader").await
+        submit(tx, targets, None, "the reader").await
     }
 }
 
@@ -445,11 +467,12 @@ impl Batcher {
 async fn submit<T, R>(
     tx: &mpsc::UnboundedSender<Job<T, R>>,
     items: Vec<T>,
+    held: Option<Arc<Box<dyn Guard>>>,
     who: &str,
 ) -> Result<Vec<R>, EsError> {
     let (done, rx) = oneshot::channel();
     let gone = || EsError::Protocol(format!("{who} stopped before answering"));
-    tx.send(Job { items, done }).map_err(|_| gone())?;
+    tx.send(Job { items, held, done }).map_err(|_| gone())?;
     rx.await.map_err(|_| gone())?
 }
 
@@ -465,7 +488,9 @@ struct DocState {
 
 /// Sends the lanes' items (writes, or reads) in grouped requests: everything handed in while
 /// the previous request was under way goes in the next one (up to `max` items), so one request
-/// carries the items of many lanes; each lane gets its own items' results. Ends when the
+/// carries the items of many lanes; each lane gets its own items' results. Just before a
+/// request goes out, the lock of each lane's writes is checked again: a lane whose lock was
+/// lost while its writes waited is answered [`NOT_SENT`] and its writes stay out. Ends when the
 /// executor is dropped.
 async fn group_commit<T, R, F, Fut>(
     mut rx: mpsc::UnboundedReceiver<Job<T, R>>,
@@ -490,9 +515,22 @@ async fn group_commit<T, R, F, Fut>(
         }
         let mut items = Vec::with_capacity(count);
         let mut answers = Vec::with_capacity(jobs.len());
-        for job in jobs {
-            answers.push((job.items.len(), job.done));
-            items.extend(job.items);
+        for Job {
+            items: mine,
+            held,
+            done,
+        } in jobs
+        {
+            if held.is_some_and(|g| !g.is_held()) {
+                tracing::warn!("{NOT_SENT}");
+                let _ = done.send(Err(EsError::Protocol(NOT_SENT.into())));
+                continue;
+            }
+            answers.push((mine.len(), done));
+            items.extend(mine);
+        }
+        if answers.is_empty() {
+            continue;
         }
         tracing::debug!(items = items.len(), lanes = answers.len(), "{what} request");
         let asked = items.len();
