@@ -3,13 +3,13 @@
 use std::time::{Duration, Instant};
 
 use tracing::debug;
-use zookeeper_client::{Client, CreateMode, Error as ZkError};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
 use super::contender::{wait_connected, Pending, Step};
-use super::map_zk;
 use super::names::Queue;
 use super::node::{encode_mutex, NodeData, Paths};
 use super::release::delete_nodes;
+use super::{map_zk, sync_then};
 use crate::lock::LockError;
 
 /// Tries to create the mutex node. With `verify`, the queue is read in the same round trip and
@@ -74,7 +74,9 @@ pub(super) async fn take_mutex(
             debug!("connection loss while taking the mutex; checking whether it is ours");
             // Did our create happen? Read the mutex and compare the attempt id.
             wait_connected(&pending.slot, Instant::now() + Duration::from_secs(3600)).await?;
-            let ours = mutex_is_ours(client, &paths.mutex, &data.attempt).await?;
+            // A lagging follower may not have applied our create yet: read after a sync.
+            let read = sync_then(client, &paths.monitor, || client.get_data(&paths.mutex)).await;
+            let ours = mutex_read_is_ours(client, read, &data.attempt)?;
             pending.in_flight = false;
             if ours {
                 pending.holds_mutex = true;
@@ -121,7 +123,16 @@ pub(super) async fn mutex_is_ours(
     mutex: &str,
     attempt: &str,
 ) -> Result<bool, LockError> {
-    match client.get_data(mutex).await {
+    mutex_read_is_ours(client, client.get_data(mutex).await, attempt)
+}
+
+/// Whether `read`, a read of the mutex, shows it as this session's, of attempt `attempt`.
+fn mutex_read_is_ours(
+    client: &Client,
+    read: Result<(Vec<u8>, Stat), ZkError>,
+    attempt: &str,
+) -> Result<bool, LockError> {
+    match read {
         Ok((bytes, stat)) => Ok(stat.ephemeral_owner == client.session_id().0
             && serde_json::from_slice::<NodeData>(&bytes)
                 .map(|d| d.attempt == attempt)

@@ -95,6 +95,8 @@ pub(super) async fn fast_path(
             let [_, _, MultiWriteResult::Create { path, .. }, _, MultiWriteResult::SetData { stat }] =
                 results.as_slice()
             else {
+                // Applied, but what it made is unknown: the reaper searches by attempt id.
+                pending.in_flight = true;
                 return Err(ZkError::UnexpectedError(
                     "the fast path's multi answered with other results than a delete, three creates and a setData".into(),
                 ));
@@ -299,14 +301,11 @@ fn add_queue_node(
     )
 }
 
-/// Whether a create's answer was lost (the create may or may not have happened).
+/// Whether a create's answer was lost or cannot be read: the create may or may not have
+/// happened (a request that failed as a whole, a connection loss, an answer without the
+/// results expected). Nothing was applied only when one operation was refused.
 fn lost_answer<T>(result: &Result<T, MultiWriteError>) -> bool {
-    matches!(
-        result,
-        Err(MultiWriteError::RequestFailed {
-            source: ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)
-        })
-    )
+    matches!(result, Err(MultiWriteError::RequestFailed { .. }))
 }
 
 /// The fast path for a session that may not recreate or write monitor nodes: the multi creates
@@ -332,6 +331,7 @@ async fn fast_path_listed(
         Ok(results) => {
             let mut created = results.into_iter();
             let Some(MultiWriteResult::Create { path, .. }) = created.next() else {
+                pending.in_flight = true;
                 return Err(ZkError::UnexpectedError(
                     "multi returned no create result".into(),
                 ));
@@ -339,9 +339,10 @@ async fn fast_path_listed(
             let mutex_stat = match created.next() {
                 Some(MultiWriteResult::Create { stat, .. }) => stat,
                 _ => {
+                    pending.in_flight = true;
                     return Err(ZkError::UnexpectedError(
                         "multi returned no mutex result".into(),
-                    ))
+                    ));
                 }
             };
             let name = child_name(&path);
@@ -441,6 +442,7 @@ pub(super) async fn queue_after(
     match committed {
         Some(Ok(results)) => {
             let Some(MultiWriteResult::Create { path, .. }) = results.first() else {
+                // Still in flight: the reaper searches by attempt id.
                 return Err(ZkError::UnexpectedError(
                     "the release multi answered without the queue node's create".into(),
                 ));
@@ -481,8 +483,8 @@ pub(super) async fn promote(
     pending: &mut Pending,
 ) -> Result<Step, LockError> {
     let old = pending.node.clone();
+    let old_attempt = std::mem::replace(&mut data.attempt, attempt_id());
     data.promoted = true;
-    data.attempt = attempt_id();
     let step = plain_create(client, paths, fg_prefix, data, pending)
         .await
         .map_err(|e| {
@@ -491,7 +493,7 @@ pub(super) async fn promote(
         })?;
     info!(old = ?old, new = ?pending.node, "background waiter re-queued as foreground after zookeeper.background.max.wait");
     if let Some(old) = old {
-        let _ = delete_nodes(client, Some(&paths.child(&old)), None, &data.attempt).await;
+        let _ = delete_nodes(client, Some(&paths.child(&old)), None, &old_attempt).await;
     }
     Ok(step)
 }

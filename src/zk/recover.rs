@@ -5,21 +5,26 @@ use tracing::info;
 use zookeeper_client::{Client, Error as ZkError};
 
 use super::contender::Pending;
-use super::map_zk;
 use super::mutex::{mutex_is_ours, yield_mutex};
 use super::names::Queue;
 use super::node::{NodeData, Paths};
+use super::{map_zk, sync_then};
 use crate::lock::LockError;
 
 /// After a connection loss during a create: find our queue node (and mutex) by session and
-/// attempt id instead of creating a second one.
+/// attempt id instead of creating a second one, once the server has caught up
+/// ([`sync_then`]).
 pub(super) async fn recover_own(
     client: &Client,
     paths: &Paths,
     data: &NodeData,
     pending: &mut Pending,
 ) -> Result<(), LockError> {
-    let children = match client.get_children(&paths.monitor).await {
+    let children = match sync_then(client, &paths.monitor, || {
+        client.get_children(&paths.monitor)
+    })
+    .await
+    {
         Ok((c, _)) => c,
         Err(ZkError::NoNode) => return Ok(()),
         Err(e) => return Err(map_zk(e, "looking for our queue node")),

@@ -99,8 +99,10 @@ pub(crate) fn add_release(
 
 /// The careful deletes of [`delete_nodes`], from the start: after a request that deleted the
 /// nodes, or did not, with its answer lost. Each node goes only if it is still this session's
-/// (the mutex only if it also carries `attempt`); retries on connection loss. Returns
-/// `Err(NoNode)` when `gone_before` (a node was found gone by the request before).
+/// and carries `attempt`: by then a node of that path may be another attempt's, the mutex the
+/// next holder's, the queue node the same session's next acquisition's (the fast path
+/// recreates an empty monitor, so queue node names repeat). Retries on connection loss.
+/// Returns `Err(NoNode)` when `gone_before` (a node was found gone by the request before).
 pub(crate) async fn delete_carefully(
     client: &Client,
     queue_node: Option<&str>,
@@ -112,10 +114,10 @@ pub(crate) async fn delete_carefully(
     loop {
         let mut result = Ok(());
         if let Some(m) = mutex {
-            result = delete_if_ours(client, m, Some(attempt)).await;
+            result = delete_if_ours(client, m, attempt).await;
         }
         if let (Ok(()), Some(q)) = (&result, queue_node) {
-            result = delete_if_ours(client, q, None).await;
+            result = delete_if_ours(client, q, attempt).await;
         }
         match result {
             Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
@@ -128,12 +130,12 @@ pub(crate) async fn delete_carefully(
     }
 }
 
-/// Deletes `path` if it is an ephemeral node of this session (and, with `attempt`, carries that
-/// attempt id); leaves anyone else's node alone.
+/// Deletes `path` if it is an ephemeral node of this session that carries attempt id `attempt`;
+/// leaves anyone else's node alone, and this session's nodes of other attempts.
 pub(super) async fn delete_if_ours(
     client: &Client,
     path: &str,
-    attempt: Option<&str>,
+    attempt: &str,
 ) -> Result<(), ZkError> {
     let (bytes, stat) = match client.get_data(path).await {
         Ok(x) => x,
@@ -141,9 +143,7 @@ pub(super) async fn delete_if_ours(
         Err(e) => return Err(e),
     };
     let ours = stat.ephemeral_owner == client.session_id().0
-        && attempt.is_none_or(|a| {
-            serde_json::from_slice::<NodeData>(&bytes).is_ok_and(|d| d.attempt == a)
-        });
+        && serde_json::from_slice::<NodeData>(&bytes).is_ok_and(|d| d.attempt == attempt);
     if !ours {
         debug!(path, "not deleting a node that is no longer ours");
         return Ok(());
