@@ -8,7 +8,7 @@ mod common;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::proxy::{ZkProxy, OP_DELETE, OP_MULTI};
+use common::proxy::{ZkProxy, CONNECTED, OP_DELETE, OP_GET_CHILDREN2, OP_MULTI, OP_PING, OP_SYNC};
 use common::*;
 use zkguard::testkit::ZkServer;
 use zkguard::zk::list_locks;
@@ -195,4 +195,52 @@ async fn a_contender_cancelled_while_giving_the_mutex_back_leaves_the_successors
         .await
         .expect("the successor's mutex is still there");
     assert_eq!(stat.ephemeral_owner, admin.session_id().0);
+}
+
+/// After a create whose answer was lost, the contender looks for what it made by attempt id;
+/// on an ensemble the server it reconnected to may lag behind the leader and apply the create
+/// only after a plain read (then the read misses the node, and a second one is queued while
+/// the first stays as a ghost). So the search is ordered behind a `sync`, which that server
+/// answers only once it has caught up with the leader: the first request of the search after
+/// the reconnection is the sync, with the read right behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_search_for_a_create_whose_answer_was_lost_reads_after_a_sync() {
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let settings = zk_settings(&proxy.connect_string(), "sync-search");
+    let monitor = format!("{}/Y1", settings.lock_root);
+    let s = session(&settings).await;
+    let lock = ZkBlockingWriteLock::new("w", &s, "Y1").unwrap();
+    // Warm up the root and the monitor node.
+    lock.lock_with_timeout()
+        .await
+        .unwrap()
+        .unlock()
+        .await
+        .unwrap();
+    // The fast path's multi is applied; its answer is lost with the connection.
+    let before = proxy.requests().len();
+    proxy.cut_after(OP_MULTI);
+    let g = lock.lock_with_timeout().await.unwrap();
+    assert_eq!(proxy.cuts(), 1);
+    let log = proxy.requests()[before..].to_vec();
+    let reconnected = log
+        .iter()
+        .position(|&op| op == CONNECTED)
+        .expect("the session reconnected");
+    let search: Vec<i32> = log[reconnected + 1..]
+        .iter()
+        .copied()
+        .filter(|&op| op != OP_PING && op < 100)
+        .take(2)
+        .collect();
+    assert_eq!(
+        search,
+        [OP_SYNC, OP_GET_CHILDREN2],
+        "the search reads the queue behind a sync (all requests since the multi: {log:?})"
+    );
+    assert_eq!(queued(&direct, &monitor, "A-").await, 1, "no ghost");
+    g.unlock().await.unwrap();
 }

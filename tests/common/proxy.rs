@@ -14,6 +14,12 @@ pub const OP_CREATE: i32 = 1;
 pub const OP_DELETE: i32 = 2;
 pub const OP_MULTI: i32 = 14;
 pub const OP_CREATE2: i32 = 15;
+pub const OP_GET_CHILDREN: i32 = 8;
+pub const OP_SYNC: i32 = 9;
+pub const OP_PING: i32 = 11;
+pub const OP_GET_CHILDREN2: i32 = 12;
+/// In [`ZkProxy::requests`]: a new connection starts here.
+pub const CONNECTED: i32 = i32::MIN;
 
 pub struct ZkProxy {
     port: u16,
@@ -36,6 +42,9 @@ struct State {
     held: Mutex<Option<(TcpStream, Vec<Vec<u8>>)>>,
     /// How many times holding started.
     holds: AtomicUsize,
+    /// The opcode of every request relayed, in order, and [`CONNECTED`] where a connection
+    /// starts.
+    requests: Mutex<Vec<i32>>,
 }
 
 impl ZkProxy {
@@ -52,6 +61,7 @@ impl ZkProxy {
             hold_op: AtomicI32::new(0),
             held: Mutex::new(None),
             holds: AtomicUsize::new(0),
+            requests: Mutex::new(Vec::new()),
         });
         let st = state.clone();
         thread::spawn(move || {
@@ -99,6 +109,12 @@ impl ZkProxy {
     /// answer of that connection; requests still reach the server, which applies them.
     pub fn hold_after(&self, op: i32) {
         self.state.hold_op.store(op, Ordering::Release);
+    }
+
+    /// The opcode of every request relayed so far, in order, with [`CONNECTED`] where a
+    /// connection starts.
+    pub fn requests(&self) -> Vec<i32> {
+        self.state.requests.lock().unwrap().clone()
     }
 
     /// How many times holding started.
@@ -200,11 +216,13 @@ fn relay(mut client: TcpStream, st: Arc<State>) {
         });
     }
     // client -> server
+    st.requests.lock().unwrap().push(CONNECTED);
     let mut first = true;
     while let Some(frame) = read_frame(&mut client) {
         if !first && frame.len() >= 12 {
             let xid = i32::from_be_bytes(frame[4..8].try_into().unwrap());
             let op = i32::from_be_bytes(frame[8..12].try_into().unwrap());
+            st.requests.lock().unwrap().push(op);
             let armed = st.armed_op.load(Ordering::Acquire);
             if armed != 0
                 && op == armed
