@@ -8,7 +8,9 @@ mod common;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::proxy::{ZkProxy, CONNECTED, OP_DELETE, OP_GET_CHILDREN2, OP_MULTI, OP_PING, OP_SYNC};
+use common::proxy::{
+    ZkProxy, CONNECTED, OP_DELETE, OP_GET_CHILDREN2, OP_GET_DATA, OP_MULTI, OP_PING, OP_SYNC,
+};
 use common::*;
 use zkguard::testkit::ZkServer;
 use zkguard::zk::list_locks;
@@ -243,4 +245,69 @@ async fn the_search_for_a_create_whose_answer_was_lost_reads_after_a_sync() {
     );
     assert_eq!(queued(&direct, &monitor, "A-").await, 1, "no ghost");
     g.unlock().await.unwrap();
+}
+
+/// A holder that has not watched its mutex yet (a short hold) does not know that someone
+/// deleted it and that the next in line took the lock. Its release must not delete the new
+/// holder's mutex: the release is conditional on the monitor's data version, which every take
+/// of the mutex moves in the same transaction, so it fails and leaves the lock alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_an_unseen_loss_leaves_the_next_holders_mutex() {
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let mut settings = zk_settings(&proxy.connect_string(), "unseen-loss");
+    settings.session_timeout = Duration::from_secs(20);
+    let mut direct_settings = settings.clone();
+    direct_settings.servers = direct.clone();
+    let monitor = format!("{}/U1", settings.lock_root);
+    let mutex = format!("{monitor}/privateLock");
+
+    let sh = session(&settings).await;
+    let holder = ZkBlockingWriteLock::new("h", &sh, "U1")
+        .unwrap()
+        .with_type(LockType::Background)
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    // From the holder's first read of its mutex on (its watch), it hears nothing: whatever
+    // happens to the mutex stays unseen until after its release went out.
+    proxy.hold_after(OP_GET_DATA);
+    let sf = session(&direct_settings).await;
+    let foreground = ZkBlockingWriteLock::new("f", &sf, "U1")
+        .unwrap()
+        .with_timeout(Duration::from_secs(30));
+    let next = tokio::spawn(async move { foreground.lock_with_timeout().await });
+    eventually(
+        Duration::from_secs(10),
+        "the foreground contender is first in line, waiting for the mutex",
+        || async { queued(&direct, &monitor, "A-").await == 1 && watched(zk, &mutex) },
+    )
+    .await;
+    let admin = zookeeper_client::Client::connect(&direct).await.unwrap();
+    admin.delete(&mutex, None).await.unwrap();
+    let next = next
+        .await
+        .unwrap()
+        .expect("the next in line takes the free mutex");
+    let release = holder.release();
+    proxy.release_held();
+    let outcome = release.await;
+    assert!(
+        matches!(outcome, Err(zkguard::LockError::NoNode { .. })),
+        "the holder learns that its lock was gone: {outcome:?}"
+    );
+    let (_, stat) = admin
+        .get_data(&mutex)
+        .await
+        .expect("the next holder's mutex is still there");
+    assert_eq!(Some(stat.ephemeral_owner), sf.session_id());
+    assert!(next.is_held());
+    assert_eq!(
+        queued(&direct, &monitor, "B-").await,
+        0,
+        "the holder's queue node went"
+    );
+    next.unlock().await.unwrap();
 }

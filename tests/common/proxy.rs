@@ -12,6 +12,7 @@ use std::thread;
 /// ZooKeeper opcodes of creates.
 pub const OP_CREATE: i32 = 1;
 pub const OP_DELETE: i32 = 2;
+pub const OP_GET_DATA: i32 = 4;
 pub const OP_MULTI: i32 = 14;
 pub const OP_CREATE2: i32 = 15;
 pub const OP_GET_CHILDREN: i32 = 8;
