@@ -329,7 +329,7 @@ async fn acquire_with(
 
     loop {
         let queue = match step {
-            Step::Acquired { token } => {
+            Step::Acquired { token, version } => {
                 pending.armed = false;
                 slot.set_contended(&paths.mutex, others_seen);
                 let node = pending.node.clone().expect("acquired with a node");
@@ -342,6 +342,7 @@ async fn acquire_with(
                     request,
                     Held {
                         token,
+                        version,
                         alone: pending.alone,
                     },
                 ));

@@ -57,6 +57,8 @@ impl Drop for Pending {
 pub(super) enum Step {
     Acquired {
         token: u64,
+        /// The monitor's data version the take left (see `LockGuard`), if it set it.
+        version: Option<i32>,
     },
     Wait(Queue),
     /// First in line (seen in the queue just read, or proven without reading it) while the

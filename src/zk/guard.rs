@@ -13,7 +13,7 @@ use zookeeper_client::{
 use super::map_zk;
 use super::node::{NodeData, Paths};
 use super::reaper::Reap;
-use super::release::{add_release, delete_carefully, delete_nodes, release_held};
+use super::release::{add_release, delete_carefully, release_held};
 use super::session::{Health, Slot};
 use crate::lock::{Guard, LockError, LockRequest, LockType, LossReason, LossSignal, Release};
 
@@ -30,6 +30,9 @@ pub struct LockGuard {
     mutex_path: String,
     attempt: String,
     token: u64,
+    /// The monitor's data version that the take of the mutex left: the release applies only
+    /// while it is unchanged (`None` where the session cannot write monitor nodes).
+    version: Option<i32>,
     /// Whether the release empties the queue node before deleting it (see
     /// [`LockGuard::release`]).
     hand_over_mark: bool,
@@ -38,10 +41,12 @@ pub struct LockGuard {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-/// What an acquisition hands to its guard: the token, and whether the lock was taken on a
-/// monitor with no other node (then its release needs no hand-over mark).
+/// What an acquisition hands to its guard: the token, the monitor's data version the take
+/// left (see [`super::release::add_release`]), and whether the lock was taken on a monitor
+/// with no other node (then its release needs no hand-over mark).
 pub(super) struct Held {
     pub(super) token: u64,
+    pub(super) version: Option<i32>,
     pub(super) alone: bool,
 }
 
@@ -52,7 +57,11 @@ impl LockGuard {
         node: String,
         attempt: String,
         request: LockRequest,
-        Held { token, alone }: Held,
+        Held {
+            token,
+            version,
+            alone,
+        }: Held,
     ) -> Self {
         let loss = LossSignal::new();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
@@ -66,6 +75,7 @@ impl LockGuard {
             mutex_path: paths.mutex.clone(),
             attempt: attempt.clone(),
             token,
+            version,
             hand_over_mark: !alone,
             loss: loss.clone(),
             released,
@@ -175,8 +185,9 @@ impl LockGuard {
             let (mut next, mut joined) = (next, joined);
             loop {
                 let mut multi = client.new_multi_writer();
-                let built = add_release(&mut multi, &releasing.node, &mutex, mark)
-                    .and_then(|own| next(&mut multi).map(|()| own));
+                let built =
+                    add_release(&mut multi, &releasing.node, &mutex, mark, releasing.version)
+                        .and_then(|own| next(&mut multi).map(|()| own));
                 let Ok(own) = built else {
                     let _ = joined.send(Joined::NotApplied { next_failed: None });
                     return releasing.run().await;
@@ -250,6 +261,7 @@ impl LockGuard {
             node: self.node_path.clone(),
             attempt: self.attempt.clone(),
             monitor: self.monitor.clone(),
+            version: self.version,
             hand_over_mark: self.hand_over_mark,
         }
     }
@@ -304,6 +316,8 @@ struct Releasing {
     node: String,
     attempt: String,
     monitor: String,
+    /// See [`LockGuard`]'s field.
+    version: Option<i32>,
     hand_over_mark: bool,
 }
 
@@ -311,27 +325,15 @@ impl Releasing {
     /// The release on its own: the release multi (with the hand-over mark unless the lock was
     /// taken alone), careful deletes when that is no longer certain.
     async fn run(self) -> Result<(), LockError> {
-        let result = match &self.mutex {
-            Some(m) if self.hand_over_mark => {
-                release_held(
-                    &self.slot.client,
-                    &self.node,
-                    m,
-                    &self.attempt,
-                    &self.slot.mark_releases,
-                )
-                .await
-            }
-            _ => {
-                delete_nodes(
-                    &self.slot.client,
-                    Some(&self.node),
-                    self.mutex.as_deref(),
-                    &self.attempt,
-                )
-                .await
-            }
-        };
+        let result = release_held(
+            &self.slot.client,
+            &self.node,
+            self.mutex.as_deref(),
+            &self.attempt,
+            self.hand_over_mark.then_some(&self.slot.mark_releases),
+            self.version,
+        )
+        .await;
         self.outcome(result)
     }
 

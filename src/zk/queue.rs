@@ -107,6 +107,7 @@ pub(super) async fn fast_path(
             // The multi's zxid: it created the mutex and last modified the monitor.
             Ok(Step::Acquired {
                 token: stat.mzxid as u64,
+                version: Some(stat.version),
             })
         }
         Err(MultiWriteError::OperationFailed {
@@ -308,8 +309,9 @@ fn lost_answer<T>(result: &Result<T, MultiWriteError>) -> bool {
     matches!(result, Err(MultiWriteError::RequestFailed { .. }))
 }
 
-/// The fast path for a session that may not recreate or write monitor nodes: the multi creates
-/// the queue node and the mutex, and the queue read is pipelined behind it (ZooKeeper answers a
+/// The fast path for a session that may not recreate monitor nodes: the multi creates the
+/// queue node and the mutex (and sets the monitor's data, where the session may: see
+/// `LockGuard`'s version), and the queue read is pipelined behind it (ZooKeeper answers a
 /// session's requests in order, so the read sees the multi). If the read shows someone ahead (a
 /// waiter between two holders), the mutex is given back at once.
 async fn fast_path_listed(
@@ -320,8 +322,12 @@ async fn fast_path_listed(
     pending: &mut Pending,
     queue_if_held: bool,
 ) -> Result<Step, ZkError> {
+    let versioned = pending.slot.versioned_takes.load(Ordering::Relaxed);
     let mut multi = client.new_multi_writer();
     add_queue_node_and_mutex(&mut multi, paths, prefix, &encode(data))?;
+    if versioned {
+        multi.add_set_data(&paths.monitor, &[], None)?;
+    }
     let commit = multi.commit();
     let children = client.get_children(&paths.monitor);
     pending.in_flight = true;
@@ -345,6 +351,10 @@ async fn fast_path_listed(
                     ));
                 }
             };
+            let set = match created.next() {
+                Some(MultiWriteResult::SetData { stat }) => Some(stat),
+                _ => None,
+            };
             let name = child_name(&path);
             pending.node = Some(name.clone());
             pending.holds_mutex = true;
@@ -362,13 +372,15 @@ async fn fast_path_listed(
                 // ZOOKEEPER-4026); otherwise the monitor's pzxid, read right after our multi in
                 // our session's order: not smaller than the multi's zxid and smaller than any later
                 // transaction's, so tokens still increase strictly.
-                let token = if mutex_stat.is_invalid() {
-                    parent.pzxid
-                } else {
-                    mutex_stat.czxid
+                // With the monitor's data set in the multi, its mzxid is the multi's zxid.
+                let token = match &set {
+                    Some(set) => set.mzxid,
+                    None if mutex_stat.is_invalid() => parent.pzxid,
+                    None => mutex_stat.czxid,
                 };
                 Ok(Step::Acquired {
                     token: token as u64,
+                    version: set.map(|s| s.version),
                 })
             } else {
                 yield_mutex(client, paths, pending).await?;
@@ -379,6 +391,22 @@ async fn fast_path_listed(
             index: 1,
             source: ZkError::NodeExists,
         }) => queue_when_busy(client, paths, prefix, data, pending, queue_if_held, None).await,
+        Err(MultiWriteError::OperationFailed {
+            index: 2,
+            source: ZkError::NoAuth,
+        }) if versioned => {
+            debug!("zookeeper.acl does not let this session write monitor nodes: its releases go without the check of the monitor's version");
+            pending.slot.versioned_takes.store(false, Ordering::Relaxed);
+            Box::pin(fast_path_listed(
+                client,
+                paths,
+                prefix,
+                data,
+                pending,
+                queue_if_held,
+            ))
+            .await
+        }
         Err(MultiWriteError::OperationFailed { source, .. }) => Err(source),
         Err(MultiWriteError::RequestFailed { source }) => Err(source),
     }

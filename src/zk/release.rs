@@ -24,7 +24,7 @@ pub(crate) async fn delete_nodes(
     mutex: Option<&str>,
     attempt: &str,
 ) -> Result<(), ZkError> {
-    remove(client, queue_node, mutex, attempt, false).await
+    remove(client, queue_node, mutex, attempt, false, None).await
 }
 
 /// Releases a held lock: as [`delete_nodes`] with both nodes, and the first try also empties
@@ -35,16 +35,23 @@ pub(crate) async fn delete_nodes(
 ///
 /// Writing the queue node needs the WRITE permission, which `zookeeper.acl` may withhold from
 /// the holder: then the release goes without the mark (one more request, once per session, and
-/// `mark` is cleared so that later releases of the session skip it).
+/// `mark` is cleared so that later releases of the session skip it). Without `mark` at all (a
+/// lock taken alone), the release goes without the mark from the start.
+///
+/// With `version` (the monitor's data version that the take of the mutex left, see
+/// [`add_release`]), the multi applies only if nobody took the mutex since: a holder whose
+/// mutex was deleted by someone else, unseen, and taken by the next in line, leaves the new
+/// holder's mutex alone and gets `Err(NoNode)`.
 pub(crate) async fn release_held(
     client: &Client,
     queue_node: &str,
-    mutex: &str,
+    mutex: Option<&str>,
     attempt: &str,
-    mark: &AtomicBool,
+    mark: Option<&AtomicBool>,
+    version: Option<i32>,
 ) -> Result<(), ZkError> {
-    if mark.load(Ordering::Relaxed) {
-        match remove(client, Some(queue_node), Some(mutex), attempt, true).await {
+    if let Some(mark) = mark.filter(|m| m.load(Ordering::Relaxed) && mutex.is_some()) {
+        match remove(client, Some(queue_node), mutex, attempt, true, version).await {
             Err(ZkError::NoAuth) => {
                 debug!("zookeeper.acl does not let this session write its queue nodes: releasing without the hand-over mark");
                 mark.store(false, Ordering::Relaxed);
@@ -52,7 +59,7 @@ pub(crate) async fn release_held(
             other => return other,
         }
     }
-    remove(client, Some(queue_node), Some(mutex), attempt, false).await
+    remove(client, Some(queue_node), mutex, attempt, false, version).await
 }
 
 async fn remove(
@@ -61,11 +68,12 @@ async fn remove(
     mutex: Option<&str>,
     attempt: &str,
     hand_over: bool,
+    version: Option<i32>,
 ) -> Result<(), ZkError> {
     let first = match (queue_node, mutex) {
         (Some(q), Some(m)) => {
             let mut multi = client.new_multi_writer();
-            add_release(&mut multi, q, m, hand_over)?;
+            add_release(&mut multi, q, m, hand_over, version)?;
             multi.commit().await.map(|_| ()).map_err(ZkError::from)
         }
         (Some(p), None) | (None, Some(p)) => client.delete(p, None).await,
@@ -73,28 +81,40 @@ async fn remove(
     };
     let gone_before = match first {
         Ok(()) => return Ok(()),
-        Err(ZkError::NoNode) => true,
+        // A node was gone, or (`BadVersion` of the check) the mutex changed hands: the lock was
+        // lost before the release.
+        Err(ZkError::NoNode | ZkError::BadVersion) => true,
         Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => false,
         Err(e) => return Err(e),
     };
     delete_carefully(client, queue_node, mutex, attempt, gone_before).await
 }
 
-/// Adds a held lock's release to a multi: delete the mutex, empty the queue node when
-/// `hand_over` (the hand-over mark, see [`release_held`]), delete the queue node. Returns how
-/// many operations it added.
+/// Adds a held lock's release to a multi: with `version`, check that the monitor's data
+/// version is still the one the take of the mutex left (every take of `privateLock` sets the
+/// monitor's data in its own transaction, so the version moves exactly when the mutex changes
+/// hands); delete the mutex; empty the queue node when `hand_over` (the hand-over mark, see
+/// [`release_held`]); delete the queue node. Returns how many operations it added.
 pub(crate) fn add_release(
     multi: &mut MultiWriter<'_>,
     queue_node: &str,
     mutex: &str,
     hand_over: bool,
+    version: Option<i32>,
 ) -> Result<usize, ZkError> {
+    let mut added = 2;
+    if let Some(version) = version {
+        let monitor = mutex.rsplit_once('/').map_or(mutex, |(m, _)| m);
+        multi.add_check_version(monitor, version)?;
+        added += 1;
+    }
     multi.add_delete(mutex, None)?;
     if hand_over {
         multi.add_set_data(queue_node, &[], None)?;
+        added += 1;
     }
     multi.add_delete(queue_node, None)?;
-    Ok(if hand_over { 3 } else { 2 })
+    Ok(added)
 }
 
 /// The careful deletes of [`delete_nodes`], from the start: after a request that deleted the

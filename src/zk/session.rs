@@ -91,6 +91,10 @@ pub(crate) struct Slot {
     /// Whether the fast path may recreate the monitor node in its multi (`queue::fast_path`):
     /// cleared when `zookeeper.acl` does not let this session do so.
     pub recreating_fast_path: AtomicBool,
+    /// Whether takes of the mutex also set the monitor's data, so that releases can check it
+    /// (`release::add_release`): cleared when `zookeeper.acl` does not let this session write
+    /// monitor nodes.
+    pub versioned_takes: AtomicBool,
 }
 
 impl std::fmt::Debug for Slot {
@@ -458,6 +462,7 @@ impl ZkSession {
             lock_root_checked: AtomicBool::new(false),
             mark_releases: AtomicBool::new(true),
             recreating_fast_path: AtomicBool::new(true),
+            versioned_takes: AtomicBool::new(true),
             reaper,
         }
     }

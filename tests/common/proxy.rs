@@ -123,8 +123,10 @@ impl ZkProxy {
         self.state.holds.load(Ordering::Acquire)
     }
 
-    /// Delivers the answers held, in order, and stops holding.
+    /// Delivers the answers held, in order, and stops holding (or disarms `hold_after`, if
+    /// holding had not started).
     pub fn release_held(&self) {
+        self.state.hold_op.store(0, Ordering::Release);
         let mut held = self.state.held.lock().unwrap();
         if let Some((mut client, frames)) = held.take() {
             for f in frames {
