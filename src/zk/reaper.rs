@@ -81,14 +81,12 @@ async fn delete_by_attempt(client: &Client, monitor: &str, attempt: &str) {
                             .is_ok_and(|d| d.attempt == attempt)
                     {
                         debug!(node = %path, "removing a node of an abandoned acquisition");
-                        match client.delete(&path, Some(stat.version)).await {
-                            Err(
-                                ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_),
-                            ) => {
-                                tokio::time::sleep(backoff.next_delay()).await;
-                                continue 'scan;
-                            }
-                            _ => {}
+                        if let Err(
+                            ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_),
+                        ) = client.delete(&path, Some(stat.version)).await
+                        {
+                            tokio::time::sleep(backoff.next_delay()).await;
+                            continue 'scan;
                         }
                     }
                 }
