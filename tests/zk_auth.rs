@@ -625,3 +625,69 @@ fn mutual_tls_to_zookeeper_with_a_client_certificate() {
     assert_eq!(out.status.code(), Some(69), "{all}");
     assert!(all.contains("TLS"), "{all}");
 }
+
+/// The ACL rule of monitor nodes (issue: an operator's per-monitor ACL, and creator ACLs with
+/// several identities): zkguard owns the ACL of every node under the lock root, which is
+/// `zookeeper.acl`. A quiet acquisition recreates the monitor node with it, so an ACL an
+/// operator set on one monitor does not last (and could not protect it: deleting and creating
+/// a monitor node takes only the lock root's permissions). Several identities with creator
+/// ACLs cannot share a lock root: the second is refused before any lock node is touched, with
+/// the ACL it found and the one it expected, instead of meeting `NoAuth` on monitors the first
+/// created.
+#[tokio::test(flavor = "multi_thread")]
+async fn monitor_nodes_carry_the_configured_acl_and_a_second_identity_is_refused_at_the_root() {
+    let zk = zk_server();
+    let servers = zk.connect_string();
+    let root = format!("/zkguard-owned-{}", uuid_tag());
+    let alice = zkguard(&servers, &root)
+        .env("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest")
+        .env("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:s3cret-zk")
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(alice.status.code(), Some(0), "{}", all_output(&alice));
+
+    // An operator narrows the monitor's ACL by hand.
+    let admin = client_as(&servers, Some("alice:s3cret-zk")).await;
+    let monitor = format!("{root}/m1");
+    let narrowed = zookeeper_client::Acl::new(
+        zookeeper_client::Permission::READ | zookeeper_client::Permission::WRITE,
+        zookeeper_client::AuthId::new("world", "anyone"),
+    );
+    admin.set_acl(&monitor, &[narrowed], None).await.unwrap();
+    let again = zkguard(&servers, &root)
+        .env("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest")
+        .env("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:s3cret-zk")
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(0), "{}", all_output(&again));
+    let (acl, _) = admin.get_acl(&monitor).await.unwrap();
+    assert!(
+        !acl.is_empty()
+            && acl.iter().all(|a| a.scheme() == "digest"
+                && a.id().starts_with("alice:")
+                && a.permission() == zookeeper_client::Permission::ALL),
+        "the quiet acquisition recreated the monitor with zookeeper.acl (creator): {acl:?}"
+    );
+
+    // Bob, with the same creator ACL setting, is refused at the lock root, whose ACL he may not
+    // even read (the same refusal as for wrong credentials: exit 69, naming the ACL of
+    // zookeeper.lock.root), before any lock node is touched.
+    let bob = zkguard(&servers, &root)
+        .env("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest")
+        .env("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "bob:0ther-secret")
+        .args(["exec", "--monitor", "m1", "--", "true"])
+        .output()
+        .unwrap();
+    let all = all_output(&bob);
+    assert_eq!(bob.status.code(), Some(69), "{all}");
+    assert!(
+        all.contains("reading the ACL of the lock root") && all.contains("not authorized"),
+        "{all}"
+    );
+    assert!(all.contains("the ACL of zookeeper.lock.root"), "{all}");
+    assert!(!all.contains("0ther-secret"), "{all}");
+    let (_, stat) = admin.get_data(&monitor).await.unwrap();
+    assert_eq!(stat.num_children, 0, "bob touched no lock node");
+}
