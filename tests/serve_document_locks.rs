@@ -1,0 +1,90 @@
+//! Explicit locks named by the document they guard: `POST /v1/locks?index=I&id=D` takes the
+//! lock of the same monitor as a write of that document, so the writes through the service wait
+//! for it.
+
+mod common;
+mod serve_support;
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use serve_support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_explicit_lock_taken_on_a_document_guards_that_documents_writes() {
+    let env = Env::new(&shared_zk().connect_string(), "doclock");
+    let s = env.start("doclock");
+    let c = client();
+    let index = format!("articles-{}", uuid_tag());
+    let (status, lock) = call(
+        &c,
+        Method::POST,
+        &s.url(&format!(
+            "/v1/locks?index={index}&id=42&ttl=30s&info=editor"
+        )),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{lock}");
+    let monitor = format!("{index}:42");
+    assert_eq!(
+        lock["monitor"],
+        json!(monitor),
+        "the monitor a write of the document uses"
+    );
+
+    // A write of the document waits for the lock: with a short wait, 423.
+    let doc = format!("/v1/indices/{index}/docs/42");
+    let (status, v) = put(&c, &s, &format!("{doc}?timeout=300ms"), &json!({"n": 1})).await;
+    assert_eq!(status, StatusCode::LOCKED, "{v}");
+    // Other documents are not held.
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/43"),
+        &json!({"n": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+
+    let lock_id = lock["lock_id"].as_str().unwrap();
+    let (status, v) = call(
+        &c,
+        Method::DELETE,
+        &s.url(&format!("/v1/locks/{monitor}/{lock_id}")),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, v) = put(&c, &s, &doc, &json!({"n": 2})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert!(
+        v["token"].as_u64() > lock["token"].as_u64(),
+        "{v} after {lock}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_document_lock_needs_both_index_and_id_and_no_monitor_besides() {
+    let env = Env::new(&shared_zk().connect_string(), "doclock-bad");
+    let s = env.start("doclock-bad");
+    let c = client();
+    for (query, needle) in [
+        ("index=articles", "`id`"),
+        ("id=42", "`index`"),
+        ("", "`index` and `id`"),
+        ("index=articles&id=42&monitor=m", "`monitor`"),
+        ("index=_bad&id=42", "index"),
+    ] {
+        let (status, v) = call(
+            &c,
+            Method::POST,
+            &s.url(&format!("/v1/locks?{query}")),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {v}");
+        let message = v["message"].as_str().unwrap_or_default();
+        assert!(message.contains(needle), "{query}: {v}");
+    }
+}
