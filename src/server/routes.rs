@@ -48,7 +48,7 @@ pub fn router(state: Arc<AppState>, tokens: Arc<super::access::Tokens>) -> Route
         )
         .route("/v1/transfers", post(super::admin::transfer))
         .route("/v1/transfers/{id}", get(super::admin::get_transfer))
-        .route("/v1/locks", get(list_locks))
+        .route("/v1/locks", get(list_locks).post(take_document_lock))
         .route("/v1/locks/{monitor}", get(monitor_locks).post(take_lock))
         .route("/v1/locks/{monitor}/{lock_id}", delete(release_lock))
         .route("/v1/locks/{monitor}/{lock_id}/keepalive", post(keep_alive))
@@ -378,6 +378,12 @@ async fn delete_doc(
     submit(&state, op, params).await
 }
 
+/// The monitor of a document's writes when no `monitor` is given: `{index}:{id}`. Explicit locks
+/// taken on a document (`POST /v1/locks?index=&id=`) use the same, so they guard its writes.
+fn document_monitor(index: &str, id: &str) -> String {
+    format!("{index}:{id}")
+}
+
 fn build_op(
     index: &str,
     id: &str,
@@ -389,7 +395,7 @@ fn build_op(
     let monitor = params
         .monitor
         .clone()
-        .unwrap_or_else(|| format!("{index}:{id}"));
+        .unwrap_or_else(|| document_monitor(index, id));
     check_monitor(&monitor)?;
     let mut op = make(monitor).with_type(params.lock_type).with_info(INFO);
     if let Some(op_id) = params.op_id {
@@ -663,13 +669,16 @@ async fn bulk(
         .into_response())
 }
 
-/// Query parameters of `POST /v1/locks/{monitor}` and its keep-alive.
+/// Query parameters of `POST /v1/locks/{monitor}` (and of `POST /v1/locks`, which names a
+/// document instead) and of the keep-alive.
 #[derive(Debug, Default)]
 struct LockParams {
     lock_type: LockType,
     timeout: Option<Duration>,
     ttl: Option<Duration>,
     info: Option<String>,
+    index: Option<String>,
+    id: Option<String>,
 }
 
 fn parse_lock_params(
@@ -727,6 +736,8 @@ fn parse_lock_params(
                 p.ttl = Some(t)
             }
             "info" => p.info = Some(value.into_owned()),
+            "index" => p.index = Some(value.into_owned()),
+            "id" => p.id = Some(value.into_owned()),
             _ => unreachable!("every known parameter is handled"),
         }
     }
@@ -760,6 +771,56 @@ async fn take_lock(
     let Path(monitor) = path.map_err(path_error)?;
     let params = parse_lock_params(query, &state, &["type", "timeout", "ttl", "info"])?;
     validate_monitor(&monitor).map_err(|e| ApiError::bad("bad_monitor", e.to_string()))?;
+    let info = params
+        .info
+        .clone()
+        .unwrap_or_else(|| format!("{INFO} explicit lock"));
+    hold_for_caller(&state, monitor, info, params).await
+}
+
+/// `POST /v1/locks?index=I&id=D`: as `POST /v1/locks/{monitor}` on the monitor a write of that
+/// document takes (`{index}:{id}`), so the lock guards the document's writes through the service.
+async fn take_document_lock(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<super::locks::LockView>, ApiError> {
+    let params = parse_lock_params(
+        query,
+        &state,
+        &["index", "id", "type", "timeout", "ttl", "info"],
+    )?;
+    let (index, id) = match (&params.index, &params.id) {
+        (Some(index), Some(id)) => (index.clone(), id.clone()),
+        (index, id) => {
+            let missing = match (index, id) {
+                (None, None) => "`index` and `id`",
+                (None, _) => "`index`",
+                _ => "`id`",
+            };
+            return Err(ApiError::bad(
+                "bad_parameter",
+                format!("POST /v1/locks takes the lock of one document: give its {missing} (POST /v1/locks?index=articles&id=42), or name a monitor in the path (POST /v1/locks/{{monitor}})"),
+            ));
+        }
+    };
+    check_index(&index)?;
+    check_doc_id(&id)?;
+    let monitor = document_monitor(&index, &id);
+    validate_monitor(&monitor).map_err(|e| ApiError::bad("bad_monitor", e.to_string()))?;
+    let info = params
+        .info
+        .clone()
+        .unwrap_or_else(|| format!("{INFO} explicit lock on {index}/{id}"));
+    hold_for_caller(&state, monitor, info, params).await
+}
+
+/// Waits for the lock of `monitor` (`type`, `timeout`) and holds it for the caller for `ttl`.
+async fn hold_for_caller(
+    state: &Arc<AppState>,
+    monitor: String,
+    info: String,
+    params: LockParams,
+) -> Result<Json<super::locks::LockView>, ApiError> {
     let full = |max: usize| {
         ApiError::unavailable(
             "too_many_locks",
@@ -775,14 +836,9 @@ async fn take_lock(
             format!("{problem}; retry when /readyz answers 200"),
         ));
     }
-    let request = zkguard::LockRequest::new(
-        monitor.clone(),
-        params
-            .info
-            .unwrap_or_else(|| format!("{INFO} explicit lock")),
-    )
-    .with_type(params.lock_type)
-    .with_timeout(params.timeout.unwrap_or(state.fg_timeout));
+    let request = zkguard::LockRequest::new(monitor.clone(), info)
+        .with_type(params.lock_type)
+        .with_timeout(params.timeout.unwrap_or(state.fg_timeout));
     let started = std::time::Instant::now();
     let lock_type: &'static str = match params.lock_type {
         LockType::Foreground => "foreground",
