@@ -36,6 +36,7 @@ use config::{Config, Format, Map, Value, ValueKind};
 use crate::lock::{znode_char, LockType};
 
 mod security;
+mod state;
 pub use security::{EsTls, ZkAcl, ZkAclEntry, ZkAuth, ZkTls};
 
 /// A configuration error: which key, which value, where it came from and what is expected.
@@ -131,7 +132,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("elasticsearch.tls.verify", "true", "verify the server certificate and host name of https:// URLs; false is insecure and warned about"),
     ("elasticsearch.request.timeout", "30000", "timeout of one Elasticsearch request (ms)"),
     ("deadletter.sink", "file", "where parked operations go: file, elasticsearch or kafka"),
-    ("deadletter.file.path", "zkguard-deadletters.jsonl", "JSON-lines dead-letter file"),
+    ("deadletter.file.path", "zkguard-deadletters.jsonl", "JSON-lines dead-letter file; a relative path is inside state.dir"),
     ("deadletter.index", "zkguard-deadletters", "dead-letter index when deadletter.sink=elasticsearch"),
     ("deadletter.kafka.brokers", "", "comma-separated host:port Kafka bootstrap brokers (required when deadletter.sink=kafka)"),
     ("deadletter.kafka.topic", "zkguard-deadletters", "Kafka topic of parked operations"),
@@ -149,7 +150,8 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("txn.recovery.after", "30000", "a transaction untouched this long is resumed by recovery (ms)"),
     ("txn.allow.overdraft", "false", "whether a transfer may leave the source balance negative"),
     ("server.listen", "127.0.0.1:7717", "address `zkguard serve` listens on (--listen overrides)"),
-    ("server.journal.path", "zkguard-journal.jsonl", "write-ahead journal of accepted background operations of `zkguard serve`"),
+    ("server.journal.path", "zkguard-journal.jsonl", "write-ahead journal of accepted background operations of `zkguard serve`; a relative path is inside state.dir"),
+    ("state.dir", "", "directory of zkguard's own files (relative deadletter.file.path and server.journal.path); empty = $XDG_STATE_HOME/zkguard, else $HOME/.local/state/zkguard, else /var/lib/zkguard"),
     ("server.max.body", "1048576", "largest request body `zkguard serve` accepts (bytes)"),
     ("server.max.concurrent", "256", "requests `zkguard serve` handles at once; more are refused with 503 and Retry-After"),
     ("server.request.timeout", "30000", "longest time `zkguard serve` spends on one request (ms)"),
@@ -943,6 +945,9 @@ impl Settings {
         _path: Option<&Path>,
     ) -> Result<Self, ConfigError> {
         let r = Reader { raw };
+        let state_dir = state::dir(r.optional_string("state.dir").as_deref(), |v| {
+            std::env::var(v).ok()
+        });
         let auth = r.zk_auth()?;
         let zookeeper = ZkSettings {
             servers: r.zk_servers("zookeeper.servers")?,
@@ -1033,7 +1038,7 @@ impl Settings {
                 "kafka" => DeadLetterSinkKind::Kafka,
                 _ => DeadLetterSinkKind::Elasticsearch,
             },
-            file_path: PathBuf::from(r.non_empty("deadletter.file.path")?),
+            file_path: state::resolve(&state_dir, &r.non_empty("deadletter.file.path")?),
             index: r.index_name("deadletter.index")?,
             kafka: KafkaSettings {
                 brokers: r.kafka_brokers("deadletter.kafka.brokers")?,
@@ -1088,7 +1093,7 @@ impl Settings {
                     )
                 })?
             },
-            journal_path: PathBuf::from(r.non_empty("server.journal.path")?),
+            journal_path: state::resolve(&state_dir, &r.non_empty("server.journal.path")?),
             max_body: r.int::<usize>("server.max.body", 1)?,
             max_concurrent: r.int::<usize>("server.max.concurrent", 1)?,
             request_timeout: r.duration_min("server.request.timeout", Duration::from_millis(1))?,
