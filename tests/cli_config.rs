@@ -247,6 +247,40 @@ fn durations_beyond_seven_days_are_refused() {
     );
 }
 
+/// `zkguard exec` tells its command which backend held the lock in `ZKGUARD_LOCK_BACKEND`, the
+/// variable that also overrides `lock.backend`: a zkguard run inside the command, with a
+/// configuration file naming the other backend, must not switch backends silently (the two do
+/// not exclude each other). A disagreeing override is refused, naming both and the way out.
+#[test]
+fn a_backend_variable_that_disagrees_with_the_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("zkguard.properties");
+    std::fs::write(&file, "lock.backend=elasticsearch\n").unwrap();
+    let o = zkguard(&closed_port())
+        .env("ZKGUARD_LOCK_BACKEND", "zookeeper")
+        .arg("--config")
+        .arg(&file)
+        .args(["config", "check"])
+        .output()
+        .unwrap();
+    let err = one_line(&o, 78);
+    assert!(err.contains("ZKGUARD_LOCK_BACKEND=zookeeper"), "{err}");
+    assert!(err.contains("lock.backend=elasticsearch"), "{err}");
+    assert!(err.contains("zkguard exec"), "{err}");
+    // Agreeing, or with no file setting, the variable is an override as any other.
+    for (content, code) in [("lock.backend=zookeeper\n", 0), ("\n", 0)] {
+        std::fs::write(&file, content).unwrap();
+        let o = zkguard(&closed_port())
+            .env("ZKGUARD_LOCK_BACKEND", "zookeeper")
+            .arg("--config")
+            .arg(&file)
+            .args(["config", "check"])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(code), "{content}: {}", stderr(&o));
+    }
+}
+
 #[test]
 fn bad_zookeeper_servers_fail_at_load_naming_the_key() {
     for servers in [

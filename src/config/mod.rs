@@ -86,6 +86,7 @@ const OWNED_NAMESPACES: &[&str] = &[
     "lock.",
     "txn.",
     "server.",
+    "state.",
 ];
 
 /// Every configuration key with its default value and a one-line description.
@@ -883,6 +884,29 @@ impl Settings {
 
 /// The raw text of every key with its origin (`defaults`, the file's path, or `environment
 /// variable NAME`): defaults, then the file, then the environment.
+/// `ZKGUARD_LOCK_BACKEND` is both the override of `lock.backend` and what `zkguard exec` tells
+/// its command: a zkguard run inside `exec` with a file naming the other backend would switch
+/// backends without a word, and the two backends do not exclude each other. So the variable may
+/// override a value from the file only when they agree.
+fn refuse_backend_switch(
+    raw: &HashMap<String, (String, String)>,
+    var: &str,
+    value: &str,
+) -> Result<(), ConfigError> {
+    let (file_value, origin) = &raw["lock.backend"];
+    if origin == "defaults" || file_value == value {
+        return Ok(());
+    }
+    Err(ConfigError::InvalidValue {
+        key: "lock.backend".into(),
+        value: value.into(),
+        origin: format!("environment variable {var}"),
+        expected: format!(
+            "the backend {origin} names: {var}={value} disagrees with lock.backend={file_value} there, and the two backends do not exclude each other (a zkguard run inside `zkguard exec` gets {var} from it); unset {var}, or change lock.backend in {origin}"
+        ),
+    })
+}
+
 fn raw_values(
     path: Option<&Path>,
     env: impl Fn(&str) -> Option<String>,
@@ -930,6 +954,9 @@ fn raw_values(
     for (key, _, _) in KEYS {
         let var = env_var_for(key);
         if let Some(v) = env(&var) {
+            if *key == "lock.backend" {
+                refuse_backend_switch(&raw, &var, v.trim())?;
+            }
             raw.insert(
                 key.to_string(),
                 (v.trim().to_string(), format!("environment variable {var}")),
