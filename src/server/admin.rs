@@ -129,6 +129,7 @@ pub async fn replay_deadletters(
                     reason: None,
                     token: None,
                     attempts: None,
+                    fingerprint: None,
                 })
                 .await
             {

@@ -99,6 +99,11 @@ pub struct Finished {
     /// Attempts made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<u32>,
+    /// [`Operation::fingerprint`] of the operation: an operation id sent again for another
+    /// operation is refused (see [`Journal::reuses_id`]). Filled in from the queued operation
+    /// when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -301,6 +306,21 @@ impl Journal {
         self.lock().entries.get(id).cloned()
     }
 
+    /// Whether `op`'s id is known here for another operation (another monitor or write): then
+    /// accepting `op` would acknowledge a write that is never applied, since the id is taken.
+    pub fn reuses_id(&self, op: &Operation) -> bool {
+        let inner = self.lock();
+        let Some(entry) = inner.entries.get(&op.id) else {
+            return false;
+        };
+        let known = match (&entry.op, &entry.finished) {
+            (Some(queued), _) => Some(queued.fingerprint()),
+            (None, Some(f)) => f.fingerprint,
+            (None, None) => None,
+        };
+        known.is_some_and(|f| f != op.fingerprint())
+    }
+
     /// How many operations are accepted and not finished.
     pub fn depth(&self) -> usize {
         self.lock().queued
@@ -443,10 +463,17 @@ impl Journal {
     fn record_finished(
         &self,
         inner: &mut Inner,
-        finished: Finished,
+        mut finished: Finished,
         durable: bool,
     ) -> Result<Option<u64>, JournalError> {
         let id = finished.id;
+        if finished.fingerprint.is_none() {
+            finished.fingerprint = inner
+                .entries
+                .get(&id)
+                .and_then(|e| e.op.as_ref())
+                .map(Operation::fingerprint);
+        }
         let was_queued = inner
             .entries
             .get(&id)
@@ -651,6 +678,7 @@ mod tests {
                 reason: None,
                 token: Some(7),
                 attempts: Some(1),
+                fingerprint: None,
             })
             .await
             .unwrap();
@@ -704,6 +732,7 @@ mod tests {
                 reason: None,
                 token: Some(u64::from(n)),
                 attempts: Some(1),
+                fingerprint: None,
             })
             .await
             .unwrap();

@@ -1,5 +1,6 @@
 //! The HTTP API: routes, request parsing and answers.
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -411,6 +412,9 @@ async fn submit(
     op: Operation,
     params: WriteParams,
 ) -> Result<Response, ApiError> {
+    if state.journal.reuses_id(&op) {
+        return Err(op_id_reused(&op, None));
+    }
     match params.lock_type {
         LockType::Foreground => foreground(state, op, params.timeout).await,
         LockType::Background => {
@@ -423,6 +427,27 @@ async fn submit(
                 .into_response())
         }
     }
+}
+
+/// The answer to an operation whose id names another operation (`line`: its line in a bulk
+/// request, and the line of the other one there, if any).
+fn op_id_reused(op: &Operation, lines: Option<(usize, Option<usize>)>) -> ApiError {
+    let (at, other) = match lines {
+        Some((n, Some(first))) => (
+            format!("line {n}: "),
+            format!("line {first} of this request"),
+        ),
+        Some((n, None)) => (
+            format!("line {n}: "),
+            "an operation accepted before".to_string(),
+        ),
+        None => (String::new(), "an operation accepted before".to_string()),
+    };
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "op_id_reused",
+        format!("{at}op_id {} already names {other}, another write (another document, body or monitor); nothing was accepted. An op_id names one operation: send a retry exactly as the first, and give a new operation a new op_id (or none, to have one generated)", op.id),
+    )
 }
 
 /// One foreground write: lock, fenced write, release; one attempt.
@@ -456,6 +481,7 @@ async fn foreground(
                 reason: None,
                 token: Some(w.token),
                 attempts: Some(1),
+                fingerprint: Some(op.fingerprint()),
             });
             let result = if w.already_applied {
                 "already_applied"
@@ -601,6 +627,7 @@ async fn bulk(
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::bad("bad_body", "the bulk body is not UTF-8 text"))?;
     let mut ops = Vec::new();
+    let mut line_numbers = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -648,6 +675,24 @@ async fn bulk(
         .map_err(line_err)?
         .0;
         ops.push(op);
+        line_numbers.push(n + 1);
+    }
+    // An op_id names one operation: the same one twice is a resend (applied once); another
+    // operation under a taken id would be acknowledged and never applied.
+    let mut first_line: HashMap<Uuid, (usize, u64)> = HashMap::new();
+    for (op, &n) in ops.iter().zip(&line_numbers) {
+        match first_line.get(&op.id) {
+            Some(&(first, fingerprint)) if fingerprint != op.fingerprint() => {
+                return Err(op_id_reused(op, Some((n, Some(first)))));
+            }
+            Some(_) => {}
+            None => {
+                if state.journal.reuses_id(op) {
+                    return Err(op_id_reused(op, Some((n, None))));
+                }
+                first_line.insert(op.id, (n, op.fingerprint()));
+            }
+        }
     }
     if ops.is_empty() {
         return Err(ApiError::bad(

@@ -338,6 +338,7 @@ fn record(state: &AppState, outcome: Outcome) -> Finished {
                 reason: None,
                 token: Some(written.token),
                 attempts: Some(attempts),
+                fingerprint: None,
             }
         }
         Outcome::Parked {
@@ -354,6 +355,7 @@ fn record(state: &AppState, outcome: Outcome) -> Finished {
                 reason: Some(format!("{reason}: {error}")),
                 token: None,
                 attempts: Some(attempts),
+                fingerprint: None,
             }
         }
         Outcome::Rejected { op_id, reason } => {
@@ -364,6 +366,7 @@ fn record(state: &AppState, outcome: Outcome) -> Finished {
                 reason: Some(reason),
                 token: None,
                 attempts: None,
+                fingerprint: None,
             }
         }
     };

@@ -214,6 +214,17 @@ pub struct Operation {
 }
 
 impl Operation {
+    /// What the operation does, as a number: equal for two operations with the same monitor and
+    /// the same write (target, document, field, amount, delete mode), whatever their ids, lock
+    /// types and infos. Stable across processes and versions (FNV-1a over the canonical JSON),
+    /// so that a journal can tell a resent operation from another one reusing its id.
+    pub fn fingerprint(&self) -> u64 {
+        let text = serde_json::to_string(&(&self.monitor, &self.kind)).unwrap_or_default();
+        text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
     /// An operation with a fresh id, locked as foreground with info `"guarded write"`.
     pub fn new(monitor: impl Into<String>, kind: OpKind) -> Self {
         Self {

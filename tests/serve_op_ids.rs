@@ -1,0 +1,86 @@
+//! An operation id names one operation: `zkguard serve` refuses the same `op_id` for another
+//! document or body (409, naming the line), in a bulk request and across requests, instead of
+//! acknowledging the second and never applying it. The same operation sent again is still
+//! recognised and applied once.
+
+mod common;
+mod serve_support;
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use serve_support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_op_id_reused_for_another_operation_is_refused_and_a_resent_one_applies_once() {
+    let env = Env::new(&shared_zk().connect_string(), "opids");
+    let s = env.start("opids");
+    let c = client();
+    let index = format!("opids-{}", uuid_tag());
+    let shared = uuid::Uuid::new_v4();
+
+    // Two lines of one bulk, one op_id, two documents: the second line is refused.
+    let body = [
+        json!({"action": "index", "index": index, "id": "1", "doc": {"n": 1}, "op_id": shared}),
+        json!({"action": "index", "index": index, "id": "2", "doc": {"n": 2}, "op_id": shared}),
+    ]
+    .map(|l| l.to_string())
+    .join("\n");
+    let (status, v) = call(&c, Method::POST, &s.url("/v1/bulk"), Some(body)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["error"], "op_id_reused", "{v}");
+    let message = v["message"].as_str().unwrap();
+    assert!(
+        message.contains("line 2") && message.contains("line 1"),
+        "{v}"
+    );
+
+    // Accepted once...
+    let doc1 = format!("/v1/indices/{index}/docs/1?type=background&op_id={shared}");
+    let (status, v) = put(&c, &s, &doc1, &json!({"n": 1})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    // ... sent again as it was: recognised, not refused.
+    let (status, v) = put(&c, &s, &doc1, &json!({"n": 1})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    // ... with another body, or for another document, in the background or the foreground: 409.
+    for (path, doc) in [
+        (doc1.clone(), json!({"n": 5})),
+        (
+            format!("/v1/indices/{index}/docs/2?type=background&op_id={shared}"),
+            json!({"n": 1}),
+        ),
+        (
+            format!("/v1/indices/{index}/docs/2?op_id={shared}"),
+            json!({"n": 1}),
+        ),
+    ] {
+        let (status, v) = put(&c, &s, &path, &doc).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{path}: {v}");
+        assert_eq!(v["error"], "op_id_reused", "{v}");
+    }
+    let done = wait_finished(&c, &s, &[shared.to_string()]).await;
+    assert_eq!(done[&shared.to_string()]["status"], "applied");
+    // Once finished too.
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/3?type=background&op_id={shared}"),
+        &json!({"n": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    let stored = es_doc(&c, &index, "1").await;
+    assert_eq!(stored["_source"]["n"], 1, "{stored}");
+    let (status, _) = call(
+        &c,
+        Method::GET,
+        &format!("{}/{index}/_doc/2", shared_es().url()),
+        None,
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "nothing was written under the reused id"
+    );
+}
