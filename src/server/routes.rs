@@ -72,6 +72,18 @@ pub fn router(state: Arc<AppState>, tokens: Arc<super::access::Tokens>) -> Route
 }
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
+    // `/v1/indices/{index}/docs/.` (or `..`) reaches here with the dot segment removed by the
+    // HTTP stack: say what was wrong rather than name a route nobody asked for.
+    let segments: Vec<&str> = uri.path().trim_end_matches('/').split('/').collect();
+    let write = matches!(method, Method::PUT | Method::DELETE | Method::PATCH);
+    if let (true, ["", "v1", "indices", _, "docs"] | ["", "v1", "indices", _]) =
+        (write, segments.as_slice())
+    {
+        return ApiError::bad(
+            "bad_id",
+            format!("no document id in {}: document ids cannot be empty, `.` or `..` (URL path segments that HTTP stacks remove); choose another id", uri.path()),
+        );
+    }
     ApiError::new(
         StatusCode::NOT_FOUND,
         "no_route",
@@ -212,6 +224,7 @@ fn parse_params(
         mode: None,
     };
     let raw = raw.unwrap_or_default();
+    refuse_repeated(&raw)?;
     for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
         match key.as_ref() {
             "monitor" => p.monitor = Some(value.into_owned()),
@@ -264,6 +277,21 @@ fn parse_params(
     Ok(p)
 }
 
+/// Refuses a query that gives a parameter twice (`type=foreground&type=background`): which one
+/// was meant is not for the service to guess.
+fn refuse_repeated(raw: &str) -> Result<(), ApiError> {
+    let mut seen = std::collections::HashSet::new();
+    for (key, _) in url::form_urlencoded::parse(raw.as_bytes()) {
+        if !seen.insert(key.clone()) {
+            return Err(ApiError::bad(
+                "bad_parameter",
+                format!("query parameter `{key}` is given twice; give it once"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn parse_op_id(text: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(text).map_err(|_| {
         ApiError::bad(
@@ -306,7 +334,19 @@ fn check_doc_id(id: &str) -> Result<(), ApiError> {
             "document ids must be 1 to 512 bytes long",
         ));
     }
+    if id == "." || id == ".." {
+        return Err(dot_id(id));
+    }
     Ok(())
+}
+
+/// The refusal of a document id `.` or `..`: Elasticsearch cannot address such a document by
+/// URL (HTTP stacks remove those path segments), so neither path takes it.
+fn dot_id(id: &str) -> ApiError {
+    ApiError::bad(
+        "bad_id",
+        format!("document id `{id}` cannot be written: `.` and `..` are not valid document ids (URLs cannot carry them as path segments); choose another id"),
+    )
 }
 
 fn check_monitor(monitor: &str) -> Result<(), ApiError> {
@@ -733,6 +773,7 @@ fn parse_lock_params(
 ) -> Result<LockParams, ApiError> {
     let mut p = LockParams::default();
     let raw = raw.unwrap_or_default();
+    refuse_repeated(&raw)?;
     for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
         let duration = |what: &str, max: Duration, max_key: &str| {
             let t = zkguard::config::parse_bounded_duration(&value)

@@ -1,0 +1,79 @@
+//! Input `zkguard serve` refuses up front with a clear 400, on the foreground and the background
+//! path alike: ids Elasticsearch cannot address (`.`, `..`), and a query parameter given twice.
+
+mod common;
+mod serve_support;
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use serve_support::*;
+
+/// A PUT sent byte for byte as given: returns the status and the JSON body.
+fn raw_put(s: &Service, path: &str, body: &str) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let addr = s.url("").trim_start_matches("http://").to_string();
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        stream,
+        "PUT {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let json = answer
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b.trim()).ok())
+        .unwrap_or(serde_json::Value::Null);
+    (status, json)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dot_ids_and_repeated_parameters_are_refused_on_both_paths() {
+    let env = Env::new(&shared_zk().connect_string(), "input");
+    let s = env.start("input");
+    let c = client();
+    let index = format!("input-{}", uuid_tag());
+    for id in [".", ".."] {
+        for kind in ["foreground", "background"] {
+            let path = format!(
+                "/v1/indices/{index}/docs/{}?type={kind}",
+                id.replace('.', "%2E")
+            );
+            let (status, v) = put(&c, &s, &path, &json!({"n": 1})).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{kind} `{id}`: {v}");
+            assert_eq!(v["error"], "bad_id", "{v}");
+            assert!(
+                v["message"].as_str().unwrap().contains(&format!("`{id}`")),
+                "{v}"
+            );
+        }
+        let line = json!({"action": "index", "index": index, "id": id, "doc": {"n": 1}});
+        let (status, v) = call(&c, Method::POST, &s.url("/v1/bulk"), Some(line.to_string())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "bulk `{id}`: {v}");
+        assert!(
+            v["message"].as_str().unwrap().starts_with("line 1: "),
+            "{v}"
+        );
+    }
+    let path = format!("/v1/indices/{index}/docs/1?type=foreground&type=background");
+    let (status, v) = put(&c, &s, &path, &json!({"n": 1})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("`type` is given twice"),
+        "{v}"
+    );
+    let (status, _) = call(
+        &c,
+        Method::GET,
+        &format!("{}/{index}/_doc/1", shared_es().url()),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing was written");
+}
