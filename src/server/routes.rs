@@ -345,7 +345,7 @@ fn check_doc_id(id: &str) -> Result<(), ApiError> {
 fn dot_id(id: &str) -> ApiError {
     ApiError::bad(
         "bad_id",
-        format!("document id `{id}` cannot be written: `.` and `..` are not valid document ids (URLs cannot carry them as path segments); choose another id"),
+        format!("document id `{id}` cannot be written: document ids cannot be empty, `.` or `..` (URLs cannot carry them as path segments); choose another id"),
     )
 }
 
