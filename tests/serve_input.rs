@@ -78,3 +78,46 @@ async fn dot_ids_and_repeated_parameters_are_refused_on_both_paths() {
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "nothing was written");
 }
+
+/// zkguard's own indices (transactions, dead letters, the lease lock) and system indices (a
+/// leading `.`) are not written through the API unless `server.index.allow` names them: a
+/// caller's write there would corrupt zkguard's own records or the cluster's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_and_system_indices_are_refused_unless_allowed() {
+    let env = Env::new(&shared_zk().connect_string(), "own-index")
+        .with("ZKGUARD_SERVER_INDEX_ALLOW", ".kept-for-tests");
+    let s = env.start("own-index");
+    let c = client();
+    for index in [
+        "zkguard-accounts",
+        "zkguard-transactions",
+        "zkguard-deadletters",
+        "zkguard-locks",
+        ".security",
+    ] {
+        for kind in ["foreground", "background"] {
+            let path = format!("/v1/indices/{index}/docs/1?type={kind}");
+            let (status, v) = put(&c, &s, &path, &json!({"n": 1})).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{kind} {index}: {v}");
+            assert_eq!(v["error"], "protected_index", "{v}");
+            assert!(
+                v["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("server.index.allow"),
+                "{v}"
+            );
+        }
+        let line = json!({"action": "delete", "index": index, "id": "1"});
+        let (status, v) = call(&c, Method::POST, &s.url("/v1/bulk"), Some(line.to_string())).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "bulk {index}: {v}");
+    }
+    let (status, v) = put(
+        &c,
+        &s,
+        "/v1/indices/.kept-for-tests/docs/1",
+        &json!({"n": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "an allowed index: {v}");
+}

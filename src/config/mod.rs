@@ -160,6 +160,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("server.lock.ttl", "30000", "lease of an explicit lock taken through `zkguard serve` when the request names none (ms)"),
     ("server.lock.ttl.max", "300000", "longest lease an explicit lock may ask for (ms)"),
     ("server.lock.max", "1000", "explicit locks one `zkguard serve` holds at once; more are refused with 503"),
+    ("server.index.allow", "", "zkguard's own indices and system indices (a leading .) that the API may write anyway, comma-separated; the others are refused with 403"),
     ("server.auth.tokens.file", "", "file of bearer tokens `zkguard serve` accepts, one per line, reloaded on SIGHUP (empty = no authentication)"),
     ("server.tls.cert", "", "PEM certificate chain for HTTPS (with server.tls.key; empty = plain HTTP)"),
     ("server.tls.key", "", "PEM private key for HTTPS"),
@@ -368,6 +369,27 @@ pub struct ServerSettings {
     pub auth_tokens_file: Option<PathBuf>,
     /// Certificate chain and private key (PEM files) for HTTPS; `None`: plain HTTP.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// zkguard's own indices (transactions, dead letters, the lease lock) less those of
+    /// `server.index.allow`: the API refuses to write them.
+    pub own_indices: Vec<String>,
+    /// `server.index.allow`: own and system indices the API may write anyway.
+    pub allowed_indices: Vec<String>,
+}
+
+impl ServerSettings {
+    /// Why the API refuses to write `index`, if it does: zkguard's own index, or a system index
+    /// (a leading `.`), unless `server.index.allow` names it.
+    pub fn protected_index(&self, index: &str) -> Option<&'static str> {
+        if self.allowed_indices.iter().any(|a| a == index) {
+            None
+        } else if self.own_indices.iter().any(|o| o == index) {
+            Some("is one of zkguard's own indices (transactions, dead letters, lease locks)")
+        } else if index.starts_with('.') {
+            Some("is a system index (its name starts with `.`)")
+        } else {
+            None
+        }
+    }
 }
 
 /// The whole configuration, typed.
@@ -1110,7 +1132,29 @@ impl Settings {
             recovery_after: r.duration("txn.recovery.after")?,
             allow_overdraft: r.boolean("txn.allow.overdraft")?,
         };
+        let allowed_indices: Vec<String> = r
+            .optional_string("server.index.allow")
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let own_indices = [
+            &txn.accounts_index,
+            &txn.transactions_index,
+            &retry.index,
+            &es_lock.index,
+        ]
+        .into_iter()
+        .filter(|i| !allowed_indices.contains(i))
+        .cloned()
+        .collect();
         let server = ServerSettings {
+            own_indices,
+            allowed_indices,
             listen: {
                 let (v, _) = r.get("server.listen");
                 v.parse().map_err(|_| {

@@ -452,6 +452,7 @@ async fn submit(
     op: Operation,
     params: WriteParams,
 ) -> Result<Response, ApiError> {
+    check_writable(state, op.target_index())?;
     if state.journal.reuses_id(&op) {
         return Err(op_id_reused(&op, None));
     }
@@ -466,6 +467,19 @@ async fn submit(
             )
                 .into_response())
         }
+    }
+}
+
+/// Refuses a write to zkguard's own indices and to system indices, unless `server.index.allow`
+/// names the index.
+fn check_writable(state: &AppState, index: &str) -> Result<(), ApiError> {
+    match state.settings.protected_index(index) {
+        None => Ok(()),
+        Some(why) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "protected_index",
+            format!("index `{index}` {why}: writes through the API would corrupt its records, so they are refused; name it in server.index.allow if you really mean to write it"),
+        )),
     }
 }
 
@@ -714,6 +728,7 @@ async fn bulk(
         }
         .map_err(line_err)?
         .0;
+        check_writable(&state, op.target_index()).map_err(line_err)?;
         ops.push(op);
         line_numbers.push(n + 1);
     }
