@@ -103,87 +103,102 @@ async fn connected(client: &Client) -> bool {
 async fn run(
     client: Client,
     confirmed: Arc<watch::Sender<Instant>>,
-    mut holding: watch::Receiver<usize>,
+    holding: watch::Receiver<usize>,
     cadence: Duration,
     grace: Duration,
 ) {
     let session = format!("{:#x}", client.session_id().0);
     let span = tracing::debug_span!("zk_confirm", session = %session);
-    async move {
-            // Whether the current overdue confirmation was reported.
-            let mut warned = false;
-            loop {
-                // Idle while no lock is held.
-                while *holding.borrow_and_update() == 0 {
-                    if holding.changed().await.is_err() {
-                        return;
-                    }
-                }
-                let due = *confirmed.borrow() + cadence;
-                tokio::select! {
-                    r = holding.changed() => {
-                        if r.is_err() { return; }
+    confirm_while_held(client, confirmed, holding, cadence, grace)
+        .instrument(span)
+        .await;
+}
+
+/// The warning of a confirmation that has not come back within the grace.
+const OVERDUE: &str = "the ZooKeeper quorum has not confirmed this session within the grace \
+     (disconnected, or its server is cut off from the leader): its locks count as lost";
+
+async fn confirm_while_held(
+    client: Client,
+    confirmed: Arc<watch::Sender<Instant>>,
+    mut holding: watch::Receiver<usize>,
+    cadence: Duration,
+    grace: Duration,
+) {
+    // Whether the current overdue confirmation was reported.
+    let mut warned = false;
+    loop {
+        // Idle while no lock is held.
+        while *holding.borrow_and_update() == 0 {
+            if holding.changed().await.is_err() {
+                return;
+            }
+        }
+        let due = *confirmed.borrow() + cadence;
+        tokio::select! {
+            r = holding.changed() => {
+                if r.is_err() { return; }
+                continue;
+            }
+            _ = tokio::time::sleep_until(due.into()) => {}
+        }
+        if *confirmed.borrow() + cadence > Instant::now() {
+            // Credited meanwhile (an acquisition).
+            continue;
+        }
+        let overdue_at = *confirmed.borrow() + grace;
+        let sent = Instant::now();
+        let sync = async {
+            if !connected(&client).await {
+                return Err(ZkError::SessionExpired);
+            }
+            client.sync("/").await
+        };
+        tokio::pin!(sync);
+        let mut overdue = false;
+        let answer = loop {
+            tokio::select! {
+                r = &mut sync => break r,
+                r = holding.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep_until(overdue_at.into()), if !overdue && !warned => {
+                    overdue = true;
+                    if *holding.borrow() == 0 {
                         continue;
                     }
-                    _ = tokio::time::sleep_until(due.into()) => {}
-                }
-                if *confirmed.borrow() + cadence > Instant::now() {
-                    // Credited meanwhile (an acquisition).
-                    continue;
-                }
-                let overdue_at = *confirmed.borrow() + grace;
-                let sent = Instant::now();
-                let sync = async {
-                    if !connected(&client).await {
-                        return Err(ZkError::SessionExpired);
-                    }
-                    client.sync("/").await
-                };
-                tokio::pin!(sync);
-                let answer = loop {
-                    tokio::select! {
-                        r = &mut sync => break r,
-                        r = holding.changed() => if r.is_err() { return },
-                        _ = tokio::time::sleep_until(overdue_at.into()), if !warned => {
-                            warned = true;
-                            warn!(
-                                grace_ms = grace.as_millis() as u64,
-                                "the ZooKeeper quorum has not confirmed this session within the grace (disconnected, or the server cut off from the leader): its locks count as lost"
-                            );
-                        }
-                    }
-                };
-                match answer {
-                    Ok(()) => {
-                        credit(&confirmed, sent);
-                        if warned {
-                            info!("the ZooKeeper quorum confirms this session again");
-                            warned = false;
-                        }
-                    }
-                    Err(ZkError::SessionExpired | ZkError::ClientClosed | ZkError::AuthFailed) => {
-                        return
-                    }
-                    // Connection trouble: the next one goes as soon as the client is connected.
-                    Err(e @ (ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_))) => {
-                        debug!(error = %e, "confirmation lost with the connection");
-                        // Not in a loop while the client still reports the broken connection.
-                        tokio::select! {
-                            r = holding.changed() => if r.is_err() { return },
-                            _ = tokio::time::sleep(RETRY_AFTER_LOSS) => {}
-                        }
-                    }
-                    Err(e) => {
-                        debug!(error = %e, "confirmation failed");
-                        // Not a connection matter: try again after the cadence.
-                        tokio::select! {
-                            r = holding.changed() => if r.is_err() { return },
-                            _ = tokio::time::sleep(cadence) => {}
-                        }
-                    }
+                    warned = true;
+                    warn!(
+                        grace_ms = grace.as_millis() as u64,
+                        "{OVERDUE}"
+                    );
                 }
             }
+        };
+        match answer {
+            Ok(()) => {
+                credit(&confirmed, sent);
+                if warned {
+                    info!("the ZooKeeper quorum confirms this session again");
+                    warned = false;
+                }
+            }
+            Err(ZkError::SessionExpired | ZkError::ClientClosed | ZkError::AuthFailed) => return,
+            // Connection trouble: the next one goes as soon as the client is connected.
+            Err(e @ (ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_))) => {
+                debug!(error = %e, "confirmation lost with the connection");
+                // Not in a loop while the client still reports the broken connection.
+                tokio::select! {
+                    r = holding.changed() => if r.is_err() { return },
+                    _ = tokio::time::sleep(RETRY_AFTER_LOSS) => {}
+                }
+            }
+            Err(e) => {
+                debug!(error = %e, "confirmation failed");
+                // Not a connection matter: try again after the cadence.
+                tokio::select! {
+                    r = holding.changed() => if r.is_err() { return },
+                    _ = tokio::time::sleep(cadence) => {}
+                }
+            }
+        }
     }
-    .instrument(span)
-    .await;
 }

@@ -124,8 +124,8 @@ impl LockGuard {
     }
 
     /// Completes when the lock is lost (session expired, no answer of the ZooKeeper quorum for
-    /// longer than the grace, mutex node deleted by someone else). The first call makes the holder watch the mutex
-    /// node at once, if it does not yet (one request).
+    /// longer than the grace, mutex node deleted by someone else). The first call makes the
+    /// holder watch the mutex node at once, if it does not yet (one request).
     ///
     /// # Cancellation safety
     /// Cancel-safe: it only observes.
