@@ -96,7 +96,7 @@ async fn a_grace_beyond_the_bound_is_cut_down_and_ends_before_the_session_can_ex
         (lost - sent).as_millis(),
         timeout.as_millis()
     );
-    // `zkguard::config::max_loss_grace` of 2000 ms without TLS: 3/4 x 2000 - 400 (the client's
+    // `zkguard::config::grace::max_loss_grace` of 2000 ms without TLS: 3/4 x 2000 - 400 (the client's
     // longest silence, 4 ticks of 100 ms) - 100 (margin).
     let bound = Duration::from_millis(1000);
     assert_eq!(reason, LossReason::Disconnected { grace: bound });

@@ -35,13 +35,9 @@ use config::{Config, Format, Map, Value, ValueKind};
 
 use crate::lock::{znode_char, LockType};
 
-mod grace;
+pub mod grace;
 mod security;
 
-pub use grace::{
-    client_silence, client_tick, describe_max_loss_grace, effective_loss_grace, max_loss_grace,
-    tls_connection_timeout, TLS_CONNECT_TIMEOUT,
-};
 pub use security::{EsTls, ZkAcl, ZkAclEntry, ZkAuth, ZkTls};
 
 /// A configuration error: which key, which value, where it came from and what is expected.
@@ -213,7 +209,7 @@ pub struct ZkSettings {
     /// Anti-starvation threshold (`None` = off).
     pub background_max_wait: Option<Duration>,
     /// How long after the last answer of the ZooKeeper quorum a held lock counts as lost
-    /// (`None` = a quarter of the session timeout; never more than [`max_loss_grace`]).
+    /// (`None` = a quarter of the session timeout; never more than [`grace::max_loss_grace`]).
     pub loss_grace: Option<Duration>,
     /// Authentication sent to ZooKeeper with every session (`None`: none).
     pub auth: Option<ZkAuth>,
@@ -241,11 +237,12 @@ impl ZkSettings {
     }
 
     /// The connection timeout zkguard gives the client for a session timeout: with TLS
-    /// [`tls_connection_timeout`], otherwise none (the client's default, 2/5 of the session).
+    /// [`grace::tls_connection_timeout`], otherwise none (the client's default, 2/5 of the
+    /// session).
     pub fn connection_timeout(&self, session_timeout: Duration) -> Option<Duration> {
         self.tls
             .as_ref()
-            .map(|_| tls_connection_timeout(session_timeout))
+            .map(|_| grace::tls_connection_timeout(session_timeout))
     }
 }
 
@@ -979,7 +976,7 @@ impl Settings {
         if let Some(grace) = zookeeper.loss_grace {
             let timeout = zookeeper.session_timeout;
             let connection_timeout = zookeeper.connection_timeout(timeout);
-            let bound = max_loss_grace(timeout, connection_timeout);
+            let bound = grace::max_loss_grace(timeout, connection_timeout);
             if grace > bound {
                 return Err(r.err(
                     "zookeeper.lock.loss.grace",
@@ -988,7 +985,7 @@ impl Settings {
                         bound.as_millis(),
                         timeout.as_millis(),
                         if connection_timeout.is_some() { " with TLS" } else { "" },
-                        describe_max_loss_grace(timeout, connection_timeout),
+                        grace::describe_max_loss_grace(timeout, connection_timeout),
                     ),
                 ));
             }

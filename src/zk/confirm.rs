@@ -10,7 +10,7 @@
 //! sent. A held lock counts as lost `grace` after the confirmed instant
 //! (`guard::watch_for_loss`), whether the client is disconnected or "connected" to a server that
 //! cannot reach the leader. See `docs/zookeeper-lock.md`, "How long a holder may believe in its
-//! lock", and `config::max_loss_grace` for the bound of the grace.
+//! lock", and `config::grace::max_loss_grace` for the bound of the grace.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -74,7 +74,7 @@ impl LockGuard {
         // The acquisition's last request was answered through the leader (it created the mutex,
         // or the queue node that holds it): the quorum knew the session a moment ago. This is
         // the instant the answer was handled, up to a round trip after the request was sent;
-        // the margin of `config::max_loss_grace` covers that.
+        // the margin of `config::grace::max_loss_grace` covers that.
         slot.credit(Instant::now());
         let holding = Holding::new(slot.clone());
         let span = tracing::info_span!("zk_lock_held", monitor = %request.monitor, token);

@@ -10,9 +10,8 @@ use tracing::{debug, info, warn};
 
 use zookeeper_client::{Client, SessionState, StateWatcher};
 
-use crate::config::{
-    effective_loss_grace, tls_connection_timeout, ZkSettings, TLS_CONNECT_TIMEOUT,
-};
+use crate::config::grace::{effective_loss_grace, tls_connection_timeout, TLS_CONNECT_TIMEOUT};
+use crate::config::ZkSettings;
 use crate::lock::LockError;
 
 use super::confirm::Confirmation;
@@ -84,7 +83,7 @@ pub(crate) struct Slot {
     pub session_id: i64,
     /// How long after [`Slot::confirmed`] a held lock of this session counts as lost: the
     /// configured `zookeeper.lock.loss.grace` (default a quarter of the negotiated session
-    /// timeout), at most `config::max_loss_grace` of the negotiated timeout.
+    /// timeout), at most `config::grace::max_loss_grace` of the negotiated timeout.
     pub grace: Duration,
     health: watch::Receiver<Health>,
     /// When the quorum last answered for this session, and its confirmer (`zk::confirm`).
@@ -453,7 +452,7 @@ impl ZkSession {
         let negotiated = client.session_timeout();
         let settings = &self.inner.settings;
         // zkguard's own connector sets a connection timeout with TLS only; an application's
-        // connector may have set any, taken at its worst (see `config::max_loss_grace`).
+        // connector may have set any, taken at its worst (see `config::grace::max_loss_grace`).
         let connection_timeout = match &self.inner.connector {
             Some(_) => Some(negotiated * 3 / 5),
             None => settings.connection_timeout(settings.session_timeout),
@@ -465,7 +464,7 @@ impl ZkSession {
                 configured_ms = settings.loss_grace.unwrap_or_default().as_millis() as u64,
                 grace_ms = grace.as_millis() as u64,
                 negotiated_timeout_ms = negotiated.as_millis() as u64,
-                bound = %crate::config::describe_max_loss_grace(negotiated, connection_timeout),
+                bound = %crate::config::grace::describe_max_loss_grace(negotiated, connection_timeout),
                 "zookeeper.lock.loss.grace exceeds the safe bound for the session timeout the server granted: using the bound"
             );
         }
