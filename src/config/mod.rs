@@ -37,7 +37,6 @@ use crate::lock::{znode_char, LockType};
 
 pub mod grace;
 mod security;
-
 pub use security::{EsTls, ZkAcl, ZkAclEntry, ZkAuth, ZkTls};
 
 /// A configuration error: which key, which value, where it came from and what is expected.
