@@ -53,6 +53,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use nix::sys::signal::{kill as send_signal, Signal};
 use nix::unistd::Pid;
 
+mod links;
+
 /// The command that installs every server this module starts.
 pub const INSTALL_COMMAND: &str = "scripts/install-deps.sh";
 
@@ -991,6 +993,7 @@ pub struct ZkEnsembleBuilder {
     force_sync: bool,
     start_timeout: Duration,
     heap_mb: u32,
+    cuttable_peer_links: bool,
 }
 
 impl Default for ZkEnsembleBuilder {
@@ -1004,6 +1007,7 @@ impl Default for ZkEnsembleBuilder {
             force_sync: true,
             start_timeout: Duration::from_secs(60),
             heap_mb: 256,
+            cuttable_peer_links: false,
         }
     }
 }
@@ -1050,6 +1054,13 @@ impl ZkEnsembleBuilder {
     /// Maximum JVM heap of each member in MiB (default 256).
     pub fn heap_mb(mut self, mb: u32) -> Self {
         self.heap_mb = mb.max(32);
+        self
+    }
+
+    /// Members reach each other through TCP proxies that [`ZkEnsemble::isolate`] can silence,
+    /// cutting one member off from its peers while its client port stays up (default off).
+    pub fn cuttable_peer_links(mut self) -> Self {
+        self.cuttable_peer_links = true;
         self
     }
 
@@ -1117,6 +1128,8 @@ impl Member {
 pub struct ZkEnsemble {
     members: Vec<Member>,
     settings: ZkEnsembleBuilder,
+    /// The proxies between members, with [`ZkEnsembleBuilder::cuttable_peer_links`].
+    links: Option<links::PeerLinks>,
     dir: TempDir,
 }
 
@@ -1149,6 +1162,15 @@ impl ZkEnsemble {
                 format!("server.{}=127.0.0.1:{peer}:{election}\n", i + 1)
             })
             .collect();
+        let links = if settings.cuttable_peer_links {
+            let peer_ports: Vec<(u16, u16)> = ports.iter().map(|&(_, p, e)| (p, e)).collect();
+            Some(
+                links::PeerLinks::start(&peer_ports)
+                    .map_err(|e| ServerError::io("start the proxies between members", e))?,
+            )
+        } else {
+            None
+        };
         let mut members = Vec::with_capacity(settings.size);
         for (i, (client_port, _, _)) in ports.iter().enumerate() {
             let id = i + 1;
@@ -1165,6 +1187,9 @@ impl ZkEnsemble {
                 &data_dir,
                 *client_port,
             );
+            let servers = links
+                .as_ref()
+                .map_or_else(|| servers.clone(), |l| l.server_lines(i));
             cfg.push_str(&format!(
                 "initLimit={}\nsyncLimit={}\ncnxTimeout=1000\nreconfigEnabled=false\n{servers}",
                 settings.init_limit, settings.sync_limit
@@ -1184,6 +1209,7 @@ impl ZkEnsemble {
         Ok(Self {
             members,
             settings,
+            links,
             dir,
         })
     }
@@ -1373,6 +1399,40 @@ impl ZkEnsemble {
         self.stop(i)?;
         self.spawn_member(i)?;
         self.wait_ready()
+    }
+
+    /// Cuts member `i` off from every other member (both ways) while its client port stays up:
+    /// the links between them go silent, as on a dead network, so the member goes on serving
+    /// its clients until its `syncLimit x tickTime` read timeout runs out, while the others (a
+    /// quorum without it) expire sessions and elect without it.
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::InvalidArgument`] when there is no member `i`, or the ensemble was not
+    /// built with [`ZkEnsembleBuilder::cuttable_peer_links`].
+    pub fn isolate(&self, i: usize) -> Result<(), ServerError> {
+        self.set_isolated(i, true)
+    }
+
+    /// Lets member `i` reach the others again after [`isolate`](Self::isolate) (the connections
+    /// that went silent are closed; the members make new ones).
+    ///
+    /// # Errors
+    ///
+    /// As [`isolate`](Self::isolate).
+    pub fn rejoin(&self, i: usize) -> Result<(), ServerError> {
+        self.set_isolated(i, false)
+    }
+
+    fn set_isolated(&self, i: usize, isolated: bool) -> Result<(), ServerError> {
+        self.member(i)?;
+        let links = self.links.as_ref().ok_or_else(|| {
+            ServerError::InvalidArgument(
+                "the ensemble was not built with cuttable_peer_links()".into(),
+            )
+        })?;
+        links.set_isolated(i, isolated);
+        Ok(())
     }
 
     /// Sends a four-letter word to member `i` (see [`four_letter_word`]).

@@ -309,6 +309,25 @@ fn loss_grace_not_below_the_session_timeout_is_refused() {
     assert!(err.contains("zookeeper.lock.loss.grace"), "{err}");
 }
 
+/// Issue 22, defect 3: a grace shorter than the session timeout may still outlast the session
+/// (the leader may hear of the holder's last request late); the safe bound for 2000 ms without
+/// TLS is 1000 ms, and the message names it and how it is made up.
+#[test]
+fn a_loss_grace_above_the_safe_bound_is_refused_naming_the_bound() {
+    let o = zkguard(&closed_port())
+        .env("ZKGUARD_ZOOKEEPER_LOCK_LOSS_GRACE", "1500")
+        .args(["locks"])
+        .output()
+        .unwrap();
+    let err = one_line(&o, 78);
+    assert!(err.contains("zookeeper.lock.loss.grace"), "{err}");
+    assert!(
+        err.contains("at most 1000ms for zookeeper.session.timeout=2000ms"),
+        "{err}"
+    );
+    assert!(err.contains("3/4 x 2000ms - 400ms"), "{err}");
+}
+
 #[test]
 fn a_password_in_the_elasticsearch_url_is_never_printed() {
     let o = zkguard(&closed_port())

@@ -35,6 +35,7 @@ use config::{Config, Format, Map, Value, ValueKind};
 
 use crate::lock::{znode_char, LockType};
 
+pub mod grace;
 mod security;
 mod state;
 pub use security::{EsTls, ZkAcl, ZkAclEntry, ZkAuth, ZkTls};
@@ -105,7 +106,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("zookeeper.background.task.timeout", "2000", "how long a background contender waits for the lock (ms)"),
     ("zookeeper.lock.root", "/zkguard/locks", "znode under which every monitor object gets its lock node"),
     ("zookeeper.background.max.wait", "0", "anti-starvation: a background waiter re-queues as foreground after this long (ms); 0 = off"),
-    ("zookeeper.lock.loss.grace", "0", "a held lock counts as lost after the connection has been down this long (ms); 0 = a quarter of the session timeout"),
+    ("zookeeper.lock.loss.grace", "0", "a held lock counts as lost this long (ms) after the last request the ZooKeeper quorum answered; at most about half the session timeout; 0 = a quarter of the session timeout"),
     ("zookeeper.auth.scheme", "none", "ZooKeeper authentication: none, digest or sasl"),
     ("zookeeper.auth.credentials", "", "digest credentials, user:password (or use zookeeper.auth.credentials.file)"),
     ("zookeeper.auth.credentials.file", "", "file holding the digest credentials user:password (one line)"),
@@ -210,7 +211,8 @@ pub struct ZkSettings {
     pub lock_root: String,
     /// Anti-starvation threshold (`None` = off).
     pub background_max_wait: Option<Duration>,
-    /// Disconnection grace before a held lock counts as lost (`None` = a quarter of the session timeout).
+    /// How long after the last answer of the ZooKeeper quorum a held lock counts as lost
+    /// (`None` = a quarter of the session timeout; never more than [`grace::max_loss_grace`]).
     pub loss_grace: Option<Duration>,
     /// Authentication sent to ZooKeeper with every session (`None`: none).
     pub auth: Option<ZkAuth>,
@@ -235,6 +237,15 @@ impl ZkSettings {
             LockType::Foreground => self.foreground_timeout,
             LockType::Background => self.background_timeout,
         }
+    }
+
+    /// The connection timeout zkguard gives the client for a session timeout: with TLS
+    /// [`grace::tls_connection_timeout`], otherwise none (the client's default, 2/5 of the
+    /// session).
+    pub fn connection_timeout(&self, session_timeout: Duration) -> Option<Duration> {
+        self.tls
+            .as_ref()
+            .map(|_| grace::tls_connection_timeout(session_timeout))
     }
 }
 
@@ -1016,12 +1027,18 @@ impl Settings {
             tls: r.zk_tls()?,
         };
         if let Some(grace) = zookeeper.loss_grace {
-            if grace >= zookeeper.session_timeout {
+            let timeout = zookeeper.session_timeout;
+            let connection_timeout = zookeeper.connection_timeout(timeout);
+            let bound = grace::max_loss_grace(timeout, connection_timeout);
+            if grace > bound {
                 return Err(r.err(
                     "zookeeper.lock.loss.grace",
                     format!(
-                        "less than zookeeper.session.timeout ({}ms): by then the server may have expired the session and given the lock to another holder; use 0 for a quarter of the session timeout",
-                        zookeeper.session_timeout.as_millis()
+                        "at most {}ms for zookeeper.session.timeout={}ms{} ({}): a holder that cannot reach the ZooKeeper quorum for longer may still believe in its lock after the leader expired its session and gave the lock to another holder (see docs/zookeeper-lock.md, \"How long a holder may believe in its lock\"); use 0 for a quarter of the session timeout",
+                        bound.as_millis(),
+                        timeout.as_millis(),
+                        if connection_timeout.is_some() { " with TLS" } else { "" },
+                        grace::describe_max_loss_grace(timeout, connection_timeout),
                     ),
                 ));
             }
@@ -2285,24 +2302,35 @@ mod tests {
     }
 
     #[test]
-    fn loss_grace_must_be_shorter_than_the_session_timeout() {
+    fn loss_grace_must_be_within_the_safe_bound() {
+        // Below the session timeout, as was required before, but above the bound: 3/4 x 4000
+        // - 800 (the client's longest silence) - 200 (margin) = 2000.
+        let err = load_env(&[
+            ("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "4000"),
+            ("ZKGUARD_ZOOKEEPER_LOCK_LOSS_GRACE", "2001"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("zookeeper.lock.loss.grace"), "{err}");
+        assert!(
+            err.contains("at most 2000ms for zookeeper.session.timeout=4000ms ("),
+            "{err}"
+        );
+        assert!(err.contains("3/4 x 4000ms - 800ms"), "{err}");
+        assert!(err.contains("docs/zookeeper-lock.md"), "{err}");
         let err = load_env(&[
             ("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "4000"),
             ("ZKGUARD_ZOOKEEPER_LOCK_LOSS_GRACE", "4s"),
         ])
         .unwrap_err()
         .to_string();
-        assert!(err.contains("zookeeper.lock.loss.grace"), "{err}");
-        assert!(
-            err.contains("less than zookeeper.session.timeout (4000ms)"),
-            "{err}"
-        );
+        assert!(err.contains("at most 2000ms"), "{err}");
         let s = load_env(&[
             ("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "4000"),
-            ("ZKGUARD_ZOOKEEPER_LOCK_LOSS_GRACE", "3999"),
+            ("ZKGUARD_ZOOKEEPER_LOCK_LOSS_GRACE", "2000"),
         ])
         .unwrap();
-        assert_eq!(s.zookeeper.loss_grace, Some(Duration::from_millis(3999)));
+        assert_eq!(s.zookeeper.loss_grace, Some(Duration::from_millis(2000)));
     }
 
     #[test]

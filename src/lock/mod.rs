@@ -63,8 +63,11 @@ pub enum LossReason {
     /// The ZooKeeper session expired: the server deleted the holder's ephemeral nodes.
     #[error("the ZooKeeper session expired")]
     SessionExpired,
-    /// The connection was down longer than the configured grace, so the server may already have
-    /// expired the session and handed the lock to someone else.
+    /// The ZooKeeper quorum answered nothing for the session for longer than the grace
+    /// (`zookeeper.lock.loss.grace`, counted from the last request it answered): the connection
+    /// is down, or the server it reaches is a follower cut off from the leader. The leader may
+    /// soon expire the session and hand the lock to someone else. (The message says
+    /// "disconnected" in both cases, as it always did.)
     #[error("disconnected from ZooKeeper for longer than {grace:?}")]
     Disconnected {
         /// The grace that was exceeded.

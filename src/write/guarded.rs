@@ -41,8 +41,8 @@
 //! - Fencing orders *writes*: a stale holder whose write reaches Elasticsearch after the new
 //!   holder read the document but before the new holder wrote it is not rejected (its token is
 //!   still newer than the stored version), and the new holder's write then replaces it. Step 4
-//!   and a loss grace shorter than the session timeout make this window small; it cannot be
-//!   closed with Elasticsearch's versioning alone.
+//!   and a loss grace that ends before the leader may expire the session make this window
+//!   small; it cannot be closed with Elasticsearch's versioning alone.
 //! - The check is per document: an operation that must change several documents atomically
 //!   needs the transactions module.
 //!

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tracing::{debug, instrument, warn, Instrument};
@@ -81,9 +81,17 @@ impl LockGuard {
             released,
             stop: Some(stop_tx),
         };
+        // The acquisition's last request was answered through the leader (it created the mutex,
+        // or the queue node that holds it): the quorum knew the session a moment ago. This is
+        // the instant the answer was handled, up to a round trip after the request was sent;
+        // the margin of `config::grace::max_loss_grace` covers that.
+        slot.credit(Instant::now());
+        let holding = Holding::new(slot.clone());
         let span = tracing::info_span!("zk_lock_held", monitor = %request.monitor, token);
         debug!(node = %node, "watching the held lock");
-        tokio::spawn(watch_for_loss(slot, paths.mutex, attempt, loss, stop_rx).instrument(span));
+        tokio::spawn(
+            watch_for_loss(slot, paths.mutex, attempt, loss, stop_rx, holding).instrument(span),
+        );
         guard
     }
 
@@ -92,16 +100,31 @@ impl LockGuard {
         self.token
     }
 
-    /// Whether the lock is still held, as far as this process knows: a session expiry or a
-    /// disconnection longer than the grace shows at once; a deletion of the mutex node by
-    /// someone else once the holder watches it ([`MUTEX_WATCH_AFTER`] after the acquisition, or
-    /// from the first call of [`LockGuard::lost`]).
+    /// Whether the lock is still held, as far as this process knows: a session expiry shows at
+    /// once, and so does the grace (`zookeeper.lock.loss.grace`) running out since the last
+    /// request the ZooKeeper quorum answered for the session (disconnected, or connected to a
+    /// follower cut off from the leader: the session is confirmed with the leader while it holds
+    /// a lock); a deletion of the mutex node by someone else once the holder watches it
+    /// ([`MUTEX_WATCH_AFTER`] after the acquisition, or from the first call of
+    /// [`LockGuard::lost`]).
     pub fn is_held(&self) -> bool {
-        !self.released.load(Ordering::Acquire) && self.loss.get().is_none()
+        if self.released.load(Ordering::Acquire) || self.loss.get().is_some() {
+            return false;
+        }
+        // The grace may have run out a moment before the loss watch wakes up: settle it here,
+        // so that the answer is exact and never turns back.
+        if Instant::now() >= self.slot.confirmed() + self.slot.grace {
+            self.loss.fire(LossReason::Disconnected {
+                grace: self.slot.grace,
+            });
+            return false;
+        }
+        true
     }
 
     /// The loss reason, if lost.
     pub fn loss(&self) -> Option<LossReason> {
+        let _ = self.is_held();
         self.loss.get()
     }
 
@@ -110,9 +133,9 @@ impl LockGuard {
         &self.monitor
     }
 
-    /// Completes when the lock is lost (session expired, disconnected longer than the grace,
-    /// mutex node deleted by someone else). The first call makes the holder watch the mutex
-    /// node at once, if it does not yet (one request).
+    /// Completes when the lock is lost (session expired, no answer of the ZooKeeper quorum for
+    /// longer than the grace, mutex node deleted by someone else). The first call makes the
+    /// holder watch the mutex node at once, if it does not yet (one request).
     ///
     /// # Cancellation safety
     /// Cancel-safe: it only observes.
@@ -398,15 +421,49 @@ const KEEP_FIRED_WATCH: Duration = Duration::from_secs(300);
 
 type MutexEvent = std::pin::Pin<Box<dyn std::future::Future<Output = WatchedEvent> + Send>>;
 
-/// Watches a held lock: session expiry, long disconnection, and (after [`MUTEX_WATCH_AFTER`], or
-/// once someone awaits the loss) the mutex node changing hands.
+/// One lock held by its session, from its acquisition until its loss watch ends: the session
+/// is confirmed with the quorum while it holds one (`zk::confirm`).
+pub(super) struct Holding(Arc<Slot>);
+
+impl Holding {
+    fn new(slot: Arc<Slot>) -> Self {
+        slot.hold();
+        Self(slot)
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.0.unhold();
+    }
+}
+
+/// Watches a held lock: session expiry, the grace running out since the quorum last answered
+/// for the session (disconnected, or connected to a follower cut off from the leader), and
+/// (after [`MUTEX_WATCH_AFTER`], or once someone awaits the loss) the mutex node changing hands.
+/// `holding` counts the lock as held by its session until the watch ends.
 pub(super) async fn watch_for_loss(
     slot: Arc<Slot>,
     mutex_path: String,
     attempt: String,
     loss: LossSignal,
-    mut stop: tokio::sync::oneshot::Receiver<()>,
+    stop: tokio::sync::oneshot::Receiver<()>,
+    holding: Holding,
 ) {
+    let keep = watch_held(&slot, &mutex_path, &attempt, &loss, stop).await;
+    // Released or lost: the session need not be confirmed for this lock any more.
+    drop(holding);
+    keep_until_fired(keep).await;
+}
+
+/// The loop of [`watch_for_loss`]; returns the mutex watch to keep after a release.
+async fn watch_held(
+    slot: &Slot,
+    mutex_path: &str,
+    attempt: &str,
+    loss: &LossSignal,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> Option<MutexEvent> {
     let released = |stop: &mut tokio::sync::oneshot::Receiver<()>| {
         !matches!(
             stop.try_recv(),
@@ -421,21 +478,52 @@ pub(super) async fn watch_for_loss(
     // Read the mutex (and watch it) before waiting again.
     let mut check = false;
     loop {
+        let state = *health.borrow_and_update();
+        match state {
+            Health::Expired => {
+                warn!("session expired: lock lost");
+                loss.fire(LossReason::SessionExpired);
+                return None;
+            }
+            Health::Closed => {
+                loss.fire(LossReason::Closed);
+                return None;
+            }
+            Health::Connected | Health::Disconnected { .. } => {}
+        }
+        // The grace runs from the last request the quorum answered for the session, connected
+        // or not: a follower cut off from the leader goes on answering pings and reads.
+        let until = slot.confirmed() + slot.grace;
+        if Instant::now() >= until {
+            if released(&mut stop) {
+                return mutex;
+            }
+            warn!(
+                grace_ms = slot.grace.as_millis() as u64,
+                connected = state == Health::Connected,
+                "no answer of the ZooKeeper quorum for this session within the grace: lock counts as lost"
+            );
+            loss.fire(LossReason::Disconnected { grace: slot.grace });
+            return None;
+        }
+        let connected = state == Health::Connected;
         // The read waits for no reconnection: while disconnected, the check waits for the
         // connection to come back (a reconnection sets it again), and the grace runs.
-        if check && *health.borrow() == Health::Connected {
+        if check && connected {
             check = false;
             armed = true;
             if released(&mut stop) {
-                return keep_until_fired(mutex).await;
+                return mutex;
             }
             debug!("checking the mutex node");
             let read = tokio::select! {
                 biased;
-                _ = &mut stop => return keep_until_fired(mutex).await,
-                r = slot.client.get_and_watch_data(&mutex_path) => Some(r),
-                // Connection trouble: health decides, and the mutex is read once connected.
+                _ = &mut stop => return mutex,
+                r = slot.client.get_and_watch_data(mutex_path) => Some(r),
+                // Connection trouble, or the grace ran out: decided above, and the mutex is
+                // read once connected.
                 _ = health.changed() => None,
+                _ = tokio::time::sleep_until(until.into()) => None,
             };
             let Some(read) = read else {
                 check = true;
@@ -462,52 +550,22 @@ pub(super) async fn watch_for_loss(
                     warn!("{what}");
                     loss.fire(LossReason::MutexDeleted);
                 }
-                return;
+                return None;
             }
-        }
-        let state = *health.borrow_and_update();
-        match state {
-            Health::Expired => {
-                warn!("session expired: lock lost");
-                loss.fire(LossReason::SessionExpired);
-                return;
-            }
-            Health::Closed => {
-                loss.fire(LossReason::Closed);
-                return;
-            }
-            Health::Disconnected { since } => {
-                let until = since + slot.grace;
-                tokio::select! {
-                biased;
-                        _ = &mut stop => return keep_until_fired(mutex).await,
-                        _ = tokio::time::sleep_until(until.into()) => {
-                            if matches!(*health.borrow(), Health::Disconnected { .. }) {
-                                warn!(grace_ms = slot.grace.as_millis() as u64, "disconnected longer than the grace: lock counts as lost");
-                                loss.fire(LossReason::Disconnected { grace: slot.grace });
-                                return;
-                            }
-                        }
-                        r = health.changed() => {
-                            if r.is_err() { loss.fire(LossReason::SessionExpired); return; }
-                            // Reconnected: the mutex may have changed unseen.
-                            if armed && *health.borrow() == Health::Connected { check = true; }
-                        }
-                    }
-                continue;
-            }
-            Health::Connected => {}
+            continue;
         }
         tokio::select! {
             biased;
-            _ = &mut stop => return keep_until_fired(mutex).await,
-            event = async { mutex.as_mut().expect("guarded by the condition").await }, if mutex.is_some() => {
+            _ = &mut stop => return mutex,
+            // Decided at the top of the loop (a confirmation may have come meanwhile).
+            _ = tokio::time::sleep_until(until.into()) => {}
+            event = async { mutex.as_mut().expect("guarded by the condition").await }, if connected && mutex.is_some() => {
                 mutex = None;
                 // Deleted or changed: read it again (a session event: health decides first).
                 check = event.event_type != EventType::Session;
             }
             r = health.changed() => {
-                if r.is_err() { loss.fire(LossReason::SessionExpired); return; }
+                if r.is_err() { loss.fire(LossReason::SessionExpired); return None; }
                 // After a reconnection the mutex may have changed unseen: check it.
                 if armed && *health.borrow() == Health::Connected { check = true; }
             }

@@ -16,6 +16,7 @@
 
 mod acl;
 mod acquire;
+mod confirm;
 mod contender;
 mod guard;
 mod inspect;

@@ -10,9 +10,11 @@ use tracing::{debug, info, warn};
 
 use zookeeper_client::{Client, SessionState, StateWatcher};
 
+use crate::config::grace::{effective_loss_grace, tls_connection_timeout, TLS_CONNECT_TIMEOUT};
 use crate::config::ZkSettings;
 use crate::lock::LockError;
 
+use super::confirm::Confirmation;
 use super::map_zk;
 use super::reaper::Reap;
 
@@ -65,7 +67,9 @@ pub async fn wait_for_sessions_to_end(limit: Duration) {
 pub(crate) enum Health {
     /// Connected.
     Connected,
-    /// Disconnected since this instant; the session may still be alive.
+    /// Disconnected since this instant (when the client noticed it, which may be long after its
+    /// last answer: a held lock's loss counts from the session's confirmation instead, see
+    /// [`Slot::confirmed`]); the session may still be alive.
     Disconnected { since: Instant },
     /// The session expired: every ephemeral node of it is gone.
     Expired,
@@ -77,8 +81,13 @@ pub(crate) enum Health {
 pub(crate) struct Slot {
     pub client: Client,
     pub session_id: i64,
+    /// How long after [`Slot::confirmed`] a held lock of this session counts as lost: the
+    /// configured `zookeeper.lock.loss.grace` (default a quarter of the negotiated session
+    /// timeout), at most `config::grace::max_loss_grace` of the negotiated timeout.
     pub grace: Duration,
     health: watch::Receiver<Health>,
+    /// When the quorum last answered for this session, and its confirmer (`zk::confirm`).
+    confirmation: Confirmation,
     /// Per monitor (mutex path), how contended this session's recent acquisitions were: see
     /// [`Slot::contended`]. Only monitors that met contention are kept.
     contention: StdMutex<HashMap<String, u8>>,
@@ -105,9 +114,6 @@ impl std::fmt::Debug for Slot {
     }
 }
 
-/// The least time a connection to one server may take with TLS (handshake included).
-const TLS_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-
 /// The connector `settings` describe: session timeout, authentication (digest or SASL) and TLS.
 /// This is the one place where `zookeeper.auth.*`, `zookeeper.sasl.*` and `zookeeper.tls.*` are
 /// applied; every session of every command is made through it.
@@ -126,7 +132,7 @@ fn connector(settings: &ZkSettings) -> Result<zookeeper_client::Connector, LockE
     if let Some(tls) = &settings.tls {
         connector = connector
             .with_tls(super::tls::options(tls)?)
-            .with_connection_timeout(TLS_CONNECT_TIMEOUT.max(settings.session_timeout * 2 / 5));
+            .with_connection_timeout(tls_connection_timeout(settings.session_timeout));
     }
     Ok(connector)
 }
@@ -140,6 +146,31 @@ impl Slot {
     /// A receiver of health changes.
     pub fn health_watch(&self) -> watch::Receiver<Health> {
         self.health.clone()
+    }
+
+    /// The send instant of the newest request that the ZooKeeper quorum is known to have answered
+    /// for this session: a confirmation (`zk::confirm`), the session's creation, or an
+    /// acquisition ([`Slot::credit`]). The leader cannot have expired the session before this
+    /// plus the bound of the grace.
+    pub fn confirmed(&self) -> Instant {
+        self.confirmation.confirmed()
+    }
+
+    /// Records an answer of the quorum for this session to a request sent at `at` (see
+    /// [`Slot::confirmed`]).
+    pub fn credit(&self, at: Instant) {
+        self.confirmation.credit(at);
+    }
+
+    /// One more lock held by this session: it is confirmed with the quorum while it holds one.
+    /// Each call is matched by one [`Slot::unhold`].
+    pub fn hold(&self) {
+        self.confirmation.hold();
+    }
+
+    /// One lock less held by this session.
+    pub fn unhold(&self) {
+        self.confirmation.unhold();
     }
 
     /// Queues cleanup for the reaper task (never blocks, never panics).
@@ -372,6 +403,9 @@ impl ZkSession {
         };
         let mut advice = "check zookeeper.servers and that ZooKeeper is running";
         for attempt in 1..=attempts {
+            // Creating the session goes through the leader: the session counts as confirmed
+            // from the start of the attempt that created it.
+            let attempted = Instant::now();
             let connector = configured.clone().with_fail_eagerly();
             let connecting = async {
                 if s.tls.is_some() {
@@ -383,7 +417,7 @@ impl ZkSession {
             match tokio::time::timeout(per_attempt, connecting).await {
                 Ok(Ok(client)) => {
                     check_chroot(&client, &s.servers).await?;
-                    return Ok(self.start_slot(client));
+                    return Ok(self.start_slot(client, attempted));
                 }
                 Ok(Err(zookeeper_client::Error::AuthFailed)) => {
                     last = "ZooKeeper refused the authentication (AuthFailed)".into();
@@ -417,13 +451,31 @@ impl ZkSession {
         })
     }
 
-    fn start_slot(&self, client: Client) -> Slot {
+    fn start_slot(&self, client: Client, attempted: Instant) -> Slot {
         let session_id = client.session_id().0;
         let negotiated = client.session_timeout();
-        let grace = self.inner.settings.loss_grace.unwrap_or(negotiated / 4);
+        let settings = &self.inner.settings;
+        // zkguard's own connector sets a connection timeout with TLS only; an application's
+        // connector may have set any, taken at its worst (see `config::grace::max_loss_grace`).
+        let connection_timeout = match &self.inner.connector {
+            Some(_) => Some(negotiated * 3 / 5),
+            None => settings.connection_timeout(settings.session_timeout),
+        };
+        let (grace, cut) =
+            effective_loss_grace(settings.loss_grace, negotiated, connection_timeout);
+        if cut {
+            warn!(
+                configured_ms = settings.loss_grace.unwrap_or_default().as_millis() as u64,
+                grace_ms = grace.as_millis() as u64,
+                negotiated_timeout_ms = negotiated.as_millis() as u64,
+                bound = %crate::config::grace::describe_max_loss_grace(negotiated, connection_timeout),
+                "zookeeper.lock.loss.grace exceeds the safe bound for the session timeout the server granted: using the bound"
+            );
+        }
         info!(
             session_id = format!("{session_id:#x}"),
             timeout_ms = negotiated.as_millis() as u64,
+            grace_ms = grace.as_millis() as u64,
             "ZooKeeper session established"
         );
         register_session(&client);
@@ -453,11 +505,13 @@ impl ZkSession {
             }
         });
         let reaper = super::reaper::spawn(client.clone());
+        let confirmation = Confirmation::start(&client, attempted, grace);
         Slot {
             client,
             session_id,
             grace,
             health: health_rx,
+            confirmation,
             contention: StdMutex::new(HashMap::new()),
             lock_root_checked: AtomicBool::new(false),
             mark_releases: AtomicBool::new(true),

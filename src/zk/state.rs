@@ -14,9 +14,10 @@ use zookeeper_client::SessionState;
 ///
 /// While `Suspended`, the session may still be alive on the servers (the client reconnects by
 /// itself within the session timeout), but nothing done under a lock of this session should be
-/// trusted to be exclusive: a held lock reports itself lost once the connection has been down
-/// for `zookeeper.lock.loss.grace`. Once `Lost`, every ephemeral node of the session (queue
-/// places, held locks) is gone; the next lock request, or [`ZkSession::ensure_session`](crate::ZkSession::ensure_session),
+/// trusted to be exclusive: a held lock reports itself lost once `zookeeper.lock.loss.grace` has
+/// passed since the last request the ZooKeeper quorum answered for the session (which also
+/// happens while `Connected` to a follower cut off from the leader). Once `Lost`, every
+/// ephemeral node of the session (queue places, held locks) is gone; the next lock request, or [`ZkSession::ensure_session`](crate::ZkSession::ensure_session),
 /// connects a new session, and the state becomes `Connected` again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
