@@ -175,19 +175,27 @@ impl EsStore {
     }
 
     /// Sends a request built by `make`; when the connection is refused and the pool has more nodes,
-    /// builds and sends it again (the round-robin pool picks the next node).
+    /// builds and sends it again (the round-robin pool picks the next node). A request that never
+    /// left because the pooled connection it was given had just been closed by the server (an
+    /// idle keep-alive connection) is sent again once, on a new connection: nothing of it reached
+    /// the server, so this holds for writes too.
     async fn send<F, Fut>(&self, what: &str, make: F) -> Result<Response, EsError>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<Response, elasticsearch::Error>>,
     {
         let mut attempt = 1;
+        let mut resent_unsent = false;
         loop {
             match make().await {
                 Ok(r) => return Ok(r),
                 Err(e) if attempt < self.nodes && is_connect_error(&e) => {
                     tracing::debug!(error = %error_chain(&e), attempt, "{what}: connection refused, trying the next node");
                     attempt += 1;
+                }
+                Err(e) if !resent_unsent && is_unsent_error(&e) => {
+                    tracing::debug!(error = %error_chain(&e), "{what}: the pooled connection was closed before the request went out; sending it again");
+                    resent_unsent = true;
                 }
                 Err(e) => return Err(self.transport_error(what, &e)),
             }
@@ -273,6 +281,12 @@ fn with_tls(
 
 /// Whether the request failed before anything was sent (connection refused or reset while
 /// connecting), so that sending it to another node cannot apply it twice.
+/// Whether the request never left: the HTTP client gave it a pooled connection that turned out
+/// to be closed before anything was written (hyper's "connection was not ready").
+fn is_unsent_error(e: &elasticsearch::Error) -> bool {
+    error_chain(e).contains("connection was not ready")
+}
+
 fn is_connect_error(e: &elasticsearch::Error) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(s) = source {
