@@ -255,29 +255,25 @@ fn durations_beyond_seven_days_are_refused() {
 fn a_backend_variable_that_disagrees_with_the_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("zkguard.properties");
-    std::fs::write(&file, "lock.backend=elasticsearch\n").unwrap();
-    let o = zkguard(&closed_port())
-        .env("ZKGUARD_LOCK_BACKEND", "zookeeper")
-        .arg("--config")
-        .arg(&file)
-        .args(["config", "check"])
-        .output()
-        .unwrap();
-    let err = one_line(&o, 78);
-    assert!(err.contains("ZKGUARD_LOCK_BACKEND=zookeeper"), "{err}");
-    assert!(err.contains("lock.backend=elasticsearch"), "{err}");
-    assert!(err.contains("zkguard exec"), "{err}");
-    // Agreeing, or with no file setting, the variable is an override as any other.
-    for (content, code) in [("lock.backend=zookeeper\n", 0), ("\n", 0)] {
+    // `zkguard config check` with the file holding `content`, under ZKGUARD_LOCK_BACKEND=zookeeper.
+    let check = |content: &str| {
         std::fs::write(&file, content).unwrap();
-        let o = zkguard(&closed_port())
+        zkguard(&closed_port())
             .env("ZKGUARD_LOCK_BACKEND", "zookeeper")
             .arg("--config")
             .arg(&file)
             .args(["config", "check"])
             .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(code), "{content}: {}", stderr(&o));
+            .unwrap()
+    };
+    let err = one_line(&check("lock.backend=elasticsearch\n"), 78);
+    assert!(err.contains("ZKGUARD_LOCK_BACKEND=zookeeper"), "{err}");
+    assert!(err.contains("lock.backend=elasticsearch"), "{err}");
+    assert!(err.contains("zkguard exec"), "{err}");
+    // Agreeing, or with no file setting, the variable is an override as any other.
+    for content in ["lock.backend=zookeeper\n", "\n"] {
+        let o = check(content);
+        assert_eq!(o.status.code(), Some(0), "{content}: {}", stderr(&o));
     }
 }
 
