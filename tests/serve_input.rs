@@ -121,3 +121,54 @@ async fn own_and_system_indices_are_refused_unless_allowed() {
     .await;
     assert_eq!(status, StatusCode::OK, "an allowed index: {v}");
 }
+
+/// Connections that send their headers and then trickle (or stall) their bodies must not hold
+/// the request slots (`server.max.concurrent`): the body is read, under `server.body.timeout`,
+/// before a request takes a slot. Other clients are served meanwhile, and the slow senders get
+/// a 408 once their body is overdue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_request_bodies_do_not_take_the_slots_of_other_requests() {
+    use std::io::{Read, Write};
+    let env = Env::new(&shared_zk().connect_string(), "slow-bodies")
+        .with("ZKGUARD_SERVER_MAX_CONCURRENT", "4")
+        .with("ZKGUARD_SERVER_BODY_TIMEOUT", "1500");
+    let s = env.start("slow-bodies");
+    let addr = s.url("").trim_start_matches("http://").to_string();
+    let index = format!("slow-{}", uuid_tag());
+    // Twice as many stalled bodies as there are slots: headers and one byte of 20.
+    let stalled: Vec<std::net::TcpStream> = (0..8)
+        .map(|i| {
+            let mut t = std::net::TcpStream::connect(&addr).unwrap();
+            write!(
+                t,
+                "PUT /v1/indices/{index}/docs/s{i} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 20\r\n\r\n{{"
+            )
+            .unwrap();
+            t
+        })
+        .collect();
+    let c = client();
+    // Wait until the service has all of them (each counted as a request in flight would show in
+    // the metrics; here: a request of another client is answered while they stall).
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/ok"),
+        &json!({"n": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "served while 8 bodies stall: {v}");
+    // The stalled ones are answered 408 once their body is overdue, and closed.
+    for mut t in stalled {
+        t.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+        let mut answer = String::new();
+        let _ = t.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("body_timeout"), "{answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+    }
+}

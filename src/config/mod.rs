@@ -157,6 +157,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("server.max.body", "1048576", "largest request body `zkguard serve` accepts (bytes)"),
     ("server.max.concurrent", "256", "requests `zkguard serve` handles at once; more are refused with 503 and Retry-After"),
     ("server.request.timeout", "30000", "longest time `zkguard serve` spends on one request (ms)"),
+    ("server.body.timeout", "10000", "longest time a request's body may take to arrive, read before the request takes one of server.max.concurrent (ms); a later one gets 408 and the connection is closed"),
     ("server.drain.timeout", "10000", "on SIGTERM, how long in-flight requests may take to finish (ms)"),
     ("server.lock.ttl", "30000", "lease of an explicit lock taken through `zkguard serve` when the request names none (ms)"),
     ("server.lock.ttl.max", "300000", "longest lease an explicit lock may ask for (ms)"),
@@ -368,6 +369,8 @@ pub struct ServerSettings {
     pub max_concurrent: usize,
     /// Longest time spent on one request.
     pub request_timeout: Duration,
+    /// Longest time a request's body may take to arrive (read before the request takes a slot).
+    pub body_timeout: Duration,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub drain_timeout: Duration,
     /// Lease of an explicit lock that names none.
@@ -1185,6 +1188,7 @@ impl Settings {
             max_body: r.int::<usize>("server.max.body", 1)?,
             max_concurrent: r.int::<usize>("server.max.concurrent", 1)?,
             request_timeout: r.duration_min("server.request.timeout", Duration::from_millis(1))?,
+            body_timeout: r.duration_min("server.body.timeout", Duration::from_millis(1))?,
             drain_timeout: r.duration("server.drain.timeout")?,
             lock_ttl: r.duration_min("server.lock.ttl", Duration::from_millis(100))?,
             lock_ttl_max: r.duration_min("server.lock.ttl.max", Duration::from_millis(100))?,

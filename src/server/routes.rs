@@ -135,7 +135,10 @@ async fn count(State(state): State<Arc<AppState>>, request: Request, next: Next)
 }
 
 /// Refuses API requests beyond `server.max.concurrent` (503 with `Retry-After`) and while
-/// draining, and bounds each request by `server.request.timeout`.
+/// draining, and bounds each request by `server.request.timeout`. The body is read first, under
+/// `server.body.timeout` and before the request takes a slot: a client that trickles or stalls
+/// its body holds no slot, and gets 408 (with the connection closed) once the body is overdue;
+/// a request refused for load has had its body read, so its connection stays usable.
 async fn guard_load(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     if state.draining.load(Ordering::Acquire) {
         return ApiError::unavailable(
@@ -144,6 +147,10 @@ async fn guard_load(State(state): State<Arc<AppState>>, request: Request, next: 
         )
         .into_response();
     }
+    let request = match read_body(&state, request).await {
+        Ok(request) => request,
+        Err(refused) => return refused,
+    };
     let Ok(_permit) = state.permits.clone().try_acquire_owned() else {
         return ApiError::unavailable(
             "overloaded",
@@ -166,6 +173,53 @@ async fn guard_load(State(state): State<Arc<AppState>>, request: Request, next: 
         )
         .into_response(),
     }
+}
+
+/// Reads `request`'s body (at most `server.max.body` bytes, within `server.body.timeout`) and
+/// hands the request on with it.
+async fn read_body(state: &AppState, request: Request) -> Result<Request, Response> {
+    let (parts, body) = request.into_parts();
+    let (limit, max) = (state.settings.body_timeout, state.settings.max_body);
+    match tokio::time::timeout(limit, axum::body::to_bytes(body, max)).await {
+        Ok(Ok(bytes)) => Ok(Request::from_parts(parts, axum::body::Body::from(bytes))),
+        Ok(Err(e)) => {
+            // http-body-util's LengthLimitError, somewhere in the chain.
+            let too_large =
+                std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
+                    e.source()
+                })
+                .any(|e| e.to_string() == "length limit exceeded");
+            let refused = if too_large {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    format!("the request body is larger than server.max.body ({max} bytes); send a smaller document or split the bulk request"),
+                )
+            } else {
+                ApiError::bad("bad_body", format!("cannot read the request body: {e}"))
+            };
+            Err(closing(refused.into_response()))
+        }
+        Err(_) => {
+            tracing::warn!(method = %parts.method, path = %parts.uri.path(), timeout_ms = limit.as_millis() as u64, "a request body did not arrive in time; closing the connection");
+            Err(closing(
+                ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    format!("the request body did not arrive within server.body.timeout ({}ms); nothing was done: send the whole body at once and retry", limit.as_millis()),
+                )
+                .into_response(),
+            ))
+        }
+    }
+}
+
+/// `response` with `Connection: close`: what is left of the request's body is not read.
+fn closing(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 async fn healthz() -> Json<Value> {
