@@ -167,6 +167,20 @@ impl std::fmt::Debug for Journal {
     }
 }
 
+/// `path` with every symbolic link resolved: the file's own path if it exists, else its
+/// directory's resolved path and its name.
+fn resolve(path: &Path) -> std::io::Result<PathBuf> {
+    match std::fs::canonicalize(path) {
+        Ok(p) => Ok(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            let dir = std::fs::canonicalize(dir.unwrap_or(Path::new(".")))?;
+            Ok(dir.join(path.file_name().unwrap_or(path.as_os_str())))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn io(path: &Path) -> impl Fn(std::io::Error) -> JournalError + '_ {
     move |source| JournalError::Io {
         path: path.to_path_buf(),
@@ -181,10 +195,14 @@ impl Journal {
     /// # Errors
     /// [`JournalError::InUse`] when another process holds it; [`JournalError::Io`].
     pub fn open(path: &Path) -> Result<(Arc<Journal>, Vec<Operation>), JournalError> {
-        let err = io(path);
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(&err)?;
+            std::fs::create_dir_all(dir).map_err(io(path))?;
         }
+        // The file itself, through any symbolic link (of the file or of a directory): two
+        // services naming one journal by different paths must meet at one lock file.
+        let resolved = resolve(path).map_err(io(path))?;
+        let path = resolved.as_path();
+        let err = io(path);
         let mut lock_path = path.as_os_str().to_owned();
         lock_path.push(".lock");
         let lock_path = PathBuf::from(lock_path);
@@ -654,6 +672,28 @@ mod uuid_str {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A second service whose journal path is a symbolic link to a journal in use is refused,
+    /// as one naming the file itself: the lock is taken on the resolved file.
+    #[test]
+    fn a_journal_reached_through_a_symbolic_link_is_in_use_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("journal.jsonl");
+        let (_first, _) = Journal::open(&real).unwrap();
+        let link = dir.path().join("other-name.jsonl");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        match Journal::open(&link) {
+            Err(JournalError::InUse { path, .. }) => assert_eq!(path, real),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a second journal over the same file was opened"),
+        }
+        let linked_dir = dir.path().join("linked-dir");
+        std::os::unix::fs::symlink(dir.path(), &linked_dir).unwrap();
+        assert!(matches!(
+            Journal::open(&linked_dir.join("journal.jsonl")),
+            Err(JournalError::InUse { .. })
+        ));
+    }
 
     fn op(n: u32) -> Operation {
         Operation::index("m", "idx", format!("d{n}"), json!({"n": n}))
