@@ -67,6 +67,9 @@ fn read_tokens(path: &Path) -> Result<Vec<Vec<u8>>, TokensError> {
     Ok(tokens)
 }
 
+/// Tokens shorter than this draw a warning ([`Tokens::warnings`]).
+pub const MIN_TOKEN_LEN: usize = 16;
+
 impl Tokens {
     /// Reads the tokens file, if one is configured.
     ///
@@ -81,6 +84,39 @@ impl Tokens {
             path: path.map(Path::to_path_buf),
             tokens: RwLock::new(tokens),
         })
+    }
+
+    /// What an operator should hear about the tokens file: readable by every user (anyone on
+    /// the host could take a token), or tokens shorter than [`MIN_TOKEN_LEN`] characters (short
+    /// enough to guess). Never shows a token.
+    pub fn warnings(&self) -> Vec<String> {
+        use std::os::unix::fs::PermissionsExt;
+        let Some(path) = &self.path else {
+            return Vec::new();
+        };
+        let mut warnings = Vec::new();
+        if std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o004 != 0) {
+            warnings.push(format!(
+                "the tokens file {} (server.auth.tokens.file) holds secrets and every user may read it; restrict it (chmod 600 {})",
+                path.display(),
+                path.display()
+            ));
+        }
+        let short = self
+            .tokens
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|t| t.len() < MIN_TOKEN_LEN)
+            .count();
+        if short > 0 {
+            warnings.push(format!(
+                "{short} token{} shorter than {MIN_TOKEN_LEN} characters in {}: short tokens can be guessed; use long random ones (openssl rand -hex 32)",
+                if short == 1 { " is" } else { "s are" },
+                path.display()
+            ));
+        }
+        warnings
     }
 
     /// Whether requests must carry a token.
@@ -276,5 +312,40 @@ impl axum::serve::Listener for TlsListener {
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
         Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A tokens file every user may read, or a token short enough to guess, draws a warning
+    /// naming the file (never the tokens); a private file of long tokens draws none.
+    #[test]
+    fn a_readable_tokens_file_or_a_short_token_is_warned_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tokens");
+        std::fs::write(&file, "short\nlong-enough-token-0123456789\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let warnings = Tokens::load(Some(&file)).unwrap().warnings();
+        let all = warnings.join("\n");
+        assert_eq!(warnings.len(), 2, "{all}");
+        assert!(
+            all.contains("every user may read it") && all.contains("chmod 600"),
+            "{all}"
+        );
+        assert!(
+            all.contains("1 token is shorter than 16 characters"),
+            "{all}"
+        );
+        assert!(
+            !all.contains("short\n") && !all.contains("long-enough"),
+            "{all}"
+        );
+
+        std::fs::write(&file, "long-enough-token-0123456789\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(Tokens::load(Some(&file)).unwrap().warnings().is_empty());
     }
 }

@@ -109,6 +109,9 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         access::Tokens::load(settings.server.auth_tokens_file.as_deref())
             .map_err(|e| CliError::new(EX_CONFIG, e))?,
     );
+    for w in tokens.warnings() {
+        eprintln!("zkguard: warning: {w}");
+    }
     let tls = match &settings.server.tls {
         Some((cert, key)) => {
             Some(access::acceptor(cert, key).map_err(|e| CliError::new(EX_CONFIG, e))?)
