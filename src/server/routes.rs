@@ -925,12 +925,7 @@ async fn take_lock(
 ) -> Result<Json<super::locks::LockView>, ApiError> {
     let Path(monitor) = path.map_err(path_error)?;
     let params = parse_lock_params(query, &state, &["type", "timeout", "ttl", "info"])?;
-    validate_monitor(&monitor).map_err(|e| ApiError::bad("bad_monitor", e.to_string()))?;
-    let info = params
-        .info
-        .clone()
-        .unwrap_or_else(|| format!("{INFO} explicit lock"));
-    hold_for_caller(&state, monitor, info, params).await
+    hold_for_caller(&state, monitor, format!("{INFO} explicit lock"), params).await
 }
 
 /// `POST /v1/locks?index=I&id=D`: as `POST /v1/locks/{monitor}` on the monitor a write of that
@@ -960,22 +955,20 @@ async fn take_document_lock(
     };
     check_index(&index)?;
     check_doc_id(&id)?;
-    let monitor = document_monitor(&index, &id);
-    validate_monitor(&monitor).map_err(|e| ApiError::bad("bad_monitor", e.to_string()))?;
-    let info = params
-        .info
-        .clone()
-        .unwrap_or_else(|| format!("{INFO} explicit lock on {index}/{id}"));
-    hold_for_caller(&state, monitor, info, params).await
+    let info = format!("{INFO} explicit lock on {index}/{id}");
+    hold_for_caller(&state, document_monitor(&index, &id), info, params).await
 }
 
-/// Waits for the lock of `monitor` (`type`, `timeout`) and holds it for the caller for `ttl`.
+/// Waits for the lock of `monitor` (`type`, `timeout`) and holds it for the caller for `ttl`,
+/// described by the caller's `info` or else `default_info`.
 async fn hold_for_caller(
     state: &Arc<AppState>,
     monitor: String,
-    info: String,
+    default_info: String,
     params: LockParams,
 ) -> Result<Json<super::locks::LockView>, ApiError> {
+    validate_monitor(&monitor).map_err(|e| ApiError::bad("bad_monitor", e.to_string()))?;
+    let info = params.info.clone().unwrap_or(default_info);
     let full = |max: usize| {
         ApiError::unavailable(
             "too_many_locks",
