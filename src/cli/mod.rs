@@ -13,5 +13,6 @@ pub mod txn;
 
 pub use setup::{init_tracing, lock_service};
 pub use status::{
-    print_error_json, CliError, EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE,
+    print_error_json, CliError, EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE,
+    EX_USAGE,
 };

@@ -157,6 +157,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("server.max.body", "1048576", "largest request body `zkguard serve` accepts (bytes)"),
     ("server.max.concurrent", "256", "requests `zkguard serve` handles at once; more are refused with 503 and Retry-After"),
     ("server.request.timeout", "30000", "longest time `zkguard serve` spends on one request (ms)"),
+    ("server.journal.skip.corrupt", "false", "true: `zkguard serve` starts over a journal with damaged lines (before its last), skipping them (their operations are lost); false: it refuses to start, naming the line and keeping a copy"),
     ("server.body.timeout", "10000", "longest time a request's body may take to arrive, read before the request takes one of server.max.concurrent (ms); a later one gets 408 and the connection is closed"),
     ("server.drain.timeout", "10000", "on SIGTERM, how long in-flight requests may take to finish (ms)"),
     ("server.lock.ttl", "30000", "lease of an explicit lock taken through `zkguard serve` when the request names none (ms)"),
@@ -363,6 +364,8 @@ pub struct ServerSettings {
     pub listen: std::net::SocketAddr,
     /// Write-ahead journal of background operations.
     pub journal_path: PathBuf,
+    /// Start over a journal with damaged lines, skipping them (`server.journal.skip.corrupt`).
+    pub journal_skip_corrupt: bool,
     /// Largest request body, in bytes.
     pub max_body: usize,
     /// Requests handled at once.
@@ -1185,6 +1188,7 @@ impl Settings {
                 })?
             },
             journal_path: state::resolve(&state_dir, &r.non_empty("server.journal.path")?),
+            journal_skip_corrupt: r.boolean("server.journal.skip.corrupt")?,
             max_body: r.int::<usize>("server.max.body", 1)?,
             max_concurrent: r.int::<usize>("server.max.concurrent", 1)?,
             request_timeout: r.duration_min("server.request.timeout", Duration::from_millis(1))?,

@@ -45,6 +45,17 @@ pub enum JournalError {
         /// Lock file.
         lock: PathBuf,
     },
+    /// A line before the last cannot be read: not a write cut short by a crash (only the last
+    /// line can be), but damage. Nothing was changed; a copy of the file was kept.
+    #[error("the journal {} is damaged: line {line} cannot be read, and only the last line can be cut short by a crash; a copy of the file is kept as {}. Look at the line (operations it held would be lost), then start once with server.journal.skip.corrupt=true to skip the lines that cannot be read", .path.display(), .copy.display())]
+    Corrupt {
+        /// Journal path.
+        path: PathBuf,
+        /// The first damaged line (from 1).
+        line: usize,
+        /// The copy of the journal as it was.
+        copy: PathBuf,
+    },
     /// The file could not be read or written.
     #[error("journal {}: {source}; check server.journal.path and the free space of its file system", .path.display())]
     Io {
@@ -190,11 +201,17 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> JournalError + '_ {
 
 impl Journal {
     /// Opens (or creates) the journal, takes its lock, reads it and compacts it. Returns the
-    /// journal and the unfinished operations, oldest first, to run again.
+    /// journal and the unfinished operations, oldest first, to run again. A last line that
+    /// cannot be read (a write cut short by a crash) is skipped; with `skip_corrupt`, so are
+    /// unreadable lines before it (with a warning naming them).
     ///
     /// # Errors
-    /// [`JournalError::InUse`] when another process holds it; [`JournalError::Io`].
-    pub fn open(path: &Path) -> Result<(Arc<Journal>, Vec<Operation>), JournalError> {
+    /// [`JournalError::InUse`] when another process holds it; [`JournalError::Corrupt`] when a
+    /// line before the last cannot be read (without `skip_corrupt`); [`JournalError::Io`].
+    pub fn open(
+        path: &Path,
+        skip_corrupt: bool,
+    ) -> Result<(Arc<Journal>, Vec<Operation>), JournalError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io(path))?;
         }
@@ -229,6 +246,10 @@ impl Journal {
         let mut entries: HashMap<Uuid, Entry> = HashMap::new();
         let mut queued_order = VecDeque::new();
         let mut finished_order = VecDeque::new();
+        // Lines that cannot be read: the last one may be a write cut short by a crash, any
+        // other is damage.
+        let mut unreadable: Vec<(usize, String)> = Vec::new();
+        let mut last_line = 0;
         match File::open(path) {
             Ok(f) => {
                 // Bytes, not text: a line cut short by a crash may end inside a character.
@@ -237,6 +258,7 @@ impl Journal {
                     if line.iter().all(u8::is_ascii_whitespace) {
                         continue;
                     }
+                    last_line = n + 1;
                     match serde_json::from_slice::<Record>(&line) {
                         Ok(Record::Accepted { ops }) => {
                             for op in ops {
@@ -263,17 +285,29 @@ impl Journal {
                                 },
                             );
                         }
-                        Err(e) => tracing::warn!(
-                            journal = %path.display(),
-                            line = n + 1,
-                            error = %e,
-                            "skipping a journal line that cannot be read (a write cut short by a crash)"
-                        ),
+                        Err(e) => unreadable.push((n + 1, e.to_string())),
                     }
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(err(e)),
+        }
+        for (line, error) in &unreadable {
+            if *line == last_line {
+                tracing::warn!(journal = %path.display(), line, %error, "skipping a journal line that cannot be read (a write cut short by a crash)");
+            } else if skip_corrupt {
+                tracing::warn!(journal = %path.display(), line, %error, "skipping a damaged journal line (server.journal.skip.corrupt); the operations it held are lost");
+            } else {
+                let mut copy = path.as_os_str().to_owned();
+                copy.push(format!(".damaged-{}", std::process::id()));
+                let copy = PathBuf::from(copy);
+                std::fs::copy(path, &copy).map_err(&err)?;
+                return Err(JournalError::Corrupt {
+                    path: path.to_path_buf(),
+                    line: *line,
+                    copy,
+                });
+            }
         }
         let pending: Vec<Operation> = queued_order
             .iter()
@@ -679,10 +713,10 @@ mod tests {
     fn a_journal_reached_through_a_symbolic_link_is_in_use_too() {
         let dir = tempfile::tempdir().unwrap();
         let real = dir.path().join("journal.jsonl");
-        let (_first, _) = Journal::open(&real).unwrap();
+        let (_first, _) = Journal::open(&real, false).unwrap();
         let link = dir.path().join("other-name.jsonl");
         std::os::unix::fs::symlink(&real, &link).unwrap();
-        match Journal::open(&link) {
+        match Journal::open(&link, false) {
             Err(JournalError::InUse { path, .. }) => assert_eq!(path, real),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("a second journal over the same file was opened"),
@@ -690,7 +724,7 @@ mod tests {
         let linked_dir = dir.path().join("linked-dir");
         std::os::unix::fs::symlink(dir.path(), &linked_dir).unwrap();
         assert!(matches!(
-            Journal::open(&linked_dir.join("journal.jsonl")),
+            Journal::open(&linked_dir.join("journal.jsonl"), false),
             Err(JournalError::InUse { .. })
         ));
     }
@@ -699,13 +733,69 @@ mod tests {
         Operation::index("m", "idx", format!("d{n}"), json!({"n": n}))
     }
 
+    /// Only the last line can be cut short by a crash: a line that cannot be read before other
+    /// lines is corruption. The journal then refuses to open, naming the line and a copy of the
+    /// file it kept, unless told to skip such lines; a torn last line is skipped as before.
+    #[test]
+    fn a_bad_line_before_others_is_corruption_and_a_torn_last_line_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let accepted =
+            |o: Operation| serde_json::to_string(&Record::Accepted { ops: vec![o] }).unwrap();
+        let (a, b) = (op(1), op(2));
+        let text = format!(
+            "{}\n{{\"r\":\"acc\n{}\n",
+            accepted(a.clone()),
+            accepted(b.clone())
+        );
+        std::fs::write(&path, &text).unwrap();
+        // (A journal's lock lasts as long as the process: each open below uses a file of its own.)
+        let message = match Journal::open(&path, false) {
+            Err(e @ JournalError::Corrupt { .. }) => {
+                let JournalError::Corrupt { line, copy, .. } = &e else {
+                    unreachable!()
+                };
+                assert_eq!(*line, 2);
+                assert_eq!(
+                    std::fs::read_to_string(copy).unwrap(),
+                    text,
+                    "the copy kept"
+                );
+                e.to_string()
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a journal with a bad line in its middle was opened"),
+        };
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            text,
+            "left as it was"
+        );
+        assert!(
+            message.contains("line 2") && message.contains("server.journal.skip.corrupt"),
+            "{message}"
+        );
+        let skipping = dir.path().join("skipping.jsonl");
+        std::fs::write(&skipping, &text).unwrap();
+        let (_, pending) = Journal::open(&skipping, true).unwrap();
+        assert_eq!(
+            pending.iter().map(|o| o.id).collect::<Vec<_>>(),
+            [a.id, b.id]
+        );
+
+        let torn = dir.path().join("torn.jsonl");
+        std::fs::write(&torn, format!("{}\n{{\"r\":\"acc", accepted(op(3)))).unwrap();
+        let (_, pending) = Journal::open(&torn, false).unwrap();
+        assert_eq!(pending.len(), 1, "a torn last line is skipped");
+    }
+
     #[tokio::test]
     async fn unfinished_operations_come_back_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.jsonl");
         let (a, b, c) = (op(1), op(2), op(3));
         {
-            let (j, pending) = Journal::open(&path).unwrap();
+            let (j, pending) = Journal::open(&path, false).unwrap();
             assert!(pending.is_empty());
             let fresh = j.accept(vec![a.clone(), b.clone()]).await.unwrap();
             assert_eq!(fresh.len(), 2);
@@ -725,7 +815,7 @@ mod tests {
             assert_eq!(j.depth(), 2);
             // A second service cannot open the same journal.
             assert!(matches!(
-                Journal::open(&path),
+                Journal::open(&path, false),
                 Err(JournalError::InUse { .. })
             ));
         }
@@ -739,7 +829,7 @@ mod tests {
         // through a copy, as a restarted process would see the file.
         let copy = dir.path().join("copy.jsonl");
         std::fs::copy(&path, &copy).unwrap();
-        let (j, pending) = Journal::open(&copy).unwrap();
+        let (j, pending) = Journal::open(&copy, false).unwrap();
         assert_eq!(
             pending.iter().map(|o| o.id).collect::<Vec<_>>(),
             vec![a.id, c.id]
@@ -755,7 +845,7 @@ mod tests {
     async fn the_journal_is_compacted_while_it_grows() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.jsonl");
-        let (j, _) = Journal::open(&path).unwrap();
+        let (j, _) = Journal::open(&path, false).unwrap();
         let mut j = Arc::try_unwrap(j).unwrap();
         j.compact_every = 10;
         let j = Arc::new(j);
@@ -783,7 +873,7 @@ mod tests {
         drop(j);
         let copy = dir.path().join("copy.jsonl");
         std::fs::copy(&path, &copy).unwrap();
-        let (j, pending) = Journal::open(&copy).unwrap();
+        let (j, pending) = Journal::open(&copy, false).unwrap();
         assert_eq!(
             pending.iter().map(|o| o.id).collect::<Vec<_>>(),
             vec![queued.id]
@@ -801,7 +891,7 @@ mod tests {
     async fn an_fsync_covers_every_line_written_before_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.jsonl");
-        let (j, _) = Journal::open(&path).unwrap();
+        let (j, _) = Journal::open(&path, false).unwrap();
         let ops: Vec<Operation> = (0..8).map(op).collect();
         // Eight lines written while no fsync ran (as by requests that arrive together).
         let seqs: Vec<u64> = {
@@ -828,7 +918,7 @@ mod tests {
         drop(j);
         let copy = dir.path().join("copy.jsonl");
         std::fs::copy(&path, &copy).unwrap();
-        let (_, pending) = Journal::open(&copy).unwrap();
+        let (_, pending) = Journal::open(&copy, false).unwrap();
         assert_eq!(pending.len(), 9);
     }
 }

@@ -28,7 +28,7 @@ use zkguard::config::{LockBackendKind, Settings};
 use zkguard::es::{DocStore, EsStore};
 use zkguard::write::guarded::GuardedWriter;
 
-use crate::cli::{CliError, EX_CONFIG, EX_SOFTWARE, EX_UNAVAILABLE};
+use crate::cli::{CliError, EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_UNAVAILABLE};
 
 mod access;
 mod admin;
@@ -99,11 +99,15 @@ pub fn init_tracing(verbose: u8, format: LogFormat) {
 /// unreachable at start (69), address in use (69).
 pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     let listen = args.listen.unwrap_or(settings.server.listen);
-    let (journal, pending) =
-        journal::Journal::open(&settings.server.journal_path).map_err(|e| match e {
-            journal::JournalError::InUse { .. } => CliError::new(EX_CONFIG, e),
-            journal::JournalError::Io { .. } => CliError::new(EX_SOFTWARE, e),
-        })?;
+    let (journal, pending) = journal::Journal::open(
+        &settings.server.journal_path,
+        settings.server.journal_skip_corrupt,
+    )
+    .map_err(|e| match e {
+        journal::JournalError::InUse { .. } => CliError::new(EX_CONFIG, e),
+        journal::JournalError::Corrupt { .. } => CliError::new(EX_DATAERR, e),
+        journal::JournalError::Io { .. } => CliError::new(EX_SOFTWARE, e),
+    })?;
 
     let tokens = Arc::new(
         access::Tokens::load(settings.server.auth_tokens_file.as_deref())
