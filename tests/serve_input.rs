@@ -172,3 +172,47 @@ async fn slow_request_bodies_do_not_take_the_slots_of_other_requests() {
         );
     }
 }
+
+/// `/readyz` answers without a token, so it does not name the servers behind the service to
+/// anyone who asks: without a token it says what is down, with one it also says where.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_the_servers_only_to_an_authenticated_caller() {
+    let zk = zk_server();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let token = "readyz-test-token-0123456789abcdef";
+    std::fs::write(&tokens, format!("{token}\n")).unwrap();
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let env = Env::new(&zk.connect_string(), "readyz")
+        .with("ZKGUARD_SERVER_AUTH_TOKENS_FILE", tokens.to_str().unwrap());
+    let s = env.start("readyz");
+    let c = client();
+    let (status, v) = call(&c, Method::GET, &s.url("/readyz"), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    zk.stop();
+    let address = zk.connect_string();
+    eventually(std::time::Duration::from_secs(20), "not ready", || async {
+        call(&c, Method::GET, &s.url("/readyz"), None).await.0 == StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
+    let (_, anonymous) = call(&c, Method::GET, &s.url("/readyz"), None).await;
+    let message = anonymous["message"].as_str().unwrap();
+    assert!(
+        message.contains("ZooKeeper session is not connected"),
+        "{anonymous}"
+    );
+    assert!(!message.contains(&address), "{anonymous}");
+    let told = c
+        .get(s.url("/readyz"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    assert!(
+        told["message"].as_str().unwrap().contains(&address),
+        "{told}"
+    );
+}

@@ -119,6 +119,19 @@ impl Tokens {
         warnings
     }
 
+    /// Whether `headers` carry an accepted bearer token, or no token is needed at all.
+    pub fn admits(&self, headers: &axum::http::HeaderMap) -> bool {
+        !self.enabled()
+            || headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| {
+                    v.strip_prefix("Bearer ")
+                        .or_else(|| v.strip_prefix("bearer "))
+                })
+                .is_some_and(|t| self.accepts(t.trim().as_bytes()))
+    }
+
     /// Whether requests must carry a token.
     pub fn enabled(&self) -> bool {
         self.path.is_some()

@@ -55,14 +55,22 @@ pub fn router(state: Arc<AppState>, tokens: Arc<super::access::Tokens>) -> Route
         .route("/v1/locks/{monitor}/{lock_id}/keepalive", post(keep_alive))
         .route_layer(middleware::from_fn_with_state(state.clone(), guard_load))
         .route_layer(middleware::from_fn_with_state(
-            tokens,
+            tokens.clone(),
             super::access::authenticate,
         ))
         .layer(DefaultBodyLimit::max(state.settings.max_body));
     Router::new()
         .merge(api)
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+        .route(
+            "/readyz",
+            get({
+                let tokens = tokens.clone();
+                move |state: State<Arc<AppState>>, headers: axum::http::HeaderMap| {
+                    readyz(state, tokens.admits(&headers))
+                }
+            }),
+        )
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -226,15 +234,35 @@ async fn healthz() -> Json<Value> {
     Json(json!({"status": "alive"}))
 }
 
-async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+/// `/readyz`: ready, or what is not. It answers without a token; where tokens are configured,
+/// only a caller with one is told where the unreachable servers are (their addresses), others
+/// what is down.
+async fn readyz(State(state): State<Arc<AppState>>, detailed: bool) -> Response {
     if state.draining.load(Ordering::Acquire) {
         return ApiError::unavailable("not_ready", "the service is shutting down").into_response();
     }
     let mut problems = Vec::new();
     if let Some(p) = state.lock_problem() {
-        problems.push(p);
+        problems.push(if detailed {
+            p
+        } else {
+            match &state.backend {
+                super::state::Backend::ZooKeeper(_) => {
+                    "the ZooKeeper session is not connected (send a bearer token to be told the servers)".to_string()
+                }
+                super::state::Backend::Elasticsearch(_) => {
+                    "the Elasticsearch lease lock is unavailable (send a bearer token for details)"
+                        .to_string()
+                }
+            }
+        });
     }
     if let Err(p) = state.ping_es().await {
+        let p = if detailed {
+            p
+        } else {
+            "Elasticsearch does not answer (send a bearer token to be told where)".to_string()
+        };
         if !problems.contains(&p) {
             problems.push(p);
         }
