@@ -124,12 +124,8 @@ impl Tokens {
         !self.enabled()
             || headers
                 .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| {
-                    v.strip_prefix("Bearer ")
-                        .or_else(|| v.strip_prefix("bearer "))
-                })
-                .is_some_and(|t| self.accepts(t.trim().as_bytes()))
+                .and_then(|v| bearer(v.to_str().ok()?))
+                .is_some_and(|t| self.accepts(t.as_bytes()))
     }
 
     /// Whether requests must carry a token.
@@ -165,6 +161,14 @@ impl Tokens {
     }
 }
 
+/// The token of an `Authorization: Bearer <token>` header value.
+fn bearer(value: &str) -> Option<&str> {
+    value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim)
+}
+
 fn unauthorized(message: &str) -> Response {
     let mut response =
         ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).into_response();
@@ -189,14 +193,7 @@ pub async fn authenticate(
             "this service requires a bearer token: send the header `Authorization: Bearer <token>` with a token from server.auth.tokens.file",
         );
     };
-    let presented = value
-        .to_str()
-        .ok()
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
+    let presented = value.to_str().ok().and_then(bearer);
     match presented {
         None => unauthorized(
             "the Authorization header is not a bearer token: send `Authorization: Bearer <token>`",

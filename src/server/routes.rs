@@ -197,16 +197,7 @@ async fn read_body(state: &AppState, request: Request) -> Result<Request, Respon
                     e.source()
                 })
                 .any(|e| e.to_string() == "length limit exceeded");
-            let refused = if too_large {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body_too_large",
-                    format!("the request body is larger than server.max.body ({max} bytes); send a smaller document or split the bulk request"),
-                )
-            } else {
-                ApiError::bad("bad_body", format!("cannot read the request body: {e}"))
-            };
-            Err(closing(refused.into_response()))
+            Err(closing(body_refusal(too_large, &e, max).into_response()))
         }
         Err(_) => {
             tracing::warn!(method = %parts.method, path = %parts.uri.path(), timeout_ms = limit.as_millis() as u64, "a request body did not arrive in time; closing the connection");
@@ -445,7 +436,13 @@ fn path_error(e: PathRejection) -> ApiError {
 }
 
 fn body_error(e: BytesRejection, max: usize) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+    body_refusal(e.status() == StatusCode::PAYLOAD_TOO_LARGE, &e, max)
+}
+
+/// The answer to a body that could not be read: larger than `server.max.body` (`max`), or
+/// failed with `e`.
+fn body_refusal(too_large: bool, e: &dyn std::fmt::Display, max: usize) -> ApiError {
+    if too_large {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body_too_large",
