@@ -187,7 +187,7 @@ async fn fenced_operations_are_parked_at_once_and_malformed_ones_rejected() {
             error,
             ..
         } => {
-            assert!(error.contains("newer lock holder"), "{error}")
+            assert!(error.contains("set outside zkguard"), "{error}")
         }
         other => panic!("expected parked after one attempt, got {other:?}"),
     }

@@ -21,7 +21,7 @@
 //!   another owner, the guard's loss signal fires
 //!   ([`LossReason::LeaseExpired`](crate::LossReason::LeaseExpired),
 //!   [`LossReason::TakenOver`](crate::LossReason::TakenOver)).
-//! - **Fencing token**: every acquisition writes `token = max(previous + 1, now in µs)` with the
+//! - **Fencing token**: every acquisition writes `token = max(previous + 1, 2^52 + now in µs)` with the
 //!   same conditional write that grants the lock, so tokens strictly increase per monitor and
 //!   exceed any internal `_version` a data document can reach.
 //! - **Priority**: foreground waiters register in a `<monitor>/waiters` document with a short,

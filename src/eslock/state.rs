@@ -95,7 +95,11 @@ impl Inner {
 
     /// The token of the next acquisition after `previous`.
     pub(super) fn next_token(&self, previous: u64) -> u64 {
-        previous.saturating_add(1).max(self.now_micros())
+        // Above the ZooKeeper lock's tokens (2^52 plus a transaction id, far below a clock in
+        // microseconds), so a deployment can move from ZooKeeper to this backend.
+        previous
+            .saturating_add(1)
+            .max(crate::zk::TOKEN_BASE.saturating_add(self.now_micros()))
     }
 
     pub(super) async fn ensure_index(&self) -> Result<(), EsError> {

@@ -141,7 +141,7 @@ impl Metrics {
         let fenced = Family::<TypeLabels, Counter>::default();
         registry.register(
             "fenced_rejections",
-            "Writes rejected by fencing (a newer lock holder wrote the document)",
+            "Writes rejected by fencing (the document holds a newer version: a newer lock holder, or a writer outside zkguard, set it)",
             fenced.clone(),
         );
         let operations = Family::<OutcomeLabels, Counter>::default();

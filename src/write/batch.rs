@@ -375,18 +375,25 @@ impl Batcher {
                 match self.send(actions, shared.clone()).await {
                     Ok(items) => {
                         for ((i, item), (index, id)) in sent.iter().zip(items).zip(&targets) {
-                            let (q, r) = &mut results[*i];
-                            *r = Some(match item {
+                            let outcome = match item {
                                 Ok(meta) => Ok(Written {
-                                    op_id: q.op.id,
+                                    op_id: results[*i].0.op.id,
                                     token,
                                     meta: Some(meta),
                                     already_applied: false,
                                     waited: Duration::ZERO,
                                     held: Duration::ZERO,
                                 }),
-                                Err(e) => Err(fenced_or(e, index, id, token)),
-                            });
+                                Err(e) => Err(fenced_or(
+                                    self.writer.store().as_ref(),
+                                    e,
+                                    index,
+                                    id,
+                                    token,
+                                )
+                                .await),
+                            };
+                            results[*i].1 = Some(outcome);
                         }
                     }
                     Err(EsError::Protocol(m)) if m == NOT_SENT => {

@@ -84,8 +84,9 @@ pub enum GuardedError {
         /// Why the lock was lost.
         reason: String,
     },
-    /// Elasticsearch rejected the write because a newer lock holder already wrote the document.
-    #[error("write to {index}/{id} with fencing token {token} was rejected: a newer lock holder already wrote the document ({reason}); re-read it and decide whether the change still applies")]
+    /// Elasticsearch rejected the write because the document's version is above the token:
+    /// a newer lock holder wrote it, or a writer outside zkguard gave it that version.
+    #[error("write to {index}/{id} with fencing token {token} was rejected: {by} (Elasticsearch: {reason})")]
     Fenced {
         /// Index.
         index: String,
@@ -93,6 +94,8 @@ pub enum GuardedError {
         id: String,
         /// The rejected token.
         token: u64,
+        /// Who set the version that won, as far as the document tells after the conflict.
+        by: FencedBy,
         /// Elasticsearch's reason (names the stored version).
         reason: String,
     },
@@ -397,21 +400,24 @@ impl GuardedWriter {
             }
             Plan::Send(BulkAction::Delete { condition, .. }) => {
                 self.ensure_held(guard, op)?;
-                self.store
-                    .delete(index, id, condition, self.refresh)
-                    .await
-                    .map(written)
-                    .map_err(|e| fenced_or(e, index, id, token))
+                let sent = self.store.delete(index, id, condition, self.refresh).await;
+                match sent {
+                    Ok(meta) => Ok(written(meta)),
+                    Err(e) => Err(fenced_or(self.store.as_ref(), e, index, id, token).await),
+                }
             }
             Plan::Send(BulkAction::Index {
                 source, condition, ..
             }) => {
                 self.ensure_held(guard, op)?;
-                self.store
+                let sent = self
+                    .store
                     .index(index, id, &source, condition, self.refresh)
-                    .await
-                    .map(|meta| written(Some(meta)))
-                    .map_err(|e| fenced_or(e, index, id, token))
+                    .await;
+                match sent {
+                    Ok(meta) => Ok(written(Some(meta))),
+                    Err(e) => Err(fenced_or(self.store.as_ref(), e, index, id, token).await),
+                }
             }
         }
     }
@@ -518,14 +524,76 @@ impl GuardedWriter {
     }
 }
 
-pub(crate) fn fenced_or(e: EsError, index: &str, id: &str, token: u64) -> GuardedError {
+/// Who set the version that fenced a write: told apart by the document's `zkguard` stamp, read
+/// back after the conflict (a zkguard writer stores its token both as the version and in the
+/// stamp).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FencedBy {
+    /// A newer zkguard lock holder wrote the document: its stamp carries `version` as its token.
+    Holder {
+        /// The document's `_version`, the newer holder's token.
+        version: u64,
+    },
+    /// The document's version was set outside zkguard: the document has no stamp, or its stamp
+    /// carries another token (a write with internal versioning or with another tool's external
+    /// versions since).
+    Outside {
+        /// The document's `_version`.
+        version: u64,
+    },
+    /// The document could not be read back (it is gone, or the read failed).
+    Unknown,
+}
+
+impl std::fmt::Display for FencedBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Holder { version } => write!(
+                f,
+                "a newer zkguard lock holder wrote the document (token {version}); re-read it and decide whether the change still applies"
+            ),
+            Self::Outside { version } => write!(
+                f,
+                "the document's version {version} was set outside zkguard (its zkguard stamp does not carry it) and is above the token; \
+                 find the writer that uses external versions that high and stop it (zkguard's ZooKeeper tokens start at 2^52), \
+                 then delete the document and write it again through zkguard \
+                 (Elasticsearch forgets a deleted document's version after index.gc_deletes, 60 s by default)"
+            ),
+            Self::Unknown => write!(
+                f,
+                "a newer version was written meanwhile; re-read the document and decide whether the change still applies"
+            ),
+        }
+    }
+}
+
+/// What a write that Elasticsearch answered with `e` failed with: a conflict is fencing, and
+/// the document is read back to say who set the version that won.
+pub(crate) async fn fenced_or(
+    store: &dyn DocStore,
+    e: EsError,
+    index: &str,
+    id: &str,
+    token: u64,
+) -> GuardedError {
     match e {
         EsError::Conflict { reason, .. } => {
-            tracing::warn!(%index, %id, token, %reason, "write fenced by a newer lock holder");
+            let by = match store.get(index, id).await {
+                Ok(Some(doc)) => {
+                    let version = doc.meta.version.max(0) as u64;
+                    match Stamp::of(&doc.source) {
+                        Some(stamp) if stamp.token == version => FencedBy::Holder { version },
+                        _ => FencedBy::Outside { version },
+                    }
+                }
+                Ok(None) | Err(_) => FencedBy::Unknown,
+            };
+            tracing::warn!(%index, %id, token, %by, %reason, "write fenced");
             GuardedError::Fenced {
                 index: index.to_string(),
                 id: id.to_string(),
                 token,
+                by,
                 reason,
             }
         }

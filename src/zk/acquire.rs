@@ -330,6 +330,7 @@ async fn acquire_with(
     loop {
         let queue = match step {
             Step::Acquired { token, version } => {
+                let token = super::token::from_zxid(token);
                 pending.armed = false;
                 slot.set_contended(&paths.mutex, others_seen);
                 let node = pending.node.clone().expect("acquired with a node");

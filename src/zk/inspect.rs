@@ -40,7 +40,7 @@ pub struct MonitorState {
     pub monitor: String,
     /// The holder, if the mutex is held.
     pub holder: Option<Contender>,
-    /// Fencing token of the current holder (czxid of the mutex node).
+    /// Fencing token of the current holder (from the czxid of the mutex node).
     pub token: Option<u64>,
     /// Everyone queued, in lock order (the holder included).
     pub queue: Vec<Contender>,
@@ -342,7 +342,9 @@ pub async fn list_locks(
             .collect();
         let (token, stray_session) = match &view.mutex {
             MutexView::Free => (None, None),
-            MutexView::Held { stat, .. } => (Some(stat.czxid as u64), None),
+            MutexView::Held { stat, .. } => {
+                (Some(super::token::from_zxid(stat.czxid as u64)), None)
+            }
             MutexView::Stray { stat } => (None, Some(format!("{:#x}", stat.ephemeral_owner))),
         };
         let stray = stray_session.is_some();

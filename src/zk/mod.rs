@@ -30,6 +30,7 @@ mod release;
 mod session;
 mod state;
 mod tls;
+mod token;
 
 pub use acquire::{ZkBlockingWriteLock, ZkLockService};
 pub use guard::{LockGuard, MUTEX_WATCH_AFTER};
@@ -38,6 +39,7 @@ pub use names::QueueNode;
 pub use node::NodeData;
 pub use session::{wait_for_sessions_to_end, ZkSession};
 pub use state::ConnectionState;
+pub use token::TOKEN_BASE;
 
 use crate::lock::LockError;
 use zookeeper_client::{Client, Error as ZkError};
