@@ -34,8 +34,10 @@ mod access;
 mod admin;
 mod errors;
 mod journal;
+mod lock_routes;
 mod locks;
 mod metrics;
+mod params;
 mod routes;
 mod state;
 

@@ -1,0 +1,296 @@
+//! The explicit-lock routes: `POST /v1/locks[/{monitor}]` takes a lock and holds it for the
+//! caller, `.../keepalive` extends its lease, `DELETE` releases it, `GET` lists the monitors.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde_json::{json, Value};
+use uuid::Uuid;
+use zkguard::lock::validate_monitor;
+use zkguard::write::guarded::GuardedError;
+use zkguard::{LockError, LockType};
+
+use super::errors::{from_guarded, ApiError};
+use super::params::{
+    check_doc_id, check_index, document_monitor, path_error, refuse_repeated, INFO,
+};
+use super::state::AppState;
+
+/// Query parameters of `POST /v1/locks/{monitor}` (and of `POST /v1/locks`, which names a
+/// document instead) and of the keep-alive.
+#[derive(Debug, Default)]
+struct LockParams {
+    lock_type: LockType,
+    timeout: Option<Duration>,
+    ttl: Option<Duration>,
+    info: Option<String>,
+    index: Option<String>,
+    id: Option<String>,
+}
+
+fn parse_lock_params(
+    raw: Option<String>,
+    state: &AppState,
+    known: &[&str],
+) -> Result<LockParams, ApiError> {
+    let mut p = LockParams::default();
+    let raw = raw.unwrap_or_default();
+    refuse_repeated(&raw)?;
+    for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
+        let duration = |what: &str, max: Duration, max_key: &str| {
+            let t = zkguard::config::parse_bounded_duration(&value)
+                .map_err(|e| ApiError::bad("bad_parameter", format!("{what} `{value}`: {e}")))?;
+            if t > max {
+                return Err(ApiError::bad(
+                    "bad_parameter",
+                    format!(
+                        "{what} `{value}` is longer than {max_key} ({}ms); ask for less",
+                        max.as_millis()
+                    ),
+                ));
+            }
+            Ok(t)
+        };
+        match key.as_ref() {
+            k if !known.contains(&k) => {
+                return Err(ApiError::bad(
+                    "bad_parameter",
+                    format!(
+                        "unknown query parameter `{k}`; the known ones are {}",
+                        known.join(", ")
+                    ),
+                ))
+            }
+            "type" => {
+                p.lock_type = value
+                    .parse()
+                    .map_err(|e: String| ApiError::bad("bad_parameter", format!("type: {e}")))?
+            }
+            "timeout" => {
+                p.timeout = Some(duration(
+                    "timeout",
+                    state.settings.request_timeout,
+                    "server.request.timeout",
+                )?)
+            }
+            "ttl" => {
+                let t = duration("ttl", state.settings.lock_ttl_max, "server.lock.ttl.max")?;
+                if t.is_zero() {
+                    return Err(ApiError::bad(
+                        "bad_parameter",
+                        "ttl must be longer than 0; pass a lease such as 30s",
+                    ));
+                }
+                p.ttl = Some(t)
+            }
+            "info" => p.info = Some(value.into_owned()),
+            "index" => p.index = Some(value.into_owned()),
+            "id" => p.id = Some(value.into_owned()),
+            _ => unreachable!("every known parameter is handled"),
+        }
+    }
+    Ok(p)
+}
+
+fn lock_id(text: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(text).map_err(|_| {
+        ApiError::bad(
+            "bad_lock_id",
+            format!("lock id `{text}` is not a UUID; use the lock_id that POST /v1/locks/{{monitor}} returned"),
+        )
+    })
+}
+
+fn unknown_lock(monitor: &str, id: &Uuid) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_lock",
+        format!("no lock {id} on `{monitor}` is held here: it was released, its lease lapsed, or the lock backend lost it; take the lock again (and do not write with its old token)"),
+    )
+}
+
+/// `POST /v1/locks/{monitor}`: waits for the lock (`type`, `timeout`) and holds it for the caller
+/// for `ttl`; answers `{lock_id, monitor, token, lock_type, expires, ttl_ms}`.
+pub(super) async fn take_lock(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<super::locks::LockView>, ApiError> {
+    let Path(monitor) = path.map_err(path_error)?;
+    let params = parse_lock_params(query, &state, &["type", "timeout", "ttl", "info"])?;
+    hold_for_caller(&state, monitor, format!("{INFO} explicit lock"), params).await
+}
+
+/// `POST /v1/locks?index=I&id=D`: as `POST /v1/locks/{monitor}` on the monitor a write of that
+/// document takes (`{index}:{id}`), so the lock guards the document's writes through the service.
+pub(super) async fn take_document_lock(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<super::locks::LockView>, ApiError> {
+    let params = parse_lock_params(
+        query,
+        &state,
+        &["index", "id", "type", "timeout", "ttl", "info"],
+    )?;
+    let (index, id) = match (&params.index, &params.id) {
+        (Some(index), Some(id)) => (index.clone(), id.clone()),
+        (index, id) => {
+            let missing = match (index, id) {
+                (None, None) => "`index` and `id`",
+                (None, _) => "`index`",
+                _ => "`id`",
+            };
+            return Err(ApiError::bad(
+                "bad_parameter",
+                format!("POST /v1/locks takes the lock of one document: give its {missing} (POST /v1/locks?index=articles&id=42), or name a monitor in the path (POST /v1/locks/{{monitor}})"),
+            ));
+        }
+    };
+    check_index(&index)?;
+    check_doc_id(&id)?;
+    let info = format!("{INFO} explicit lock on {index}/{id}");
+    hold_for_caller(&state, document_monitor(&index, &id), info, params).await
+}
+
+/// Waits for the lock of `monitor` (`type`, `timeout`) and holds it for the caller for `ttl`,
+/// described by the caller's `info` or else `default_info`.
+async fn hold_for_caller(
+    state: &Arc<AppState>,
+    monitor: String,
+    default_info: String,
+    params: LockParams,
+) -> Result<Json<super::locks::LockView>, ApiError> {
+    validate_monitor(&monitor).map_err(|e| ApiError::bad("bad_monitor", e.to_string()))?;
+    let info = params.info.clone().unwrap_or(default_info);
+    let full = |max: usize| {
+        ApiError::unavailable(
+            "too_many_locks",
+            format!("the service holds its limit of {max} explicit locks (server.lock.max); release locks you no longer need, or retry later"),
+        )
+    };
+    if let Err(super::locks::Refused::Full(max)) = state.explicit.has_room() {
+        return Err(full(max));
+    }
+    if let Some(problem) = state.lock_problem() {
+        return Err(ApiError::unavailable(
+            "lock_unavailable",
+            format!("{problem}; retry when /readyz answers 200"),
+        ));
+    }
+    let request = zkguard::LockRequest::new(monitor.clone(), info)
+        .with_type(params.lock_type)
+        .with_timeout(params.timeout.unwrap_or(state.fg_timeout));
+    let started = std::time::Instant::now();
+    let lock_type: &'static str = match params.lock_type {
+        LockType::Foreground => "foreground",
+        LockType::Background => "background",
+    };
+    let guard = match state.writer.locks().acquire(request).await {
+        Ok(g) => g,
+        Err(e) => {
+            if matches!(e, LockError::Timeout { .. }) {
+                state
+                    .metrics
+                    .lock_timeouts
+                    .get_or_create(&super::metrics::TypeLabels { lock_type })
+                    .inc();
+            }
+            return Err(from_guarded(GuardedError::Lock(e)));
+        }
+    };
+    let waited = started.elapsed();
+    let ttl = params.ttl.unwrap_or(state.settings.lock_ttl);
+    let metrics = state.metrics.clone();
+    let held_since = std::time::Instant::now();
+    match state.explicit.insert(guard, ttl, move |ended| {
+        metrics.lock_used(lock_type, waited, held_since.elapsed());
+        if ended == super::locks::Ended::Lost {
+            metrics.locks_lost.inc();
+        }
+    }) {
+        Ok(view) => {
+            tracing::info!(lock = %view.lock_id, monitor = %view.monitor, token = view.token, ttl_ms = view.ttl_ms, "explicit lock taken");
+            Ok(Json(view))
+        }
+        Err((super::locks::Refused::Full(max), guard)) => {
+            let _ = guard.unlock().await;
+            Err(full(max))
+        }
+        Err((_, guard)) => {
+            let _ = guard.unlock().await;
+            Err(ApiError::internal("the lock could not be recorded"))
+        }
+    }
+}
+
+/// `POST /v1/locks/{monitor}/{lock_id}/keepalive`: extends the lease by its ttl (or `ttl`).
+pub(super) async fn keep_alive(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<super::locks::LockView>, ApiError> {
+    let Path((monitor, id)) = path.map_err(path_error)?;
+    let id = lock_id(&id)?;
+    let params = parse_lock_params(query, &state, &["ttl"])?;
+    state
+        .explicit
+        .keep_alive(&monitor, &id, params.ttl)
+        .map(Json)
+        .map_err(|_| unknown_lock(&monitor, &id))
+}
+
+/// `DELETE /v1/locks/{monitor}/{lock_id}`: releases the lock; answered once it is released.
+pub(super) async fn release_lock(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let Path((monitor, id)) = path.map_err(path_error)?;
+    let id = lock_id(&id)?;
+    parse_lock_params(query, &state, &[])?;
+    let token = state
+        .explicit
+        .release(&monitor, &id)
+        .await
+        .map_err(|_| unknown_lock(&monitor, &id))?;
+    Ok(Json(
+        json!({"lock_id": id.to_string(), "monitor": monitor, "token": token, "released": true}),
+    ))
+}
+
+/// `GET /v1/locks`: what `zkguard locks --json` prints.
+pub(super) async fn list_locks(
+    State(state): State<Arc<AppState>>,
+) -> Result<Json<Value>, ApiError> {
+    lock_listing(&state, None).await
+}
+
+/// `GET /v1/locks/{monitor}`: what `zkguard locks --monitor M --json` prints.
+pub(super) async fn monitor_locks(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path(monitor) = path.map_err(path_error)?;
+    validate_monitor(&monitor).map_err(|e| ApiError::bad("bad_monitor", e.to_string()))?;
+    lock_listing(&state, Some(&monitor)).await
+}
+
+async fn lock_listing(state: &AppState, monitor: Option<&str>) -> Result<Json<Value>, ApiError> {
+    let listed = match &state.backend {
+        super::state::Backend::ZooKeeper(session) => zkguard::zk::list_locks(session, monitor)
+            .await
+            .map(|states| serde_json::to_value(states).unwrap_or(Value::Null)),
+        super::state::Backend::Elasticsearch(service) => {
+            crate::cli::locks::es_rows(service, monitor)
+                .await
+                .map(Value::Array)
+        }
+    };
+    listed
+        .map(Json)
+        .map_err(|e| from_guarded(GuardedError::Lock(e)))
+}

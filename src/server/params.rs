@@ -1,0 +1,210 @@
+//! The request parts every write route checks the same way: query parameters, index names,
+//! document ids, monitors, paths and bodies; each refusal names what was wrong and what to do.
+
+use std::time::Duration;
+
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::http::StatusCode;
+use serde_json::Value;
+use uuid::Uuid;
+use zkguard::lock::validate_monitor;
+use zkguard::write::ops::DeleteMode;
+use zkguard::LockType;
+
+use super::errors::ApiError;
+
+/// Info recorded in the lock nodes of the service's writes.
+pub(super) const INFO: &str = "zkguard serve";
+
+/// The monitor of a document's writes when no `monitor` is given: `{index}:{id}`. Explicit locks
+/// taken on a document (`POST /v1/locks?index=&id=`) use the same, so they guard its writes.
+pub(super) fn document_monitor(index: &str, id: &str) -> String {
+    format!("{index}:{id}")
+}
+
+/// The query parameters of a document write.
+pub(super) struct WriteParams {
+    pub(super) monitor: Option<String>,
+    pub(super) lock_type: LockType,
+    pub(super) timeout: Option<Duration>,
+    pub(super) op_id: Option<Uuid>,
+    pub(super) mode: Option<DeleteMode>,
+}
+
+pub(super) fn parse_params(
+    raw: Option<String>,
+    allow_mode: bool,
+    max_timeout: Duration,
+) -> Result<WriteParams, ApiError> {
+    let mut p = WriteParams {
+        monitor: None,
+        lock_type: LockType::Foreground,
+        timeout: None,
+        op_id: None,
+        mode: None,
+    };
+    let raw = raw.unwrap_or_default();
+    refuse_repeated(&raw)?;
+    for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
+        match key.as_ref() {
+            "monitor" => p.monitor = Some(value.into_owned()),
+            "type" => {
+                p.lock_type = value
+                    .parse()
+                    .map_err(|e: String| ApiError::bad("bad_parameter", format!("type: {e}")))?
+            }
+            "timeout" => {
+                let t = zkguard::config::parse_bounded_duration(&value).map_err(|e| {
+                    ApiError::bad("bad_parameter", format!("timeout `{value}`: {e}"))
+                })?;
+                if t > max_timeout {
+                    return Err(ApiError::bad(
+                        "bad_parameter",
+                        format!(
+                            "timeout `{value}` is longer than server.request.timeout ({}ms); ask for less",
+                            max_timeout.as_millis()
+                        ),
+                    ));
+                }
+                p.timeout = Some(t);
+            }
+            "op_id" => p.op_id = Some(parse_op_id(&value)?),
+            "mode" if allow_mode => {
+                p.mode = Some(match value.as_ref() {
+                    "hard" => DeleteMode::Hard,
+                    "tombstone" => DeleteMode::Tombstone,
+                    other => {
+                        return Err(ApiError::bad(
+                            "bad_parameter",
+                            format!("mode `{other}`: use hard or tombstone"),
+                        ))
+                    }
+                })
+            }
+            other => {
+                let known = if allow_mode {
+                    "monitor, type, timeout, op_id, mode"
+                } else {
+                    "monitor, type, timeout, op_id"
+                };
+                return Err(ApiError::bad(
+                    "bad_parameter",
+                    format!("unknown query parameter `{other}`; the known ones are {known}"),
+                ));
+            }
+        }
+    }
+    Ok(p)
+}
+
+/// Refuses a query that gives a parameter twice (`type=foreground&type=background`): which one
+/// was meant is not for the service to guess.
+pub(super) fn refuse_repeated(raw: &str) -> Result<(), ApiError> {
+    let mut seen = std::collections::HashSet::new();
+    for (key, _) in url::form_urlencoded::parse(raw.as_bytes()) {
+        if !seen.insert(key.clone()) {
+            return Err(ApiError::bad(
+                "bad_parameter",
+                format!("query parameter `{key}` is given twice; give it once"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn parse_op_id(text: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(text).map_err(|_| {
+        ApiError::bad(
+            "bad_parameter",
+            format!("op_id `{text}` is not a UUID; pass a UUID such as 5f0c2d6e-8a1b-4c3d-9e7f-0a1b2c3d4e5f, or leave it out to have one generated"),
+        )
+    })
+}
+
+/// Checks an index name as Elasticsearch would, so that a bad name is the caller's 400.
+pub(super) fn check_index(index: &str) -> Result<(), ApiError> {
+    let bad = |why: &str| {
+        Err(ApiError::bad(
+            "bad_index",
+            format!("index name `{index}` {why}"),
+        ))
+    };
+    if index.is_empty() || index.len() > 255 {
+        return bad("must be 1 to 255 bytes long");
+    }
+    if index == "." || index == ".." || index.starts_with(['-', '_', '+']) {
+        return bad("must not be `.` or `..` nor start with -, _ or +");
+    }
+    if index.chars().any(|c| c.is_uppercase()) {
+        return bad("must be lowercase");
+    }
+    if let Some(c) = index
+        .chars()
+        .find(|c| "\\/*?\"<>| ,#:".contains(*c) || c.is_control())
+    {
+        return bad(&format!("must not contain {c:?}"));
+    }
+    Ok(())
+}
+
+pub(super) fn check_doc_id(id: &str) -> Result<(), ApiError> {
+    if id.is_empty() || id.len() > 512 {
+        return Err(ApiError::bad(
+            "bad_id",
+            "document ids must be 1 to 512 bytes long",
+        ));
+    }
+    if id == "." || id == ".." {
+        return Err(dot_id(id));
+    }
+    Ok(())
+}
+
+/// The refusal of a document id `.` or `..`: Elasticsearch cannot address such a document by
+/// URL (HTTP stacks remove those path segments), so neither path takes it.
+pub(super) fn dot_id(id: &str) -> ApiError {
+    ApiError::bad(
+        "bad_id",
+        format!("document id `{id}` cannot be written: document ids cannot be empty, `.` or `..` (URLs cannot carry them as path segments); choose another id"),
+    )
+}
+
+pub(super) fn check_monitor(monitor: &str) -> Result<(), ApiError> {
+    validate_monitor(monitor).map_err(|e| {
+        ApiError::bad(
+            "bad_monitor",
+            format!("{e}; pass another ?monitor= (by default it is {{index}}:{{id}})"),
+        )
+    })
+}
+
+pub(super) fn path_error(e: PathRejection) -> ApiError {
+    ApiError::bad("bad_path", format!("cannot read the path: {e}"))
+}
+
+pub(super) fn body_error(e: BytesRejection, max: usize) -> ApiError {
+    body_refusal(e.status() == StatusCode::PAYLOAD_TOO_LARGE, &e, max)
+}
+
+/// The answer to a body that could not be read: larger than `server.max.body` (`max`), or
+/// failed with `e`.
+pub(super) fn body_refusal(too_large: bool, e: &dyn std::fmt::Display, max: usize) -> ApiError {
+    if too_large {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the request body is larger than server.max.body ({max} bytes); send a smaller document or split the bulk request"),
+        )
+    } else {
+        ApiError::bad("bad_body", format!("cannot read the request body: {e}"))
+    }
+}
+
+pub(super) fn parse_json(bytes: &[u8], what: &str) -> Result<Value, ApiError> {
+    serde_json::from_slice::<Value>(bytes).map_err(|e| {
+        ApiError::bad(
+            "malformed_json",
+            format!("{what} is not valid JSON ({e}); send the document's JSON source"),
+        )
+    })
+}
