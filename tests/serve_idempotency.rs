@@ -124,7 +124,10 @@ async fn a_write_under_an_explicit_lock_through_the_service_keeps_the_record() {
     assert_eq!(status, StatusCode::CONFLICT, "{v}");
     assert_eq!(v["error"], "wrong_lock", "{v}");
     assert!(
-        v["message"].as_str().unwrap().contains(&format!("{index}:7")),
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{index}:7")),
         "{v}"
     );
     let (status, v) = put(

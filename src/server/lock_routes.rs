@@ -6,17 +6,16 @@ use std::time::Duration;
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
-use uuid::Uuid;
 use zkguard::lock::validate_monitor;
 use zkguard::write::guarded::GuardedError;
 use zkguard::{LockError, LockType};
 
 use super::errors::{from_guarded, ApiError};
 use super::params::{
-    check_doc_id, check_index, document_monitor, path_error, refuse_repeated, INFO,
+    check_doc_id, check_index, document_monitor, lock_id, path_error, refuse_repeated,
+    unknown_lock, INFO,
 };
 use super::state::AppState;
 
@@ -94,23 +93,6 @@ fn parse_lock_params(
         }
     }
     Ok(p)
-}
-
-fn lock_id(text: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(text).map_err(|_| {
-        ApiError::bad(
-            "bad_lock_id",
-            format!("lock id `{text}` is not a UUID; use the lock_id that POST /v1/locks/{{monitor}} returned"),
-        )
-    })
-}
-
-fn unknown_lock(monitor: &str, id: &Uuid) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "unknown_lock",
-        format!("no lock {id} on `{monitor}` is held here: it was released, its lease lapsed, or the lock backend lost it; take the lock again (and do not write with its old token)"),
-    )
 }
 
 /// `POST /v1/locks/{monitor}`: waits for the lock (`type`, `timeout`) and holds it for the caller

@@ -24,10 +24,16 @@ pub enum Ended {
     Lost,
 }
 
+/// The guard of an explicit lock, shared by its task (which releases it) and the writes made
+/// under it (`?lock_id=`): a write holds it for reading, so the release waits for the writes in
+/// flight, and a write that comes after the release finds it empty.
+pub type SharedGuard = Arc<tokio::sync::RwLock<Option<Box<dyn Guard>>>>;
+
 /// One lock held for a caller.
 #[derive(Debug)]
 struct Held {
     monitor: String,
+    guard: SharedGuard,
     token: u64,
     lock_type: LockType,
     ttl: Duration,
@@ -121,7 +127,13 @@ impl ExplicitLocks {
         let token = guard.fencing_token();
         let lock_type = guard.lock_type();
         let task_monitor = monitor.clone();
+        let shared: SharedGuard = Arc::new(tokio::sync::RwLock::new(Some(guard)));
+        let slot = shared.clone();
         let task = tokio::spawn(async move {
+            let reading = slot.read().await;
+            let guard = reading
+                .as_ref()
+                .expect("the guard is there until the task ends");
             let ended = loop {
                 let until = *rx.borrow_and_update();
                 tokio::select! {
@@ -152,8 +164,13 @@ impl ExplicitLocks {
                     tracing::debug!(lock = %id, monitor = %task_monitor, "explicit lock released")
                 }
             }
-            if let Err(e) = guard.unlock().await {
-                tracing::debug!(lock = %id, error = %e, "releasing an explicit lock");
+            drop(reading);
+            // Waits for the writes in flight under the lock.
+            let guard = slot.write().await.take();
+            if let Some(guard) = guard {
+                if let Err(e) = guard.unlock().await {
+                    tracing::debug!(lock = %id, error = %e, "releasing an explicit lock");
+                }
             }
             on_end(ended);
             ended
@@ -163,6 +180,7 @@ impl ExplicitLocks {
             id,
             Held {
                 monitor: monitor.clone(),
+                guard: shared,
                 token,
                 lock_type,
                 ttl,
@@ -206,6 +224,14 @@ impl ExplicitLocks {
             expires: held.expires_ms,
             ttl_ms: held.ttl.as_millis() as u64,
         })
+    }
+
+    /// The monitor and guard of lock `id`, for a write under it.
+    pub fn guard(&self, id: &Uuid) -> Result<(String, SharedGuard), Refused> {
+        self.table()
+            .get(id)
+            .map(|h| (h.monitor.clone(), h.guard.clone()))
+            .ok_or(Refused::Unknown)
     }
 
     /// Releases lock `id` on `monitor` and waits until the backend has released it.

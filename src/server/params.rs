@@ -28,6 +28,8 @@ pub(super) struct WriteParams {
     pub(super) lock_type: LockType,
     pub(super) timeout: Option<Duration>,
     pub(super) op_id: Option<Uuid>,
+    /// An explicit lock of the caller's to write under (its token, no wait of its own).
+    pub(super) lock_id: Option<Uuid>,
     pub(super) mode: Option<DeleteMode>,
 }
 
@@ -41,6 +43,7 @@ pub(super) fn parse_params(
         lock_type: LockType::Foreground,
         timeout: None,
         op_id: None,
+        lock_id: None,
         mode: None,
     };
     let raw = raw.unwrap_or_default();
@@ -69,6 +72,7 @@ pub(super) fn parse_params(
                 p.timeout = Some(t);
             }
             "op_id" => p.op_id = Some(parse_op_id(&value)?),
+            "lock_id" => p.lock_id = Some(lock_id(&value)?),
             "mode" if allow_mode => {
                 p.mode = Some(match value.as_ref() {
                     "hard" => DeleteMode::Hard,
@@ -83,9 +87,9 @@ pub(super) fn parse_params(
             }
             other => {
                 let known = if allow_mode {
-                    "monitor, type, timeout, op_id, mode"
+                    "monitor, type, timeout, op_id, lock_id, mode"
                 } else {
-                    "monitor, type, timeout, op_id"
+                    "monitor, type, timeout, op_id, lock_id"
                 };
                 return Err(ApiError::bad(
                     "bad_parameter",
@@ -93,6 +97,12 @@ pub(super) fn parse_params(
                 ));
             }
         }
+    }
+    if p.lock_id.is_some() && p.lock_type == LockType::Background {
+        return Err(ApiError::bad(
+            "bad_parameter",
+            "a write with lock_id is made at once under your explicit lock, with its token, while type=background queues a write for later, when the lock may be gone: leave type out (or drop lock_id to have the service take the lock)",
+        ));
     }
     Ok(p)
 }
@@ -207,4 +217,22 @@ pub(super) fn parse_json(bytes: &[u8], what: &str) -> Result<Value, ApiError> {
             format!("{what} is not valid JSON ({e}); send the document's JSON source"),
         )
     })
+}
+
+pub(super) fn lock_id(text: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(text).map_err(|_| {
+        ApiError::bad(
+            "bad_lock_id",
+            format!("lock id `{text}` is not a UUID; use the lock_id that POST /v1/locks/{{monitor}} returned"),
+        )
+    })
+}
+
+/// The answer to a lock id that names no lock held here.
+pub(super) fn unknown_lock(monitor: &str, id: &Uuid) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_lock",
+        format!("no lock {id} on `{monitor}` is held here: it was released, its lease lapsed, or the lock backend lost it; take the lock again (and do not write with its old token)"),
+    )
 }

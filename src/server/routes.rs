@@ -18,7 +18,7 @@ use futures::FutureExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
-use zkguard::write::guarded::GuardedError;
+use zkguard::write::guarded::{GuardedError, Written};
 use zkguard::write::ops::{DeleteMode, Operation};
 use zkguard::{LockError, LockType};
 
@@ -29,7 +29,7 @@ use super::lock_routes::{
 };
 use super::params::{
     body_error, body_refusal, check_doc_id, check_index, check_monitor, document_monitor,
-    parse_json, parse_op_id, parse_params, path_error, WriteParams, INFO,
+    parse_json, parse_op_id, parse_params, path_error, unknown_lock, WriteParams, INFO,
 };
 use super::state::AppState;
 
@@ -345,6 +345,14 @@ async fn submit(
     if state.journal.reuses_id(&op) {
         return Err(op_id_reused(&op, None));
     }
+    if params.lock_type == LockType::Foreground {
+        if let Some(answer) = recorded(state, &op) {
+            return Ok(answer);
+        }
+    }
+    if let Some(lock_id) = params.lock_id {
+        return under_lock(state, op, lock_id).await;
+    }
     match params.lock_type {
         LockType::Foreground => foreground(state, op, params.timeout).await,
         LockType::Background => {
@@ -393,6 +401,56 @@ fn op_id_reused(op: &Operation, lines: Option<(usize, Option<usize>)>) -> ApiErr
     )
 }
 
+/// The answer to a foreground retry of an operation that the journal records as applied: it is
+/// not written again, whoever wrote the document since (a caller writing with its own client
+/// under an explicit lock drops the document's record of operation ids, which is the other
+/// place a retry is recognised).
+fn recorded(state: &AppState, op: &Operation) -> Option<Response> {
+    let entry = state.journal.get(&op.id)?;
+    let finished = entry.finished.as_ref()?;
+    if finished.status != OpState::Applied {
+        return None;
+    }
+    tracing::info!(op = %op.id, "the journal records this operation as applied; not writing it again");
+    state.metrics.outcome("foreground", "applied");
+    Some(
+        Json(json!({
+            "operation_id": op.id.to_string(),
+            "token": finished.token,
+            "result": "already_applied",
+            "version": Value::Null,
+        }))
+        .into_response(),
+    )
+}
+
+/// A write under the caller's explicit lock `lock_id` (`?lock_id=`): made at once with the lock's
+/// token, keeping the document's record of operation ids; the lock stays held.
+async fn under_lock(
+    state: &Arc<AppState>,
+    op: Operation,
+    lock_id: Uuid,
+) -> Result<Response, ApiError> {
+    let (monitor, shared) = state
+        .explicit
+        .guard(&lock_id)
+        .map_err(|_| unknown_lock(&op.monitor, &lock_id))?;
+    if monitor != op.monitor {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "wrong_lock",
+            format!("lock {lock_id} guards `{monitor}`, not `{}`, the monitor of this write; nothing was written. Take the lock of this document (POST /v1/locks?index=&id=), or pass the monitor the lock guards as ?monitor=", op.monitor),
+        ));
+    }
+    let held = shared.read().await;
+    let Some(guard) = held.as_ref() else {
+        return Err(unknown_lock(&op.monitor, &lock_id));
+    };
+    let result = state.writer.write_under(guard.as_ref(), &op).await;
+    drop(held);
+    answer(state, op, result, None)
+}
+
 /// One foreground write: lock, fenced write, release; one attempt.
 async fn foreground(
     state: &Arc<AppState>,
@@ -410,13 +468,28 @@ async fn foreground(
         .writer
         .clone()
         .with_lock_timeout(timeout.unwrap_or(state.fg_timeout));
+    let result = writer.run(&op).await;
+    let timing = result.as_ref().ok().map(|w| (w.waited, w.held));
+    answer(state, op, result, timing)
+}
+
+/// The answer to a foreground write that ended with `result`, journaled when applied, counted
+/// in the metrics (`timing`: the lock's wait and hold, when the write took a lock of its own).
+fn answer(
+    state: &AppState,
+    op: Operation,
+    result: Result<Written, GuardedError>,
+    timing: Option<(Duration, Duration)>,
+) -> Result<Response, ApiError> {
     let m = &state.metrics;
     let fg = super::metrics::TypeLabels {
         lock_type: "foreground",
     };
-    match writer.run(&op).await {
+    match result {
         Ok(w) => {
-            m.lock_used("foreground", w.waited, w.held);
+            if let Some((waited, held)) = timing {
+                m.lock_used("foreground", waited, held);
+            }
             m.outcome("foreground", "applied");
             state.journal.note(Finished {
                 id: op.id,
@@ -593,6 +666,7 @@ async fn bulk(
                 Some(s) => Some(parse_op_id(s).map_err(line_err)?),
                 None => None,
             },
+            lock_id: None,
             mode: parsed.mode,
         };
         let (index, id) = (parsed.index, parsed.id);
