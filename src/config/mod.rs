@@ -159,6 +159,8 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("server.request.timeout", "30000", "longest time `zkguard serve` spends on one request (ms)"),
     ("server.journal.skip.corrupt", "false", "true: `zkguard serve` starts over a journal with damaged lines (before its last), skipping them (their operations are lost); false: it refuses to start, naming the line and keeping a copy"),
     ("server.body.timeout", "10000", "longest time a request's body may take to arrive, read before the request takes one of server.max.concurrent (ms); a later one gets 408 and the connection is closed"),
+    ("server.header.timeout", "10000", "longest time a connection may take to send a request's headers, counted from its opening (TLS handshake included) or from its previous answer: idle keep-alive connections and slow senders are closed then (ms)"),
+    ("server.max.connections", "1024", "connections `zkguard serve` keeps open at once (lowered to fit the open-files limit); at the limit the longest-idle one is closed to make room, and when all are busy a new one gets 503 and is closed"),
     ("server.drain.timeout", "10000", "on SIGTERM, how long in-flight requests may take to finish (ms)"),
     ("server.lock.ttl", "30000", "lease of an explicit lock taken through `zkguard serve` when the request names none (ms)"),
     ("server.lock.ttl.max", "300000", "longest lease an explicit lock may ask for (ms)"),
@@ -374,6 +376,11 @@ pub struct ServerSettings {
     pub request_timeout: Duration,
     /// Longest time a request's body may take to arrive (read before the request takes a slot).
     pub body_timeout: Duration,
+    /// Longest time a connection may take to send a request's headers (from its opening or its
+    /// previous answer): the idle and slow-header timeout.
+    pub header_timeout: Duration,
+    /// Connections kept open at once.
+    pub max_connections: usize,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub drain_timeout: Duration,
     /// Lease of an explicit lock that names none.
@@ -1193,6 +1200,8 @@ impl Settings {
             max_concurrent: r.int::<usize>("server.max.concurrent", 1)?,
             request_timeout: r.duration_min("server.request.timeout", Duration::from_millis(1))?,
             body_timeout: r.duration_min("server.body.timeout", Duration::from_millis(1))?,
+            header_timeout: r.duration_min("server.header.timeout", Duration::from_millis(1))?,
+            max_connections: r.int::<usize>("server.max.connections", 1)?,
             drain_timeout: r.duration("server.drain.timeout")?,
             lock_ttl: r.duration_min("server.lock.ttl", Duration::from_millis(100))?,
             lock_ttl_max: r.duration_min("server.lock.ttl.max", Duration::from_millis(100))?,

@@ -3,10 +3,8 @@
 //! rustls).
 
 use std::io;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -15,9 +13,6 @@ use axum::response::{IntoResponse, Response};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use subtle::ConstantTimeEq;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 use super::errors::ApiError;
@@ -263,66 +258,6 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
         detail: e.to_string(),
     })?;
     Ok(TlsAcceptor::from(Arc::new(config)))
-}
-
-/// A listener that hands axum TLS connections. Handshakes run in tasks of their own (at most
-/// 10 s each), so that a slow or silent client does not hold up the others.
-pub struct TlsListener {
-    local: SocketAddr,
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-}
-
-impl TlsListener {
-    /// Accepts on `listener` and shakes hands with `acceptor`.
-    pub fn new(listener: TcpListener, acceptor: TlsAcceptor) -> io::Result<Self> {
-        let local = listener.local_addr()?;
-        let (tx, ready) = mpsc::channel(64);
-        tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = tokio::select! {
-                    accepted = listener.accept() => match accepted {
-                        Ok(a) => a,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "accepting a connection");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    },
-                    _ = tx.closed() => return,
-                };
-                let acceptor = acceptor.clone();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
-                    {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(Self { local, ready })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(conn) => conn,
-            // The acceptor task is gone (it only ends when this listener is dropped).
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }
 
 #[cfg(test)]

@@ -83,6 +83,14 @@ pub struct Metrics {
     pub zk_connected: Gauge,
     /// Times the lock backend came back after being unavailable.
     pub zk_reconnects: Counter,
+    /// HTTP connections open.
+    pub connections: Gauge,
+    /// Connections closed to make room for a new one at `server.max.connections`.
+    pub connections_evicted: Counter,
+    /// Connections refused (503, closed) at `server.max.connections` with every one busy.
+    pub connections_refused: Counter,
+    /// Connections closed for not sending a request's headers within `server.header.timeout`.
+    pub connections_timed_out: Counter,
     seen: Mutex<(u64, u64)>,
 }
 
@@ -198,8 +206,36 @@ impl Metrics {
             "Times the lock backend became usable again after an outage",
             zk_reconnects.clone(),
         );
+        let connections = Gauge::default();
+        registry.register(
+            "http_connections",
+            "HTTP connections open",
+            connections.clone(),
+        );
+        let connections_evicted = Counter::default();
+        registry.register(
+            "http_connections_evicted",
+            "Idle connections closed to make room for a new one at server.max.connections",
+            connections_evicted.clone(),
+        );
+        let connections_refused = Counter::default();
+        registry.register(
+            "http_connections_refused",
+            "Connections answered 503 and closed at server.max.connections, every one being busy",
+            connections_refused.clone(),
+        );
+        let connections_timed_out = Counter::default();
+        registry.register(
+            "http_connections_timed_out",
+            "Connections closed for not sending a request's headers within server.header.timeout",
+            connections_timed_out.clone(),
+        );
         Self {
             registry,
+            connections,
+            connections_evicted,
+            connections_refused,
+            connections_timed_out,
             http_requests,
             lock_wait,
             lock_hold,

@@ -16,7 +16,6 @@
 //! SIGINT) stops accepting, lets in-flight requests finish for `server.drain.timeout`, leaves
 //! unfinished background operations in the journal, releases the locks and exits 0.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -32,6 +31,7 @@ use crate::cli::{CliError, EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_UNAVAILABLE};
 
 mod access;
 mod admin;
+mod conns;
 mod errors;
 mod journal;
 mod lock_routes;
@@ -222,26 +222,19 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     };
 
     let app = routes::router(state.clone(), tokens.clone());
-    let mut server_stop = stop_rx.clone();
-    let shutdown = async move {
-        let _ = server_stop.changed().await;
-    };
-    let mut server = match &tls {
-        Some(acceptor) => {
-            let listener = access::TlsListener::new(listener, acceptor.clone())
-                .map_err(|e| CliError::new(EX_SOFTWARE, e))?;
-            tokio::spawn(
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown)
-                    .into_future(),
-            )
-        }
-        None => tokio::spawn(
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .into_future(),
-        ),
-    };
+    let connections = Arc::new(conns::Connections::new(
+        state.settings.max_connections,
+        state.settings.header_timeout,
+        state.metrics.clone(),
+    ));
+    let max_connections = connections.max();
+    let mut server = tokio::spawn(conns::serve(
+        listener,
+        tls.clone(),
+        app,
+        connections,
+        stop_rx.clone(),
+    ));
 
     let started = serde_json::json!({
         "listening": bound.to_string(),
@@ -263,7 +256,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     } else {
         tracing::warn!(%bound, "listening beyond loopback without authentication: every client that reaches this address can write; set server.auth.tokens.file");
     }
-    tracing::info!(%bound, replayed, backend = locks.backend_name(), "zkguard serve started");
+    tracing::info!(%bound, replayed, max_connections, backend = locks.backend_name(), "zkguard serve started");
 
     let early = tokio::select! {
         _ = sigterm.recv() => None,

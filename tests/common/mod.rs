@@ -10,7 +10,8 @@ use zkguard::ZkSession;
 pub mod certs;
 pub mod proxy;
 mod wait;
-pub use wait::eventually;
+#[allow(unused_imports)]
+pub use wait::{eventually, eventually_value};
 
 /// A standalone ZooKeeper (tickTime 500 ms, so 1 s sessions are allowed).
 pub fn zk_server() -> ZkServer {

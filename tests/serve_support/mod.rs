@@ -34,6 +34,8 @@ pub struct Env {
     pub dir: Arc<tempfile::TempDir>,
     pub extra: Vec<(String, String)>,
     pub args: Vec<String>,
+    /// The service's open-files limit (soft and hard), when the test sets one.
+    pub open_files: Option<u64>,
 }
 
 impl Env {
@@ -45,7 +47,14 @@ impl Env {
             dir: Arc::new(tempfile::tempdir().unwrap()),
             extra: Vec::new(),
             args: Vec::new(),
+            open_files: None,
         }
+    }
+
+    /// Runs the service under an open-files limit of `n` (`ulimit -n`).
+    pub fn open_files(mut self, n: u64) -> Self {
+        self.open_files = Some(n);
+        self
     }
 
     pub fn with(mut self, key: &str, value: &str) -> Self {
@@ -89,6 +98,16 @@ impl Env {
             .stderr(std::fs::File::create(&log).unwrap());
         for (k, v) in &self.extra {
             cmd.env(k, v);
+        }
+        if let Some(n) = self.open_files {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, n, n)
+                        .map_err(std::io::Error::from)
+                });
+            }
         }
         let mut child = cmd.spawn().expect("run zkguard serve");
         let mut line = String::new();

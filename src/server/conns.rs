@@ -1,0 +1,293 @@
+//! The connections of `zkguard serve`: how many stay open, and for how long a connection may say
+//! nothing.
+//!
+//! - **Header and idle timeout** (`server.header.timeout`): a connection must send the complete
+//!   headers of a request within this time of its opening (the TLS handshake included) or of its
+//!   previous answer. Idle keep-alive connections, half-sent headers and slowloris senders are
+//!   closed then. The body has its own limit (`server.body.timeout`, in the routes).
+//! - **Connection limit** (`server.max.connections`, lowered at start to fit the open-files
+//!   limit, so that the service never runs out of descriptors): a connection that arrives at the
+//!   limit makes room by closing the longest-idle connection (one that is not handling a
+//!   request: idle, or still sending headers). When every connection is busy, the newcomer gets a
+//!   503 `too_many_connections` with `Retry-After` and is closed. Either way a log line says so
+//!   (at most one a second) and a counter counts it, and `/healthz` keeps answering as long as
+//!   one connection is not busy.
+//!
+//! ```text
+//! accept ──▶ at the limit? ── no ──────────────────────────────▶ serve (HTTP/1.1, keep-alive)
+//!                 │ yes                                              │ no headers within
+//!                 ├─ an idle connection? ── close it, then ─────▶    │ server.header.timeout
+//!                 └─ all busy: 503 too_many_connections, close       ▼ closed
+//! ```
+
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tower::Service;
+
+use super::metrics::Metrics;
+
+/// Descriptors kept free beside the connections: journal, ZooKeeper and Elasticsearch
+/// connections, log and dead-letter files.
+const RESERVED_FDS: u64 = 64;
+
+/// One open connection, as the limit sees it.
+#[derive(Debug, Default)]
+struct Conn {
+    /// Requests being handled (0: idle, or still sending headers).
+    busy: AtomicUsize,
+    /// Asks the connection to close at once.
+    evict: Notify,
+}
+
+/// The open connections, oldest first.
+#[derive(Debug, Default)]
+struct Open {
+    next: u64,
+    conns: BTreeMap<u64, Arc<Conn>>,
+}
+
+/// The connection loop's settings and counters.
+#[derive(Debug)]
+pub struct Connections {
+    max: usize,
+    header_timeout: Duration,
+    open: Mutex<Open>,
+    metrics: Arc<Metrics>,
+    last_warning: Mutex<Option<Instant>>,
+}
+
+impl Connections {
+    /// At most `max` connections (lowered to fit the open-files limit), each closed when it sends
+    /// no request's headers within `header_timeout`.
+    pub fn new(max: usize, header_timeout: Duration, metrics: Arc<Metrics>) -> Self {
+        Self {
+            max: fit_open_files(max),
+            header_timeout,
+            open: Mutex::default(),
+            metrics,
+            last_warning: Mutex::new(None),
+        }
+    }
+
+    /// The connection limit in force.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a new connection if there is room, closing the longest-idle one at the limit;
+    /// `None` when every connection is busy.
+    fn admit(&self) -> Option<(u64, Arc<Conn>)> {
+        let mut open = self.table();
+        if open.conns.len() >= self.max {
+            let idle = open
+                .conns
+                .iter()
+                .find(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
+                .map(|(id, _)| *id)?;
+            if let Some(victim) = open.conns.remove(&idle) {
+                victim.evict.notify_one();
+            }
+            self.metrics.connections_evicted.inc();
+            self.warn("closed the longest-idle connection to make room for a new one");
+        }
+        let id = open.next;
+        open.next += 1;
+        let conn = Arc::new(Conn::default());
+        open.conns.insert(id, conn.clone());
+        self.metrics.connections.set(open.conns.len() as i64);
+        Some((id, conn))
+    }
+
+    fn remove(&self, id: u64) {
+        let mut open = self.table();
+        open.conns.remove(&id);
+        self.metrics.connections.set(open.conns.len() as i64);
+    }
+
+    /// A warning about the limit, at most one a second.
+    fn warn(&self, what: &str) {
+        let mut last = self.last_warning.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            *last = Some(Instant::now());
+            tracing::warn!(
+                max = self.max,
+                evicted = self.metrics.connections_evicted.get(),
+                refused = self.metrics.connections_refused.get(),
+                "connection limit (server.max.connections) reached: {what}"
+            );
+        }
+    }
+}
+
+/// Raises the soft open-files limit to the hard one where it is lower, and returns `max`, or
+/// less when the limit cannot hold `max` connections beside the service's own descriptors.
+fn fit_open_files(max: usize) -> usize {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return max;
+    };
+    let wanted = (max as u64).saturating_add(RESERVED_FDS);
+    let soft = if soft < wanted && soft < hard {
+        let raised = wanted.min(hard);
+        match setrlimit(Resource::RLIMIT_NOFILE, raised, hard) {
+            Ok(()) => raised,
+            Err(_) => soft,
+        }
+    } else {
+        soft
+    };
+    let fits = soft.saturating_sub(RESERVED_FDS).max(1) as usize;
+    if fits < max {
+        tracing::warn!(
+            max_connections = max,
+            open_files = soft,
+            used = fits,
+            "server.max.connections does not fit the open-files limit (ulimit -n) beside the service's own files: at most {fits} connections are kept open; raise the limit (LimitNOFILE= in systemd) to keep more"
+        );
+        fits
+    } else {
+        max
+    }
+}
+
+/// The answer to a connection beyond the limit, every open one being busy.
+const REFUSAL: &str = "{\"error\":\"too_many_connections\",\"message\":\"the service keeps its limit of connections open (server.max.connections) and every one is handling a request; retry after the Retry-After delay\"}";
+
+/// Serves `app` on `listener` (through `tls` when given) until `stop` turns true, then lets the
+/// open connections finish their requests (the caller bounds that with its drain timeout).
+///
+/// # Errors
+/// None in practice: accept errors (such as running out of descriptors) are logged and retried.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    app: Router,
+    conns: Arc<Connections>,
+    mut stop: watch::Receiver<bool>,
+) -> io::Result<()> {
+    let mut tasks = JoinSet::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of descriptors (EMFILE) or a connection reset before it was accepted:
+                    // back off a little rather than spin.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => break,
+        };
+        while tasks.try_join_next().is_some() {}
+        let Some((id, conn)) = conns.admit() else {
+            conns.metrics.connections_refused.inc();
+            conns.warn("a new connection was refused with 503, every open one being busy");
+            tokio::spawn(refuse(tcp, tls.is_some()));
+            continue;
+        };
+        let (app, conns, tls, stop) = (app.clone(), conns.clone(), tls.clone(), stop.clone());
+        tasks.spawn(async move {
+            let timeout = conns.header_timeout;
+            match tls {
+                None => run(tcp, app, &conns, &conn, stop, timeout).await,
+                Some(acceptor) => {
+                    let handshake = tokio::select! {
+                        h = tokio::time::timeout(timeout, acceptor.accept(tcp)) => h,
+                        _ = conn.evict.notified() => Ok(Err(io::Error::other("evicted"))),
+                    };
+                    match handshake {
+                        Ok(Ok(stream)) => run(stream, app, &conns, &conn, stop, timeout).await,
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => {
+                            conns.metrics.connections_timed_out.inc();
+                            tracing::debug!(%peer, "TLS handshake timed out")
+                        }
+                    }
+                }
+            }
+            conns.remove(id);
+        });
+    }
+    drop(listener);
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Serves one connection until it closes, is evicted, or (on `stop`) has finished its request.
+async fn run<S>(
+    stream: S,
+    app: Router,
+    conns: &Connections,
+    conn: &Arc<Conn>,
+    mut stop: watch::Receiver<bool>,
+    header_timeout: Duration,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let counted = conn.clone();
+    let service = hyper::service::service_fn(move |request| {
+        let mut app = app.clone();
+        let counted = counted.clone();
+        counted.busy.fetch_add(1, Ordering::AcqRel);
+        async move {
+            let response = app.call(request).await;
+            counted.busy.fetch_sub(1, Ordering::AcqRel);
+            response
+        }
+    });
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let ended = tokio::select! {
+        r = connection.as_mut() => r,
+        _ = conn.evict.notified() => return,
+        _ = stop.changed() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = ended {
+        if e.is_timeout() {
+            conns.metrics.connections_timed_out.inc();
+            tracing::debug!(
+                "closed a connection that sent no request's headers within server.header.timeout"
+            );
+        } else {
+            tracing::debug!(error = %e, "connection ended with an error");
+        }
+    }
+}
+
+/// Answers a connection beyond the limit with a 503 and closes it (plain HTTP; over TLS the
+/// connection is closed without an answer, since a handshake would cost what the limit saves).
+async fn refuse(mut tcp: TcpStream, tls: bool) {
+    if !tls {
+        let answer = format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{REFUSAL}",
+            REFUSAL.len()
+        );
+        let _ =
+            tokio::time::timeout(Duration::from_secs(1), tcp.write_all(answer.as_bytes())).await;
+        let _ = tcp.shutdown().await;
+    }
+}
