@@ -157,6 +157,9 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("server.max.body", "1048576", "largest request body `zkguard serve` accepts (bytes)"),
     ("server.max.concurrent", "256", "requests `zkguard serve` handles at once; more are refused with 503 and Retry-After"),
     ("server.request.timeout", "30000", "longest time `zkguard serve` spends on one request (ms)"),
+    ("server.queue.max", "100000", "background operations `zkguard serve` keeps queued (accepted, not finished); beyond it a background write or bulk is refused with 503 queue_full and Retry-After before anything is acknowledged"),
+    ("server.queue.max.bytes", "268435456", "bytes of queued background operations (as journaled) `zkguard serve` keeps; beyond it 503 queue_full, as for server.queue.max"),
+    ("server.journal.max.bytes", "1073741824", "largest size of the journal file (bytes, at least 16777216: it also keeps the outcomes of the last 10,000 operations); an acceptance that would pass it compacts the journal first, then is refused with 503 queue_full"),
     ("server.journal.skip.corrupt", "false", "true: `zkguard serve` starts over a journal with damaged lines (before its last), skipping them (their operations are lost); false: it refuses to start, naming the line and keeping a copy"),
     ("server.body.timeout", "10000", "longest time a request's body may take to arrive, read before the request takes one of server.max.concurrent (ms); a later one gets 408 and the connection is closed"),
     ("server.header.timeout", "10000", "longest time a connection may take to send a request's headers, counted from its opening (TLS handshake included) or from its previous answer: idle keep-alive connections and slow senders are closed then (ms)"),
@@ -366,6 +369,12 @@ pub struct ServerSettings {
     pub listen: std::net::SocketAddr,
     /// Write-ahead journal of background operations.
     pub journal_path: PathBuf,
+    /// Background operations kept queued (`server.queue.max`).
+    pub queue_max: usize,
+    /// Bytes of queued background operations (`server.queue.max.bytes`).
+    pub queue_max_bytes: u64,
+    /// Largest size of the journal file (`server.journal.max.bytes`).
+    pub journal_max_bytes: u64,
     /// Start over a journal with damaged lines, skipping them (`server.journal.skip.corrupt`).
     pub journal_skip_corrupt: bool,
     /// Largest request body, in bytes.
@@ -1196,6 +1205,18 @@ impl Settings {
             },
             journal_path: state::resolve(&state_dir, &r.non_empty("server.journal.path")?),
             journal_skip_corrupt: r.boolean("server.journal.skip.corrupt")?,
+            queue_max: r.int::<usize>("server.queue.max", 1)?,
+            queue_max_bytes: r.int::<u64>("server.queue.max.bytes", 1)?,
+            // The journal keeps the outcomes of the last 10,000 operations (about 1.5 MB).
+            journal_max_bytes: match r.int::<u64>("server.journal.max.bytes", 1)? {
+                n if n >= 16 << 20 => n,
+                _ => {
+                    return Err(r.err(
+                        "server.journal.max.bytes",
+                        "a size in bytes of at least 16777216 (16 MiB): the journal also keeps the outcomes of the last 10,000 operations",
+                    ))
+                }
+            },
             max_body: r.int::<usize>("server.max.body", 1)?,
             max_concurrent: r.int::<usize>("server.max.concurrent", 1)?,
             request_timeout: r.duration_min("server.request.timeout", Duration::from_millis(1))?,

@@ -85,6 +85,10 @@ pub struct Metrics {
     pub zk_reconnects: Counter,
     /// HTTP connections open.
     pub connections: Gauge,
+    /// Bytes of queued background operations, as journaled.
+    pub journal_bytes: Gauge,
+    /// Background writes and bulks refused at a bound of the queue.
+    pub queue_full: Counter,
     /// Connections closed to make room for a new one at `server.max.connections`.
     pub connections_evicted: Counter,
     /// Connections refused (503, closed) at `server.max.connections` with every one busy.
@@ -206,6 +210,18 @@ impl Metrics {
             "Times the lock backend became usable again after an outage",
             zk_reconnects.clone(),
         );
+        let journal_bytes = Gauge::default();
+        registry.register(
+            "journal_queued_bytes",
+            "Bytes of accepted background operations not finished yet, as journaled",
+            journal_bytes.clone(),
+        );
+        let queue_full = Counter::default();
+        registry.register(
+            "queue_full_refusals",
+            "Background writes and bulks refused (503 queue_full) at server.queue.max, server.queue.max.bytes or server.journal.max.bytes",
+            queue_full.clone(),
+        );
         let connections = Gauge::default();
         registry.register(
             "http_connections",
@@ -232,6 +248,8 @@ impl Metrics {
         );
         Self {
             registry,
+            journal_bytes,
+            queue_full,
             connections,
             connections_evicted,
             connections_refused,

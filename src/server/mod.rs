@@ -108,8 +108,15 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     .map_err(|e| match e {
         journal::JournalError::InUse { .. } => CliError::new(EX_CONFIG, e),
         journal::JournalError::Corrupt { .. } => CliError::new(EX_DATAERR, e),
-        journal::JournalError::Io { .. } => CliError::new(EX_SOFTWARE, e),
+        journal::JournalError::Io { .. } | journal::JournalError::Full { .. } => {
+            CliError::new(EX_SOFTWARE, e)
+        }
     })?;
+    journal.set_limits(journal::Limits {
+        operations: settings.server.queue_max,
+        bytes: settings.server.queue_max_bytes,
+        file_bytes: settings.server.journal_max_bytes,
+    });
 
     let tokens = Arc::new(
         access::Tokens::load(settings.server.auth_tokens_file.as_deref())

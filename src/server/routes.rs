@@ -549,12 +549,18 @@ async fn accept(state: &Arc<AppState>, ops: Vec<Operation>) -> Result<Vec<OpStat
     })
     .await
     .map_err(|e| ApiError::internal(format!("journaling failed: {e}")))?;
-    journaled.map_err(|e| {
-        tracing::error!(error = %e, "cannot journal background operations");
-        ApiError::unavailable(
-            "journal_unavailable",
-            format!("the operation could not be made durable, so it was not accepted: {e}"),
-        )
+    journaled.map_err(|e| match e {
+        super::journal::JournalError::Full { .. } => {
+            state.metrics.queue_full.inc();
+            ApiError::unavailable("queue_full", e.to_string())
+        }
+        e => {
+            tracing::error!(error = %e, "cannot journal background operations");
+            ApiError::unavailable(
+                "journal_unavailable",
+                format!("the operation could not be made durable, so it was not accepted: {e}"),
+            )
+        }
     })?;
     Ok(ids
         .iter()

@@ -163,6 +163,7 @@ impl AppState {
     pub fn refresh_gauges(&self) {
         let m = &self.metrics;
         m.journal_depth.set(self.journal.depth() as i64);
+        m.journal_bytes.set(self.journal.queued_bytes() as i64);
         m.explicit_locks.set(self.explicit.len() as i64);
         m.queue_depth
             .set(self.waiting.load(Ordering::Relaxed) as i64);

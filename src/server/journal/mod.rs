@@ -56,6 +56,12 @@ pub enum JournalError {
         /// The copy of the journal as it was.
         copy: PathBuf,
     },
+    /// Accepting the operations would go beyond a bound of the queue; nothing was accepted.
+    #[error("{what}: the operations were not accepted; retry after the Retry-After delay (the queue drains as background operations are applied), or raise the bound")]
+    Full {
+        /// Which bound, and where the queue stands.
+        what: String,
+    },
     /// The file could not be read or written.
     #[error("journal {}: {source}; check server.journal.path and the free space of its file system", .path.display())]
     Io {
@@ -65,6 +71,27 @@ pub enum JournalError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Bounds of what the queue may hold, checked before anything is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Operations queued (`server.queue.max`).
+    pub operations: usize,
+    /// Bytes of queued operations, as journaled (`server.queue.max.bytes`).
+    pub bytes: u64,
+    /// Size of the journal file (`server.journal.max.bytes`).
+    pub file_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            operations: usize::MAX,
+            bytes: u64::MAX,
+            file_bytes: u64::MAX,
+        }
+    }
 }
 
 /// Where an operation stands.
@@ -151,6 +178,13 @@ struct Inner {
     queued: usize,
     finished_order: VecDeque<Uuid>,
     appended: usize,
+    /// Journaled bytes of each queued operation (its share of its line).
+    sizes: HashMap<Uuid, u64>,
+    /// Sum of `sizes`.
+    queued_bytes: u64,
+    /// Size of the journal file.
+    file_bytes: u64,
+    limits: Limits,
 }
 
 /// The journal and the table of operation states. Share it in an `Arc`.
@@ -332,8 +366,21 @@ impl Journal {
                 queued_order,
                 finished_order,
                 appended: 0,
+                sizes: HashMap::new(),
+                queued_bytes: 0,
+                file_bytes: 0,
+                limits: Limits::default(),
             }),
         };
+        {
+            // The size each replayed operation takes in a line of its own, about what it took.
+            let mut inner = journal.lock();
+            for op in &pending {
+                let size = serde_json::to_string(op).map_or(0, |l| l.len() as u64 + 1);
+                inner.sizes.insert(op.id, size);
+                inner.queued_bytes += size;
+            }
+        }
         {
             let mut inner = journal.lock();
             journal.trim(&mut inner);
@@ -378,6 +425,41 @@ impl Journal {
         self.lock().queued
     }
 
+    /// Bounds the queue: beyond `limits`, [`Journal::accept`] refuses with
+    /// [`JournalError::Full`].
+    pub fn set_limits(&self, limits: Limits) {
+        self.lock().limits = limits;
+    }
+
+    /// Bytes of queued operations, as journaled.
+    pub fn queued_bytes(&self) -> u64 {
+        self.lock().queued_bytes
+    }
+
+    /// Why `ops` more operations in a line of `size` bytes would go beyond a bound, if they
+    /// would.
+    fn beyond(inner: &Inner, ops: usize, size: u64) -> Option<String> {
+        let l = inner.limits;
+        if inner.queued + ops > l.operations {
+            Some(format!(
+                "{} operations are queued and {ops} more would pass server.queue.max ({})",
+                inner.queued, l.operations
+            ))
+        } else if inner.queued_bytes + size > l.bytes {
+            Some(format!(
+                "{} bytes of operations are queued and {size} more would pass server.queue.max.bytes ({})",
+                inner.queued_bytes, l.bytes
+            ))
+        } else if inner.file_bytes + size > l.file_bytes {
+            Some(format!(
+                "the journal holds {} bytes and {size} more would pass server.journal.max.bytes ({})",
+                inner.file_bytes, l.file_bytes
+            ))
+        } else {
+            None
+        }
+    }
+
     /// Journals a batch of operations (one line, fsynced). Operations whose id the journal
     /// already knows are left out (idempotency keys); returns the ones journaled.
     ///
@@ -410,8 +492,24 @@ impl Journal {
         }
         let line = serde_json::to_string(&Record::Accepted { ops: fresh.clone() })
             .map_err(|e| io(&self.path)(std::io::Error::other(e)))?;
+        let size = line.len() as u64 + 1;
+        if let Some(mut what) = Self::beyond(&inner, fresh.len(), size) {
+            // Outcomes may be what fills the file: compacting drops the finished operations.
+            if inner.file_bytes + size > inner.limits.file_bytes && inner.appended > 0 {
+                if let Err(e) = self.compact(&mut inner) {
+                    tracing::warn!(error = %e, "journal compaction failed");
+                }
+                what = Self::beyond(&inner, fresh.len(), size).unwrap_or_default();
+            }
+            if !what.is_empty() {
+                return Err(JournalError::Full { what });
+            }
+        }
         let seq = self.append(&mut inner, &line)?;
+        let share = size.div_ceil(fresh.len() as u64);
         for op in &fresh {
+            inner.sizes.insert(op.id, share);
+            inner.queued_bytes += share;
             inner.queued_order.push_back(op.id);
             inner.entries.insert(
                 op.id,
@@ -434,6 +532,8 @@ impl Journal {
                 {
                     inner.entries.remove(&op.id);
                     inner.queued -= 1;
+                    let share = inner.sizes.remove(&op.id).unwrap_or(0);
+                    inner.queued_bytes -= share;
                 }
             }
             self.trim(&mut inner);
@@ -539,6 +639,8 @@ impl Journal {
         };
         if was_queued {
             inner.queued -= 1;
+            let share = inner.sizes.remove(&id).unwrap_or(0);
+            inner.queued_bytes -= share;
         }
         inner.entries.insert(
             id,
@@ -566,6 +668,7 @@ impl Journal {
         bytes.extend_from_slice(line.as_bytes());
         bytes.push(b'\n');
         (&*inner.file).write_all(&bytes).map_err(&err)?;
+        inner.file_bytes += bytes.len() as u64;
         inner.appended += 1;
         inner.written += 1;
         Ok(inner.written)
@@ -681,6 +784,7 @@ impl Journal {
                 .map_err(&err)?,
         );
         inner.appended = 0;
+        inner.file_bytes = text.len() as u64;
         // The rewritten file holds (durably) everything written so far.
         let mut state = self.sync_state();
         state.synced = state.synced.max(inner.written);
@@ -703,222 +807,4 @@ mod uuid_str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    /// A second service whose journal path is a symbolic link to a journal in use is refused,
-    /// as one naming the file itself: the lock is taken on the resolved file.
-    #[test]
-    fn a_journal_reached_through_a_symbolic_link_is_in_use_too() {
-        let dir = tempfile::tempdir().unwrap();
-        let real = dir.path().join("journal.jsonl");
-        let (_first, _) = Journal::open(&real, false).unwrap();
-        let link = dir.path().join("other-name.jsonl");
-        std::os::unix::fs::symlink(&real, &link).unwrap();
-        match Journal::open(&link, false) {
-            Err(JournalError::InUse { path, .. }) => assert_eq!(path, real),
-            Err(e) => panic!("{e}"),
-            Ok(_) => panic!("a second journal over the same file was opened"),
-        }
-        let linked_dir = dir.path().join("linked-dir");
-        std::os::unix::fs::symlink(dir.path(), &linked_dir).unwrap();
-        assert!(matches!(
-            Journal::open(&linked_dir.join("journal.jsonl"), false),
-            Err(JournalError::InUse { .. })
-        ));
-    }
-
-    fn op(n: u32) -> Operation {
-        Operation::index("m", "idx", format!("d{n}"), json!({"n": n}))
-    }
-
-    /// Only the last line can be cut short by a crash: a line that cannot be read before other
-    /// lines is corruption. The journal then refuses to open, naming the line and a copy of the
-    /// file it kept, unless told to skip such lines; a torn last line is skipped as before.
-    #[test]
-    fn a_bad_line_before_others_is_corruption_and_a_torn_last_line_is_not() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.jsonl");
-        let accepted =
-            |o: Operation| serde_json::to_string(&Record::Accepted { ops: vec![o] }).unwrap();
-        let (a, b) = (op(1), op(2));
-        let text = format!(
-            "{}\n{{\"r\":\"acc\n{}\n",
-            accepted(a.clone()),
-            accepted(b.clone())
-        );
-        std::fs::write(&path, &text).unwrap();
-        // (A journal's lock lasts as long as the process: each open below uses a file of its own.)
-        let message = match Journal::open(&path, false) {
-            Err(e @ JournalError::Corrupt { .. }) => {
-                let JournalError::Corrupt { line, copy, .. } = &e else {
-                    unreachable!()
-                };
-                assert_eq!(*line, 2);
-                assert_eq!(
-                    std::fs::read_to_string(copy).unwrap(),
-                    text,
-                    "the copy kept"
-                );
-                e.to_string()
-            }
-            Err(e) => panic!("{e}"),
-            Ok(_) => panic!("a journal with a bad line in its middle was opened"),
-        };
-        assert_eq!(
-            std::fs::read_to_string(&path).unwrap(),
-            text,
-            "left as it was"
-        );
-        assert!(
-            message.contains("line 2") && message.contains("server.journal.skip.corrupt"),
-            "{message}"
-        );
-        let skipping = dir.path().join("skipping.jsonl");
-        std::fs::write(&skipping, &text).unwrap();
-        let (_, pending) = Journal::open(&skipping, true).unwrap();
-        assert_eq!(
-            pending.iter().map(|o| o.id).collect::<Vec<_>>(),
-            [a.id, b.id]
-        );
-
-        let torn = dir.path().join("torn.jsonl");
-        std::fs::write(&torn, format!("{}\n{{\"r\":\"acc", accepted(op(3)))).unwrap();
-        let (_, pending) = Journal::open(&torn, false).unwrap();
-        assert_eq!(pending.len(), 1, "a torn last line is skipped");
-    }
-
-    #[tokio::test]
-    async fn unfinished_operations_come_back_after_a_restart() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.jsonl");
-        let (a, b, c) = (op(1), op(2), op(3));
-        {
-            let (j, pending) = Journal::open(&path, false).unwrap();
-            assert!(pending.is_empty());
-            let fresh = j.accept(vec![a.clone(), b.clone()]).await.unwrap();
-            assert_eq!(fresh.len(), 2);
-            // The same id again is not journaled twice.
-            assert!(j.accept(vec![a.clone()]).await.unwrap().is_empty());
-            j.accept(vec![c.clone()]).await.unwrap();
-            j.finish(Finished {
-                id: b.id,
-                status: OpState::Applied,
-                reason: None,
-                token: Some(7),
-                attempts: Some(1),
-                fingerprint: None,
-            })
-            .await
-            .unwrap();
-            assert_eq!(j.depth(), 2);
-            // A second service cannot open the same journal.
-            assert!(matches!(
-                Journal::open(&path, false),
-                Err(JournalError::InUse { .. })
-            ));
-        }
-        // A torn line at the end (a crash in the middle of a write) is skipped.
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        // (cut inside the two bytes of `é`)
-        f.write_all(b"{\"r\":\"accepted\",\"ops\":[{\"info\":\"caf\xc3")
-            .unwrap();
-        drop(f);
-        // The lock of the first journal is held by this process for good; test reopening
-        // through a copy, as a restarted process would see the file.
-        let copy = dir.path().join("copy.jsonl");
-        std::fs::copy(&path, &copy).unwrap();
-        let (j, pending) = Journal::open(&copy, false).unwrap();
-        assert_eq!(
-            pending.iter().map(|o| o.id).collect::<Vec<_>>(),
-            vec![a.id, c.id]
-        );
-        assert_eq!(j.get(&b.id).unwrap().state(), OpState::Applied);
-        assert_eq!(j.get(&a.id).unwrap().state(), OpState::Queued);
-        // Compacted at open: one outcome line and one batch line.
-        let text = std::fs::read_to_string(&copy).unwrap();
-        assert_eq!(text.lines().count(), 2, "{text}");
-    }
-
-    #[tokio::test]
-    async fn the_journal_is_compacted_while_it_grows() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.jsonl");
-        let (j, _) = Journal::open(&path, false).unwrap();
-        let mut j = Arc::try_unwrap(j).unwrap();
-        j.compact_every = 10;
-        let j = Arc::new(j);
-        let queued = op(0);
-        j.accept(vec![queued.clone()]).await.unwrap();
-        let mut done = Vec::new();
-        for n in 1..=25 {
-            let o = op(n);
-            done.push(o.id);
-            j.accept(vec![o.clone()]).await.unwrap();
-            j.finish(Finished {
-                id: o.id,
-                status: OpState::Applied,
-                reason: None,
-                token: Some(u64::from(n)),
-                attempts: Some(1),
-                fingerprint: None,
-            })
-            .await
-            .unwrap();
-        }
-        let lines = std::fs::read_to_string(&path).unwrap().lines().count();
-        // 51 lines were appended; compactions keep outcomes plus one batch of the queued one.
-        assert!(lines < 51, "{lines} lines");
-        drop(j);
-        let copy = dir.path().join("copy.jsonl");
-        std::fs::copy(&path, &copy).unwrap();
-        let (j, pending) = Journal::open(&copy, false).unwrap();
-        assert_eq!(
-            pending.iter().map(|o| o.id).collect::<Vec<_>>(),
-            vec![queued.id]
-        );
-        assert_eq!(j.depth(), 1);
-        assert_eq!(j.get(&queued.id).unwrap().state(), OpState::Queued);
-        for id in &done {
-            assert_eq!(j.get(id).unwrap().state(), OpState::Applied);
-        }
-    }
-
-    /// One `fsync` covers every line written before it: requests whose lines it covered return
-    /// without one of their own, and each line is durable (found again after a restart).
-    #[tokio::test]
-    async fn an_fsync_covers_every_line_written_before_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.jsonl");
-        let (j, _) = Journal::open(&path, false).unwrap();
-        let ops: Vec<Operation> = (0..8).map(op).collect();
-        // Eight lines written while no fsync ran (as by requests that arrive together).
-        let seqs: Vec<u64> = {
-            let mut inner = j.lock();
-            ops.iter()
-                .map(|o| {
-                    let line = serde_json::to_string(&Record::Accepted {
-                        ops: vec![o.clone()],
-                    })
-                    .unwrap();
-                    j.append(&mut inner, &line).unwrap()
-                })
-                .collect()
-        };
-        // The last request's fsync covers all eight; the others need none.
-        j.sync_through(*seqs.last().unwrap()).unwrap();
-        for seq in &seqs {
-            j.sync_through(*seq).unwrap();
-        }
-        assert_eq!(j.fsyncs(), 1);
-        // A line written later needs an fsync of its own.
-        j.accept(vec![op(8)]).await.unwrap();
-        assert_eq!(j.fsyncs(), 2);
-        drop(j);
-        let copy = dir.path().join("copy.jsonl");
-        std::fs::copy(&path, &copy).unwrap();
-        let (_, pending) = Journal::open(&copy, false).unwrap();
-        assert_eq!(pending.len(), 9);
-    }
-}
+mod tests;
