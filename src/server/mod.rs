@@ -100,6 +100,15 @@ pub fn init_tracing(verbose: u8, format: LogFormat) {
 /// Configuration (78), journal in use or unreadable (78 / 70), lock backend or Elasticsearch
 /// unreachable at start (69), address in use (69).
 pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
+    // Under a file-size limit (ulimit -f) a write beyond it fails with EFBIG, which the journal
+    // reports and survives, instead of SIGXFSZ killing the service.
+    // SAFETY: ignoring a signal installs no handler code.
+    unsafe {
+        let _ = nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGXFSZ,
+            nix::sys::signal::SigHandler::SigIgn,
+        );
+    }
     let listen = args.listen.unwrap_or(settings.server.listen);
     let (journal, pending) = journal::Journal::open(
         &settings.server.journal_path,
@@ -304,6 +313,11 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     let _ = dispatcher.await;
     let _ = monitor.await;
     let stopped = state.stop_running(Duration::from_secs(5)).await;
+    if state.journal.problem().is_some() {
+        if let Err(e) = journal.checkpoint().await {
+            tracing::error!(error = %e, "outcomes of applied operations could not be recorded in the journal: those operations run again at the next start (each is recognised by its document while the document remembers its id)");
+        }
+    }
     tracing::info!(
         left_in_journal = journal.depth(),
         stopped,

@@ -251,6 +251,13 @@ async fn readyz(State(state): State<Arc<AppState>>, detailed: bool) -> Response 
             }
         });
     }
+    if let Some(p) = state.journal.problem() {
+        problems.push(if detailed {
+            p
+        } else {
+            "the journal cannot record outcomes (send a bearer token for details)".to_string()
+        });
+    }
     if let Err(p) = state.ping_es().await {
         let p = if detailed {
             p

@@ -265,7 +265,15 @@ pub async fn dispatch(
                 all.push(more);
             }
             if let Err(e) = journal.finish_all(all).await {
-                tracing::error!(error = %e, "cannot record outcomes in the journal; their operations run again at the next start");
+                tracing::error!(error = %e, "cannot record outcomes in the journal: no background operation starts and nothing new is accepted until they are recorded");
+                journal.outcomes_failed(&e);
+                // Until the file can be rewritten with every outcome known in memory (space
+                // freed): one attempt a second.
+                while let Err(e) = journal.checkpoint().await {
+                    tracing::debug!(error = %e, "the journal still cannot be written");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                tracing::info!("the journal records outcomes again; background operations resume");
             }
         }
     });
@@ -278,6 +286,15 @@ pub async fn dispatch(
         while state.lock_problem().is_some() {
             tokio::select! {
                 changed = backend_up.changed() => if changed.is_err() { return },
+                _ = stop.changed() => return,
+            }
+        }
+        // An operation applied while outcomes cannot be recorded would run again at the next
+        // start, possibly over newer writes: none starts until they can.
+        let mut journal_problem = state.journal.watch_problem();
+        while journal_problem.borrow_and_update().is_some() {
+            tokio::select! {
+                changed = journal_problem.changed() => if changed.is_err() { return },
                 _ = stop.changed() => return,
             }
         }

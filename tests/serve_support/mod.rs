@@ -36,6 +36,8 @@ pub struct Env {
     pub args: Vec<String>,
     /// The service's open-files limit (soft and hard), when the test sets one.
     pub open_files: Option<u64>,
+    /// The service's file-size limit in bytes (`ulimit -f`), when the test sets one.
+    pub file_size: Option<u64>,
 }
 
 impl Env {
@@ -48,7 +50,15 @@ impl Env {
             extra: Vec::new(),
             args: Vec::new(),
             open_files: None,
+            file_size: None,
         }
+    }
+
+    /// Runs the service under a file-size limit of `n` bytes (`ulimit -f`): a journal that
+    /// reaches it cannot be appended to, as on a full disk.
+    pub fn file_size(mut self, n: Option<u64>) -> Self {
+        self.file_size = n;
+        self
     }
 
     /// Runs the service under an open-files limit of `n` (`ulimit -n`).
@@ -99,13 +109,22 @@ impl Env {
         for (k, v) in &self.extra {
             cmd.env(k, v);
         }
-        if let Some(n) = self.open_files {
+        let limits: Vec<(nix::sys::resource::Resource, u64)> = [
+            (nix::sys::resource::Resource::RLIMIT_NOFILE, self.open_files),
+            (nix::sys::resource::Resource::RLIMIT_FSIZE, self.file_size),
+        ]
+        .into_iter()
+        .filter_map(|(r, n)| n.map(|n| (r, n)))
+        .collect();
+        if !limits.is_empty() {
             use std::os::unix::process::CommandExt;
             // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
             unsafe {
                 cmd.pre_exec(move || {
-                    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, n, n)
-                        .map_err(std::io::Error::from)
+                    for (r, n) in &limits {
+                        nix::sys::resource::setrlimit(*r, *n, *n).map_err(std::io::Error::from)?;
+                    }
+                    Ok(())
                 });
             }
         }

@@ -194,6 +194,10 @@ pub struct Journal {
     compact_every: usize,
     /// Group commit: how far the file is known durable.
     sync: Mutex<SyncState>,
+    /// Why outcomes cannot be recorded now (`None`: they can). While set, nothing new is
+    /// accepted and the service starts no background operation: an operation applied without a
+    /// recorded outcome would run again at the next start.
+    failing: tokio::sync::watch::Sender<Option<String>>,
 }
 
 /// Group commit: one `fsync` makes every line written before it durable, so a caller whose
@@ -358,6 +362,7 @@ impl Journal {
             compact_every: COMPACT_EVERY,
             path: path.to_path_buf(),
             sync: Mutex::new(SyncState::default()),
+            failing: tokio::sync::watch::channel(None).0,
             inner: Mutex::new(Inner {
                 file: Arc::new(file),
                 written: 0,
@@ -425,6 +430,51 @@ impl Journal {
         self.lock().queued
     }
 
+    /// Why outcomes cannot be recorded now, if they cannot (see [`Journal::outcomes_failed`]).
+    pub fn problem(&self) -> Option<String> {
+        self.failing.borrow().clone()
+    }
+
+    /// Follows [`Journal::problem`].
+    pub fn watch_problem(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.failing.subscribe()
+    }
+
+    /// Notes that outcomes could not be recorded (`e`): until [`Journal::checkpoint`] succeeds,
+    /// [`Journal::accept`] refuses and the service starts no background operation.
+    pub fn outcomes_failed(&self, e: &JournalError) {
+        let why = format!("the journal cannot record outcomes ({e})");
+        self.failing.send_if_modified(|f| {
+            let changed = f.is_none();
+            f.get_or_insert(why);
+            changed
+        });
+    }
+
+    /// Rewrites the journal with everything known in memory (the outcomes that could not be
+    /// appended included); on success outcomes are recorded again.
+    ///
+    /// # Errors
+    /// [`JournalError::Io`]: the journal still cannot be written.
+    pub async fn checkpoint(self: &Arc<Self>) -> Result<(), JournalError> {
+        let me = self.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let mut inner = me.lock();
+            me.compact(&mut inner)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(JournalError::Io {
+                path: self.path.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })
+        });
+        if done.is_ok() {
+            self.failing.send_replace(None);
+        }
+        done
+    }
+
     /// Bounds the queue: beyond `limits`, [`Journal::accept`] refuses with
     /// [`JournalError::Full`].
     pub fn set_limits(&self, limits: Limits) {
@@ -481,6 +531,14 @@ impl Journal {
     }
 
     fn accept_blocking(&self, ops: Vec<Operation>) -> Result<Vec<Operation>, JournalError> {
+        if let Some(why) = self.problem() {
+            return Err(JournalError::Io {
+                path: self.path.clone(),
+                source: std::io::Error::other(format!(
+                    "{why}; nothing new is accepted until it can"
+                )),
+            });
+        }
         let mut inner = self.lock();
         let mut seen = std::collections::HashSet::new();
         let fresh: Vec<Operation> = ops
