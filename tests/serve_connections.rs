@@ -31,24 +31,6 @@ async fn closed_by_server(mut tcp: TcpStream) -> Vec<u8> {
     }
 }
 
-/// A metric's value in the OpenMetrics text.
-async fn metric(c: &reqwest::Client, s: &Service, name: &str) -> f64 {
-    let text = c
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// With the default timeout (10 s): a connection that never sends anything, one that stops in
 /// the middle of its headers, one that sends a header byte every 200 ms, and a keep-alive one
 /// idle after its answer are all closed by the server, well before a minute.

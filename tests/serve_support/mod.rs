@@ -304,3 +304,25 @@ pub async fn hold_lock(env: &Env, monitor: &str) -> (ZkLockService, Box<dyn zkgu
         .unwrap();
     (service, guard)
 }
+
+/// The service's metrics, in the OpenMetrics text.
+pub async fn metrics_text(c: &Client, s: &Service) -> String {
+    c.get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// A metric's value in the service's metrics.
+pub async fn metric(c: &Client, s: &Service, name: &str) -> f64 {
+    let text = metrics_text(c, s).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
