@@ -528,65 +528,6 @@ async fn lock_timeout_is_423_and_load_beyond_the_limit_is_503_with_retry_after()
     assert_eq!(status, StatusCode::OK, "{v}");
 }
 
-/// Parses OpenMetrics text: every line is a comment (`# HELP`, `# TYPE`, `# UNIT`, `# EOF`
-/// last) or a sample `name{labels} value`; returns the samples.
-fn parse_metrics(text: &str) -> HashMap<String, f64> {
-    let mut samples = HashMap::new();
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.last(), Some(&"# EOF"), "{text}");
-    let mut typed = HashSet::new();
-    for line in &lines[..lines.len() - 1] {
-        if let Some(rest) = line.strip_prefix("# ") {
-            let mut parts = rest.splitn(3, ' ');
-            let kind = parts.next().unwrap();
-            let name = parts.next().expect("metric name");
-            assert!(["HELP", "TYPE", "UNIT"].contains(&kind), "{line}");
-            if kind == "TYPE" {
-                let t = parts.next().expect("type");
-                assert!(["counter", "gauge", "histogram"].contains(&t), "{line}");
-                typed.insert(name.to_string());
-            }
-            continue;
-        }
-        let (series, value) = line
-            .rsplit_once(' ')
-            .unwrap_or_else(|| panic!("bad sample line {line:?}"));
-        let value: f64 = value
-            .parse()
-            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
-        let name = series.split('{').next().unwrap();
-        assert!(
-            name.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
-            "{line}"
-        );
-        if let Some(labels) = series.strip_prefix(name) {
-            if !labels.is_empty() {
-                assert!(labels.starts_with('{') && labels.ends_with('}'), "{line}");
-                for pair in labels[1..labels.len() - 1].split(',') {
-                    let (k, v) = pair.split_once('=').unwrap_or_else(|| panic!("{line}"));
-                    assert!(
-                        !k.is_empty() && v.starts_with('"') && v.ends_with('"'),
-                        "{line}"
-                    );
-                }
-            }
-        }
-        assert!(
-            typed.iter().any(|t| name.starts_with(t.as_str())),
-            "sample {name} has no TYPE line"
-        );
-        samples.insert(series.to_string(), value);
-    }
-    samples
-}
-
-async fn scrape(c: &Client, s: &Service) -> HashMap<String, f64> {
-    let resp = c.get(s.url("/metrics")).send().await.unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    parse_metrics(&resp.text().await.unwrap())
-}
-
 fn metric(samples: &HashMap<String, f64>, series: &str) -> f64 {
     samples.get(series).copied().unwrap_or(0.0)
 }

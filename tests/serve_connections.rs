@@ -93,7 +93,7 @@ async fn idle_half_sent_and_slow_connections_are_closed_after_the_header_timeout
         started.elapsed()
     );
     let c = client();
-    assert!(metric(&c, &s, "zkguard_http_connections_timed_out_total").await >= 4.0);
+    assert!(scraped(&c, &s, "zkguard_http_connections_timed_out_total").await >= 4.0);
 }
 
 /// At the limit, idle connections make room and `/healthz` answers; when every connection is
@@ -124,8 +124,8 @@ async fn at_the_connection_limit_idle_connections_make_room_and_busy_ones_are_ke
         .await
         .expect("the oldest idle connection was closed");
     let c = client();
-    assert!(metric(&c, &s, "zkguard_http_connections_evicted_total").await >= (3 * MAX) as f64);
-    assert!(metric(&c, &s, "zkguard_http_connections").await <= MAX as f64);
+    assert!(scraped(&c, &s, "zkguard_http_connections_evicted_total").await >= (3 * MAX) as f64);
+    assert!(scraped(&c, &s, "zkguard_http_connections").await <= MAX as f64);
     drop(idle);
 
     // Every connection busy: MAX writes wait for a lock the test holds.
@@ -167,7 +167,7 @@ async fn at_the_connection_limit_idle_connections_make_room_and_busy_ones_are_ke
         let (status, v) = w.await.unwrap();
         assert_eq!(status, StatusCode::OK, "a busy connection was cut: {v}");
     }
-    assert!(metric(&c, &s, "zkguard_http_connections_refused_total").await >= 1.0);
+    assert!(scraped(&c, &s, "zkguard_http_connections_refused_total").await >= 1.0);
 }
 
 /// Under an open-files limit of 128, far below the default of 1,024 connections, the service
@@ -189,5 +189,5 @@ async fn the_connection_limit_fits_the_open_files_limit() {
     let c = client();
     let (status, v) = call(&c, Method::GET, &s.url("/healthz"), None).await;
     assert_eq!(status, StatusCode::OK, "{v}");
-    assert!(metric(&c, &s, "zkguard_http_connections").await <= 64.0);
+    assert!(scraped(&c, &s, "zkguard_http_connections").await <= 64.0);
 }

@@ -113,7 +113,7 @@ async fn beyond_the_queue_bounds_background_work_is_refused_before_it_is_acknowl
     // The queue drains once the lock is free, and work is accepted again.
     guard.unlock().await.unwrap();
     eventually(Duration::from_secs(60), "the queue drains", || async {
-        metric(&client(), &s, "zkguard_journal_depth").await == 0.0
+        scraped(&client(), &s, "zkguard_journal_depth").await == 0.0
     })
     .await;
     let (body, _) = bulk_body(&index, &monitor, 20, 10);

@@ -254,6 +254,7 @@ pub async fn dispatch(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut backend_up = state.backend_up.subscribe();
+    let mut journal_problem = state.journal.watch_problem();
     // Outcomes are journaled by one task, all those that arrived during its previous write in
     // one batch (one fsync), instead of one blocking task per operation.
     let (outcomes, mut recorded) = mpsc::unbounded_channel::<Finished>();
@@ -291,7 +292,6 @@ pub async fn dispatch(
         }
         // An operation applied while outcomes cannot be recorded would run again at the next
         // start, possibly over newer writes: none starts until they can.
-        let mut journal_problem = state.journal.watch_problem();
         while journal_problem.borrow_and_update().is_some() {
             tokio::select! {
                 changed = journal_problem.changed() => if changed.is_err() { return },

@@ -551,17 +551,17 @@ impl Journal {
         let line = serde_json::to_string(&Record::Accepted { ops: fresh.clone() })
             .map_err(|e| io(&self.path)(std::io::Error::other(e)))?;
         let size = line.len() as u64 + 1;
-        if let Some(mut what) = Self::beyond(&inner, fresh.len(), size) {
-            // Outcomes may be what fills the file: compacting drops the finished operations.
-            if inner.file_bytes + size > inner.limits.file_bytes && inner.appended > 0 {
-                if let Err(e) = self.compact(&mut inner) {
-                    tracing::warn!(error = %e, "journal compaction failed");
-                }
-                what = Self::beyond(&inner, fresh.len(), size).unwrap_or_default();
+        let mut full = Self::beyond(&inner, fresh.len(), size);
+        // The file may be full of lines that compaction drops (finished operations' batches).
+        if full.is_some() && inner.file_bytes + size > inner.limits.file_bytes && inner.appended > 0
+        {
+            if let Err(e) = self.compact(&mut inner) {
+                tracing::warn!(error = %e, "journal compaction failed");
             }
-            if !what.is_empty() {
-                return Err(JournalError::Full { what });
-            }
+            full = Self::beyond(&inner, fresh.len(), size);
+        }
+        if let Some(what) = full {
+            return Err(JournalError::Full { what });
         }
         let seq = self.append(&mut inner, &line)?;
         let share = size.div_ceil(fresh.len() as u64);
