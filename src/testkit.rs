@@ -54,6 +54,7 @@ use nix::sys::signal::{kill as send_signal, Signal};
 use nix::unistd::Pid;
 
 mod links;
+mod relay;
 
 /// The command that installs every server this module starts.
 pub const INSTALL_COMMAND: &str = "scripts/install-deps.sh";
@@ -1958,28 +1959,7 @@ fn launch_tansu(
 #[derive(Debug)]
 pub struct Partition {
     connect_string: String,
-    state: std::sync::Arc<PartitionState>,
-    ports: Vec<u16>,
-}
-
-#[derive(Debug, Default)]
-struct PartitionState {
-    cut: std::sync::atomic::AtomicBool,
-    stopped: std::sync::atomic::AtomicBool,
-    open: Mutex<Vec<TcpStream>>,
-}
-
-impl PartitionState {
-    fn drop_all(&self) {
-        for s in self
-            .open
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-    }
+    relays: Vec<relay::Relay>,
 }
 
 impl Partition {
@@ -1992,60 +1972,19 @@ impl Partition {
             Some(i) => servers.split_at(i),
             None => (servers, ""),
         };
-        let state = std::sync::Arc::new(PartitionState::default());
-        let mut local = Vec::new();
-        let mut ports = Vec::new();
-        for upstream in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
-            let listener = TcpListener::bind("127.0.0.1:0")?;
-            let port = listener.local_addr()?.port();
-            local.push(format!("127.0.0.1:{port}"));
-            ports.push(port);
-            let (upstream, state) = (upstream.to_string(), state.clone());
-            thread::spawn(move || {
-                for conn in listener.incoming() {
-                    if state.stopped.load(Ordering::Acquire) {
-                        return;
-                    }
-                    let Ok(client) = conn else { continue };
-                    if state.cut.load(Ordering::Acquire) {
-                        let _ = client.shutdown(Shutdown::Both);
-                        continue;
-                    }
-                    let Ok(server) = TcpStream::connect(&upstream) else {
-                        let _ = client.shutdown(Shutdown::Both);
-                        continue;
-                    };
-                    let _ = client.set_nodelay(true);
-                    let _ = server.set_nodelay(true);
-                    {
-                        let mut open = state.open.lock().unwrap_or_else(|e| e.into_inner());
-                        open.retain(|s| s.peer_addr().is_ok());
-                        for s in [&client, &server] {
-                            if let Ok(c) = s.try_clone() {
-                                open.push(c);
-                            }
-                        }
-                    }
-                    for (mut from, mut to) in [
-                        (client.try_clone(), server.try_clone()),
-                        (server.try_clone(), client.try_clone()),
-                    ]
-                    .into_iter()
-                    .filter_map(|(a, b)| Some((a.ok()?, b.ok()?)))
-                    {
-                        thread::spawn(move || {
-                            let _ = io::copy(&mut from, &mut to);
-                            let _ = to.shutdown(Shutdown::Both);
-                            let _ = from.shutdown(Shutdown::Both);
-                        });
-                    }
-                }
-            });
-        }
+        let relays = hosts
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(|upstream| relay::Relay::start(upstream.to_string(), "zk-partition"))
+            .collect::<io::Result<Vec<_>>>()?;
+        let local: Vec<String> = relays
+            .iter()
+            .map(|r| format!("127.0.0.1:{}", r.port()))
+            .collect();
         Ok(Self {
             connect_string: format!("{}{chroot}", local.join(",")),
-            state,
-            ports,
+            relays,
         })
     }
 
@@ -2056,28 +1995,21 @@ impl Partition {
 
     /// Cuts every client off: open connections are dropped, new ones closed at once.
     pub fn cut(&self) {
-        self.state.cut.store(true, Ordering::Release);
-        self.state.drop_all();
+        for r in &self.relays {
+            r.set_refusing(true);
+            r.close_all();
+        }
     }
 
     /// Lets clients through again.
     pub fn heal(&self) {
-        self.state.cut.store(false, Ordering::Release);
+        for r in &self.relays {
+            r.set_refusing(false);
+        }
     }
 
     /// Whether the partition is cut.
     pub fn is_cut(&self) -> bool {
-        self.state.cut.load(Ordering::Acquire)
-    }
-}
-
-impl Drop for Partition {
-    fn drop(&mut self) {
-        self.state.stopped.store(true, Ordering::Release);
-        self.state.drop_all();
-        for port in &self.ports {
-            // Wakes the accept loop so it sees `stopped`.
-            let _ = TcpStream::connect(("127.0.0.1", *port));
-        }
+        self.relays.iter().any(relay::Relay::is_refusing)
     }
 }
