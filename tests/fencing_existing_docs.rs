@@ -7,7 +7,8 @@ mod guarded_support;
 use serde_json::json;
 use zkguard::es::{Refresh, WriteCondition};
 use zkguard::write::guarded::{FencedBy, GuardedError, GuardedWriter};
-use zkguard::write::ops::{Operation, Stamp};
+use zkguard::write::ops::{DeleteMode, OpError, Operation, Stamp};
+use zkguard::write::stamping::IndexPatterns;
 use zkguard::LockRequest;
 
 use guarded_support::{locks, settings_for, shared, store, tag};
@@ -143,4 +144,77 @@ async fn a_fenced_write_names_whether_zkguard_or_an_outside_writer_set_the_versi
     assert!(message.contains(&outside.to_string()), "{message}");
     older.release().await.detach("test");
     newer.release().await.detach("test");
+}
+
+/// An index that opts out of the `zkguard` object (`elastic.stamp.off`): documents are written
+/// without it, still fenced, and a fence by a newer holder is still told from an outside version
+/// (zkguard's tokens lie between 2^52 and 2^53); a tombstone, which is that object, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_without_stamps_is_fenced_and_names_the_newer_holder() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let es = store(&settings);
+    let plain = format!("plain-{}", tag());
+    let (_session, l) = locks(&settings).await;
+    let writer = GuardedWriter::new(l.clone(), es.clone())
+        .without_stamp(IndexPatterns::parse("plain-*").unwrap());
+
+    let older = l.acquire(LockRequest::new("p1", "older")).await.unwrap();
+    let newer = l.acquire(LockRequest::new("p2", "newer")).await.unwrap();
+    let written = writer
+        .write_under(
+            newer.as_ref(),
+            &Operation::index("p2", &plain, "d", json!({"by": "newer"})),
+        )
+        .await
+        .unwrap();
+    let doc = es.get(&plain, "d").await.unwrap().unwrap();
+    assert_eq!(doc.source, json!({"by": "newer"}), "no zkguard object");
+    assert_eq!(doc.meta.version as u64, written.token);
+
+    let e = writer
+        .write_under(
+            older.as_ref(),
+            &Operation::index("p1", &plain, "d", json!({"by": "older"})),
+        )
+        .await
+        .unwrap_err();
+    match &e {
+        GuardedError::Fenced { by, .. } => assert_eq!(
+            *by,
+            FencedBy::Holder {
+                version: newer.fencing_token()
+            },
+            "{e}"
+        ),
+        other => panic!("expected fenced, got {other}"),
+    }
+    let doc = es.get(&plain, "d").await.unwrap().unwrap();
+    assert_eq!(doc.source, json!({"by": "newer"}));
+
+    let e = writer
+        .write_under(
+            newer.as_ref(),
+            &Operation::delete("p2", &plain, "d").with_delete_mode(DeleteMode::Tombstone),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, GuardedError::Invalid(OpError::TombstoneUnstamped { .. })),
+        "{e}"
+    );
+    assert!(e.to_string().contains("elastic.stamp.off"), "{e}");
+
+    // Other indices keep their stamp.
+    let stamped = format!("stamped-{}", tag());
+    writer
+        .write_under(
+            newer.as_ref(),
+            &Operation::index("p2", &stamped, "d", json!({"by": "newer"})),
+        )
+        .await
+        .unwrap();
+    let doc = es.get(&stamped, "d").await.unwrap().unwrap();
+    assert!(Stamp::of(&doc.source).is_some());
 }

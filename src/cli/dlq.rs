@@ -192,7 +192,7 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
         None => Arc::new(EsStore::new(&settings.elasticsearch)?),
     };
     let locks = super::lock_service(settings).await?;
-    let writer = GuardedWriter::new(locks, store);
+    let writer = GuardedWriter::new(locks, store).with_stamp_settings(&settings.stamp);
     let results = match &kafka {
         Some(kafka) => kafka.replay(&writer, selection).await,
         None => deadletter::replay(&writer, sink.as_ref(), selection).await,

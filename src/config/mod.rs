@@ -37,7 +37,9 @@ use crate::lock::{znode_char, LockType};
 
 pub mod grace;
 mod security;
+mod stamp;
 mod state;
+pub use stamp::{StampSettings, MAX_STAMP_WINDOW};
 pub use security::{EsTls, ZkAcl, ZkAclEntry, ZkAuth, ZkTls};
 
 /// A configuration error: which key, which value, where it came from and what is expected.
@@ -122,6 +124,8 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("elastic.request.retry.count", "3", "attempts of a background operation before it is parked as a dead letter"),
     ("elastic.retry.backoff.initial", "100", "first retry delay of a background operation (ms); doubles each attempt, with jitter"),
     ("elastic.retry.backoff.max", "5000", "largest retry delay (ms)"),
+    ("elastic.stamp.window", "100", "operation ids each written document remembers in its zkguard object (1 to 1000, about 38 bytes each): a retry or replay is recognised as applied while fewer later operations wrote the document"),
+    ("elastic.stamp.off", "", "indices whose documents get no zkguard object, comma-separated, a trailing * matches a prefix: still locked and fenced, but retries and replays of applied operations are applied again (the service's journal still recognises the ids it remembers) and tombstone deletes are refused"),
     ("elasticsearch.url", "http://localhost:9200", "comma-separated Elasticsearch URLs"),
     ("elasticsearch.username", "", "basic-auth user name (empty = no authentication)"),
     ("elasticsearch.password", "", "basic-auth password"),
@@ -458,6 +462,8 @@ pub struct Settings {
     pub txn: TxnSettings,
     /// `zkguard serve`.
     pub server: ServerSettings,
+    /// The `zkguard` object in written documents (`elastic.stamp.*`).
+    pub stamp: StampSettings,
     /// The file the settings were read from, if any.
     pub source: Option<PathBuf>,
     /// Warnings found while loading (unknown `ZKGUARD_` variables); the CLI prints them.
@@ -1267,6 +1273,7 @@ impl Settings {
             es_lock,
             txn,
             server,
+            stamp: stamp::read(&r)?,
             source: None,
             warnings: r.insecure_tls_warning(),
         })

@@ -158,7 +158,8 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         }
     };
     let doc_store: Arc<dyn DocStore> = store.clone();
-    let writer = GuardedWriter::new(locks.clone(), doc_store.clone());
+    let writer =
+        GuardedWriter::new(locks.clone(), doc_store.clone()).with_stamp_settings(&settings.stamp);
     let sink =
         zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(doc_store.clone()))
             .map_err(|e| CliError::new(EX_CONFIG, e))?;

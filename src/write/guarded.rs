@@ -57,6 +57,7 @@ use uuid::Uuid;
 
 use crate::es::{BulkAction, DocMeta, DocStore, EsError, Refresh, WriteCondition};
 use crate::lock::{Guard, LockError, LockRequest, LockService, LockType};
+use crate::write::stamping::IndexPatterns;
 use crate::write::ops::{
     apply_change, strip_meta, with_stamp, ApplyError, Change, DeleteMode, OpError, OpKind,
     Operation, Stamp, DEFAULT_OPS_WINDOW,
@@ -234,6 +235,7 @@ pub struct GuardedWriter {
     store: Arc<dyn DocStore>,
     refresh: Refresh,
     ops_window: usize,
+    unstamped: Arc<IndexPatterns>,
     timeout: Option<Duration>,
 }
 
@@ -243,6 +245,7 @@ impl std::fmt::Debug for GuardedWriter {
             .field("locks", &self.locks.backend_name())
             .field("refresh", &self.refresh)
             .field("ops_window", &self.ops_window)
+            .field("unstamped", &self.unstamped.as_slice())
             .field("timeout", &self.timeout)
             .finish()
     }
@@ -257,6 +260,7 @@ impl GuardedWriter {
             store,
             refresh: Refresh::No,
             ops_window: DEFAULT_OPS_WINDOW,
+            unstamped: Arc::new(IndexPatterns::default()),
             timeout: None,
         }
     }
@@ -273,6 +277,25 @@ impl GuardedWriter {
     pub fn with_ops_window(mut self, window: usize) -> Self {
         self.ops_window = window.max(1);
         self
+    }
+
+    /// Indices whose documents get no `zkguard` object (see [`super::stamping`]): their writes
+    /// are still locked and fenced, but a retry or replay of an operation applied already is
+    /// applied again, and tombstone deletes are refused.
+    pub fn without_stamp(mut self, indices: IndexPatterns) -> Self {
+        self.unstamped = Arc::new(indices);
+        self
+    }
+
+    /// Applies `elastic.stamp.window` and `elastic.stamp.off`.
+    pub fn with_stamp_settings(self, settings: &crate::config::StampSettings) -> Self {
+        self.with_ops_window(settings.window)
+            .without_stamp(settings.off.clone())
+    }
+
+    /// Whether documents of `index` carry the `zkguard` object.
+    pub fn stamps(&self, index: &str) -> bool {
+        !self.unstamped.matches(index)
     }
 
     /// Overrides the lock wait of every operation (default: the lock type's configured timeout).
@@ -440,11 +463,16 @@ impl GuardedWriter {
         let stamp = stamp.unwrap_or_default();
         let live = current.filter(|_| !stamp.deleted);
         let condition = WriteCondition::ExternalGte(token);
+        let stamped = self.stamps(index);
+        let stamp_onto = |source: Value| {
+            if stamped {
+                with_stamp(source, &stamp.next(&op.id, token, self.ops_window, false))
+            } else {
+                source
+            }
+        };
         let new_source = match &op.kind {
-            OpKind::Index { doc, .. } => with_stamp(
-                doc.clone(),
-                &stamp.next(&op.id, token, self.ops_window, false),
-            ),
+            OpKind::Index { doc, .. } => stamp_onto(doc.clone()),
             OpKind::Update { change, upsert, .. } => {
                 let mut source = match live {
                     Some(doc) => strip_meta(doc),
@@ -465,7 +493,15 @@ impl GuardedWriter {
                     // A merge patch cannot add the field (validated), but keep it out regardless.
                     source = strip_meta(&source);
                 }
-                with_stamp(source, &stamp.next(&op.id, token, self.ops_window, false))
+                stamp_onto(source)
+            }
+            OpKind::Delete {
+                mode: DeleteMode::Tombstone,
+                ..
+            } if !stamped => {
+                return Err(GuardedError::Invalid(OpError::TombstoneUnstamped {
+                    index: index.to_string(),
+                }))
             }
             OpKind::Delete {
                 mode: DeleteMode::Tombstone,
@@ -529,7 +565,9 @@ impl GuardedWriter {
 /// stamp).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FencedBy {
-    /// A newer zkguard lock holder wrote the document: its stamp carries `version` as its token.
+    /// A newer zkguard lock holder wrote the document: its stamp carries `version` as its token,
+    /// or it has no stamp and `version` is in the range of zkguard's tokens, 2^52 to 2^53 (an
+    /// index without stamps, or a write by the caller's own client under an explicit lock).
     Holder {
         /// The document's `_version`, the newer holder's token.
         version: u64,
@@ -583,7 +621,16 @@ pub(crate) async fn fenced_or(
                     let version = doc.meta.version.max(0) as u64;
                     match Stamp::of(&doc.source) {
                         Some(stamp) if stamp.token == version => FencedBy::Holder { version },
-                        _ => FencedBy::Outside { version },
+                        Some(_) => FencedBy::Outside { version },
+                        // No stamp: a zkguard token (an index without stamps, or a write under
+                        // an explicit lock by the caller's own client), or a smaller version
+                        // set outside zkguard.
+                        None if (crate::zk::TOKEN_BASE..crate::zk::TOKEN_BASE << 1)
+                            .contains(&version) =>
+                        {
+                            FencedBy::Holder { version }
+                        }
+                        None => FencedBy::Outside { version },
                     }
                 }
                 Ok(None) | Err(_) => FencedBy::Unknown,

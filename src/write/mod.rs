@@ -12,7 +12,9 @@
 //!   [`Outcome`](background::Outcome);
 //! - [`deadletter`]: the [`DeadLetterSink`](deadletter::DeadLetterSink)s (a JSON-lines file,
 //!   an Elasticsearch index) that keep what could not be applied, and
-//!   [`replay`](deadletter::replay).
+//!   [`replay`](deadletter::replay);
+//! - [`stamping`]: the `zkguard` object written documents carry, its size, and the indices
+//!   that opt out of it.
 //!
 //! `docs/architecture.md` shows how a guarded write flows through these and the lock and
 //! document-store layers; `docs/fencing.md` explains the fencing.
@@ -22,3 +24,4 @@ mod batch;
 pub mod deadletter;
 pub mod guarded;
 pub mod ops;
+pub mod stamping;

@@ -74,6 +74,14 @@ pub enum OpError {
         /// `document`, `merge patch` or `increment field`.
         what: &'static str,
     },
+    /// A tombstone delete on an index whose documents carry no `zkguard` object
+    /// (`elastic.stamp.off`, [`super::guarded::GuardedWriter::without_stamp`]): a tombstone is
+    /// that object.
+    #[error("index `{index}` keeps no `{META_FIELD}` object (elastic.stamp.off) and a tombstone is that object; delete with mode hard, or take the index out of elastic.stamp.off")]
+    TombstoneUnstamped {
+        /// The index.
+        index: String,
+    },
     /// An increment names no field or an empty path segment.
     #[error(
         "invalid increment field {field:?}: use a non-empty dotted path such as `stats.views`"

@@ -1,0 +1,115 @@
+//! What the service keeps in the documents it writes: a `zkguard` object of at most
+//! `elastic.stamp.window` operation ids, and none at all in the indices of `elastic.stamp.off`,
+//! whose writes are still fenced and whose retries the journal still recognises.
+
+mod common;
+mod serve_support;
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use serve_support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documents_keep_a_bounded_stamp_and_opted_out_indices_none() {
+    let tag = uuid_tag();
+    let env = Env::new(&shared_zk().connect_string(), "stamp")
+        .with("ZKGUARD_ELASTIC_STAMP_WINDOW", "3")
+        .with("ZKGUARD_ELASTIC_STAMP_OFF", &format!("plain-{tag}-*"));
+    let s = env.start("stamp");
+    let c = client();
+
+    // A stamped index remembers the last 3 operation ids, no more.
+    let stamped = format!("stamped-{tag}");
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let (status, v) = put(
+            &c,
+            &s,
+            &format!("/v1/indices/{stamped}/docs/1"),
+            &json!({ "n": i }),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        ids.push(v["operation_id"].as_str().unwrap().to_string());
+    }
+    let doc = es_doc(&c, &stamped, "1").await;
+    let ops: Vec<String> =
+        serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
+    assert_eq!(ops, ids[2..], "{doc}");
+
+    // An opted-out index: written under the lock with the token as version, no zkguard object,
+    // in the foreground and in the background.
+    let plain = format!("plain-{tag}-a");
+    let op_id = uuid::Uuid::new_v4().to_string();
+    let (status, first) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{plain}/docs/1?op_id={op_id}"),
+        &json!({"title": "first"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let doc = es_doc(&c, &plain, "1").await;
+    assert_eq!(doc["_source"], json!({"title": "first"}), "{doc}");
+    assert_eq!(doc["_version"], first["token"], "{doc}");
+
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{plain}/docs/2?type=background"),
+        &json!({"title": "background"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let id = v["operation_id"].as_str().unwrap().to_string();
+    let done = wait_finished(&c, &s, std::slice::from_ref(&id)).await;
+    assert_eq!(done[&id]["status"], "applied", "{:?}", done[&id]);
+    let doc = es_doc(&c, &plain, "2").await;
+    assert_eq!(doc["_source"], json!({"title": "background"}), "{doc}");
+
+    // A newer write, then a retry of the first operation: the document cannot recognise it, the
+    // journal does, and the newer content stays.
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{plain}/docs/1"),
+        &json!({"title": "newer"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, retry) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{plain}/docs/1?op_id={op_id}"),
+        &json!({"title": "first"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{retry}");
+    assert_eq!(retry["result"], "already_applied", "{retry}");
+    let doc = es_doc(&c, &plain, "1").await;
+    assert_eq!(doc["_source"], json!({"title": "newer"}), "{doc}");
+
+    // A tombstone is the zkguard object: refused there, with what to do.
+    let (status, v): (StatusCode, Value) = call(
+        &c,
+        Method::DELETE,
+        &s.url(&format!("/v1/indices/{plain}/docs/1?mode=tombstone")),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"], "invalid_operation", "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("elastic.stamp.off"),
+        "{v}"
+    );
+    let (status, v) = call(
+        &c,
+        Method::DELETE,
+        &s.url(&format!("/v1/indices/{plain}/docs/1")),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+}
