@@ -39,8 +39,8 @@ pub mod grace;
 mod security;
 mod stamp;
 mod state;
-pub use stamp::{StampSettings, MAX_STAMP_WINDOW};
 pub use security::{EsTls, ZkAcl, ZkAclEntry, ZkAuth, ZkTls};
+pub use stamp::{StampSettings, MAX_STAMP_WINDOW};
 
 /// A configuration error: which key, which value, where it came from and what is expected.
 #[derive(Debug, thiserror::Error)]

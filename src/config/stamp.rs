@@ -62,6 +62,9 @@ mod tests {
             assert!(e.contains("elastic.stamp.window"), "{e}");
         }
         let e = load("elastic.stamp.off=lo*gs\n").unwrap_err();
-        assert!(e.contains("elastic.stamp.off") && e.contains("`lo*gs`"), "{e}");
+        assert!(
+            e.contains("elastic.stamp.off") && e.contains("`lo*gs`"),
+            "{e}"
+        );
     }
 }

@@ -22,6 +22,17 @@ pub(super) fn document_monitor(index: &str, id: &str) -> String {
     format!("{index}:{id}")
 }
 
+/// Which document route is asked: each takes the common parameters and its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WriteRoute {
+    /// `PUT`: a whole document.
+    Put,
+    /// `PATCH`: a JSON merge patch; `upsert` too.
+    Patch,
+    /// `DELETE`: `mode` too.
+    Delete,
+}
+
 /// The query parameters of a document write.
 pub(super) struct WriteParams {
     pub(super) monitor: Option<String>,
@@ -31,11 +42,13 @@ pub(super) struct WriteParams {
     /// An explicit lock of the caller's to write under (its token, no wait of its own).
     pub(super) lock_id: Option<Uuid>,
     pub(super) mode: Option<DeleteMode>,
+    /// For a merge patch: create a missing document from `{}`.
+    pub(super) upsert: bool,
 }
 
 pub(super) fn parse_params(
     raw: Option<String>,
-    allow_mode: bool,
+    route: WriteRoute,
     max_timeout: Duration,
 ) -> Result<WriteParams, ApiError> {
     let mut p = WriteParams {
@@ -45,6 +58,7 @@ pub(super) fn parse_params(
         op_id: None,
         lock_id: None,
         mode: None,
+        upsert: false,
     };
     let raw = raw.unwrap_or_default();
     refuse_repeated(&raw)?;
@@ -73,7 +87,19 @@ pub(super) fn parse_params(
             }
             "op_id" => p.op_id = Some(parse_op_id(&value)?),
             "lock_id" => p.lock_id = Some(lock_id(&value)?),
-            "mode" if allow_mode => {
+            "upsert" if route == WriteRoute::Patch => {
+                p.upsert = match value.as_ref() {
+                    "true" => true,
+                    "false" => false,
+                    other => {
+                        return Err(ApiError::bad(
+                            "bad_parameter",
+                            format!("upsert `{other}`: use true (create a missing document from the patch) or false"),
+                        ))
+                    }
+                }
+            }
+            "mode" if route == WriteRoute::Delete => {
                 p.mode = Some(match value.as_ref() {
                     "hard" => DeleteMode::Hard,
                     "tombstone" => DeleteMode::Tombstone,
@@ -86,10 +112,10 @@ pub(super) fn parse_params(
                 })
             }
             other => {
-                let known = if allow_mode {
-                    "monitor, type, timeout, op_id, lock_id, mode"
-                } else {
-                    "monitor, type, timeout, op_id, lock_id"
+                let known = match route {
+                    WriteRoute::Put => "monitor, type, timeout, op_id, lock_id",
+                    WriteRoute::Patch => "monitor, type, timeout, op_id, lock_id, upsert",
+                    WriteRoute::Delete => "monitor, type, timeout, op_id, lock_id, mode",
                 };
                 return Err(ApiError::bad(
                     "bad_parameter",

@@ -29,7 +29,7 @@ use super::lock_routes::{
 };
 use super::params::{
     body_error, body_refusal, check_doc_id, check_index, check_monitor, document_monitor,
-    parse_json, parse_op_id, parse_params, path_error, unknown_lock, WriteParams, INFO,
+    parse_json, parse_op_id, parse_params, path_error, unknown_lock, WriteParams, WriteRoute, INFO,
 };
 use super::state::AppState;
 
@@ -41,7 +41,7 @@ pub fn router(state: Arc<AppState>, tokens: Arc<super::access::Tokens>) -> Route
     let api = Router::new()
         .route(
             "/v1/indices/{index}/docs/{id}",
-            put(put_doc).delete(delete_doc),
+            put(put_doc).patch(patch_doc).delete(delete_doc),
         )
         .route("/v1/operations/{id}", get(get_operation))
         .route("/v1/bulk", post(bulk))
@@ -292,7 +292,7 @@ async fn put_doc(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let Path((index, id)) = path.map_err(path_error)?;
-    let params = parse_params(query, false, state.settings.request_timeout)?;
+    let params = parse_params(query, WriteRoute::Put, state.settings.request_timeout)?;
     let body = body.map_err(|e| body_error(e, state.settings.max_body))?;
     let doc = parse_json(&body, "the body")?;
     if !doc.is_object() {
@@ -307,13 +307,39 @@ async fn put_doc(
     submit(&state, op, params).await
 }
 
+/// `PATCH /v1/indices/{index}/docs/{id}`: an RFC 7386 JSON merge patch, applied under the lock
+/// to the document as stored then (read, merge, fenced write), so concurrent patches of different
+/// fields all survive; `?upsert=true` creates a missing document from `{}`.
+async fn patch_doc(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let Path((index, id)) = path.map_err(path_error)?;
+    let params = parse_params(query, WriteRoute::Patch, state.settings.request_timeout)?;
+    let body = body.map_err(|e| body_error(e, state.settings.max_body))?;
+    let patch = parse_json(&body, "the body")?;
+    if !patch.is_object() {
+        return Err(ApiError::bad(
+            "bad_document",
+            "the body must be a JSON object: a JSON merge patch (RFC 7386), where null removes a field",
+        ));
+    }
+    let upsert = params.upsert;
+    let (op, params) = build_op(&index, &id, params, |m| {
+        Operation::merge(m, &index, &id, patch).with_upsert(upsert)
+    })?;
+    submit(&state, op, params).await
+}
+
 async fn delete_doc(
     State(state): State<Arc<AppState>>,
     path: Result<Path<(String, String)>, PathRejection>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let Path((index, id)) = path.map_err(path_error)?;
-    let params = parse_params(query, true, state.settings.request_timeout)?;
+    let params = parse_params(query, WriteRoute::Delete, state.settings.request_timeout)?;
     let mode = params.mode.unwrap_or_default();
     let (op, params) = build_op(&index, &id, params, |m| {
         Operation::delete(m, &index, &id).with_delete_mode(mode)
@@ -630,12 +656,15 @@ struct BulkLine {
     op_id: Option<String>,
     #[serde(default)]
     mode: Option<DeleteMode>,
+    #[serde(default)]
+    upsert: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum BulkAction {
     Index,
+    Update,
     Delete,
 }
 
@@ -668,7 +697,7 @@ async fn bulk(
         let parsed: BulkLine = serde_json::from_str(line).map_err(|e| {
             ApiError::bad(
                 "malformed_json",
-                format!("line {}: {e}; each line is {{\"action\":\"index\"|\"delete\",\"index\":...,\"id\":...,\"doc\":{{...}}}} with optional monitor, op_id and mode", n + 1),
+                format!("line {}: {e}; each line is {{\"action\":\"index\"|\"update\"|\"delete\",\"index\":...,\"id\":...,\"doc\":{{...}}}} with optional monitor, op_id, upsert (update) and mode (delete)", n + 1),
             )
         })?;
         let params = WriteParams {
@@ -681,7 +710,25 @@ async fn bulk(
             },
             lock_id: None,
             mode: parsed.mode,
+            upsert: parsed.upsert.unwrap_or(false),
         };
+        let misplaced = match parsed.action {
+            BulkAction::Index => [
+                ("mode", parsed.mode.is_some()),
+                ("upsert", parsed.upsert.is_some()),
+            ],
+            BulkAction::Update => [("mode", parsed.mode.is_some()), ("upsert", false)],
+            BulkAction::Delete => [
+                ("doc", parsed.doc.is_some()),
+                ("upsert", parsed.upsert.is_some()),
+            ],
+        };
+        if let Some((field, _)) = misplaced.iter().find(|(_, given)| *given) {
+            return Err(line_err(ApiError::bad(
+                "bad_body",
+                format!("\"{field}\" does not go with this action: mode is for delete, upsert for update, doc for index and update"),
+            )));
+        }
         let (index, id) = (parsed.index, parsed.id);
         let op = match parsed.action {
             BulkAction::Index => {
@@ -693,6 +740,18 @@ async fn bulk(
                 })?;
                 build_op(&index, &id, params, |m| {
                     Operation::index(m, &index, &id, doc)
+                })
+            }
+            BulkAction::Update => {
+                let patch = parsed.doc.filter(Value::is_object).ok_or_else(|| {
+                    line_err(ApiError::bad(
+                        "bad_document",
+                        "an update line needs \"doc\": a JSON merge patch (an object)",
+                    ))
+                })?;
+                let upsert = params.upsert;
+                build_op(&index, &id, params, |m| {
+                    Operation::merge(m, &index, &id, patch).with_upsert(upsert)
                 })
             }
             BulkAction::Delete => {

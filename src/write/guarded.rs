@@ -57,11 +57,11 @@ use uuid::Uuid;
 
 use crate::es::{BulkAction, DocMeta, DocStore, EsError, Refresh, WriteCondition};
 use crate::lock::{Guard, LockError, LockRequest, LockService, LockType};
-use crate::write::stamping::IndexPatterns;
 use crate::write::ops::{
     apply_change, strip_meta, with_stamp, ApplyError, Change, DeleteMode, OpError, OpKind,
     Operation, Stamp, DEFAULT_OPS_WINDOW,
 };
+use crate::write::stamping::IndexPatterns;
 
 /// Errors of guarded writes.
 #[derive(Debug, Clone, thiserror::Error)]
