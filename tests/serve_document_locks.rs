@@ -88,3 +88,58 @@ async fn a_document_lock_needs_both_index_and_id_and_no_monitor_besides() {
         assert!(message.contains(needle), "{query}: {v}");
     }
 }
+
+/// Any document id has a monitor: one that a node name cannot hold (a `/`, an emoji, a control
+/// character, 512 bytes) is escaped, and an explicit lock on the document guards its writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_a_node_name_cannot_hold_get_an_escaped_monitor() {
+    let env = Env::new(&shared_zk().connect_string(), "docid");
+    let s = env.start("docid");
+    let c = client();
+    let index = format!("files-{}", uuid_tag());
+    let long = "y".repeat(512);
+    for id in ["docs/a.txt", "emoji-🦀", "tab\tid", long.as_str()] {
+        let encoded: String = url::form_urlencoded::byte_serialize(id.as_bytes()).collect();
+        let path = format!("/v1/indices/{index}/docs/{}", encoded.replace('+', "%20"));
+        let (status, v) = put(&c, &s, &path, &json!({"id": id})).await;
+        assert_eq!(status, StatusCode::OK, "{id:?}: {v}");
+        let stored = call(
+            &c,
+            Method::GET,
+            &format!("{}/{index}/_doc/{encoded}", shared_es().url()),
+            None,
+        )
+        .await;
+        assert_eq!(stored.0, StatusCode::OK, "{id:?}: {}", stored.1);
+        assert_eq!(stored.1["_source"]["id"], json!(id));
+        assert_eq!(stored.1["_version"], v["token"], "{id:?}");
+
+        // The explicit lock on the document derives the same monitor, so it holds the write.
+        let (status, lock) = call(
+            &c,
+            Method::POST,
+            &s.url(&format!("/v1/locks?index={index}&id={encoded}&ttl=30s")),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{id:?}: {lock}");
+        assert_eq!(
+            lock["monitor"],
+            json!(zkguard::lock::document_monitor(&index, id))
+        );
+        let (status, v) = put(&c, &s, &format!("{path}?timeout=200ms"), &json!({"n": 2})).await;
+        assert_eq!(status, StatusCode::LOCKED, "{id:?}: {v}");
+        let url = s.url(&format!(
+            "/v1/locks/{}/{}",
+            url::form_urlencoded::byte_serialize(lock["monitor"].as_str().unwrap().as_bytes())
+                .collect::<String>(),
+            lock["lock_id"].as_str().unwrap()
+        ));
+        let (status, v) = call(&c, Method::DELETE, &url, None).await;
+        assert_eq!(status, StatusCode::OK, "{id:?}: {v}");
+    }
+    assert_eq!(
+        zkguard::lock::document_monitor(&index, "docs/a.txt"),
+        format!("{index}:docs%2Fa.txt")
+    );
+}

@@ -12,6 +12,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
+mod monitor;
+pub(crate) use monitor::znode_char;
+pub use monitor::{document_monitor, validate_monitor, MAX_MONITOR_LEN};
+
 /// The class of a contender: foreground work goes before background work.
 #[derive(
     Debug,
@@ -663,71 +667,6 @@ impl LossSignal {
             }
         }
     }
-}
-
-/// The longest monitor name, in bytes.
-pub const MAX_MONITOR_LEN: usize = 200;
-
-/// Checks a monitor object name.
-///
-/// Allowed: 1 to [`MAX_MONITOR_LEN`] bytes of UTF-8 without `/`, control characters or the
-/// code points ZooKeeper refuses in node names (U+E000–U+F8FF, U+FFF0–U+FFFF, and every character
-/// outside the Basic Multilingual Plane such as emoji, which ZooKeeper sees as surrogate pairs);
-/// not `.`, `..`, `zookeeper` or `privateLock`. The rules are the same for both backends, so a
-/// name that works on one works on the other when `lock.backend` changes. Names are used as they are (no encoding), so `zkguard locks`
-/// shows them as given. Typical ids (`article-42`, `P1`, UUIDs, `tenant:7/…` with the slash
-/// replaced) fit.
-///
-/// # Errors
-/// [`LockError::InvalidMonitor`] saying what is wrong.
-pub fn validate_monitor(name: &str) -> Result<(), LockError> {
-    let bad = |reason: &str| {
-        Err(LockError::InvalidMonitor {
-            name: name.to_string(),
-            reason: reason.to_string(),
-        })
-    };
-    if name.is_empty() {
-        return bad("it is empty; pass the id of the object to lock, e.g. article-42");
-    }
-    if name.len() > MAX_MONITOR_LEN {
-        return bad(&format!(
-            "it is {} bytes long; the limit is {MAX_MONITOR_LEN}",
-            name.len()
-        ));
-    }
-    if name == "." || name == ".." {
-        return bad("`.` and `..` are not allowed as names");
-    }
-    if name == "zookeeper" || name == "privateLock" {
-        return bad("this name is reserved");
-    }
-    if name.contains('/') {
-        return bad("it contains `/`; replace it (e.g. with `:`) since each monitor is one znode");
-    }
-    if let Some(c) = name.chars().find(|c| !znode_char(*c)) {
-        if c > '\u{ffff}' {
-            return bad(&format!(
-                "it contains the character U+{:04X} ({c}), outside the Basic Multilingual Plane, which ZooKeeper cannot store in a node name; use characters up to U+FFFF",
-                c as u32
-            ));
-        }
-        return bad(&format!(
-            "it contains the character U+{:04X}, which is not allowed",
-            c as u32
-        ));
-    }
-    Ok(())
-}
-
-/// Whether ZooKeeper accepts `c` in a node name: not a control character, not in U+D800–U+F8FF
-/// or U+FFF0–U+FFFF, and inside the Basic Multilingual Plane (the server sees a character beyond
-/// it as two surrogates, which it refuses).
-pub(crate) fn znode_char(c: char) -> bool {
-    !(c.is_control()
-        || ('\u{e000}'..='\u{f8ff}').contains(&c)
-        || ('\u{fff0}'..='\u{ffff}').contains(&c)
-        || c > '\u{ffff}')
 }
 
 #[cfg(test)]

@@ -16,10 +16,11 @@ use super::errors::ApiError;
 /// Info recorded in the lock nodes of the service's writes.
 pub(super) const INFO: &str = "zkguard serve";
 
-/// The monitor of a document's writes when no `monitor` is given: `{index}:{id}`. Explicit locks
+/// The monitor of a document's writes when no `monitor` is given: `{index}:{id}`, escaped when
+/// the id holds what a node name cannot ([`zkguard::lock::document_monitor`]). Explicit locks
 /// taken on a document (`POST /v1/locks?index=&id=`) use the same, so they guard its writes.
 pub(super) fn document_monitor(index: &str, id: &str) -> String {
-    format!("{index}:{id}")
+    zkguard::lock::document_monitor(index, id)
 }
 
 /// Which document route is asked: each takes the common parameters and its own.
@@ -209,7 +210,7 @@ pub(super) fn check_monitor(monitor: &str) -> Result<(), ApiError> {
     validate_monitor(monitor).map_err(|e| {
         ApiError::bad(
             "bad_monitor",
-            format!("{e}; pass another ?monitor= (by default it is {{index}}:{{id}})"),
+            format!("{e}; pass another ?monitor=, or leave it out to lock the document's own monitor ({{index}}:{{id}}, escaped)"),
         )
     })
 }
