@@ -67,6 +67,7 @@ impl Command {
             Self::Dlq(a) => match &a.command {
                 DlqCommand::List { json } => *json,
                 DlqCommand::Replay(r) => r.json,
+                DlqCommand::Discard(d) => d.json,
             },
             Self::Txn(a) => match &a.command {
                 TxnCommand::Init(x) => x.json,

@@ -427,6 +427,12 @@ async fn replay_reports_as_json() {
     };
     assert_eq!(find(ok[0].id)["result"], "applied");
     assert_eq!(find(ok[0].id)["error"], Value::Null);
+    // The shape of POST /v1/deadletters/replay: summary, attempts (parked after 3, then this
+    // replay), the replay's token.
+    assert!(find(ok[0].id)["summary"].as_str().unwrap().contains(&index));
+    assert_eq!(find(ok[0].id)["attempts"], 4);
+    assert!(find(ok[0].id)["token"].is_u64());
+    assert_eq!(find(bad[0].id)["attempts"], 4);
     assert_eq!(find(bad[0].id)["result"], "still_parked");
     assert!(find(bad[0].id)["error"].is_string());
     assert_eq!(source(es.as_ref(), &index, "1").await["n"], 5);
@@ -436,4 +442,74 @@ async fn replay_reports_as_json() {
     let e: Value = serde_json::from_slice(&usage.stderr).expect("a JSON error");
     assert_eq!(e["error"], "usage");
     assert!(e["message"].as_str().unwrap().contains("not-an-id"));
+}
+
+/// `dlq discard`: an entry that can never apply is removed for good, without being run; the
+/// entry and the reason are printed and logged. An unknown or malformed id is a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discard_removes_one_entry_and_logs_it() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let config = write_config(dir.path(), &settings);
+    let index = format!("cli-discard-{}", tag());
+    let sink = FileSink::new(&settings.retry.file_path);
+    let never = park_increments(&sink, "cli-discard", &index, "no-such-doc", &[1]).await;
+    let kept = park_increments(&sink, "cli-discard", &index, "other", &[2]).await;
+
+    let id = never[0].id.to_string();
+    let out = zkguard(
+        &config,
+        &[
+            "dlq",
+            "discard",
+            "--id",
+            &id,
+            "--reason",
+            "document deleted",
+            "--json",
+        ],
+    );
+    assert_eq!(status(&out), 0, "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["id"], json!(id));
+    assert_eq!(v["reason"], "document deleted");
+    assert_eq!(v["entry"]["operation"]["id"], json!(id));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("dead letter discarded")
+            && log.contains(&id)
+            && log.contains("document deleted"),
+        "{log}"
+    );
+    let left = sink.list().await.unwrap();
+    assert_eq!(
+        left.iter().map(|l| l.id).collect::<Vec<_>>(),
+        vec![kept[0].id],
+        "only the other entry stays"
+    );
+
+    let again = zkguard(&config, &["dlq", "discard", "--id", &id]);
+    assert_eq!(status(&again), 64, "{again:?}");
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains(&id),
+        "{again:?}"
+    );
+    let bad = zkguard(&config, &["dlq", "discard", "--id", "nope"]);
+    assert_eq!(status(&bad), 64, "{bad:?}");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("zkguard dlq list"),
+        "{bad:?}"
+    );
+    let plain = zkguard(
+        &config,
+        &["dlq", "discard", "--id", &kept[0].id.to_string()],
+    );
+    assert_eq!(status(&plain), 0, "{plain:?}");
+    assert!(
+        stdout(&plain).starts_with("discarded "),
+        "{}",
+        stdout(&plain)
+    );
+    assert!(sink.list().await.unwrap().is_empty());
 }

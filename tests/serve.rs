@@ -1162,9 +1162,20 @@ async fn dead_letters_are_listed_and_replayed_over_http() {
         "{v}"
     );
     for (n, id) in ids.iter().enumerate() {
-        assert_eq!(es_doc(&c, &index, &n.to_string()).await["_source"]["n"], n);
-        assert_eq!(op_status(&c, &s, id).await["status"], "applied");
+        let doc = es_doc(&c, &index, &n.to_string()).await;
+        assert_eq!(doc["_source"]["n"], n);
+        // The status after a replay has the replay's token and the attempts, as after the queue.
+        let st = op_status(&c, &s, id).await;
+        assert_eq!(st["status"], "applied", "{st}");
+        assert_eq!(st["token"], doc["_version"], "{st}");
+        assert_eq!(
+            st["attempts"], 3,
+            "parked after 1, a failed replay, the replay: {st}"
+        );
     }
+    assert_eq!(v["results"][0]["attempts"], 3, "{v}");
+    assert!(v["results"][0]["summary"].is_string(), "{v}");
+    assert!(v["results"][0]["token"].is_u64(), "{v}");
     let (_, v) = call(&c, Method::GET, &s.url("/v1/deadletters"), None).await;
     assert_eq!(v, json!([]));
     assert_eq!(

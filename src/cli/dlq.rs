@@ -1,4 +1,4 @@
-//! `zkguard dlq`: list and replay parked (dead-letter) operations.
+//! `zkguard dlq`: list, replay and discard parked (dead-letter) operations.
 //!
 //! The sink is the configured one (`deadletter.sink`, `deadletter.file.path`,
 //! `deadletter.index`, `deadletter.kafka.*`). `list` needs only the sink; `replay` also connects
@@ -50,6 +50,27 @@ pub enum DlqCommand {
     /// their entries are removed and nothing is written again. Exits 0 when every selected entry
     /// was applied, 75 when some stay parked (the attempt and the error are recorded in them).
     Replay(ReplayArgs),
+    /// Remove one parked operation for good, without running it.
+    ///
+    /// For an operation that can never apply (a mapping rejects it, its index is gone) and that
+    /// its owner gave up. The whole entry and the reason are written to the log (warn level)
+    /// before the entry is removed, and printed. Exits 0 once removed, 64 when no entry has the
+    /// id.
+    Discard(DiscardArgs),
+}
+
+/// Arguments of `zkguard dlq discard`.
+#[derive(Debug, Args)]
+pub struct DiscardArgs {
+    /// The entry to remove (as shown by `zkguard dlq list`).
+    #[arg(long, value_name = "ID")]
+    pub id: String,
+    /// Why it is discarded, for the log (default: "discarded with zkguard dlq discard").
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+    /// Print the removed entry as one JSON object: `{"id", "summary", "reason", "entry"}`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Arguments of `zkguard dlq replay`.
@@ -63,7 +84,8 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub all: bool,
     /// Print the outcome as one JSON object: `{"replayed", "applied", "already_applied",
-    /// "still_parked", "not_removed", "results": [{"id", "operation", "result", "error"}]}`.
+    /// "still_parked", "not_removed", "results": [{"id", "summary", "result", "attempts",
+    /// "token", "error"}]}`, as `POST /v1/deadletters/replay` answers.
     #[arg(long)]
     pub json: bool,
 }
@@ -116,6 +138,7 @@ pub async fn run(settings: Settings, args: DlqArgs) -> Result<u8, CliError> {
     match args.command {
         DlqCommand::List { json } => list(&settings, json).await,
         DlqCommand::Replay(replay_args) => replay(&settings, replay_args).await,
+        DlqCommand::Discard(discard_args) => discard(&settings, discard_args).await,
     }
 }
 
@@ -254,55 +277,42 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
     })
 }
 
-/// Prints the outcome of a replay as one JSON object; returns the counts of entries still
-/// parked and of entries applied but not removed.
+/// Prints the outcome of a replay as one JSON object ([`deadletter::replay_report`]); returns
+/// the counts of entries still parked and of entries applied but not removed.
 fn print_replay_json(results: &[deadletter::ReplayEntry]) -> Result<(usize, usize), CliError> {
-    let (mut applied, mut already, mut parked, mut unremoved) = (0, 0, 0, 0);
-    let mut list = Vec::new();
-    for r in results {
-        let (result, error) = match &r.result {
-            ReplayResult::Applied => {
-                applied += 1;
-                ("applied", None)
-            }
-            ReplayResult::AlreadyApplied => {
-                already += 1;
-                ("already_applied", None)
-            }
-            ReplayResult::NotRemoved { error } => {
-                unremoved += 1;
-                ("not_removed", Some(error.to_string()))
-            }
-            ReplayResult::StillParked {
-                error,
-                not_recorded,
-                ..
-            } => {
-                parked += 1;
-                let error = match not_recorded {
-                    None => error.to_string(),
-                    Some(e) => format!(
-                        "{error} (the entry stays as it was: recording this attempt failed: {e})"
-                    ),
-                };
-                ("still_parked", Some(error))
-            }
-        };
-        list.push(serde_json::json!({
-            "id": r.id.to_string(),
-            "operation": r.summary,
-            "result": result,
-            "error": error,
-        }));
-    }
-    let value = serde_json::json!({
-        "replayed": results.len(),
-        "applied": applied,
-        "already_applied": already,
-        "still_parked": parked,
-        "not_removed": unremoved,
-        "results": list,
-    });
+    let value = deadletter::replay_report(results);
     println!("{value}");
-    Ok((parked, unremoved))
+    let count = |k: &str| value[k].as_u64().unwrap_or(0) as usize;
+    Ok((count("still_parked"), count("not_removed")))
+}
+
+async fn discard(settings: &Settings, args: DiscardArgs) -> Result<u8, CliError> {
+    let id = Uuid::parse_str(args.id.trim()).map_err(|e| {
+        CliError::usage(format!(
+            "--id {:?} is not an entry id ({e}); run `zkguard dlq list` to see the ids",
+            args.id
+        ))
+    })?;
+    let reason = args
+        .reason
+        .as_deref()
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .unwrap_or("discarded with zkguard dlq discard");
+    let (sink, _, _) = open_sink(settings).await?;
+    let letter = deadletter::discard(sink.as_ref(), id, reason)
+        .await
+        .map_err(dlq_error)?;
+    if args.json {
+        println!("{}", deadletter::discard_report(&letter, reason));
+    } else {
+        println!(
+            "discarded {}  {} (parked after {} attempts: {}); reason: {reason}",
+            letter.id,
+            letter.operation.summary(),
+            letter.attempts,
+            letter.error_kind
+        );
+    }
+    Ok(0)
 }

@@ -1,5 +1,5 @@
 //! Dead letters and transactions over HTTP: `GET /v1/deadletters`,
-//! `POST /v1/deadletters/replay`, `POST /v1/transfers`, `GET /v1/transfers/{id}`.
+//! `POST /v1/deadletters/replay`, `DELETE /v1/deadletters/{id}`, `POST /v1/transfers`, `GET /v1/transfers/{id}`.
 
 use std::sync::Arc;
 
@@ -107,56 +107,88 @@ pub async fn replay_deadletters(
     let results = deadletter::replay(&state.writer, state.executor.sink().as_ref(), selection)
         .await
         .map_err(sink_error)?;
-    let mut counts = [0usize; 4];
-    let mut out = Vec::with_capacity(results.len());
     for r in &results {
-        let (kind, error) = match &r.result {
-            ReplayResult::Applied => (0, None),
-            ReplayResult::AlreadyApplied => (1, None),
-            ReplayResult::StillParked { error, .. } => (2, Some(error.clone())),
-            ReplayResult::NotRemoved { error } => (3, Some(error.clone())),
-        };
-        counts[kind] += 1;
-        let result = ["applied", "already_applied", "still_parked", "not_removed"][kind];
-        if kind != 2 {
-            state.metrics.replayed.inc();
-            // The operation is in its document now: its status says so from here on.
-            if let Err(e) = state
-                .journal
-                .finish(Finished {
-                    id: r.id,
-                    status: OpState::Applied,
-                    reason: None,
-                    token: None,
-                    attempts: None,
-                    fingerprint: None,
-                })
-                .await
-            {
-                tracing::warn!(op = %r.id, error = %e, "cannot record a replayed operation in the journal");
-            }
+        if let ReplayResult::StillParked { .. } = r.result {
+            continue;
         }
-        let mut entry = json!({"id": r.id.to_string(), "summary": r.summary, "result": result});
-        if let Some(e) = error {
-            entry["error"] = json!(e);
+        state.metrics.replayed.inc();
+        // The operation is in its document now: its status says so from here on, with the
+        // replay's token and the attempts so far, as for an operation the queue applied.
+        if let Err(e) = state
+            .journal
+            .finish(Finished {
+                id: r.id,
+                status: OpState::Applied,
+                reason: None,
+                token: r.token,
+                attempts: Some(r.attempts),
+                fingerprint: None,
+            })
+            .await
+        {
+            tracing::warn!(op = %r.id, error = %e, "cannot record a replayed operation in the journal");
         }
-        out.push(entry);
     }
+    let report = deadletter::replay_report(&results);
     tracing::info!(
         replayed = results.len(),
-        applied = counts[0],
-        already_applied = counts[1],
-        still_parked = counts[2],
+        applied = %report["applied"],
+        already_applied = %report["already_applied"],
+        still_parked = %report["still_parked"],
         "dead letters replayed"
     );
-    Ok(Json(json!({
-        "replayed": results.len(),
-        "applied": counts[0],
-        "already_applied": counts[1],
-        "still_parked": counts[2],
-        "not_removed": counts[3],
-        "results": out,
-    })))
+    Ok(Json(report))
+}
+
+/// `DELETE /v1/deadletters/{id}?reason=TEXT`: removes one parked operation for good, without
+/// running it, as `zkguard dlq discard` does: the entry and the reason go to the log first, and
+/// the operation's status becomes `rejected` with the reason. Answers 200 with
+/// `{"id", "summary", "reason", "entry"}`, 404 `unknown_deadletter`.
+pub async fn discard_deadletter(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let Path(raw) = path.map_err(super::params::path_error)?;
+    let id = Uuid::parse_str(raw.trim()).map_err(|_| {
+        ApiError::bad(
+            "bad_parameter",
+            format!("`{raw}` is not a dead letter id (a UUID); GET /v1/deadletters lists them"),
+        )
+    })?;
+    let query = query.unwrap_or_default();
+    super::params::refuse_repeated(&query)?;
+    let mut reason = None;
+    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        match key.as_ref() {
+            "reason" => reason = Some(value.trim().to_string()).filter(|r| !r.is_empty()),
+            other => {
+                return Err(ApiError::bad(
+                    "bad_parameter",
+                    format!("unknown query parameter `{other}`; the known one is reason"),
+                ))
+            }
+        }
+    }
+    let reason = reason.unwrap_or_else(|| "discarded through DELETE /v1/deadletters".to_string());
+    let letter = deadletter::discard(state.executor.sink().as_ref(), id, &reason)
+        .await
+        .map_err(sink_error)?;
+    if let Err(e) = state
+        .journal
+        .finish(Finished {
+            id,
+            status: OpState::Rejected,
+            reason: Some(format!("discarded from the dead letters: {reason}")),
+            token: None,
+            attempts: Some(letter.attempts),
+            fingerprint: None,
+        })
+        .await
+    {
+        tracing::warn!(op = %id, error = %e, "cannot record a discarded operation in the journal");
+    }
+    Ok(Json(deadletter::discard_report(&letter, &reason)))
 }
 
 /// Body of `POST /v1/transfers`.

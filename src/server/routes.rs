@@ -50,6 +50,10 @@ pub fn router(state: Arc<AppState>, tokens: Arc<super::access::Tokens>) -> Route
             "/v1/deadletters/replay",
             post(super::admin::replay_deadletters),
         )
+        .route(
+            "/v1/deadletters/{id}",
+            delete(super::admin::discard_deadletter),
+        )
         .route("/v1/transfers", post(super::admin::transfer))
         .route("/v1/transfers/{id}", get(super::admin::get_transfer))
         .route("/v1/locks", get(list_locks).post(take_document_lock))

@@ -542,6 +542,8 @@ impl KafkaSink {
     ) -> ReplayEntry {
         let summary = letter.operation.summary();
         let id = letter.id;
+        let attempts = letter.attempts.saturating_add(1);
+        let mut token = None;
         let result = match writer.run(&letter.operation).await {
             Ok(written) => match {
                 tracing::debug!(
@@ -549,6 +551,7 @@ impl KafkaSink {
                     offset = next - 1,
                     "operation applied; committing its offset"
                 );
+                token = Some(written.token);
                 self.write_progress(conn, OffsetKind::Commit, partition, next)
             }
             .await
@@ -592,6 +595,8 @@ impl KafkaSink {
             id,
             summary,
             result,
+            token,
+            attempts,
         }
     }
 }

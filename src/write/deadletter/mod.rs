@@ -250,6 +250,7 @@ pub enum ReplayResult {
 
 /// One replayed entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReplayEntry {
     /// The operation id.
     pub id: Uuid,
@@ -257,6 +258,111 @@ pub struct ReplayEntry {
     pub summary: String,
     /// The result.
     pub result: ReplayResult,
+    /// The fencing token of the replay's write (applied or found applied).
+    pub token: Option<u64>,
+    /// Attempts made so far, this replay included.
+    pub attempts: u32,
+}
+
+/// The outcome of a replay as one JSON object, the shape both `zkguard dlq replay --json` and
+/// `POST /v1/deadletters/replay` answer: `{"replayed", "applied", "already_applied",
+/// "still_parked", "not_removed", "results": [{"id", "summary", "result", "attempts", "token",
+/// "error"}]}`. `result` is `applied`, `already_applied`, `still_parked` or `not_removed`;
+/// `token` (the replay's fencing token) is there when the operation is in its document, `error`
+/// when it is not or its entry stays.
+pub fn replay_report(results: &[ReplayEntry]) -> serde_json::Value {
+    let mut counts = [0usize; 4];
+    let list: Vec<serde_json::Value> = results
+        .iter()
+        .map(|r| {
+            let (kind, error) = match &r.result {
+                ReplayResult::Applied => (0, None),
+                ReplayResult::AlreadyApplied => (1, None),
+                ReplayResult::StillParked {
+                    error,
+                    not_recorded,
+                    ..
+                } => (
+                    2,
+                    Some(match not_recorded {
+                        None => error.clone(),
+                        Some(e) => format!(
+                            "{error} (the entry stays as it was: recording this attempt failed: {e})"
+                        ),
+                    }),
+                ),
+                ReplayResult::NotRemoved { error } => (3, Some(error.clone())),
+            };
+            counts[kind] += 1;
+            let result = ["applied", "already_applied", "still_parked", "not_removed"][kind];
+            let mut entry = serde_json::json!({
+                "id": r.id.to_string(),
+                "summary": r.summary,
+                "result": result,
+                "attempts": r.attempts,
+            });
+            if let Some(t) = r.token {
+                entry["token"] = serde_json::json!(t);
+            }
+            if let Some(e) = error {
+                entry["error"] = serde_json::json!(e);
+            }
+            entry
+        })
+        .collect();
+    serde_json::json!({
+        "replayed": results.len(),
+        "applied": counts[0],
+        "already_applied": counts[1],
+        "still_parked": counts[2],
+        "not_removed": counts[3],
+        "results": list,
+    })
+}
+
+/// What a discard removed, as `zkguard dlq discard --json` prints it and
+/// `DELETE /v1/deadletters/{id}` answers: `{"id", "summary", "reason", "entry"}`, `entry` being
+/// the whole parked entry as `zkguard dlq list --json` shows it.
+pub fn discard_report(letter: &DeadLetter, reason: &str) -> serde_json::Value {
+    serde_json::json!({
+        "id": letter.id.to_string(),
+        "summary": letter.operation.summary(),
+        "reason": reason,
+        "entry": letter,
+    })
+}
+
+/// Removes the parked entry `id` for good, without running its operation: for an operation that
+/// can never apply (a mapping rejects it, its index is gone) and that its owner gave up. The
+/// whole entry, operation included, and `reason` go to the log at warn level before the entry
+/// is removed, and are returned, so that nothing leaves without a trace.
+///
+/// # Errors
+/// [`DeadLetterError::NoSuchEntry`] when no entry has the id; sink errors.
+///
+/// # Cancellation safety
+/// Not cancel-safe: a dropped call may or may not have removed the entry (it was logged first).
+pub async fn discard(
+    sink: &dyn DeadLetterSink,
+    id: Uuid,
+    reason: &str,
+) -> Result<DeadLetter, DeadLetterError> {
+    let letter = sink
+        .list()
+        .await?
+        .into_iter()
+        .find(|l| l.id == id)
+        .ok_or(DeadLetterError::NoSuchEntry { id })?;
+    let entry = serde_json::to_string(&letter).map_err(|e| DeadLetterError::Json {
+        what: format!("entry {id}, for the log"),
+        source: e,
+    })?;
+    tracing::warn!(op = %id, monitor = %letter.monitor, %reason, %entry,
+        sink = %sink.describe(), "dead letter discarded");
+    if !sink.remove(id).await? {
+        return Err(DeadLetterError::NoSuchEntry { id });
+    }
+    Ok(letter)
 }
 
 /// Replays parked operations through `writer`, in parking order, one at a time.
@@ -302,14 +408,20 @@ async fn replay_one(
     letter: DeadLetter,
 ) -> ReplayEntry {
     let summary = letter.operation.summary();
+    let attempts = letter.attempts.saturating_add(1);
+    let mut token = None;
     let result = match writer.run(&letter.operation).await {
-        Ok(written) => match sink.remove(letter.id).await {
-            Ok(_) if written.already_applied => ReplayResult::AlreadyApplied,
-            Ok(_) => ReplayResult::Applied,
-            Err(e) => ReplayResult::NotRemoved {
-                error: e.to_string(),
-            },
-        },
+        Ok(written) => {
+            token = Some(written.token);
+            let removed = sink.remove(letter.id).await;
+            match removed {
+                Ok(_) if written.already_applied => ReplayResult::AlreadyApplied,
+                Ok(_) => ReplayResult::Applied,
+                Err(e) => ReplayResult::NotRemoved {
+                    error: e.to_string(),
+                },
+            }
+        }
         Err(error) => {
             let mut updated = letter.clone();
             updated.attempts = letter.attempts.saturating_add(1);
@@ -340,6 +452,8 @@ async fn replay_one(
         id: letter.id,
         summary,
         result,
+        token,
+        attempts,
     }
 }
 
