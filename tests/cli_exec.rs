@@ -565,6 +565,8 @@ async fn timeout_zero_tries_once() {
             "{e}"
         );
         assert_eq!(e.lines().count(), 1, "{e}");
+        // A deliberate try-once is not told to wait longer.
+        assert!(e.contains("tried once") && !e.contains("raise"), "{e}");
         assert_eq!(children(&servers, &format!("{r}/t1")).await.len(), 2);
     }
     g.unlock().await.unwrap();

@@ -78,7 +78,16 @@ pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
         request = request.with_timeout(t);
     }
     let asked = std::time::Instant::now();
-    let guard = service.acquire(request).await?;
+    let guard = match service.acquire(request).await {
+        Ok(guard) => guard,
+        Err(e) if args.timeout == Some(Duration::ZERO) => {
+            let message = e.try_once_message().unwrap_or_else(|| e.to_string());
+            let mut error = CliError::from(e);
+            error.message = message;
+            return Err(error);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let acquired = std::time::Instant::now();
     let token = guard.fencing_token();
     tracing::info!(monitor = %args.monitor, token, "running the command under the lock");

@@ -310,6 +310,23 @@ impl LockError {
         }
     }
 
+    /// For a [`LockError::Timeout`] of a request that tried once (a zero timeout, on purpose):
+    /// the message without the advice to wait longer, which the caller chose not to.
+    pub fn try_once_message(&self) -> Option<String> {
+        match self {
+            Self::Timeout {
+                monitor,
+                lock_type,
+                blocked_by,
+                ..
+            } => Some(format!(
+                "lock on `{monitor}` ({lock_type}) is not free: {}; it was tried once, without waiting (timeout 0): try again later, or give a timeout to wait for it",
+                blocker(blocked_by)
+            )),
+            _ => None,
+        }
+    }
+
     /// Whether retrying the same operation later may succeed (timeouts and connection trouble).
     pub fn is_transient(&self) -> bool {
         matches!(

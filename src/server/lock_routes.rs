@@ -181,7 +181,15 @@ async fn hold_for_caller(
                     .get_or_create(&super::metrics::TypeLabels { lock_type })
                     .inc();
             }
-            return Err(from_guarded(GuardedError::Lock(e)));
+            let tried_once = match params.timeout {
+                Some(t) if t.is_zero() => e.try_once_message(),
+                _ => None,
+            };
+            let mut answer = from_guarded(GuardedError::Lock(e));
+            if let Some(message) = tried_once {
+                answer.message = message;
+            }
+            return Err(answer);
         }
     };
     let waited = started.elapsed();

@@ -507,7 +507,17 @@ async fn foreground(
         .with_lock_timeout(timeout.unwrap_or(state.fg_timeout));
     let result = writer.run(&op).await;
     let timing = result.as_ref().ok().map(|w| (w.waited, w.held));
-    answer(state, op, result, timing)
+    // A try-once (timeout=0) was not meant to wait: its refusal does not advise waiting longer.
+    let tried_once = match &result {
+        Err(GuardedError::Lock(e)) if timeout == Some(Duration::ZERO) => e.try_once_message(),
+        _ => None,
+    };
+    answer(state, op, result, timing).map_err(|mut e| {
+        if let Some(message) = tried_once {
+            e.message = message;
+        }
+        e
+    })
 }
 
 /// The answer to a foreground write that ended with `result`, journaled when applied, counted
