@@ -86,6 +86,35 @@ impl Command {
     }
 }
 
+/// clap's usage error (`error: ...`, tips, a usage block, a hint) as the one line every other
+/// error of zkguard is: the message, the tips, the usage, and where the help is.
+fn one_line_usage_error(full: &str) -> String {
+    let mut message = Vec::new();
+    let mut usage = None;
+    for line in full.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(u) = line.strip_prefix("Usage:") {
+            usage = Some(u.trim().to_string());
+        } else if !line.starts_with("For more information") {
+            message.push(line.trim_start_matches("error: ").to_string());
+        }
+    }
+    let mut text = message.join("; ");
+    if let Some(usage) = usage {
+        // The command's path is the usage's words up to its first option or argument.
+        let path: Vec<&str> = usage
+            .split_whitespace()
+            .take_while(|w| !w.starts_with(['[', '<', '-']))
+            .collect();
+        text.push_str(&format!(
+            "; usage: {usage} (see `{} --help`)",
+            path.join(" ")
+        ));
+    } else {
+        text.push_str("; see `zkguard --help`");
+    }
+    text
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -95,23 +124,16 @@ fn main() -> ExitCode {
                 ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
                 _ => cli::EX_USAGE,
             };
-            if code != 0 && std::env::args_os().any(|a| a == "--json") {
-                // The message without clap's usage and help hints, on one line.
-                let full = e.to_string();
-                let text: Vec<&str> = full
-                    .lines()
-                    .map(str::trim)
-                    .take_while(|l| !l.starts_with("Usage:"))
-                    .filter(|l| {
-                        !l.is_empty()
-                            && !l.starts_with("tip:")
-                            && !l.starts_with("For more information")
-                    })
-                    .collect();
-                let text = text.join(" ");
-                cli::print_error_json(&cli::CliError::usage(text.trim_start_matches("error: ")));
-            } else {
+            if code == 0 || e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                // Help asked for, or a command group given without its command: the help itself.
                 let _ = e.print();
+            } else {
+                let message = cli::CliError::usage(one_line_usage_error(&e.to_string()));
+                if std::env::args_os().any(|a| a == "--json") {
+                    cli::print_error_json(&message);
+                } else {
+                    eprintln!("zkguard: {}", message.message);
+                }
             }
             return ExitCode::from(code);
         }
@@ -238,7 +260,7 @@ async fn dispatch(cli: Cli) -> Result<u8, cli::CliError> {
         Command::Completions(args) => {
             return cli::meta::completions(<Cli as clap::CommandFactory>::command(), args)
         }
-        Command::Man => return cli::meta::man(<Cli as clap::CommandFactory>::command()),
+        Command::Man => return cli::man::man(<Cli as clap::CommandFactory>::command()),
         _ => {}
     }
     let settings = settings(&cli)?;

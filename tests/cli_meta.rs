@@ -219,6 +219,41 @@ fn completions_for_each_shell() {
     }
     let out = run(zkguard().args(["completions", "tcsh"]));
     assert_eq!(out.status.code(), Some(64));
+    // Test-only options are not offered.
+    for shell in ["bash", "zsh", "fish"] {
+        let script = text(&run(zkguard().args(["completions", shell])).stdout);
+        assert!(
+            !script.contains("crash-after"),
+            "{shell} offers --crash-after"
+        );
+        assert!(script.contains("discard"), "{shell}: dlq discard missing");
+    }
+}
+
+/// A usage error is one line starting with `zkguard:`, with clap's tip and the usage, exit 64.
+#[test]
+fn usage_errors_are_one_line() {
+    let out = run(zkguard().args(["dlq", "replay", "--al"]));
+    assert_eq!(out.status.code(), Some(64));
+    let e = text(&out.stderr);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.starts_with("zkguard: unexpected argument '--al'"), "{e}");
+    assert!(
+        e.contains("'--all'") && e.contains("`zkguard dlq replay --help`"),
+        "{e}"
+    );
+    let out = run(zkguard().args(["exec", "--monitor"]));
+    assert_eq!(out.status.code(), Some(64));
+    let e = text(&out.stderr);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.starts_with("zkguard: a value is required for '--monitor"),
+        "{e}"
+    );
+    // Help is still the help, on stdout, exit 0.
+    let out = run(zkguard().args(["dlq", "--help"]));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stdout).contains("discard"));
 }
 
 #[test]
@@ -240,8 +275,32 @@ fn man_page_is_roff_for_every_subcommand() {
         "completions",
     ] {
         assert!(
-            page.contains(sub),
+            page.contains(&format!(".SS \"zkguard {sub}\"")),
             "subcommand {sub} missing from the man page"
         );
     }
+    // One page: no references to pages that do not exist, and the sections readers look for.
+    assert!(!page.contains("\\-exec(1)"), "refers to zkguard-exec(1)");
+    for section in [
+        ".SH \"EXIT STATUS\"",
+        ".SH ENVIRONMENT",
+        ".SH FILES",
+        ".SH \"SEE ALSO\"",
+    ] {
+        assert!(page.contains(section), "{section} missing");
+    }
+    for needle in [
+        "ZKGUARD_ZOOKEEPER_SERVERS",
+        "ZKGUARD_FENCING_TOKEN",
+        "RUST_LOG",
+        "XDG_STATE_HOME",
+        "zkguard dlq discard",
+        "75",
+    ] {
+        assert!(page.contains(needle), "{needle} missing from the man page");
+    }
+    assert!(
+        !page.contains("crash"),
+        "a test-only option is in the man page"
+    );
 }

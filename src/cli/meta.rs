@@ -12,8 +12,9 @@ pub struct CompletionsArgs {
 }
 
 /// Writes the completion script for `args.shell` to stdout, for the command line `command`.
-pub fn completions(mut command: clap::Command, args: &CompletionsArgs) -> Result<u8, CliError> {
+pub fn completions(command: clap::Command, args: &CompletionsArgs) -> Result<u8, CliError> {
     let mut script = Vec::new();
+    let mut command = super::man::visible(&command);
     clap_complete::generate(args.shell, &mut command, "zkguard", &mut script);
     write_stdout(&script)?;
     Ok(0)
@@ -30,14 +31,4 @@ pub fn write_stdout(bytes: &[u8]) -> Result<(), CliError> {
         )),
         _ => Ok(()),
     }
-}
-
-/// Writes the man page `zkguard(1)` (roff) of the command line `command` to stdout.
-pub fn man(command: clap::Command) -> Result<u8, CliError> {
-    let mut page = Vec::new();
-    clap_mangen::Man::new(command)
-        .render(&mut page)
-        .map_err(|e| CliError::new(EX_SOFTWARE, format!("cannot render the man page: {e}")))?;
-    write_stdout(&page)?;
-    Ok(0)
 }

@@ -6,6 +6,7 @@ pub mod demo;
 pub mod dlq;
 pub mod exec;
 pub mod locks;
+pub mod man;
 pub mod meta;
 mod setup;
 mod status;

@@ -528,8 +528,8 @@ fn is_own_variable(name: &str) -> bool {
     OWN_VARIABLES.contains(&name) || name.starts_with("ZKGUARD_TEST_")
 }
 
-/// The environment variable that overrides `key`.
-pub(crate) fn env_var_for(key: &str) -> String {
+/// The environment variable that overrides `key` (`zookeeper.servers`: `ZKGUARD_ZOOKEEPER_SERVERS`).
+pub fn env_var_for(key: &str) -> String {
     format!(
         "{ENV_PREFIX}{}",
         key.to_ascii_uppercase().replace(['.', '-'], "_")
