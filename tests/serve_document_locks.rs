@@ -143,3 +143,31 @@ async fn ids_a_node_name_cannot_hold_get_an_escaped_monitor() {
         format!("{index}:docs%2Fa.txt")
     );
 }
+
+/// A lock wait configured at or above `server.request.timeout` (here 5 s against 1.5 s) ends a
+/// little before the request's own timeout: a lock that stays taken is a 423 (nothing written,
+/// safe to retry), never a 503 `request_timeout` (outcome unknown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_that_stays_taken_is_423_even_when_the_wait_reaches_the_request_timeout() {
+    let env = Env::new(&shared_zk().connect_string(), "waitcap")
+        .with("ZKGUARD_SERVER_REQUEST_TIMEOUT", "1500")
+        .with("ZKGUARD_ZOOKEEPER_FOREGROUND_TASK_TIMEOUT", "5000");
+    let s = env.start("waitcap");
+    let c = client();
+    let index = format!("waitcap-{}", uuid_tag());
+    let (_holder, _guard) = hold_lock(&env, &format!("{index}:1")).await;
+    let doc = format!("/v1/indices/{index}/docs/1");
+    for path in [doc.clone(), format!("{doc}?timeout=1500ms")] {
+        let (status, v) = put(&c, &s, &path, &json!({"n": 1})).await;
+        assert_eq!(status, StatusCode::LOCKED, "{path}: {v}");
+        assert_eq!(v["error"], "lock_timeout", "{path}: {v}");
+    }
+    let (status, v) = call(
+        &c,
+        Method::POST,
+        &s.url(&format!("/v1/locks?index={index}&id=1")),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::LOCKED, "{v}");
+}

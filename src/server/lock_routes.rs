@@ -165,7 +165,7 @@ async fn hold_for_caller(
     }
     let request = zkguard::LockRequest::new(monitor.clone(), info)
         .with_type(params.lock_type)
-        .with_timeout(params.timeout.unwrap_or(state.fg_timeout));
+        .with_timeout(state.lock_wait(params.timeout));
     let started = std::time::Instant::now();
     let lock_type: &'static str = match params.lock_type {
         LockType::Foreground => "foreground",

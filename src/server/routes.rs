@@ -504,7 +504,7 @@ async fn foreground(
     let writer = state
         .writer
         .clone()
-        .with_lock_timeout(timeout.unwrap_or(state.fg_timeout));
+        .with_lock_timeout(state.lock_wait(timeout));
     let result = writer.run(&op).await;
     let timing = result.as_ref().ok().map(|w| (w.waited, w.held));
     // A try-once (timeout=0) was not meant to wait: its refusal does not advise waiting longer.

@@ -76,7 +76,22 @@ const COUNTED_TOKENS: usize = 4096;
 /// Receives the operations the dispatcher feeds to the executor.
 pub type QueueReceiver = mpsc::UnboundedReceiver<Operation>;
 
+/// The longest lock wait of a request: a little less than `server.request.timeout` (a tenth of
+/// it, at most one second less), so that a lock that stays taken is answered 423 `lock_timeout`
+/// (nothing written, safe to retry) rather than 503 `request_timeout` (outcome unknown).
+pub fn lock_wait_cap(request_timeout: Duration) -> Duration {
+    request_timeout.saturating_sub((request_timeout / 10).min(Duration::from_secs(1)))
+}
+
 impl AppState {
+    /// The lock wait of a request that asked for `asked` (none: the configured foreground
+    /// timeout), within [`lock_wait_cap`].
+    pub fn lock_wait(&self, asked: Option<Duration>) -> Duration {
+        asked
+            .unwrap_or(self.fg_timeout)
+            .min(lock_wait_cap(self.settings.request_timeout))
+    }
+
     /// The state, and the receiving end of the background queue (for [`dispatch`]).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -99,7 +114,7 @@ impl AppState {
             metrics: Arc::new(Metrics::new()),
             backend,
             store,
-            fg_timeout: fg_timeout.min(settings.request_timeout),
+            fg_timeout: fg_timeout.min(lock_wait_cap(settings.request_timeout)),
             settings,
             draining: AtomicBool::new(false),
             permits,
