@@ -81,7 +81,7 @@ pub fn run(path: Option<&std::path::Path>, args: &ConfigArgs) -> Result<u8, CliE
                 for v in &values {
                     text.push_str(&format!("{:width$}  {}  ({})\n", v.key, v.value, v.source));
                 }
-                super::meta::write_stdout(text.as_bytes())?;
+                super::man::write_stdout(text.as_bytes())?;
             }
             Ok(0)
         }
@@ -108,5 +108,5 @@ fn print_json(value: &serde_json::Value) -> Result<(), CliError> {
     let mut text =
         serde_json::to_string_pretty(value).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
     text.push('\n');
-    super::meta::write_stdout(text.as_bytes())
+    super::man::write_stdout(text.as_bytes())
 }

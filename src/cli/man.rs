@@ -58,11 +58,24 @@ fn with_groups(mut out: Command, cmd: &Command, keep: impl Fn(&clap::Arg) -> boo
     out
 }
 
+/// Writes `bytes` to stdout; a reader that went away (`| head`) is not an error.
+pub fn write_stdout(bytes: &[u8]) -> Result<(), CliError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(CliError::new(
+            EX_SOFTWARE,
+            format!("cannot write to standard output: {e}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Writes the man page `zkguard(1)` (roff) of the command line `command` to stdout.
 pub fn man(command: Command) -> Result<u8, CliError> {
     let page = render(command)
         .map_err(|e| CliError::new(EX_SOFTWARE, format!("cannot render the man page: {e}")))?;
-    super::meta::write_stdout(page.as_bytes())?;
+    write_stdout(page.as_bytes())?;
     Ok(0)
 }
 

@@ -1273,7 +1273,11 @@ impl Settings {
             es_lock,
             txn,
             server,
-            stamp: stamp::read(&r)?,
+            stamp: stamp::parse(
+                r.get("elastic.stamp.window").0,
+                r.get("elastic.stamp.off").0,
+            )
+            .map_err(|(key, expected)| r.err(key, expected))?,
             source: None,
             warnings: r.insecure_tls_warning(),
         })

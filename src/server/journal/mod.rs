@@ -15,7 +15,8 @@
 //! written twice. The file is then compacted (rewritten through a temporary file, `fsync`ed and
 //! renamed), keeping the unfinished operations and the outcomes of the last [`KEEP_FINISHED`]
 //! operations; it is compacted again while the service runs whenever it has grown by
-//! [`COMPACT_EVERY`] lines.
+//! [`COMPACT_EVERY`] lines, beside the table so that accepts go on meanwhile (see
+//! [`compact`]).
 //!
 //! An exclusive advisory lock on `<path>.lock` keeps a second service off the same journal.
 
@@ -155,7 +156,7 @@ enum Record {
 #[derive(Debug, Clone)]
 pub struct Entry {
     /// The operation, while it is queued.
-    pub op: Option<Operation>,
+    pub op: Option<Arc<Operation>>,
     /// Its outcome, once finished.
     pub finished: Option<Finished>,
 }
@@ -185,6 +186,17 @@ struct Inner {
     /// Size of the journal file.
     file_bytes: u64,
     limits: Limits,
+    /// The compaction running beside the table, if one is.
+    compacting: Option<Running>,
+    compaction_generation: u64,
+}
+
+/// A compaction running beside the table: its generation, and the lines appended since its
+/// snapshot (they go to the new file before it replaces the old one).
+#[derive(Debug)]
+struct Running {
+    generation: u64,
+    tail: Vec<String>,
 }
 
 /// The journal and the table of operation states. Share it in an `Arc`.
@@ -198,6 +210,9 @@ pub struct Journal {
     /// accepted and the service starts no background operation: an operation applied without a
     /// recorded outcome would run again at the next start.
     failing: tokio::sync::watch::Sender<Option<String>>,
+    /// Runs between a side compaction's snapshot and its end (tests).
+    #[cfg(test)]
+    compaction_hook: Mutex<Option<Box<dyn Fn() + Send>>>,
 }
 
 /// Group commit: one `fsync` makes every line written before it durable, so a caller whose
@@ -307,7 +322,7 @@ impl Journal {
                                 entries.insert(
                                     op.id,
                                     Entry {
-                                        op: Some(op),
+                                        op: Some(Arc::new(op)),
                                         finished: None,
                                     },
                                 );
@@ -349,7 +364,7 @@ impl Journal {
         }
         let pending: Vec<Operation> = queued_order
             .iter()
-            .filter_map(|id| entries.get(id).and_then(|e| e.op.clone()))
+            .filter_map(|id| entries.get(id).and_then(|e| e.op.as_deref().cloned()))
             .filter(|op| entries.get(&op.id).is_some_and(|e| e.finished.is_none()))
             .collect();
         queued_order = pending.iter().map(|op| op.id).collect();
@@ -363,6 +378,8 @@ impl Journal {
             path: path.to_path_buf(),
             sync: Mutex::new(SyncState::default()),
             failing: tokio::sync::watch::channel(None).0,
+            #[cfg(test)]
+            compaction_hook: Mutex::new(None),
             inner: Mutex::new(Inner {
                 file: Arc::new(file),
                 written: 0,
@@ -375,6 +392,8 @@ impl Journal {
                 queued_bytes: 0,
                 file_bytes: 0,
                 limits: Limits::default(),
+                compacting: None,
+                compaction_generation: 0,
             }),
         };
         {
@@ -553,7 +572,9 @@ impl Journal {
         let size = line.len() as u64 + 1;
         let mut full = Self::beyond(&inner, fresh.len(), size);
         // The file may be full of lines that compaction drops (finished operations' batches).
-        if full.is_some() && inner.file_bytes + size > inner.limits.file_bytes && inner.appended > 0
+        if full.is_some()
+            && inner.file_bytes + size > inner.limits.file_bytes
+            && (inner.appended > 0 || inner.compacting.is_some())
         {
             if let Err(e) = self.compact(&mut inner) {
                 tracing::warn!(error = %e, "journal compaction failed");
@@ -572,7 +593,7 @@ impl Journal {
             inner.entries.insert(
                 op.id,
                 Entry {
-                    op: Some(op.clone()),
+                    op: Some(Arc::new(op.clone())),
                     finished: None,
                 },
             );
@@ -626,12 +647,17 @@ impl Journal {
     fn finish_blocking(&self, finished: Finished, durable: bool) -> Result<(), JournalError> {
         let mut inner = self.lock();
         let result = self.record_finished(&mut inner, finished, durable);
+        let due = durable && self.compaction_due(&inner);
         drop(inner);
-        match result {
+        let result = match result {
             Ok(Some(seq)) => self.sync_through(seq),
             Ok(None) => Ok(()),
             Err(e) => Err(e),
+        };
+        if due {
+            self.compact_beside();
         }
+        result
     }
 
     /// Records outcomes (one `fsync` for all of them), compacting the journal when it has grown
@@ -653,10 +679,13 @@ impl Journal {
                     }
                 }
             }
+            let due = me.compaction_due(&inner);
             drop(inner);
-            if let Some(seq) = last {
-                me.sync_through(seq)?;
+            let synced = last.map_or(Ok(()), |seq| me.sync_through(seq));
+            if due {
+                me.compact_beside();
             }
+            synced?;
             failed.map_or(Ok(()), Err)
         })
         .await
@@ -682,7 +711,7 @@ impl Journal {
                 .entries
                 .get(&id)
                 .and_then(|e| e.op.as_ref())
-                .map(Operation::fingerprint);
+                .map(|op| op.fingerprint());
         }
         let was_queued = inner
             .entries
@@ -709,12 +738,6 @@ impl Journal {
         );
         inner.finished_order.push_back(id);
         self.trim(inner);
-        if durable && inner.appended >= self.compact_every {
-            if let Err(e) = self.compact(inner) {
-                tracing::warn!(error = %e, "journal compaction failed; the journal keeps growing until the next attempt");
-                inner.appended = 0;
-            }
-        }
         result
     }
 
@@ -726,6 +749,9 @@ impl Journal {
         bytes.extend_from_slice(line.as_bytes());
         bytes.push(b'\n');
         (&*inner.file).write_all(&bytes).map_err(&err)?;
+        if let Some(running) = inner.compacting.as_mut() {
+            running.tail.push(line.to_string());
+        }
         inner.file_bytes += bytes.len() as u64;
         inner.appended += 1;
         inner.written += 1;
@@ -788,66 +814,6 @@ impl Journal {
             inner.queued_order.pop_front();
         }
     }
-
-    /// Rewrites the journal with the kept outcomes and the queued operations.
-    fn compact(&self, inner: &mut Inner) -> Result<(), JournalError> {
-        let err = io(&self.path);
-        let mut tmp = self.path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        let mut out = Vec::new();
-        let mut written = std::collections::HashSet::new();
-        for id in &inner.finished_order {
-            if let Some(f) = inner.entries.get(id).and_then(|e| e.finished.as_ref()) {
-                if written.insert(*id) {
-                    out.push(serde_json::to_string(&Record::Finished(f.clone())));
-                }
-            }
-        }
-        let queued: Vec<Operation> = inner
-            .queued_order
-            .iter()
-            .filter_map(|id| inner.entries.get(id))
-            .filter(|e| e.finished.is_none())
-            .filter_map(|e| e.op.clone())
-            .collect();
-        if !queued.is_empty() {
-            out.push(serde_json::to_string(&Record::Accepted { ops: queued }));
-        }
-        let mut text = String::new();
-        for line in out {
-            text.push_str(&line.map_err(|e| err(std::io::Error::other(e)))?);
-            text.push('\n');
-        }
-        {
-            let mut f = File::create(&tmp).map_err(&err)?;
-            f.write_all(text.as_bytes()).map_err(&err)?;
-            f.sync_all().map_err(&err)?;
-        }
-        std::fs::rename(&tmp, &self.path).map_err(&err)?;
-        if let Some(dir) = self.path.parent() {
-            let dir = if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir
-            };
-            if let Ok(d) = File::open(dir) {
-                let _ = d.sync_all();
-            }
-        }
-        inner.file = Arc::new(
-            OpenOptions::new()
-                .append(true)
-                .open(&self.path)
-                .map_err(&err)?,
-        );
-        inner.appended = 0;
-        inner.file_bytes = text.len() as u64;
-        // The rewritten file holds (durably) everything written so far.
-        let mut state = self.sync_state();
-        state.synced = state.synced.max(inner.written);
-        Ok(())
-    }
 }
 
 mod uuid_str {
@@ -864,5 +830,6 @@ mod uuid_str {
     }
 }
 
+mod compact;
 #[cfg(test)]
 mod tests;

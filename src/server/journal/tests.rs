@@ -264,3 +264,61 @@ async fn an_acceptance_beyond_the_file_bound_compacts_first_and_is_refused_when_
     assert!(e.to_string().contains("server.journal.max.bytes"), "{e}");
     assert!(std::fs::metadata(&path).unwrap().len() <= bound);
 }
+
+/// A compaction while the service runs holds the table only at its start and end: an accept
+/// and an outcome made while it writes the new file go through at once, and land in the new
+/// file (written to the old one meanwhile, which stays the durable one until the rename).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_go_on_while_the_journal_is_compacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j.jsonl");
+    let (j, _) = Journal::open(&path, false).unwrap();
+    let mut j = Arc::try_unwrap(j).unwrap();
+    j.compact_every = 4;
+    // The compaction stops after writing its snapshot until the test lets it go on.
+    let (reached_tx, reached_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = Mutex::new(go_rx);
+    *j.compaction_hook.lock().unwrap() = Some(Box::new(move || {
+        reached_tx.send(()).unwrap();
+        go_rx.lock().unwrap().recv().unwrap();
+    }));
+    let j = Arc::new(j);
+    let applied = |o: &Operation| Finished {
+        id: o.id,
+        status: OpState::Applied,
+        reason: None,
+        token: Some(7),
+        attempts: Some(1),
+        fingerprint: None,
+    };
+    let (a, b) = (op(1), op(2));
+    j.accept(vec![a.clone()]).await.unwrap();
+    j.accept(vec![b.clone()]).await.unwrap();
+    j.finish(applied(&a)).await.unwrap();
+    // The fourth line makes a compaction due: the finishing thread runs it.
+    let compacting = {
+        let (j, b) = (j.clone(), b.clone());
+        std::thread::spawn(move || j.finish_blocking(applied(&b), true))
+    };
+    reached_rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the compaction reached its hook");
+    // Meanwhile: an accept and an outcome, answered while the compaction waits.
+    let (c, d) = (op(3), op(4));
+    j.accept(vec![c.clone(), d.clone()]).await.unwrap();
+    j.finish(applied(&c)).await.unwrap();
+    go_tx.send(()).unwrap();
+    compacting.join().unwrap().unwrap();
+
+    let copy = dir.path().join("copy.jsonl");
+    std::fs::copy(&path, &copy).unwrap();
+    let (again, pending) = Journal::open(&copy, false).unwrap();
+    assert_eq!(pending.iter().map(|o| o.id).collect::<Vec<_>>(), vec![d.id]);
+    for o in [&a, &b, &c] {
+        assert_eq!(again.get(&o.id).unwrap().state(), OpState::Applied);
+    }
+    // Compacted: the first three lines became outcomes; the accept made meanwhile follows.
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.lines().count() <= 5, "{text}");
+}
