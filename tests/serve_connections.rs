@@ -139,6 +139,16 @@ async fn at_the_connection_limit_idle_connections_make_room_and_busy_ones_are_ke
             call(&c, Method::PUT, &url, Some(json!({"n": 1}).to_string())).await
         }));
     }
+    // Probe only once every write is waiting for the lock: a connection whose request has not
+    // been read yet is idle, and may rightly make room for the probe.
+    let lock_node = format!("{}/{index}:1", env.root);
+    eventually(
+        Duration::from_secs(20),
+        "every write waits in the lock's queue",
+        // The test's own holder has a node too.
+        || async { queued(&env.zk, &lock_node, "A-").await == MAX + 1 },
+    )
+    .await;
     let refused = eventually_value(Duration::from_secs(20), || {
         let a = a.clone();
         async move {
