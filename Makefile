@@ -1,4 +1,4 @@
-.PHONY: demo test bench bench-service deps check
+.PHONY: demo test bench bench-service bench-memory deps check
 
 # The main job: installs ZooKeeper and osmem-server if missing, starts them on free loopback
 # ports, runs the demo and stops them.
@@ -20,6 +20,12 @@ bench: deps
 # local ZooKeeper and osmem-server: foreground save p50/p99 and background operations per second.
 bench-service: deps
 	cargo run --release --features testkit --bin zkguard -- bench --service --local --contenders 8 --monitors 64 --iterations 400
+
+# Memory of `zkguard serve` per queued background operation and at a restart that replays the
+# journal (20,000 and 100,000 operations of 200 B and 1 KB documents; about 4 minutes).
+bench-memory: deps
+	cargo build --release --features testkit --bin zkguard
+	python3 scripts/measure-queue-memory.py --binaries target/release/zkguard
 
 # Installs ZooKeeper, the benchmark peers, osmem-server and tansu (Debian/Ubuntu), only what is
 # missing.
