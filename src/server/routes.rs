@@ -289,6 +289,23 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     response
 }
 
+/// The request's body as a JSON object (`what` it holds, for the refusal of anything else).
+fn object_body(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    what: &str,
+) -> Result<Value, ApiError> {
+    let body = body.map_err(|e| body_error(e, state.settings.max_body))?;
+    let value = parse_json(&body, "the body")?;
+    if !value.is_object() {
+        return Err(ApiError::bad(
+            "bad_document",
+            format!("the body must be a JSON object: {what}"),
+        ));
+    }
+    Ok(value)
+}
+
 async fn put_doc(
     State(state): State<Arc<AppState>>,
     path: Result<Path<(String, String)>, PathRejection>,
@@ -297,14 +314,7 @@ async fn put_doc(
 ) -> Result<Response, ApiError> {
     let Path((index, id)) = path.map_err(path_error)?;
     let params = parse_params(query, WriteRoute::Put, state.settings.request_timeout)?;
-    let body = body.map_err(|e| body_error(e, state.settings.max_body))?;
-    let doc = parse_json(&body, "the body")?;
-    if !doc.is_object() {
-        return Err(ApiError::bad(
-            "bad_document",
-            "the body must be a JSON object (the document's source)",
-        ));
-    }
+    let doc = object_body(&state, body, "the document's source")?;
     let (op, params) = build_op(&index, &id, params, |m| {
         Operation::index(m, &index, &id, doc)
     })?;
@@ -322,14 +332,11 @@ async fn patch_doc(
 ) -> Result<Response, ApiError> {
     let Path((index, id)) = path.map_err(path_error)?;
     let params = parse_params(query, WriteRoute::Patch, state.settings.request_timeout)?;
-    let body = body.map_err(|e| body_error(e, state.settings.max_body))?;
-    let patch = parse_json(&body, "the body")?;
-    if !patch.is_object() {
-        return Err(ApiError::bad(
-            "bad_document",
-            "the body must be a JSON object: a JSON merge patch (RFC 7386), where null removes a field",
-        ));
-    }
+    let patch = object_body(
+        &state,
+        body,
+        "a JSON merge patch (RFC 7386), where null removes a field",
+    )?;
     let upsert = params.upsert;
     let (op, params) = build_op(&index, &id, params, |m| {
         Operation::merge(m, &index, &id, patch).with_upsert(upsert)
