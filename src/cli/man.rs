@@ -113,11 +113,10 @@ fn commands(page: &mut String, cmd: &Command, inherited: &[clap::Id]) -> std::io
         .unwrap_or_else(|| cmd.get_name())
         .to_string();
     let _ = writeln!(page, ".SS \"{}\"", escape(&name));
-    let own = Command::new(cmd.get_name().to_string())
+    let mut own = Command::new(cmd.get_name().to_string())
         .bin_name(name.clone())
         .disable_help_flag(true)
         .disable_version_flag(true);
-    let mut own = own;
     if let Some(a) = cmd.get_about() {
         own = own.about(a.clone());
     }

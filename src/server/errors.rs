@@ -66,6 +66,14 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The message of a lock refusal for a request that tried once (`asked` zero): it was not meant
+/// to wait, so it is not told to wait longer ([`LockError::try_once_message`]).
+pub fn tried_once(asked: Option<std::time::Duration>, e: &LockError) -> Option<String> {
+    asked
+        .filter(|t| t.is_zero())
+        .and_then(|_| e.try_once_message())
+}
+
 /// The answer to a failed foreground write. Nothing is retried behind the caller's back.
 ///
 /// - lock not acquired within the request's timeout: **423 Locked** `lock_timeout`, with

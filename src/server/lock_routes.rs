@@ -181,10 +181,7 @@ async fn hold_for_caller(
                     .get_or_create(&super::metrics::TypeLabels { lock_type })
                     .inc();
             }
-            let tried_once = match params.timeout {
-                Some(t) if t.is_zero() => e.try_once_message(),
-                _ => None,
-            };
+            let tried_once = super::errors::tried_once(params.timeout, &e);
             let mut answer = from_guarded(GuardedError::Lock(e));
             if let Some(message) = tried_once {
                 answer.message = message;

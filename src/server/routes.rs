@@ -516,7 +516,7 @@ async fn foreground(
     let timing = result.as_ref().ok().map(|w| (w.waited, w.held));
     // A try-once (timeout=0) was not meant to wait: its refusal does not advise waiting longer.
     let tried_once = match &result {
-        Err(GuardedError::Lock(e)) if timeout == Some(Duration::ZERO) => e.try_once_message(),
+        Err(GuardedError::Lock(e)) => super::errors::tried_once(timeout, e),
         _ => None,
     };
     answer(state, op, result, timing).map_err(|mut e| {

@@ -46,8 +46,8 @@ pub struct AppState {
     pub store: Arc<EsStore>,
     /// `server.*` settings.
     pub settings: ServerSettings,
-    /// Lock wait of a foreground request without `timeout`: the configured foreground timeout,
-    /// at most `server.request.timeout`.
+    /// Lock wait of a foreground request without `timeout`: the configured foreground timeout
+    /// ([`AppState::lock_wait`] keeps every wait within [`lock_wait_cap`]).
     pub fg_timeout: Duration,
     /// Set when SIGTERM (or SIGINT) arrived: no new work is started.
     pub draining: AtomicBool,
@@ -114,7 +114,7 @@ impl AppState {
             metrics: Arc::new(Metrics::new()),
             backend,
             store,
-            fg_timeout: fg_timeout.min(lock_wait_cap(settings.request_timeout)),
+            fg_timeout,
             settings,
             draining: AtomicBool::new(false),
             permits,

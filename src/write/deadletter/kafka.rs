@@ -564,7 +564,7 @@ impl KafkaSink {
             },
             Err(error) => {
                 let mut updated = letter.clone();
-                updated.attempts = letter.attempts.saturating_add(1);
+                updated.attempts = attempts;
                 updated.error_kind = error.kind().to_string();
                 updated.last_error = error.to_string();
                 updated.reason = if error.is_transient() {

@@ -424,7 +424,7 @@ async fn replay_one(
         }
         Err(error) => {
             let mut updated = letter.clone();
-            updated.attempts = letter.attempts.saturating_add(1);
+            updated.attempts = attempts;
             updated.error_kind = error.kind().to_string();
             updated.last_error = error.to_string();
             updated.reason = if error.is_transient() {
