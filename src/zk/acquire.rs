@@ -4,24 +4,23 @@
 //! See `docs/zookeeper-lock.md` for the znode layout and the state machines.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tracing::{debug, info, instrument, warn};
-use zookeeper_client::{Error as ZkError, EventType};
+use tracing::{debug, info, instrument};
+use zookeeper_client::EventType;
 
 use super::acl::{acl_list, check_lock_root};
-use super::contender::{abandon, health_failure, wait_connected, Pending, Step};
-use super::guard::{Held, LockGuard};
-use super::map_zk;
-use super::mutex::take_mutex;
-use super::names::Queue;
+use super::contender::{health_failure, wait_connected};
+use super::driver::{add_ops, lock_error, multi_reply, perform, root_depth, Contents};
+use super::guard::{Held, LockGuard, NextOps};
+use super::handover::After;
 use super::node::{attempt_id, now_ms, NodeData, Paths};
-use super::queue::{
-    ensure_monitor, fast_path, plain_create, promote, queue_after, read_queue, After,
+use super::protocol::{
+    Acquisition, Action, Fired, Input, MultiError, Now, Outcome, Reply, Request, Spec,
 };
-use super::recover::recover_own;
-use super::release::delete_nodes;
+use super::reaper::Reap;
 use super::session::{Slot, ZkSession};
 use crate::config::ZkAcl;
 use crate::lock::{
@@ -216,11 +215,10 @@ async fn acquire_with(
         .await?;
         slot.lock_root_checked.store(true, Ordering::Release);
     }
-    let attempt = attempt_id();
     let mut data = NodeData {
         info: request.info.clone(),
         owner: session.owner_id().to_string(),
-        attempt,
+        attempt: attempt_id(),
         host: session.host().to_string(),
         pid: std::process::id(),
         lock_type: request.lock_type,
@@ -228,41 +226,12 @@ async fn acquire_with(
         node: None,
         promoted: false,
     };
-    let mut prefix = settings.prefix(request.lock_type).to_string();
-    let mut pending = Pending {
-        slot: slot.clone(),
-        node: None,
-        holds_mutex: false,
-        mutex_path: paths.mutex.clone(),
-        armed: true,
-        in_flight: false,
-        attempt: data.attempt.clone(),
-        alone: false,
-    };
     let promote_at = match (request.lock_type, settings.background_max_wait) {
         (LockType::Background, Some(wait)) => Some(started + wait),
         _ => None,
     };
-    let client = &slot.client;
-    // Whether a node of prefix `p` sorts before every node another contender can create: then
-    // once it is first in line (or the node ahead of it, the head, went), it stays first.
-    let sorts_first = |p: &str| {
-        p <= settings.foreground_prefix.as_str() && p <= settings.background_prefix.as_str()
-    };
-    // When a wait ends on its own: at the deadline, or when a starving background waiter is
-    // due to be promoted.
-    let wake_at = |p: &str| {
-        promote_at
-            .filter(|_| p != settings.foreground_prefix)
-            .map_or(deadline, |at| at.min(deadline))
-    };
-
-    // Fast path: one multi that recreates the monitor node, empty, with our queue node and the
-    // mutex in it; skipped on a monitor that was busy lately.
-    // A try-once contender always tries the fast path, without queueing when the mutex is held.
-    let contended_before = slot.contended(&paths.mutex) && !try_once;
     // The lock this acquisition releases, in its first multi when it is of this session.
-    let mut to_carry = match handover.previous.take() {
+    let carried = match handover.previous.take() {
         Some(p) if !try_once && p.can_release_with(&slot) => Some(p),
         Some(p) => {
             handover.release = Some(p.release());
@@ -270,308 +239,252 @@ async fn acquire_with(
         }
         None => None,
     };
-    let mut others_seen = false;
-    // Every contender tries at least once, however short its timeout (creating the monitor node
-    // first is not a try).
-    let mut tried = false;
-    let mut step = loop {
-        if tried && Instant::now() >= deadline && pending.node.is_none() {
-            return Err(give_up(&mut pending, &paths, &prefix, &request, started).await);
-        }
-        tried = true;
-        let after = to_carry
-            .take()
-            .map(|previous| After::new(previous, &mut handover.release));
-        let attempt = match after {
-            Some(after) if contended_before => {
-                queue_after(client, &paths, &prefix, &data, &mut pending, after).await
-            }
-            None if contended_before => {
-                plain_create(client, &paths, &prefix, &data, &mut pending).await
-            }
-            after => {
-                fast_path(
-                    client,
-                    &paths,
-                    &prefix,
-                    &data,
-                    &mut pending,
-                    !try_once,
-                    after,
-                )
-                .await
-            }
-        };
-        match attempt {
-            Ok(step) => break step,
-            Err(ZkError::NoNode) => {
-                ensure_monitor(client, &settings.lock_root, &paths).await?;
-                tried = false;
-            }
-            Err(e @ (ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_))) => {
-                debug!(error = %e, "connection loss while queueing; looking for our own node");
-                loop {
-                    wait_connected(&slot, deadline).await?;
-                    match recover_own(client, &paths, &data, &mut pending).await {
-                        Ok(()) => break,
-                        Err(LockError::ConnectionLoss { .. }) => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-                pending.in_flight = false;
-                if pending.node.is_some() {
-                    break Step::Wait(Queue::default());
-                }
-            }
-            Err(e) => return Err(map_zk(e, "queueing for the lock")),
+    let spec = Spec {
+        me: slot.client.session_id().0,
+        attempt: data.attempt.clone(),
+        promoted_attempt: attempt_id(),
+        prefix: settings.prefix(request.lock_type).to_string(),
+        foreground: settings.foreground_prefix.clone(),
+        background: settings.background_prefix.clone(),
+        try_once,
+        // Fast path: one multi that recreates the monitor node, empty, with our queue node and
+        // the mutex in it; skipped on a monitor that was busy lately.
+        contended_before: slot.contended(&paths.mutex) && !try_once,
+        carry: carried.is_some(),
+        root_depth: root_depth(&settings.lock_root),
+        recreate: slot.recreating_fast_path.load(Ordering::Relaxed),
+        versioned: slot.versioned_takes.load(Ordering::Relaxed),
+        flaw: None,
+    };
+    let mut carrier = carried.map(|previous| After::new(previous, &mut handover.release));
+    let mut contender = Contender {
+        slot: slot.clone(),
+        paths: paths.clone(),
+        core: Acquisition::new(spec),
+    };
+    let now = || {
+        let now = Instant::now();
+        Now {
+            past_deadline: now >= deadline,
+            promote_due: promote_at.is_some_and(|at| now >= at),
         }
     };
-
+    // When a wait ends on its own: at the deadline, or when a starving background waiter is
+    // due to be promoted.
+    let wake_at = |prefix: &str| {
+        promote_at
+            .filter(|_| prefix != settings.foreground_prefix)
+            .map_or(deadline, |at| at.min(deadline))
+    };
+    let mut watcher = None;
+    let mut blocked_by = None;
+    let mut ended = None;
+    let mut backoff = crate::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+    let mut action = contender.core.start(now());
     loop {
-        let queue = match step {
-            Step::Acquired { token, version } => {
-                let token = super::token::from_zxid(token);
-                pending.armed = false;
-                slot.set_contended(&paths.mutex, others_seen);
-                let node = pending.node.clone().expect("acquired with a node");
-                info!(node = %node, token, waited_ms = started.elapsed().as_millis() as u64, "lock acquired");
-                return Ok(LockGuard::start(
-                    slot.clone(),
-                    paths,
-                    node,
-                    data.attempt.clone(),
-                    request,
-                    Held {
-                        token,
-                        version,
-                        alone: pending.alone,
-                    },
-                ));
-            }
-            Step::Busy => {
-                return Err(give_up(&mut pending, &paths, &prefix, &request, started).await)
-            }
-            Step::Wait(_) | Step::FirstInLine if try_once => {
-                return Err(give_up(&mut pending, &paths, &prefix, &request, started).await)
-            }
-            Step::FirstInLine => {
-                // Our turn came while the mutex is still held (by a lower class, or by a
-                // contender that took it and is giving it back): wait for it.
-                step = match await_mutex(&slot, &paths, deadline, wake_at(&prefix)).await? {
-                    MutexWait::Ended(e) => return Err(abandon(&mut pending, e).await),
-                    MutexWait::Released => {
-                        let node = pending.node.clone().expect("first in line with a node");
-                        let verify = !sorts_first(&prefix);
-                        take_mutex(client, &paths, &data, &node, &mut pending, verify).await?
-                    }
-                    MutexWait::LookAgain => Step::Wait(Queue::default()),
-                };
-                continue;
-            }
-            Step::Wait(queue) => queue,
-        };
-        let node = pending.node.clone().expect("waiting with a node");
-        // An empty queue means "not read yet".
-        let queue = if queue.nodes.is_empty() {
-            read_queue(client, &paths, &slot, deadline).await?
-        } else {
-            queue
-        };
-        others_seen |= queue.nodes.len() > 1 || queue.mutex_present;
-        let Some(pos) = queue.position(&node) else {
-            // Our node is gone while our session lives: someone deleted it. Queue again.
-            warn!(node = %node, "our queue node disappeared; queueing again");
-            pending.node = None;
-            step = loop {
-                match plain_create(client, &paths, &prefix, &data, &mut pending).await {
-                    Ok(s) => break s,
-                    Err(ZkError::NoNode) => {
-                        ensure_monitor(client, &settings.lock_root, &paths).await?
-                    }
-                    Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
-                        wait_connected(&slot, deadline).await?;
-                        recover_own(client, &paths, &data, &mut pending).await?;
-                        pending.in_flight = false;
-                        if pending.node.is_some() {
-                            break Step::Wait(Queue::default());
-                        }
-                    }
-                    Err(e) => return Err(map_zk(e, "queueing for the lock again")),
-                }
-            };
-            continue;
-        };
-        debug!(node = %node, pos, queued = queue.nodes.len(), mutex_present = queue.mutex_present, "queue read");
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(give_up(&mut pending, &paths, &prefix, &request, started).await);
-        }
-        if promote_at.is_some_and(|at| now >= at && prefix != settings.foreground_prefix) {
-            step = promote(
-                client,
-                &paths,
-                &settings.foreground_prefix,
-                &mut data,
-                &mut pending,
-            )
-            .await?;
-            prefix = settings.foreground_prefix.clone();
-            continue;
-        }
-        if pos == 0 {
-            // We are first (we just read the queue): take the mutex if it is free, else wait for
-            // it.
-            step = if queue.mutex_present {
-                Step::FirstInLine
-            } else {
-                take_mutex(client, &paths, &data, &node, &mut pending, false).await?
-            };
-            continue;
-        }
-        let wake_at = wake_at(&prefix);
-        let mut health = slot.health_watch();
-        let pred = queue.predecessor(&node).expect("pos > 0").name.clone();
-        let was_second = pos == 1;
-        // A data watch (not an exists watch): on a node that is already gone it leaves no watch
-        // behind on the server, which would otherwise cost a request to remove.
-        let watcher = match client.get_and_watch_data(&paths.child(&pred)).await {
-            Ok((_, _, w)) => w,
-            Err(ZkError::NoNode) => {
-                // Gone before we could watch it: as if woken by its deletion.
-                step = if was_second {
-                    take_mutex(
-                        client,
-                        &paths,
-                        &data,
-                        &node,
-                        &mut pending,
-                        !sorts_first(&prefix),
-                    )
-                    .await?
+        let input = match action {
+            Action::Send(send) => {
+                data.attempt = contender.core.attempt().to_string();
+                data.promoted = contender.core.promoted();
+                let contents = Contents { data: &data };
+                let replies = if send.carry {
+                    perform_carried(&slot, &paths, &contents, &send.requests, &mut carrier).await
                 } else {
-                    Step::Wait(Queue::default())
+                    if let Some(after) = carrier.take() {
+                        after.release_alone();
+                    }
+                    let (replies, w) =
+                        perform(&slot.client, &paths, Some(&contents), &send.requests).await;
+                    if w.is_some() {
+                        watcher = w;
+                    }
+                    replies
                 };
-                continue;
+                Input::Replies(replies)
             }
-            Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
-                wait_connected(&slot, deadline).await?;
-                step = Step::Wait(Queue::default());
-                continue;
+            Action::AwaitWatch => {
+                let mut health = slot.health_watch();
+                let Some(w) = watcher.take() else {
+                    return Err(LockError::Backend {
+                        context: "waiting for the lock".into(),
+                        detail: "no watch to wait on".into(),
+                    });
+                };
+                tokio::select! {
+                    event = w.changed() => Input::Fired(match event.event_type {
+                        EventType::NodeDataChanged => Fired::DataChanged,
+                        EventType::NodeDeleted => Fired::Deleted,
+                        _ => Fired::Session,
+                    }),
+                    _ = tokio::time::sleep_until(wake_at(contender.core.prefix()).into()) => Input::Woke,
+                    e = health_failure(&mut health) => { ended = Some(e); Input::Ended }
+                }
             }
-            Err(e) => return Err(map_zk(e, "watching the node ahead")),
+            Action::AwaitConnected { until_deadline } => {
+                let limit = if until_deadline {
+                    deadline
+                } else {
+                    Instant::now() + Duration::from_secs(3600)
+                };
+                debug!("connection loss; waiting to reconnect");
+                wait_connected(&slot, limit).await?;
+                Input::Connected
+            }
+            Action::Backoff => {
+                tokio::time::sleep(backoff.next_delay()).await;
+                Input::Woke
+            }
+            Action::Describe => {
+                blocked_by = describe(&slot, &paths, &contender.core).await;
+                Input::Described
+            }
+            Action::Done => break,
         };
-        let event = tokio::select! {
-            event = watcher.changed() => event,
-            _ = tokio::time::sleep_until(wake_at.into()) => { step = Step::Wait(Queue::default()); continue; }
-            r = health_failure(&mut health) => return Err(abandon(&mut pending, r).await),
-        };
-        // The node just ahead left. If it left as the holder (its release empties its data
-        // in the same multi that deletes it: `NodeDataChanged`), or it was the head at our
-        // listing, every node that was ahead of us is gone, so try the mutex right away. A
-        // first-class node is then certainly first: no node queued since can sort before
-        // it (`docs/zookeeper-lock.md`, "Handoff"), so it takes the mutex without a read.
-        // Any other node has the queue read pipelined with its create (the verification):
-        // a first-class contender may have arrived meanwhile.
-        let handed_over = event.event_type == EventType::NodeDataChanged;
-        let deleted = event.event_type == EventType::NodeDeleted;
-        step = if handed_over || was_second {
-            let verify = !((handed_over || deleted) && sorts_first(&prefix));
-            take_mutex(client, &paths, &data, &node, &mut pending, verify).await?
-        } else {
-            Step::Wait(Queue::default())
-        };
+        action = contender.core.handle(input, now());
+        contender.note_session_flags();
+    }
+    contender.note_session_flags();
+    let outcome = contender.core.outcome().cloned();
+    match outcome {
+        Some(Outcome::Acquired {
+            zxid,
+            version,
+            alone,
+            node,
+            others_seen,
+        }) => {
+            let token = super::token::from_zxid(zxid as u64);
+            slot.set_contended(&paths.mutex, others_seen);
+            info!(node = %node, token, waited_ms = started.elapsed().as_millis() as u64, "lock acquired");
+            let attempt = contender.core.attempt().to_string();
+            Ok(LockGuard::start(
+                slot.clone(),
+                paths,
+                node,
+                attempt,
+                request,
+                Held {
+                    token,
+                    version,
+                    alone,
+                },
+            ))
+        }
+        Some(Outcome::TimedOut) => {
+            debug!(blocked_by = ?blocked_by, "timed out; queue node removed");
+            Err(LockError::Timeout {
+                monitor: request.monitor.clone(),
+                lock_type: request.lock_type,
+                waited: started.elapsed(),
+                blocked_by,
+            })
+        }
+        Some(Outcome::Ended) => Err(ended.unwrap_or(LockError::SessionExpired {
+            context: "waiting for the lock".into(),
+        })),
+        Some(Outcome::Failed { code, context }) => Err(lock_error(&code, context)),
+        None => Err(LockError::Backend {
+            context: "acquiring the lock".into(),
+            detail: "the acquisition ended without an outcome".into(),
+        }),
     }
 }
 
-/// How waiting for the mutex ended.
-enum MutexWait {
-    /// The mutex node is gone (or was already): take it.
-    Released,
-    /// The deadline (or the time to promote a starving background waiter) came, or the
-    /// connection was lost meanwhile: read the queue again.
-    LookAgain,
-    /// The session ended.
-    Ended(LockError),
+/// An acquisition under way: the core, and what its session's reaper removes if it goes away
+/// before it ends (cancelled, or failed with a node or a create in doubt).
+struct Contender {
+    slot: Arc<Slot>,
+    paths: Paths,
+    core: Acquisition,
 }
 
-/// Waits, first in line, until the mutex node is gone: one read that leaves a data watch on it.
-/// When it is already gone the read fails and leaves no watch on the server.
-async fn await_mutex(
+impl Contender {
+    /// Keeps what the core learnt of the session's permissions for its later acquisitions.
+    fn note_session_flags(&self) {
+        if !self.core.recreate() && self.slot.recreating_fast_path.load(Ordering::Relaxed) {
+            debug!("zookeeper.acl does not let this session recreate and write monitor nodes: the fast path reads the queue instead");
+            self.slot
+                .recreating_fast_path
+                .store(false, Ordering::Relaxed);
+        }
+        if !self.core.versioned() && self.slot.versioned_takes.load(Ordering::Relaxed) {
+            debug!("zookeeper.acl does not let this session write monitor nodes: its releases go without the check of the monitor's version");
+            self.slot.versioned_takes.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Contender {
+    fn drop(&mut self) {
+        if let Some(left) = self.core.leftovers() {
+            debug!(node = ?left.node, holds_mutex = left.holds_mutex, in_flight = left.in_flight, "acquisition abandoned; removing its nodes");
+            self.slot.reap(Reap {
+                queue_node: left.node.as_deref().map(|n| self.paths.child(n)),
+                mutex: left.holds_mutex.then(|| self.paths.mutex.clone()),
+                search: left
+                    .in_flight
+                    .then(|| (self.paths.monitor.clone(), left.attempt.clone())),
+                attempt: left.attempt,
+            });
+        }
+    }
+}
+
+/// Sends a multi with the release of the lock before (held, or waiting after a multi whose
+/// acquisition part failed), and the requests pipelined behind it when it went out at once.
+async fn perform_carried(
     slot: &Slot,
     paths: &Paths,
-    deadline: Instant,
-    wake_at: Instant,
-) -> Result<MutexWait, LockError> {
-    let mut health = slot.health_watch();
-    let watcher = match slot.client.get_and_watch_data(&paths.mutex).await {
-        Ok((_, _, watcher)) => watcher,
-        Err(ZkError::NoNode) => return Ok(MutexWait::Released),
-        Err(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_)) => {
-            wait_connected(slot, deadline).await?;
-            return Ok(MutexWait::LookAgain);
-        }
-        Err(e) => return Err(map_zk(e, "watching the mutex node")),
+    contents: &Contents<'_>,
+    requests: &[Request],
+    carrier: &mut Option<After<'_>>,
+) -> Vec<Reply> {
+    let (Some(Request::Multi(ops)), Some(after)) = (requests.first(), carrier.take()) else {
+        return perform(&slot.client, paths, Some(contents), requests)
+            .await
+            .0;
     };
-    tokio::select! {
-        event = watcher.changed() => Ok(match event.event_type {
-            // The end of the session: the next request says how.
-            EventType::Session => MutexWait::LookAgain,
-            // Deleted (or its data changed, which zkguard never does: the take will tell).
-            _ => MutexWait::Released,
-        }),
-        _ = tokio::time::sleep_until(wake_at.into()) => Ok(MutexWait::LookAgain),
-        e = health_failure(&mut health) => Ok(MutexWait::Ended(e)),
+    let ops: NextOps = {
+        let (paths, ops) = (paths.clone(), ops.clone());
+        let bytes: Vec<Vec<u8>> = ops.iter().map(|op| contents.bytes_of(op)).collect();
+        Box::new(move |multi| add_ops(multi, &paths, &ops, &bytes))
+    };
+    let sent = after.send(ops);
+    // Pipelined when the multi went out already: the reads then see it. (A release that
+    // waited sends it from its task: the queue is read once the answer is in.)
+    let rest = if sent.now {
+        Some(perform(&slot.client, paths, Some(contents), &requests[1..]))
+    } else {
+        None
+    };
+    let (committed, waiting) = sent.answer().await;
+    *carrier = waiting;
+    let first = match committed {
+        Some(result) => multi_reply(result),
+        None => Reply::Multi(Err(MultiError::NotCarried)),
+    };
+    let mut replies = vec![first];
+    match rest {
+        Some(rest) => replies.extend(rest.await.0),
+        None => replies.extend(requests[1..].iter().map(|_| Reply::Skipped)),
     }
+    replies
 }
 
-/// Timeout: read what stands in the way, remove our node now (retrying on connection loss),
-/// then report.
-pub(super) async fn give_up(
-    pending: &mut Pending,
-    paths: &Paths,
-    prefix: &str,
-    request: &LockRequest,
-    started: Instant,
-) -> LockError {
-    let waited = started.elapsed();
-    let blocked_by = match super::inspect::read_monitor(&pending.slot.client, &paths.monitor).await
-    {
+/// What stands in the way of a contender that gives up, read from the lock itself just before
+/// its node goes.
+async fn describe(slot: &Slot, paths: &Paths, core: &Acquisition) -> Option<Box<Blocker>> {
+    match super::inspect::read_monitor(&slot.client, &paths.monitor).await {
         Ok(Some(view)) => Some(Box::new(view.blocker(
             &paths.mutex,
-            prefix,
-            pending.node.as_deref(),
+            core.prefix(),
+            core.node(),
         ))),
         Ok(None) => Some(Box::new(Blocker::Released)),
         Err(e) => {
             debug!(error = %e, "could not read what held the lock");
             None
         }
-    };
-    let node = pending.node_path();
-    pending.node = None;
-    let mutex = pending.holds_mutex.then(|| pending.mutex_path.clone());
-    pending.holds_mutex = false;
-    if let Err(e) = delete_nodes(
-        &pending.slot.client,
-        node.as_deref(),
-        mutex.as_deref(),
-        &pending.attempt,
-    )
-    .await
-    {
-        if !matches!(
-            e,
-            ZkError::NoNode | ZkError::SessionExpired | ZkError::ClientClosed
-        ) {
-            warn!(error = %e, "could not remove the queue node after a timeout; the session's end will");
-        }
-    }
-    debug!(blocked_by = ?blocked_by, "timed out; queue node removed");
-    LockError::Timeout {
-        monitor: request.monitor.clone(),
-        lock_type: request.lock_type,
-        waited,
-        blocked_by,
     }
 }
 

@@ -18,14 +18,17 @@ mod acl;
 mod acquire;
 mod confirm;
 mod contender;
+mod driver;
 mod guard;
+mod handover;
 mod inspect;
-mod mutex;
 pub(crate) mod names;
 mod node;
-mod queue;
+#[cfg(feature = "testkit")]
+pub mod protocol;
+#[cfg(not(feature = "testkit"))]
+mod protocol;
 mod reaper;
-mod recover;
 mod release;
 mod session;
 mod state;
@@ -42,32 +45,7 @@ pub use state::ConnectionState;
 pub use token::TOKEN_BASE;
 
 use crate::lock::LockError;
-use zookeeper_client::{Client, Error as ZkError};
-
-/// Sends a `sync` of `path` and, pipelined behind it, the read that `read` sends: the server
-/// this session reads from answers the read only once it has caught up with the leader as of
-/// the sync. After a create whose answer was lost, a follower that lags behind the leader may
-/// apply the create only after a plain read: the read would miss it and the contender would
-/// queue a second node (or leave a ghost). One more request, no more round trips, on recovery
-/// paths only.
-pub(crate) async fn sync_then<T, F>(
-    client: &Client,
-    path: &str,
-    read: impl FnOnce() -> F,
-) -> Result<T, ZkError>
-where
-    F: std::future::Future<Output = Result<T, ZkError>>,
-{
-    // Both requests go out before either is awaited (requests are sent when made, answered in
-    // order).
-    let sync = client.sync(path);
-    let read = read();
-    let (synced, read) = tokio::join!(sync, read);
-    match synced {
-        Ok(()) | Err(ZkError::NoNode) => read,
-        Err(e) => Err(e),
-    }
-}
+use zookeeper_client::Error as ZkError;
 
 /// Maps a client error to the lock layer's error. The client reports a connection that broke
 /// under a request as `Custom` (an I/O error such as "connection reset by peer"): that is a

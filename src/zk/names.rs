@@ -11,7 +11,7 @@ use std::cmp::Ordering;
 pub const MUTEX_NODE: &str = "privateLock";
 
 /// A parsed queue node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct QueueNode {
     /// Full child name, e.g. `A-0000000012`.
     pub name: String,
@@ -44,7 +44,7 @@ impl QueueNode {
 }
 
 /// The children of a monitor node, understood.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Queue {
     /// Contenders in lock order.
     pub nodes: Vec<QueueNode>,

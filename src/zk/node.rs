@@ -50,6 +50,16 @@ pub(super) struct Paths {
 }
 
 impl Paths {
+    /// The paths of the monitor node `monitor` (a full path), for removals (which create
+    /// nothing, so need no ACL).
+    pub(super) fn of_monitor(monitor: &str) -> Self {
+        Self {
+            monitor: monitor.to_string(),
+            mutex: format!("{monitor}/{MUTEX_NODE}"),
+            acl: Vec::new(),
+        }
+    }
+
     pub(super) fn new(root: &str, monitor: &str, acl: Vec<Acl>) -> Self {
         let monitor = format!("{root}/{monitor}");
         let mutex = format!("{monitor}/{MUTEX_NODE}");

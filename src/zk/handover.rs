@@ -1,0 +1,108 @@
+//! A held lock released by the next acquisition's first multi (`release_and_acquire`): the
+//! release carries the acquisition's operations, and waits for other ones when the
+//! acquisition's part failed (a multi is atomic).
+
+use zookeeper_client::{Error as ZkError, MultiWriteError, MultiWriteResult};
+
+use super::guard::{Joined, LockGuard, NextOps, Retry};
+use crate::lock::Release;
+
+/// A lock of the same session that an acquisition releases in its first multi
+/// (`LockGuard::release_with`), and where the release under way goes.
+pub(super) struct After<'r> {
+    how: Carrier,
+    release: &'r mut Option<Release>,
+}
+
+/// What carries the next operations: the held lock, or its release waiting after a multi whose
+/// acquisition part failed.
+enum Carrier {
+    Held(LockGuard),
+    Waiting(Retry),
+}
+
+impl<'r> After<'r> {
+    /// `previous`, whose release goes to `release` once under way.
+    pub(super) fn new(previous: LockGuard, release: &'r mut Option<Release>) -> Self {
+        Self {
+            how: Carrier::Held(previous),
+            release,
+        }
+    }
+
+    /// Releases the lock on its own.
+    pub(super) fn release_alone(self) {
+        match self.how {
+            Carrier::Held(previous) => *self.release = Some(previous.release()),
+            // Dropped, the waiting release goes on its own.
+            Carrier::Waiting(retry) => drop(retry),
+        }
+    }
+
+    /// Has the release send `ops` with it in one multi: before this returns for a held lock,
+    /// once the release's task runs for a waiting one ([`Sent::now`]).
+    pub(super) fn send(self, ops: NextOps) -> Sent<'r> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let now = match self.how {
+            Carrier::Held(previous) => {
+                *self.release = Some(previous.release_with(ops, tx));
+                true
+            }
+            Carrier::Waiting(retry) => {
+                retry.send(ops, tx);
+                false
+            }
+        };
+        Sent {
+            rx,
+            release: self.release,
+            now,
+        }
+    }
+}
+
+/// Operations on their way with a release ([`After::send`]).
+pub(super) struct Sent<'r> {
+    rx: tokio::sync::oneshot::Receiver<Joined>,
+    release: &'r mut Option<Release>,
+    /// Whether the request went out before `send` returned (a request sent after it is ordered
+    /// behind the multi).
+    pub(super) now: bool,
+}
+
+impl<'r> Sent<'r> {
+    /// Answers as `MultiWriter::commit` would for the operations alone: their results, the
+    /// failure of one of them (nothing applied; then also the release, waiting for other
+    /// operations), or a lost answer. `None` when the release's own part failed: nothing was
+    /// applied, and the release went on its own.
+    pub(super) async fn answer(
+        self,
+    ) -> (
+        Option<Result<Vec<MultiWriteResult>, MultiWriteError>>,
+        Option<After<'r>>,
+    ) {
+        match self.rx.await {
+            Ok(Joined::Applied(results)) => (Some(Ok(results)), None),
+            Ok(Joined::NotApplied {
+                next_failed: Some((index, source, retry)),
+            }) => (
+                Some(Err(MultiWriteError::OperationFailed { index, source })),
+                Some(After {
+                    how: Carrier::Waiting(retry),
+                    release: self.release,
+                }),
+            ),
+            Ok(Joined::NotApplied { next_failed: None }) => (None, None),
+            Ok(Joined::Lost(source)) => {
+                (Some(Err(MultiWriteError::RequestFailed { source })), None)
+            }
+            // The release task ended without a word (the runtime is shutting down).
+            Err(_) => (
+                Some(Err(MultiWriteError::RequestFailed {
+                    source: ZkError::ConnectionLoss,
+                })),
+                None,
+            ),
+        }
+    }
+}

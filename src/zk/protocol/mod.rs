@@ -1,0 +1,38 @@
+//! The priority-lock recipe's decisions as a sans-IO core: pure state machines that take
+//! ZooKeeper's answers and events and return the requests to send, in the manner of
+//! `quinn-proto` (or Curator's `LockInternalsDriver`). The async code of `zk::acquire` and
+//! `zk::release` performs what they ask; the model check (`tests/lock_model.rs`) runs the very
+//! same machines against a model of ZooKeeper and explores their interleavings.
+//!
+//! - [`Acquisition`]: queue (the fast path, a plain create, a create carried by the release of
+//!   the lock before), find what a lost create made, wait for the node ahead or the mutex, take
+//!   the mutex (verifying the order where the class needs it), give it back, promote a starving
+//!   background waiter, give up at the deadline.
+//! - [`Removal`]: the release multi, the careful deletes once it is not certain what is ours,
+//!   and the session reaper's search for what an abandoned create made.
+
+mod acquire;
+mod remove;
+mod types;
+
+pub use acquire::{Acquisition, Leftovers, Outcome, Spec};
+pub use remove::{child, is_ours, release_ops, Removal};
+pub use types::{
+    Action, Code, Content, Fired, Input, Mode, MultiError, Now, Op, OpResult, Read, Reply, Request,
+    Send, Stat, Target,
+};
+
+/// A deliberate flaw in the core, for the model check to prove that it finds one: each makes
+/// it report a counterexample. Production never sets one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Flaw {
+    /// A node counts as ours by its session alone, without the attempt id: a removal after a
+    /// lost answer may delete the same session's next acquisition's node, and a recovery may
+    /// adopt another attempt's node.
+    OwnershipWithoutAttempt,
+    /// A take of the mutex that finds it existing counts as a take.
+    MutexExistsIgnored,
+    /// A waiter of any class woken by the hand-over mark takes the mutex without verifying
+    /// the order (only the first class may).
+    MarkTrustedByAnyClass,
+}

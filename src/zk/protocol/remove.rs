@@ -1,0 +1,415 @@
+//! Removing a contender's own nodes, as a state machine: the release multi, the careful
+//! deletes once it is no longer certain what is ours, and the reaper's search for what an
+//! abandoned create made.
+//!
+//! Every node goes only if it is still an ephemeral node of this session carrying this
+//! acquisition's attempt id: by the time a removal runs, a path may name another node (the next
+//! holder's mutex, the same session's next acquisition's queue node of the same name).
+
+use super::types::{Action, Code, Input, MultiError, Op, Read, Reply, Request, Send, Target};
+use super::Flaw;
+
+/// Whether a node read shows it as this session's, of attempt `attempt`.
+pub fn is_ours(read: &Read, me: i64, attempt: &str, flaw: Option<Flaw>) -> bool {
+    if flaw == Some(Flaw::OwnershipWithoutAttempt) {
+        return read.stat.owner == me;
+    }
+    read.stat.owner == me && read.attempt.as_deref() == Some(attempt)
+}
+
+/// The target of a monitor's child named `name`.
+pub fn child(name: &str) -> Target {
+    if name == crate::zk::names::MUTEX_NODE {
+        Target::Mutex
+    } else {
+        Target::Node(name.to_string())
+    }
+}
+
+/// The operations that release a held lock in one multi: with `version`, a check that the
+/// monitor's data version is still the one the take of the mutex left (every take sets the
+/// monitor's data in its own transaction, so the version moves exactly when the mutex changes
+/// hands); the delete of the mutex; with `mark`, the hand-over mark (the queue node emptied
+/// right before its delete: the waiter behind it learns that it left as the holder); the
+/// delete of the queue node.
+pub fn release_ops(node: &str, mark: bool, version: Option<i32>) -> Vec<Op> {
+    let mut ops = Vec::with_capacity(4);
+    if let Some(version) = version {
+        ops.push(Op::Check {
+            target: Target::Monitor,
+            version,
+        });
+    }
+    ops.push(Op::Delete {
+        target: Target::Mutex,
+        version: None,
+    });
+    if mark {
+        ops.push(Op::SetData {
+            target: Target::Node(node.to_string()),
+        });
+    }
+    ops.push(Op::Delete {
+        target: Target::Node(node.to_string()),
+        version: None,
+    });
+    ops
+}
+
+/// Removes a queue node and/or the mutex of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Removal {
+    me: i64,
+    attempt: String,
+    node: Option<String>,
+    mutex: bool,
+    version: Option<i32>,
+    flaw: Option<Flaw>,
+    st: St,
+    /// Search the monitor for what the attempt made once the careful deletes are done.
+    then_search: bool,
+    /// The release was refused the hand-over mark (`NoAuth`): later releases of the session
+    /// go without it.
+    pub mark_refused: bool,
+    outcome: Option<Result<(), Code>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum St {
+    /// The first try, blind: the caller knows the nodes are its own.
+    First {
+        mark: bool,
+    },
+    /// Reading (`Read`) or deleting (`Delete`) the mutex (`on_mutex`) or the queue node.
+    Careful {
+        gone_before: bool,
+        on_mutex: bool,
+        deleting: bool,
+    },
+    /// Waiting to try the careful deletes again after a lost answer.
+    CarefulBackoff {
+        gone_before: bool,
+    },
+    /// Listing the monitor (after a sync) to find the attempt's nodes.
+    SearchList,
+    /// Reading (or deleting) the children of the search, from `next`.
+    SearchRead {
+        children: Vec<String>,
+        next: usize,
+        deleting: bool,
+    },
+    SearchBackoff,
+    Done,
+}
+
+impl Removal {
+    fn new(me: i64, attempt: &str, node: Option<String>, mutex: bool, st: St) -> Self {
+        Self {
+            me,
+            attempt: attempt.to_string(),
+            node,
+            mutex,
+            version: None,
+            flaw: None,
+            st,
+            then_search: false,
+            mark_refused: false,
+            outcome: None,
+        }
+    }
+
+    /// Deletes a queue node and/or the mutex: blindly first (one multi when both), carefully
+    /// once one was gone or an answer was lost. Ends `Err(NoNode)` when one was already gone.
+    pub fn delete(me: i64, attempt: &str, node: Option<String>, mutex: bool) -> Self {
+        Self::new(me, attempt, node, mutex, St::First { mark: false })
+    }
+
+    /// Releases a held lock: the release multi ([`release_ops`]), with the hand-over mark if
+    /// `mark` (again without it if refused), checked against the monitor's data version if
+    /// given; careful deletes when that is no longer certain. Without `mutex` (deleted by
+    /// someone else) only the queue node goes.
+    pub fn release(
+        me: i64,
+        attempt: &str,
+        node: String,
+        mutex: bool,
+        mark: bool,
+        version: Option<i32>,
+    ) -> Self {
+        let mut removal = Self::new(
+            me,
+            attempt,
+            Some(node),
+            mutex,
+            St::First {
+                mark: mark && mutex,
+            },
+        );
+        removal.version = version;
+        removal
+    }
+
+    /// The careful deletes from the start (after a request whose answer was lost); ends
+    /// `Err(NoNode)` if `gone_before`.
+    pub fn careful(
+        me: i64,
+        attempt: &str,
+        node: Option<String>,
+        mutex: bool,
+        gone_before: bool,
+    ) -> Self {
+        let mut removal = Self::new(me, attempt, node, mutex, St::Done);
+        removal.st = removal.careful_state(gone_before);
+        removal
+    }
+
+    /// The session's reaper at work for an abandoned acquisition: the careful deletes of what
+    /// it is known to own, then, if `search` (a create's answer was never handled), a search of
+    /// the monitor for nodes of this session and attempt.
+    pub fn reap(me: i64, attempt: &str, node: Option<String>, mutex: bool, search: bool) -> Self {
+        let mut removal = Self::careful(me, attempt, node, mutex, false);
+        removal.then_search = search;
+        removal
+    }
+
+    /// With a deliberate flaw (for the model check's proof that it can fail).
+    #[must_use]
+    pub fn with_flaw(mut self, flaw: Option<Flaw>) -> Self {
+        self.flaw = flaw;
+        self
+    }
+
+    /// The outcome, once [`Action::Done`] was returned.
+    pub fn outcome(&self) -> Option<&Result<(), Code>> {
+        self.outcome.as_ref()
+    }
+
+    fn careful_state(&self, gone_before: bool) -> St {
+        St::Careful {
+            gone_before,
+            on_mutex: self.mutex,
+            deleting: false,
+        }
+    }
+
+    /// The first request.
+    pub fn start(&mut self) -> Action {
+        match self.st.clone() {
+            St::First { mark } => {
+                let request = match (&self.node, self.mutex) {
+                    (Some(node), true) => Request::Multi(release_ops(node, mark, self.version)),
+                    (Some(node), false) => Request::Single(Op::Delete {
+                        target: Target::Node(node.clone()),
+                        version: None,
+                    }),
+                    (None, true) => Request::Single(Op::Delete {
+                        target: Target::Mutex,
+                        version: None,
+                    }),
+                    (None, false) => return self.finish(Ok(())),
+                };
+                send(vec![request])
+            }
+            St::Careful { gone_before, .. } => self.careful_step(gone_before),
+            St::SearchList => search_list(),
+            _ => Action::Done,
+        }
+    }
+
+    /// Takes the driver's answer to the last action.
+    pub fn handle(&mut self, input: Input) -> Action {
+        let st = std::mem::replace(&mut self.st, St::Done);
+        match (st, input) {
+            (St::First { mark }, Input::Replies(replies)) => {
+                let result = match replies.into_iter().next() {
+                    Some(Reply::Multi(Ok(_))) | Some(Reply::Deleted(Ok(()))) => Ok(()),
+                    Some(Reply::Multi(Err(
+                        MultiError::Failed { code, .. } | MultiError::Request(code),
+                    )))
+                    | Some(Reply::Deleted(Err(code))) => Err(code),
+                    _ => Err(Code::Other("a removal answered out of shape".into())),
+                };
+                match result {
+                    Ok(()) => self.finish(Ok(())),
+                    Err(Code::NoAuth) if mark => {
+                        self.mark_refused = true;
+                        self.st = St::First { mark: false };
+                        self.start()
+                    }
+                    Err(Code::NoNode | Code::BadVersion) => {
+                        self.st = self.careful_state(true);
+                        self.careful_step(true)
+                    }
+                    Err(Code::Lost(_)) => {
+                        self.st = self.careful_state(false);
+                        self.careful_step(false)
+                    }
+                    Err(code) => self.finish(Err(code)),
+                }
+            }
+            (
+                St::Careful {
+                    gone_before,
+                    on_mutex,
+                    deleting,
+                },
+                Input::Replies(replies),
+            ) => {
+                let reply = replies.into_iter().next();
+                let result: Result<Option<i32>, Code> = match (deleting, reply) {
+                    // Read: ours (delete it, of that version), or not (leave it).
+                    (false, Some(Reply::Data(Ok(read)))) => {
+                        Ok(is_ours(&read, self.me, &self.attempt, self.flaw)
+                            .then_some(read.stat.version))
+                    }
+                    (false, Some(Reply::Data(Err(Code::NoNode)))) => Ok(None),
+                    (true, Some(Reply::Deleted(Ok(()) | Err(Code::NoNode | Code::BadVersion)))) => {
+                        Ok(None)
+                    }
+                    (_, Some(Reply::Data(Err(code)) | Reply::Deleted(Err(code)))) => Err(code),
+                    _ => Err(Code::Other("a careful delete answered out of shape".into())),
+                };
+                match result {
+                    Ok(Some(version)) => {
+                        self.st = St::Careful {
+                            gone_before,
+                            on_mutex,
+                            deleting: true,
+                        };
+                        send(vec![Request::Single(Op::Delete {
+                            target: self.careful_target(on_mutex),
+                            version: Some(version),
+                        })])
+                    }
+                    Ok(None) if on_mutex && self.node.is_some() => {
+                        self.st = St::Careful {
+                            gone_before,
+                            on_mutex: false,
+                            deleting: false,
+                        };
+                        send(vec![Request::GetData(self.careful_target(false))])
+                    }
+                    Ok(None) => self.careful_done(gone_before),
+                    Err(Code::Lost(_)) => {
+                        self.st = St::CarefulBackoff { gone_before };
+                        Action::Backoff
+                    }
+                    Err(code) => self.finish(Err(code)),
+                }
+            }
+            (St::CarefulBackoff { gone_before }, _) => {
+                self.st = self.careful_state(gone_before);
+                self.careful_step(gone_before)
+            }
+            (St::SearchList, Input::Replies(replies)) => match replies.get(1) {
+                Some(Reply::Children(Ok((children, _)))) => {
+                    let children = children.clone();
+                    self.search_from(children, 0)
+                }
+                Some(Reply::Children(Err(Code::Lost(_)))) => {
+                    self.st = St::SearchBackoff;
+                    Action::Backoff
+                }
+                _ => self.finish(Ok(())),
+            },
+            (
+                St::SearchRead {
+                    children,
+                    next,
+                    deleting,
+                },
+                Input::Replies(replies),
+            ) => match (deleting, replies.into_iter().next()) {
+                (false, Some(Reply::Data(Ok(read))))
+                    if is_ours(&read, self.me, &self.attempt, self.flaw) =>
+                {
+                    let target = child(&children[next]);
+                    self.st = St::SearchRead {
+                        children,
+                        next,
+                        deleting: true,
+                    };
+                    send(vec![Request::Single(Op::Delete {
+                        target,
+                        version: Some(read.stat.version),
+                    })])
+                }
+                (_, Some(Reply::Data(Err(Code::Lost(_))) | Reply::Deleted(Err(Code::Lost(_))))) => {
+                    self.st = St::SearchBackoff;
+                    Action::Backoff
+                }
+                _ => self.search_from(children, next + 1),
+            },
+            (St::SearchBackoff, _) => {
+                self.st = St::SearchList;
+                search_list()
+            }
+            (st, _) => {
+                self.st = st;
+                Action::Done
+            }
+        }
+    }
+
+    fn careful_target(&self, on_mutex: bool) -> Target {
+        match (&self.node, on_mutex) {
+            (Some(node), false) => Target::Node(node.clone()),
+            _ => Target::Mutex,
+        }
+    }
+
+    fn careful_step(&mut self, gone_before: bool) -> Action {
+        if !self.mutex && self.node.is_none() {
+            return self.careful_done(gone_before);
+        }
+        self.st = self.careful_state(gone_before);
+        send(vec![Request::GetData(self.careful_target(self.mutex))])
+    }
+
+    fn careful_done(&mut self, gone_before: bool) -> Action {
+        if self.then_search {
+            self.st = St::SearchList;
+            return search_list();
+        }
+        self.finish(if gone_before {
+            Err(Code::NoNode)
+        } else {
+            Ok(())
+        })
+    }
+
+    fn search_from(&mut self, children: Vec<String>, next: usize) -> Action {
+        if next >= children.len() {
+            return self.finish(Ok(()));
+        }
+        let target = child(&children[next]);
+        self.st = St::SearchRead {
+            children,
+            next,
+            deleting: false,
+        };
+        send(vec![Request::GetData(target)])
+    }
+
+    fn finish(&mut self, outcome: Result<(), Code>) -> Action {
+        self.st = St::Done;
+        self.outcome = Some(outcome);
+        Action::Done
+    }
+}
+
+fn send(requests: Vec<Request>) -> Action {
+    Action::Send(Send {
+        requests,
+        carry: false,
+    })
+}
+
+/// The search's listing: behind a sync, so that a lagging server has applied the create whose
+/// answer was lost.
+fn search_list() -> Action {
+    send(vec![
+        Request::Sync(Target::Monitor),
+        Request::GetChildren(Target::Monitor),
+    ])
+}
