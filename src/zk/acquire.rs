@@ -417,13 +417,13 @@ impl Contender {
 impl Drop for Contender {
     fn drop(&mut self) {
         if let Some(left) = self.core.leftovers() {
-            debug!(node = ?left.node, holds_mutex = left.holds_mutex, in_flight = left.in_flight, "acquisition abandoned; removing its nodes");
+            debug!(node = ?left.node, holds_mutex = left.holds_mutex, search = ?left.search, "acquisition abandoned; removing its nodes");
             self.slot.reap(Reap {
                 queue_node: left.node.as_deref().map(|n| self.paths.child(n)),
                 mutex: left.holds_mutex.then(|| self.paths.mutex.clone()),
                 search: left
-                    .in_flight
-                    .then(|| (self.paths.monitor.clone(), left.attempt.clone())),
+                    .search
+                    .map(|attempt| (self.paths.monitor.clone(), attempt)),
                 attempt: left.attempt,
             });
         }

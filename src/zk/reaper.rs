@@ -46,7 +46,7 @@ impl Reap {
             &self.attempt,
             self.queue_node.as_deref().map(child_name),
             self.mutex.is_some(),
-            self.search.is_some(),
+            self.search.as_ref().map(|(_, attempt)| attempt.clone()),
         );
         Some((Paths::of_monitor(&monitor), removal))
     }

@@ -66,8 +66,8 @@ pub struct Removal {
     version: Option<i32>,
     flaw: Option<Flaw>,
     st: St,
-    /// Search the monitor for what the attempt made once the careful deletes are done.
-    then_search: bool,
+    /// Search the monitor for what this attempt made once the careful deletes are done.
+    then_search: Option<String>,
     /// The release was refused the hand-over mark (`NoAuth`): later releases of the session
     /// go without it.
     pub mark_refused: bool,
@@ -112,7 +112,7 @@ impl Removal {
             version: None,
             flaw: None,
             st,
-            then_search: false,
+            then_search: None,
             mark_refused: false,
             outcome: None,
         }
@@ -164,9 +164,16 @@ impl Removal {
     }
 
     /// The session's reaper at work for an abandoned acquisition: the careful deletes of what
-    /// it is known to own, then, if `search` (a create's answer was never handled), a search of
-    /// the monitor for nodes of this session and attempt.
-    pub fn reap(me: i64, attempt: &str, node: Option<String>, mutex: bool, search: bool) -> Self {
+    /// it is known to own (nodes of `attempt`), then, with `search` (the attempt id of a create
+    /// whose answer was never handled), a search of the monitor for nodes of this session and
+    /// that attempt.
+    pub fn reap(
+        me: i64,
+        attempt: &str,
+        node: Option<String>,
+        mutex: bool,
+        search: Option<String>,
+    ) -> Self {
         let mut removal = Self::careful(me, attempt, node, mutex, false);
         removal.then_search = search;
         removal
@@ -367,7 +374,8 @@ impl Removal {
     }
 
     fn careful_done(&mut self, gone_before: bool) -> Action {
-        if self.then_search {
+        if let Some(attempt) = self.then_search.take() {
+            self.attempt = attempt;
             self.st = St::SearchList;
             return search_list();
         }

@@ -1,0 +1,630 @@
+//! The acquisition as a state machine: every decision of the priority-lock recipe (queue with
+//! the fast path or a plain create, find what a lost create made, who is ahead, what to watch,
+//! when to take the mutex and whether to verify, give it back, promote a starving waiter, give
+//! up), with no I/O. [`Acquisition::start`] and [`Acquisition::handle`] return the next
+//! [`Action`]; the driver (`zk::acquire` in production, the model check in the tests) performs
+//! it and answers with an [`Input`].
+//!
+//! See `docs/zookeeper-lock.md` for the recipe and its arguments.
+
+mod queue;
+mod recover;
+mod take;
+
+use super::remove::Removal;
+use super::types::{
+    Action, Code, Content, Fired, Input, Mode, MultiError, Now, Op, Reply, Request, Send, Target,
+};
+use super::Flaw;
+use crate::zk::names::Queue;
+
+/// What an acquisition is, and what its session knows.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Spec {
+    /// This session's id (the owner of its ephemeral nodes).
+    pub me: i64,
+    /// This acquisition's attempt id, in the data of every node it creates.
+    pub attempt: String,
+    /// The attempt id of its node should a starving background waiter be re-queued.
+    pub promoted_attempt: String,
+    /// Its class prefix (`A` foreground, `B` background by default).
+    pub prefix: String,
+    /// The foreground prefix.
+    pub foreground: String,
+    /// The background prefix.
+    pub background: String,
+    /// A zero timeout: one fast-path round trip, never queued.
+    pub try_once: bool,
+    /// The monitor met contention lately: queue with a plain create, skipping the fast path.
+    pub contended_before: bool,
+    /// A lock of this session is to be released in this acquisition's first multi.
+    pub carry: bool,
+    /// How many nodes the lock root has, from the top (`/zkguard/locks`: 2).
+    pub root_depth: usize,
+    /// The session may delete and recreate monitor nodes (the fast path's multi).
+    pub recreate: bool,
+    /// The session may write monitor nodes (takes set its data; releases check it).
+    pub versioned: bool,
+    /// A deliberate flaw, to show that the model check finds one. `None` in production.
+    pub flaw: Option<Flaw>,
+}
+
+/// How an acquisition ended.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Held.
+    Acquired {
+        /// The zxid of the take (the token is derived from it).
+        zxid: i64,
+        /// The monitor's data version the take left, if it set it.
+        version: Option<i32>,
+        /// Taken on a monitor with no other node (its release needs no hand-over mark).
+        alone: bool,
+        /// Its queue node.
+        node: String,
+        /// Other contenders were seen.
+        others_seen: bool,
+    },
+    /// Not acquired by the deadline (or, trying once, busy); its nodes were removed.
+    TimedOut,
+    /// ZooKeeper refused or failed a request; what is left goes to the session's reaper.
+    Failed {
+        /// What went wrong.
+        code: Code,
+        /// While doing what.
+        context: &'static str,
+    },
+    /// The session ended while waiting (its nodes went with it).
+    Ended,
+}
+
+/// What an unfinished acquisition owns, for the session's reaper.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Leftovers {
+    /// Its queue node.
+    pub node: Option<String>,
+    /// It holds the mutex.
+    pub holds_mutex: bool,
+    /// A create's answer was not handled: search for what it made by this attempt id.
+    pub search: Option<String>,
+    /// The attempt id its node and mutex carry.
+    pub attempt: String,
+}
+
+/// How a contender step ended.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Step {
+    Acquired {
+        zxid: i64,
+        version: Option<i32>,
+    },
+    /// Wait; an empty queue means "not read yet".
+    Wait(Queue),
+    /// First in line while the mutex is held: wait for it, then take it.
+    FirstInLine,
+    /// The mutex is held and the contender did not queue (try once).
+    Busy,
+}
+
+/// Which queueing loop a create belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Mode2 {
+    /// The first: fast path, carried release, deadline checked.
+    First,
+    /// After the contender's node disappeared while its session lives.
+    Again,
+    /// Re-queueing a starving background waiter as foreground.
+    Promote {
+        old: Option<String>,
+        old_attempt: String,
+    },
+}
+
+/// Where to go once the mutex was given back.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Yielded {
+    /// Continue with the step; a failure fails the acquisition.
+    Step(Step),
+    /// The fast path for sessions that may not recreate monitors: a failure is the queueing's.
+    Listed(Step),
+    /// Recovery after a lost create: a failure is the recovery's.
+    Recovered(Mode2),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum St {
+    Start,
+    FastPath {
+        carried: bool,
+    },
+    Listed,
+    Plain(Mode2),
+    After,
+    /// Creating the monitor node (`root == None`) or the lock root's `root`-th node.
+    Ensure {
+        mode: Mode2,
+        root: Option<usize>,
+        again: bool,
+    },
+    RecConnect(Mode2),
+    RecList(Mode2),
+    RecRead {
+        mode: Mode2,
+        names: Vec<String>,
+        next: usize,
+    },
+    RecMutex(Mode2),
+    Reading,
+    ReadConnect,
+    WatchingAhead {
+        was_second: bool,
+    },
+    AwaitAhead {
+        was_second: bool,
+    },
+    WatchingMutex,
+    AwaitMutex,
+    LookAgainConnect,
+    Taking {
+        verify: bool,
+    },
+    TakeConnect,
+    TakeCheck,
+    TakeVerify {
+        zxid: i64,
+    },
+    Yielding {
+        removal: Removal,
+        then: Yielded,
+    },
+    Unqueueing {
+        removal: Removal,
+        step: Step,
+    },
+    Describing,
+    GivingUp {
+        removal: Removal,
+    },
+    Done,
+}
+
+/// One acquisition of one monitor.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Acquisition {
+    spec: Spec,
+    prefix: String,
+    attempt: String,
+    promoted: bool,
+    node: Option<String>,
+    holds_mutex: bool,
+    in_flight: bool,
+    /// The attempt id of a promotion's create (its node is not `node` yet, which carries
+    /// `attempt`).
+    flight_attempt: Option<String>,
+    alone: bool,
+    armed: bool,
+    others_seen: bool,
+    tried: bool,
+    /// A lock of this session waits to be released with this acquisition's next multi.
+    carrier: bool,
+    recreate: bool,
+    versioned: bool,
+    now: Now,
+    st: St,
+    outcome: Option<Outcome>,
+}
+
+impl Acquisition {
+    /// A new acquisition.
+    pub fn new(spec: Spec) -> Self {
+        Self {
+            prefix: spec.prefix.clone(),
+            attempt: spec.attempt.clone(),
+            promoted: false,
+            node: None,
+            holds_mutex: false,
+            in_flight: false,
+            flight_attempt: None,
+            alone: false,
+            armed: true,
+            others_seen: false,
+            tried: false,
+            carrier: spec.carry,
+            recreate: spec.recreate,
+            versioned: spec.versioned,
+            now: Now::default(),
+            st: St::Start,
+            outcome: None,
+            spec,
+        }
+    }
+
+    /// The current class prefix (foreground once a starving background waiter was promoted).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Its queue node, if it has one.
+    pub fn node(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+
+    /// The attempt id of the nodes it creates now (a starving waiter's new node has its own).
+    pub fn attempt(&self) -> &str {
+        self.flight_attempt.as_deref().unwrap_or(&self.attempt)
+    }
+
+    /// Whether its node says it was promoted.
+    pub fn promoted(&self) -> bool {
+        self.promoted
+    }
+
+    /// Whether the session may still recreate monitor nodes (refused once: never again).
+    pub fn recreate(&self) -> bool {
+        self.recreate
+    }
+
+    /// Whether the session may still write monitor nodes.
+    pub fn versioned(&self) -> bool {
+        self.versioned
+    }
+
+    /// How it ended, once [`Action::Done`] was returned.
+    pub fn outcome(&self) -> Option<&Outcome> {
+        self.outcome.as_ref()
+    }
+
+    /// What the session's reaper must remove if the acquisition goes away now.
+    pub fn leftovers(&self) -> Option<Leftovers> {
+        (self.armed && (self.node.is_some() || self.holds_mutex || self.in_flight)).then(|| {
+            Leftovers {
+                node: self.node.clone(),
+                holds_mutex: self.holds_mutex,
+                search: self.in_flight.then(|| {
+                    self.flight_attempt
+                        .clone()
+                        .unwrap_or_else(|| self.attempt.clone())
+                }),
+                attempt: self.attempt.clone(),
+            }
+        })
+    }
+
+    /// Whether it is giving up (past its deadline, or busy trying once): it no longer waits.
+    pub fn giving_up(&self) -> bool {
+        matches!(self.st, St::Describing | St::GivingUp { .. })
+    }
+
+    /// The removal under way while giving the mutex back, re-queueing or giving up.
+    pub fn removal(&self) -> Option<&Removal> {
+        match &self.st {
+            St::Yielding { removal, .. }
+            | St::Unqueueing { removal, .. }
+            | St::GivingUp { removal } => Some(removal),
+            _ => None,
+        }
+    }
+
+    /// The first action.
+    pub fn start(&mut self, now: Now) -> Action {
+        self.now = now;
+        self.queue_step()
+    }
+
+    /// Takes the driver's answer to the last action.
+    pub fn handle(&mut self, input: Input, now: Now) -> Action {
+        self.now = now;
+        let st = std::mem::replace(&mut self.st, St::Done);
+        match (st, input) {
+            (St::FastPath { carried }, Input::Replies(r)) => self.on_fast_path(carried, r),
+            (St::Listed, Input::Replies(r)) => self.on_listed(r),
+            (St::Plain(mode), Input::Replies(r)) => self.on_plain(mode, r),
+            (St::After, Input::Replies(r)) => self.on_after(r),
+            (St::Ensure { mode, root, again }, Input::Replies(r)) => {
+                self.on_ensure(mode, root, again, first(r))
+            }
+            (St::RecConnect(mode), Input::Connected) => self.recover(mode),
+            (St::RecList(mode), Input::Replies(r)) => self.on_rec_list(mode, r),
+            (St::RecRead { mode, names, next }, Input::Replies(r)) => {
+                self.on_rec_read(mode, names, next, first(r))
+            }
+            (St::RecMutex(mode), Input::Replies(r)) => self.on_rec_mutex(mode, first(r)),
+            (St::Reading, Input::Replies(r)) => match first(r) {
+                Reply::Children(Ok((children, _))) => {
+                    self.on_queue(Queue::from_children(&children))
+                }
+                Reply::Children(Err(Code::NoNode)) => self.on_queue(Queue::default()),
+                Reply::Children(Err(code)) if code.is_lost() => {
+                    self.await_connected(St::ReadConnect, true)
+                }
+                other => self.fail(code_of(other), "reading the queue"),
+            },
+            (St::ReadConnect, Input::Connected) => self.read_queue(),
+            (St::WatchingAhead { was_second }, Input::Replies(r)) => match first(r) {
+                Reply::Data(Ok(_)) => {
+                    self.st = St::AwaitAhead { was_second };
+                    Action::AwaitWatch
+                }
+                // Gone before it could be watched: as if woken by its deletion.
+                Reply::Data(Err(Code::NoNode)) if was_second => {
+                    let verify = !self.sorts_first();
+                    self.take(verify)
+                }
+                Reply::Data(Err(Code::NoNode)) => self.step(Step::Wait(Queue::default())),
+                Reply::Data(Err(code)) if code.is_lost() => {
+                    self.await_connected(St::LookAgainConnect, true)
+                }
+                other => self.fail(code_of(other), "watching the node ahead"),
+            },
+            (St::AwaitAhead { was_second }, Input::Fired(fired)) => {
+                // The node just ahead left. If it left as the holder (the hand-over mark), or
+                // it was the head at our listing, every node that was ahead of us is gone. A
+                // first-class node is then certainly first; any other verifies.
+                let handed_over = fired == Fired::DataChanged;
+                let deleted = fired == Fired::Deleted;
+                if handed_over || was_second {
+                    let first_class = self.sorts_first()
+                        || (handed_over && self.spec.flaw == Some(Flaw::MarkTrustedByAnyClass));
+                    let verify = !((handed_over || deleted) && first_class);
+                    self.take(verify)
+                } else {
+                    self.step(Step::Wait(Queue::default()))
+                }
+            }
+            (St::AwaitAhead { .. } | St::AwaitMutex, Input::Woke) => {
+                self.step(Step::Wait(Queue::default()))
+            }
+            (St::AwaitAhead { .. } | St::AwaitMutex, Input::Ended) => {
+                // Session gone: its ephemeral nodes are gone too.
+                self.armed = false;
+                self.finish(Outcome::Ended)
+            }
+            (St::WatchingMutex, Input::Replies(r)) => match first(r) {
+                Reply::Data(Ok(_)) => {
+                    self.st = St::AwaitMutex;
+                    Action::AwaitWatch
+                }
+                Reply::Data(Err(Code::NoNode)) => {
+                    let verify = !self.sorts_first();
+                    self.take(verify)
+                }
+                Reply::Data(Err(code)) if code.is_lost() => {
+                    self.await_connected(St::LookAgainConnect, true)
+                }
+                other => self.fail(code_of(other), "watching the mutex node"),
+            },
+            // The end of the session: the next request says how.
+            (St::AwaitMutex, Input::Fired(Fired::Session)) => {
+                self.step(Step::Wait(Queue::default()))
+            }
+            (St::AwaitMutex, Input::Fired(_)) => {
+                let verify = !self.sorts_first();
+                self.take(verify)
+            }
+            (St::LookAgainConnect, Input::Connected) => self.step(Step::Wait(Queue::default())),
+            (St::Taking { verify }, Input::Replies(r)) => self.on_take(verify, r),
+            (St::TakeConnect, Input::Connected) => {
+                self.st = St::TakeCheck;
+                // A lagging follower may not have applied our create yet: read after a sync.
+                send(vec![
+                    Request::Sync(Target::Monitor),
+                    Request::GetData(Target::Mutex),
+                ])
+            }
+            (St::TakeCheck, Input::Replies(r)) => self.on_take_check(r),
+            (St::TakeVerify { zxid }, Input::Replies(r)) => self.on_take_verify(zxid, r),
+            (St::Yielding { mut removal, then }, input) => match removal.handle(input) {
+                Action::Done => self.yielded(removal, then),
+                action => {
+                    self.st = St::Yielding { removal, then };
+                    action
+                }
+            },
+            (St::Unqueueing { mut removal, step }, input) => match removal.handle(input) {
+                // Its outcome does not matter: the session's end removes a node left behind.
+                Action::Done => self.step(step),
+                action => {
+                    self.st = St::Unqueueing { removal, step };
+                    action
+                }
+            },
+            (St::Describing, Input::Described) => {
+                let mut removal = Removal::delete(
+                    self.spec.me,
+                    &self.attempt,
+                    self.node.take(),
+                    self.holds_mutex,
+                )
+                .with_flaw(self.spec.flaw);
+                self.holds_mutex = false;
+                match removal.start() {
+                    Action::Done => self.finish(Outcome::TimedOut),
+                    action => {
+                        self.st = St::GivingUp { removal };
+                        action
+                    }
+                }
+            }
+            (St::GivingUp { mut removal }, input) => match removal.handle(input) {
+                Action::Done => self.finish(Outcome::TimedOut),
+                action => {
+                    self.st = St::GivingUp { removal };
+                    action
+                }
+            },
+            (st, input) => {
+                self.st = st;
+                self.fail(
+                    Code::Other(format!("unexpected input {input:?}")),
+                    "driving the acquisition",
+                )
+            }
+        }
+    }
+
+    /// Whether a node of the current prefix sorts before every node another contender can
+    /// create: once first in line (or once the node ahead, the head, went), it stays first.
+    fn sorts_first(&self) -> bool {
+        self.prefix <= self.spec.foreground && self.prefix <= self.spec.background
+    }
+
+    fn finish(&mut self, outcome: Outcome) -> Action {
+        self.st = St::Done;
+        self.outcome = Some(outcome);
+        Action::Done
+    }
+
+    fn fail(&mut self, code: Code, context: &'static str) -> Action {
+        self.finish(Outcome::Failed { code, context })
+    }
+
+    fn await_connected(&mut self, next: St, until_deadline: bool) -> Action {
+        self.st = next;
+        Action::AwaitConnected { until_deadline }
+    }
+
+    fn send_carried(&mut self, st: St, requests: Vec<Request>, carry: bool) -> Action {
+        self.st = st;
+        // A lock waiting to be released goes on its own before an uncarried request.
+        self.carrier = carry;
+        Action::Send(Send { requests, carry })
+    }
+
+    fn send(&mut self, st: St, requests: Vec<Request>) -> Action {
+        self.send_carried(st, requests, false)
+    }
+
+    fn new_node(&self) -> Op {
+        Op::Create {
+            target: Target::Node(self.prefix.clone()),
+            content: Content::Contender,
+            mode: Mode::EphemeralSequential,
+        }
+    }
+
+    fn mutex_create(&self, content: Content) -> Op {
+        Op::Create {
+            target: Target::Mutex,
+            content,
+            mode: Mode::Ephemeral,
+        }
+    }
+
+    // ---------------------------------------------------------------- waiting
+
+    /// The main loop: what a step leads to.
+    fn step(&mut self, step: Step) -> Action {
+        match step {
+            Step::Acquired { zxid, version } => {
+                self.armed = false;
+                let node = self.node.clone().expect("acquired with a node");
+                self.finish(Outcome::Acquired {
+                    zxid,
+                    version,
+                    alone: self.alone,
+                    node,
+                    others_seen: self.others_seen,
+                })
+            }
+            Step::Busy => self.give_up(),
+            Step::Wait(_) | Step::FirstInLine if self.spec.try_once => self.give_up(),
+            // Our turn came while the mutex is still held: wait for it (a data watch, which
+            // leaves nothing on the server when the node is already gone).
+            Step::FirstInLine => self.send(St::WatchingMutex, vec![Request::Watch(Target::Mutex)]),
+            Step::Wait(queue) if queue.nodes.is_empty() => self.read_queue(),
+            Step::Wait(queue) => self.on_queue(queue),
+        }
+    }
+
+    fn read_queue(&mut self) -> Action {
+        self.send(St::Reading, vec![Request::GetChildren(Target::Monitor)])
+    }
+
+    fn on_queue(&mut self, queue: Queue) -> Action {
+        self.others_seen |= queue.nodes.len() > 1 || queue.mutex_present;
+        let node = self.node.clone().expect("waiting with a node");
+        let Some(pos) = queue.position(&node) else {
+            // Our node is gone while our session lives: someone deleted it. Queue again.
+            self.node = None;
+            return self.plain_create(Mode2::Again);
+        };
+        if self.now.past_deadline {
+            return self.give_up();
+        }
+        if self.now.promote_due && self.prefix != self.spec.foreground {
+            // A starving background waiter: a foreground node first, then the old one goes.
+            let old = self.node.clone();
+            let old_attempt = self.attempt.clone();
+            // Until the new node exists, the old one (of the old attempt) is the contender's.
+            self.flight_attempt = Some(self.spec.promoted_attempt.clone());
+            self.promoted = true;
+            let prefix = std::mem::replace(&mut self.prefix, self.spec.foreground.clone());
+            let action = self.plain_create(Mode2::Promote { old, old_attempt });
+            // The new node is of the foreground class; `prefix` changes once it exists.
+            self.prefix = prefix;
+            if let Action::Send(mut send) = action {
+                send.requests[0] = Request::Single(Op::Create {
+                    target: Target::Node(self.spec.foreground.clone()),
+                    content: Content::Contender,
+                    mode: Mode::EphemeralSequential,
+                });
+                return Action::Send(send);
+            }
+            return action;
+        }
+        if pos == 0 {
+            // First (we just read the queue): take the mutex if free, else wait for it.
+            return if queue.mutex_present {
+                self.step(Step::FirstInLine)
+            } else {
+                self.take(false)
+            };
+        }
+        let pred = queue
+            .predecessor(&node)
+            .map_or_else(String::new, |p| p.name.clone());
+        self.send(
+            St::WatchingAhead {
+                was_second: pos == 1,
+            },
+            vec![Request::Watch(Target::Node(pred))],
+        )
+    }
+
+    // ---------------------------------------------------------------- giving up
+
+    /// Timeout (or busy, trying once): find out what stands in the way, remove our nodes
+    /// (retrying on connection loss), then report.
+    fn give_up(&mut self) -> Action {
+        self.st = St::Describing;
+        Action::Describe
+    }
+}
+
+fn first(replies: Vec<Reply>) -> Reply {
+    replies.into_iter().next().unwrap_or(Reply::Skipped)
+}
+
+/// The error in a reply that is not the one expected.
+fn code_of(reply: Reply) -> Code {
+    match reply {
+        Reply::Created(Err(code))
+        | Reply::Deleted(Err(code))
+        | Reply::Children(Err(code))
+        | Reply::Data(Err(code))
+        | Reply::Synced(Err(code))
+        | Reply::Multi(Err(MultiError::Failed { code, .. } | MultiError::Request(code))) => code,
+        other => Code::Other(format!("an answer out of shape: {other:?}")),
+    }
+}
+
+fn code_of_opt(reply: Option<Reply>) -> Code {
+    reply.map_or_else(|| Code::Other("no answer".into()), code_of)
+}
+
+fn send(requests: Vec<Request>) -> Action {
+    Action::Send(Send {
+        requests,
+        carry: false,
+    })
+}

@@ -1,0 +1,195 @@
+//! The mutex: taking it (verifying the order where the class needs it), finding out whether
+//! a take whose answer was lost happened, giving it back.
+
+use super::super::remove::{is_ours, Removal};
+use super::super::types::{
+    Action, Code, Content, MultiError, Op, OpResult, Reply, Request, Stat, Target,
+};
+use super::super::Flaw;
+use super::{code_of_opt, Acquisition, St, Step, Yielded};
+use crate::zk::names::Queue;
+
+impl Acquisition {
+    // ---------------------------------------------------------------- the mutex
+
+    /// Creates the mutex, in a multi that also sets the monitor's data where the session may
+    /// (its version then names the take; its mzxid is the token); with `verify`, the queue read
+    /// in the same round trip, and the mutex given back if someone else is first.
+    pub(super) fn take(&mut self, verify: bool) -> Action {
+        let node = self.node.clone().expect("taking with a node");
+        let create = self.mutex_create(Content::Mutex { node });
+        let mut requests = vec![if self.versioned {
+            Request::Multi(vec![
+                create,
+                Op::SetData {
+                    target: Target::Monitor,
+                },
+            ])
+        } else {
+            Request::Single(create)
+        }];
+        if verify {
+            requests.push(Request::GetChildren(Target::Monitor));
+        }
+        self.in_flight = true;
+        self.send(St::Taking { verify }, requests)
+    }
+
+    pub(super) fn on_take(&mut self, verify: bool, replies: Vec<Reply>) -> Action {
+        let mut replies = replies.into_iter();
+        // The zxid and version of the take, or the error (`None`: refused because the session
+        // may not write monitor nodes).
+        let created: Result<(i64, Option<i32>), Option<Code>> = match replies.next() {
+            Some(Reply::Multi(Ok(results))) => match results.as_slice() {
+                [_, OpResult::SetData { stat }] => Ok((stat.mzxid, Some(stat.version))),
+                // Applied, but what it made is not known: in doubt, as after a lost answer.
+                _ => Err(Some(Code::Other(
+                    "a take of the mutex answered with other results than a create and a setData"
+                        .into(),
+                ))),
+            },
+            Some(Reply::Multi(Err(MultiError::Failed {
+                index: 1,
+                code: Code::NoAuth,
+            }))) => Err(None),
+            Some(Reply::Multi(Err(
+                MultiError::Failed { code, .. } | MultiError::Request(code),
+            ))) => Err(Some(code)),
+            Some(Reply::Created(Ok((_, stat)))) => Ok((stat.czxid, None)),
+            Some(Reply::Created(Err(code))) => Err(Some(code)),
+            other => Err(Some(code_of_opt(other))),
+        };
+        let children = if verify { replies.next() } else { None };
+        let created = match created {
+            Ok(taken) => Ok(taken),
+            Err(Some(code)) => Err(code),
+            Err(None) => {
+                self.in_flight = false;
+                self.versioned = false;
+                return self.take(verify);
+            }
+        };
+        self.in_flight = matches!(created, Err(Code::Lost(_) | Code::Other(_)));
+        match created {
+            Ok((zxid, version)) => {
+                self.holds_mutex = true;
+                let acquired = Step::Acquired { zxid, version };
+                match children {
+                    None if !verify => self.step(acquired),
+                    Some(Reply::Children(Ok((children, _)))) => {
+                        let queue = Queue::from_children(&children);
+                        if queue.position(self.node.as_deref().unwrap_or_default()) == Some(0) {
+                            self.step(acquired)
+                        } else {
+                            // Someone of higher priority is first: give the mutex back.
+                            self.yield_mutex(Yielded::Step(Step::Wait(queue)))
+                        }
+                    }
+                    _ => self.yield_mutex(Yielded::Step(Step::Wait(Queue::default()))),
+                }
+            }
+            Err(Code::NodeExists) if self.spec.flaw == Some(Flaw::MutexExistsIgnored) => {
+                self.holds_mutex = true;
+                self.step(Step::Acquired {
+                    zxid: 0,
+                    version: None,
+                })
+            }
+            Err(Code::NodeExists) => match children {
+                None => self.step(Step::FirstInLine),
+                Some(Reply::Children(Ok((children, _)))) => {
+                    self.step(Step::Wait(Queue::from_children(&children)))
+                }
+                Some(_) => self.step(Step::Wait(Queue::default())),
+            },
+            Err(code) if code.is_lost() => {
+                // Did our create happen? Read the mutex and compare the attempt id.
+                self.await_connected(St::TakeConnect, false)
+            }
+            Err(code) => self.fail(code, "taking the mutex"),
+        }
+    }
+
+    pub(super) fn on_take_check(&mut self, replies: Vec<Reply>) -> Action {
+        let mut replies = replies.into_iter();
+        let synced = replies.next();
+        let read = match (synced, replies.next()) {
+            (Some(Reply::Synced(Ok(()) | Err(Code::NoNode))), Some(Reply::Data(read))) => read,
+            (Some(Reply::Synced(Err(code))), _) => Err(code),
+            (_, other) => Err(code_of_opt(other)),
+        };
+        let read = match read {
+            Ok(read) => Some(read),
+            Err(Code::NoNode) => None,
+            Err(code) => return self.fail(code, "reading the mutex"),
+        };
+        self.in_flight = false;
+        match read {
+            Some(read) if is_ours(&read, self.spec.me, &self.attempt, self.spec.flaw) => {
+                self.holds_mutex = true;
+                // Verify the order as usual; the monitor's data version is still the one our
+                // take left, since nobody else took the mutex since.
+                self.send(
+                    St::TakeVerify {
+                        zxid: read.stat.czxid,
+                    },
+                    vec![
+                        Request::GetChildren(Target::Monitor),
+                        Request::GetData(Target::Monitor),
+                    ],
+                )
+            }
+            _ => self.step(Step::Wait(Queue::default())),
+        }
+    }
+
+    pub(super) fn on_take_verify(&mut self, zxid: i64, replies: Vec<Reply>) -> Action {
+        let mut replies = replies.into_iter();
+        let children = match replies.next() {
+            Some(Reply::Children(Ok((children, _)))) => children,
+            other => return self.fail(code_of_opt(other), "reading the queue"),
+        };
+        let monitor: Stat = match replies.next() {
+            Some(Reply::Data(Ok(read))) => read.stat,
+            other => return self.fail(code_of_opt(other), "reading the monitor"),
+        };
+        let queue = Queue::from_children(&children);
+        if queue.position(self.node.as_deref().unwrap_or_default()) == Some(0) {
+            let version = self.versioned.then_some(monitor.version);
+            return self.step(Step::Acquired { zxid, version });
+        }
+        self.yield_mutex(Yielded::Step(Step::Wait(Queue::default())))
+    }
+
+    /// Gives the mutex back (only if it is still this attempt's, once that is in doubt).
+    pub(super) fn yield_mutex(&mut self, then: Yielded) -> Action {
+        let mut removal =
+            Removal::delete(self.spec.me, &self.attempt, None, true).with_flaw(self.spec.flaw);
+        match removal.start() {
+            Action::Done => self.yielded(removal, then),
+            action => {
+                self.st = St::Yielding { removal, then };
+                action
+            }
+        }
+    }
+
+    pub(super) fn yielded(&mut self, removal: Removal, then: Yielded) -> Action {
+        match removal.outcome().cloned().unwrap_or(Ok(())) {
+            Ok(()) | Err(Code::NoNode) => {
+                self.holds_mutex = false;
+                match then {
+                    Yielded::Step(step) | Yielded::Listed(step) => self.step(step),
+                    Yielded::Recovered(mode) => self.recovered(mode),
+                }
+            }
+            Err(code) => match then {
+                Yielded::Step(_) => self.fail(code, "giving the mutex back"),
+                Yielded::Listed(_) => self.queue_error(code),
+                Yielded::Recovered(mode) => {
+                    self.recovery_failed(mode, code, "giving the mutex back")
+                }
+            },
+        }
+    }
+}

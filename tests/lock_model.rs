@@ -1,0 +1,223 @@
+//! The model check of the lock's protocol: clients running zkguard's own sans-IO core
+//! (`zkguard::zk::protocol`, the code the lock runs in production) against a model of
+//! ZooKeeper's client-visible semantics (`lock_model_support::zk`), explored by `stateright`.
+//!
+//! The explorer interleaves every request, answer and watch event of foreground and background
+//! clients, and injects faults: a connection lost with some of the requests in flight applied
+//! and their answers lost, a session expiry, an acquisition cancelled mid-request (its
+//! clean-up then runs on the session's reaper), a deadline, a starving background waiter's
+//! promotion, the container reaper deleting an emptied monitor. Releases run beside the same
+//! client's next acquisition, on the same session, as `LockGuard::release` does.
+//!
+//! Properties: at most one holder with a live session at any state; fencing tokens (the
+//! zxids of the takes) strictly increase in holding order; a background contender does not
+//! take the lock over a foreground node it had seen queued; a live holder owns the mutex it
+//! took and its queue node (so inspection never calls it stray); nothing is left under the
+//! monitor once every client finished; every client finishes (no waiter stuck while nobody
+//! holds the lock).
+//!
+//! Small configurations are explored exhaustively, larger ones by random walks; the broken
+//! variants of the core (`Flaw`) must each produce a counterexample.
+//!
+//! `ZKGUARD_MODEL_REPORT=1` prints the numbers of states explored.
+
+mod lock_model_support;
+
+use std::time::Duration;
+
+use lock_model_support::LockModel;
+use stateright::{Checker, HasDiscoveries, Model, UniformChooser};
+use zkguard::zk::protocol::Flaw;
+
+fn report(name: &str, checker: &impl Checker<LockModel>) {
+    if std::env::var_os("ZKGUARD_MODEL_REPORT").is_some() {
+        eprintln!(
+            "{name}: {} states ({} unique), max depth {}",
+            checker.state_count(),
+            checker.unique_state_count(),
+            checker.max_depth()
+        );
+    }
+}
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Explores every interleaving of `model` and asserts every property.
+fn exhaustive(name: &str, model: LockModel) {
+    let checker = model.checker().threads(threads()).spawn_bfs().join();
+    report(name, &checker);
+    checker.assert_properties();
+}
+
+#[test]
+fn two_clients_two_cycles_with_a_fault_hold_every_property() {
+    exhaustive(
+        "2 clients x 2 cycles, 1 fault",
+        LockModel {
+            clients: vec![(true, false, 2), (false, false, 2)],
+            faults: 1,
+            promotion: false,
+            flaw: None,
+        },
+    );
+}
+
+#[test]
+fn three_clients_one_cycle_with_a_fault_hold_every_property() {
+    exhaustive(
+        "3 clients x 1 cycle, 1 fault",
+        LockModel {
+            clients: vec![(true, false, 1), (false, false, 1), (true, false, 1)],
+            faults: 1,
+            promotion: false,
+            flaw: None,
+        },
+    );
+}
+
+#[test]
+fn deadlines_and_promotion_hold_every_property() {
+    exhaustive(
+        "2 clients x 1 cycle, deadlines, promotion, 1 fault",
+        LockModel {
+            clients: vec![(true, true, 1), (false, true, 1)],
+            faults: 1,
+            promotion: true,
+            flaw: None,
+        },
+    );
+}
+
+#[test]
+fn random_walks_on_larger_configurations_hold_every_property() {
+    let model = LockModel {
+        clients: vec![
+            (true, true, 2),
+            (false, false, 2),
+            (true, false, 2),
+            (false, true, 2),
+        ],
+        faults: 3,
+        promotion: true,
+        flaw: None,
+    };
+    let checker = model
+        .checker()
+        .threads(threads())
+        .timeout(Duration::from_secs(20))
+        .spawn_simulation(7, UniformChooser)
+        .join();
+    report("4 clients x 2 cycles, 3 faults (random walks)", &checker);
+    checker.assert_properties();
+}
+
+/// Explores `model` until a safety property fails, and returns the moves that break
+/// `property` (which must be among the failures).
+fn counterexample(model: LockModel, property: &'static str) -> String {
+    let flaw = model.flaw;
+    let checker = model
+        .checker()
+        .threads(threads())
+        .finish_when(HasDiscoveries::AnyFailures)
+        .timeout(Duration::from_secs(60))
+        .spawn_bfs()
+        .join();
+    report(&format!("{flaw:?}"), &checker);
+    let path = checker.discovery(property).unwrap_or_else(|| {
+        panic!(
+            "no counterexample of {property:?} with {flaw:?}; found: {:?}",
+            checker.discoveries().keys().collect::<Vec<_>>()
+        )
+    });
+    format!("{:?}", path.into_actions())
+}
+
+#[test]
+fn ownership_without_the_attempt_id_is_caught() {
+    let actions = counterexample(
+        LockModel {
+            clients: vec![(true, false, 2), (true, false, 1)],
+            faults: 1,
+            promotion: false,
+            flaw: Some(Flaw::OwnershipWithoutAttempt),
+        },
+        "a live holder is never stray",
+    );
+    assert!(actions.contains("Lose"), "{actions}");
+}
+
+#[test]
+fn a_mutex_found_existing_taken_as_ours_is_caught() {
+    counterexample(
+        LockModel {
+            // A background holder; a foreground waiter first in line, waiting for the mutex; a
+            // second one behind it, which takes the mutex (first class, no read) when the first
+            // gives up, and finds it held.
+            clients: vec![(false, false, 1), (true, true, 1), (true, false, 1)],
+            faults: 0,
+            promotion: false,
+            flaw: Some(Flaw::MutexExistsIgnored),
+        },
+        "at most one holder",
+    );
+}
+
+#[test]
+fn the_mark_trusted_by_a_background_successor_is_caught() {
+    counterexample(
+        LockModel {
+            // A foreground holder that queued (so its release marks its node), a background
+            // waiter behind it, and a foreground contender arriving meanwhile (the first
+            // client's second lock).
+            clients: vec![(true, false, 2), (false, false, 1), (true, false, 1)],
+            faults: 0,
+            promotion: false,
+            flaw: Some(Flaw::MarkTrustedByAnyClass),
+        },
+        "foreground is not overtaken by background",
+    );
+}
+
+/// Prints the states of a counterexample (`cargo test --test lock_model -- --ignored trace`).
+#[test]
+#[ignore]
+fn trace() {
+    let model = LockModel {
+        clients: vec![(true, true, 1), (false, true, 1)],
+        faults: 1,
+        promotion: true,
+        flaw: None,
+    };
+    let checker = model
+        .checker()
+        .threads(threads())
+        .finish_when(HasDiscoveries::AnyFailures)
+        .spawn_bfs()
+        .join();
+    for (name, path) in checker.discoveries() {
+        eprintln!("== {name}");
+        for (state, action) in path.into_vec() {
+            let nodes: Vec<String> = state
+                .zk
+                .nodes
+                .iter()
+                .map(|(t, n)| format!("{t:?}@{}:{:?}", n.czxid, n.attempt))
+                .collect();
+            eprintln!("zxid {} nodes {nodes:?}", state.zk.zxid);
+            for (i, c) in state.clients.iter().enumerate() {
+                let acq = c.acq.as_ref().map(|(a, w)| format!("{a:?} {w:?}"));
+                eprintln!(
+                    "  c{i} seen {} overtook {:?} holding {:?} acq {:?} outbox {:?}",
+                    c.seen,
+                    c.overtook,
+                    c.holding.as_ref().map(|h| h.zxid),
+                    acq.map(|s| s.chars().take(600).collect::<String>()),
+                    c.outbox
+                );
+            }
+            eprintln!("-> {action:?}");
+        }
+    }
+}
