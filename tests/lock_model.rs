@@ -59,6 +59,9 @@ fn two_clients_two_cycles_with_a_fault_hold_every_property() {
             clients: vec![(true, false, 2), (false, false, 2)],
             faults: 1,
             promotion: false,
+            acl_fallback: false,
+            carry: false,
+            operator: false,
             flaw: None,
         },
     );
@@ -72,6 +75,9 @@ fn three_clients_one_cycle_with_a_fault_hold_every_property() {
             clients: vec![(true, false, 1), (false, false, 1), (true, false, 1)],
             faults: 1,
             promotion: false,
+            acl_fallback: false,
+            carry: false,
+            operator: false,
             flaw: None,
         },
     );
@@ -85,9 +91,72 @@ fn deadlines_and_promotion_hold_every_property() {
             clients: vec![(true, true, 1), (false, true, 1)],
             faults: 1,
             promotion: true,
+            acl_fallback: false,
+            carry: false,
+            operator: false,
             flaw: None,
         },
     );
+}
+
+#[test]
+fn sessions_that_may_not_write_monitor_nodes_hold_every_property() {
+    exhaustive(
+        "2 clients x 2 cycles, ACL fallback, 1 fault",
+        LockModel {
+            clients: vec![(true, false, 2), (false, false, 2)],
+            faults: 1,
+            promotion: false,
+            acl_fallback: true,
+            carry: false,
+            operator: false,
+            flaw: None,
+        },
+    );
+}
+
+#[test]
+fn going_from_lock_to_lock_with_the_release_carried_holds_every_property() {
+    exhaustive(
+        "2 clients x 2 cycles, release_and_acquire, 1 fault",
+        LockModel {
+            clients: vec![(true, false, 2), (false, false, 2)],
+            faults: 1,
+            promotion: false,
+            acl_fallback: false,
+            carry: true,
+            operator: false,
+            flaw: None,
+        },
+    );
+}
+
+/// An operator deletes `privateLock` under a holder that does not see it: the next in line
+/// takes the lock (the old holder's writes are fenced), and the old holder's release, checked
+/// against the monitor's data version, leaves the new holder's mutex alone.
+#[test]
+fn a_mutex_deleted_by_an_operator_never_spreads_to_the_next_holder() {
+    exhaustive(
+        "2 clients x 2 cycles, operator deletes the mutex",
+        LockModel {
+            clients: vec![(true, false, 2), (false, false, 1)],
+            faults: 1,
+            promotion: false,
+            acl_fallback: false,
+            carry: true,
+            operator: true,
+            flaw: None,
+        },
+    );
+}
+
+/// How long the random walks run: `ZKGUARD_MODEL_WALK_SECS` (`make torture` sets it), else 20 s.
+fn walk_time() -> Duration {
+    let secs = std::env::var("ZKGUARD_MODEL_WALK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    Duration::from_secs(secs)
 }
 
 #[test]
@@ -101,21 +170,24 @@ fn random_walks_on_larger_configurations_hold_every_property() {
         ],
         faults: 3,
         promotion: true,
+        acl_fallback: false,
+        carry: false,
+        operator: false,
         flaw: None,
     };
     let checker = model
         .checker()
         .threads(threads())
-        .timeout(Duration::from_secs(20))
+        .timeout(walk_time())
         .spawn_simulation(7, UniformChooser)
         .join();
     report("4 clients x 2 cycles, 3 faults (random walks)", &checker);
     checker.assert_properties();
 }
 
-/// Explores `model` until a safety property fails, and returns the moves that break
-/// `property` (which must be among the failures).
-fn counterexample(model: LockModel, property: &'static str) -> String {
+/// Explores `model` until a safety property fails, and returns the moves that break it, which
+/// must be one of `properties`.
+fn counterexample(model: LockModel, properties: &[&'static str]) -> String {
     let flaw = model.flaw;
     let checker = model
         .checker()
@@ -125,12 +197,15 @@ fn counterexample(model: LockModel, property: &'static str) -> String {
         .spawn_bfs()
         .join();
     report(&format!("{flaw:?}"), &checker);
-    let path = checker.discovery(property).unwrap_or_else(|| {
-        panic!(
-            "no counterexample of {property:?} with {flaw:?}; found: {:?}",
-            checker.discoveries().keys().collect::<Vec<_>>()
-        )
-    });
+    let path = properties
+        .iter()
+        .find_map(|property| checker.discovery(property))
+        .unwrap_or_else(|| {
+            panic!(
+                "no counterexample of {properties:?} with {flaw:?}; found: {:?}",
+                checker.discoveries().keys().collect::<Vec<_>>()
+            )
+        });
     format!("{:?}", path.into_actions())
 }
 
@@ -141,9 +216,12 @@ fn ownership_without_the_attempt_id_is_caught() {
             clients: vec![(true, false, 2), (true, false, 1)],
             faults: 1,
             promotion: false,
+            acl_fallback: false,
+            carry: false,
+            operator: false,
             flaw: Some(Flaw::OwnershipWithoutAttempt),
         },
-        "a live holder is never stray",
+        &["a live holder is never stray"],
     );
     assert!(actions.contains("Lose"), "{actions}");
 }
@@ -158,9 +236,32 @@ fn a_mutex_found_existing_taken_as_ours_is_caught() {
             clients: vec![(false, false, 1), (true, true, 1), (true, false, 1)],
             faults: 0,
             promotion: false,
+            acl_fallback: false,
+            carry: false,
+            operator: false,
             flaw: Some(Flaw::MutexExistsIgnored),
         },
-        "at most one holder",
+        // The false holder's token is not a take's: it comes out of order, or as a second
+        // holder.
+        &["at most one holder", "tokens increase in holding order"],
+    );
+}
+
+#[test]
+fn a_release_without_the_version_check_is_caught() {
+    counterexample(
+        LockModel {
+            // A background holder and a foreground contender first in line, waiting for the
+            // mutex: it takes the lock as soon as the operator deleted the mutex.
+            clients: vec![(false, false, 1), (true, false, 1)],
+            faults: 1,
+            promotion: false,
+            acl_fallback: false,
+            carry: false,
+            operator: true,
+            flaw: Some(Flaw::ReleaseUnchecked),
+        },
+        &["a live holder is never stray"],
     );
 }
 
@@ -174,9 +275,12 @@ fn the_mark_trusted_by_a_background_successor_is_caught() {
             clients: vec![(true, false, 2), (false, false, 1), (true, false, 1)],
             faults: 0,
             promotion: false,
+            acl_fallback: false,
+            carry: false,
+            operator: false,
             flaw: Some(Flaw::MarkTrustedByAnyClass),
         },
-        "foreground is not overtaken by background",
+        &["foreground is not overtaken by background"],
     );
 }
 
@@ -185,9 +289,12 @@ fn the_mark_trusted_by_a_background_successor_is_caught() {
 #[ignore]
 fn trace() {
     let model = LockModel {
-        clients: vec![(true, true, 1), (false, true, 1)],
+        clients: vec![(true, false, 2), (false, false, 1)],
         faults: 1,
-        promotion: true,
+        promotion: false,
+        acl_fallback: false,
+        carry: true,
+        operator: true,
         flaw: None,
     };
     let checker = model
@@ -207,7 +314,10 @@ fn trace() {
                 .collect();
             eprintln!("zxid {} nodes {nodes:?}", state.zk.zxid);
             for (i, c) in state.clients.iter().enumerate() {
-                let acq = c.acq.as_ref().map(|(a, w)| format!("{a:?} {w:?}"));
+                let acq = c
+                    .acq
+                    .as_ref()
+                    .map(|(a, w)| format!("{a:?} {w:?} rels {:?}", c.rels));
                 eprintln!(
                     "  c{i} seen {} overtook {:?} holding {:?} acq {:?} outbox {:?}",
                     c.seen,

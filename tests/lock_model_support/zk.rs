@@ -329,6 +329,18 @@ impl Zk {
             && self.children(&Target::Monitor).is_empty()
     }
 
+    /// An operator deletes a node (whatever its owner).
+    pub fn delete_as_operator(&mut self, target: &Target) {
+        let _ = self.multi(
+            0,
+            "",
+            &[Op::Delete {
+                target: target.clone(),
+                version: None,
+            }],
+        );
+    }
+
     /// The container reaper deletes the emptied monitor.
     pub fn reap_monitor(&mut self) {
         let _ = self.multi(

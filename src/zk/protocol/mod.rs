@@ -35,4 +35,7 @@ pub enum Flaw {
     /// A waiter of any class woken by the hand-over mark takes the mutex without verifying
     /// the order (only the first class may).
     MarkTrustedByAnyClass,
+    /// A release deletes the mutex without checking that nobody took it since (the monitor's
+    /// data version).
+    ReleaseUnchecked,
 }

@@ -124,6 +124,15 @@ impl Removal {
         Self::new(me, attempt, node, mutex, St::First { mark: false })
     }
 
+    /// Gives back a mutex just taken (someone else is first): with `version` (the monitor's data
+    /// version the take left), in a multi that checks it, so that a mutex deleted by someone
+    /// else meanwhile and taken by the next in line stays; careful deletes once in doubt.
+    pub fn give_back(me: i64, attempt: &str, version: Option<i32>) -> Self {
+        let mut removal = Self::new(me, attempt, None, true, St::First { mark: false });
+        removal.version = version;
+        removal
+    }
+
     /// Releases a held lock: the release multi ([`release_ops`]), with the hand-over mark if
     /// `mark` (again without it if refused), checked against the monitor's data version if
     /// given; careful deletes when that is no longer certain. Without `mutex` (deleted by
@@ -183,6 +192,9 @@ impl Removal {
     #[must_use]
     pub fn with_flaw(mut self, flaw: Option<Flaw>) -> Self {
         self.flaw = flaw;
+        if flaw == Some(Flaw::ReleaseUnchecked) {
+            self.version = None;
+        }
         self
     }
 
@@ -209,10 +221,22 @@ impl Removal {
                         target: Target::Node(node.clone()),
                         version: None,
                     }),
-                    (None, true) => Request::Single(Op::Delete {
-                        target: Target::Mutex,
-                        version: None,
-                    }),
+                    (None, true) => match self.version {
+                        Some(version) => Request::Multi(vec![
+                            Op::Check {
+                                target: Target::Monitor,
+                                version,
+                            },
+                            Op::Delete {
+                                target: Target::Mutex,
+                                version: None,
+                            },
+                        ]),
+                        None => Request::Single(Op::Delete {
+                            target: Target::Mutex,
+                            version: None,
+                        }),
+                    },
                     (None, false) => return self.finish(Ok(())),
                 };
                 send(vec![request])

@@ -197,6 +197,8 @@ pub struct Acquisition {
     promoted: bool,
     node: Option<String>,
     holds_mutex: bool,
+    /// The monitor's data version that its take of the mutex left, while it holds it.
+    take_version: Option<i32>,
     in_flight: bool,
     /// The attempt id of a promotion's create (its node is not `node` yet, which carries
     /// `attempt`).
@@ -223,6 +225,7 @@ impl Acquisition {
             promoted: false,
             node: None,
             holds_mutex: false,
+            take_version: None,
             in_flight: false,
             flight_attempt: None,
             alone: false,
@@ -627,4 +630,110 @@ fn send(requests: Vec<Request>) -> Action {
         requests,
         carry: false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::types::{OpResult, Stat};
+    use super::*;
+
+    fn spec() -> Spec {
+        Spec {
+            me: 7,
+            attempt: "a1".into(),
+            promoted_attempt: "a1p".into(),
+            prefix: "A".into(),
+            foreground: "A".into(),
+            background: "B".into(),
+            try_once: false,
+            contended_before: false,
+            carry: false,
+            root_depth: 2,
+            recreate: true,
+            versioned: true,
+            flaw: None,
+        }
+    }
+
+    /// A create whose answer cannot be read, for whatever reason, may have been applied: the
+    /// attempt stays in doubt, so that a caller that gives up has the reaper search for what it
+    /// made (an applied `privateLock` would otherwise stay for the session's lifetime). A
+    /// refused one applied nothing.
+    #[test]
+    fn a_create_whose_answer_cannot_be_read_stays_in_doubt() {
+        // A refused multi is seen by a try-once contender, which then gives up: nothing of it
+        // is left to search for.
+        for (error, in_doubt) in [
+            (
+                MultiError::Request(Code::Lost("connection loss".into())),
+                true,
+            ),
+            (
+                MultiError::Request(Code::Other("answered out of shape".into())),
+                true,
+            ),
+            (
+                MultiError::Failed {
+                    index: 0,
+                    code: Code::NotEmpty,
+                },
+                false,
+            ),
+        ] {
+            let mut acq = Acquisition::new(Spec {
+                try_once: !in_doubt,
+                ..spec()
+            });
+            assert!(matches!(acq.start(Now::default()), Action::Send(_)));
+            acq.handle(
+                Input::Replies(vec![Reply::Multi(Err(error))]),
+                Now::default(),
+            );
+            let search = acq.leftovers().and_then(|l| l.search);
+            assert_eq!(search.is_some(), in_doubt, "{search:?}");
+        }
+    }
+
+    /// The fast path is one request, and its success is the hold: the token is the multi's zxid.
+    #[test]
+    fn the_fast_path_takes_a_quiet_lock_in_one_request() {
+        let mut acq = Acquisition::new(spec());
+        let Action::Send(send) = acq.start(Now::default()) else {
+            panic!("the fast path sends first");
+        };
+        assert_eq!(send.requests.len(), 1);
+        let created = |name: &str| OpResult::Create {
+            name: name.into(),
+            stat: Stat::default(),
+        };
+        let set = OpResult::SetData {
+            stat: Stat {
+                mzxid: 42,
+                version: 3,
+                ..Stat::default()
+            },
+        };
+        let reply = Reply::Multi(Ok(vec![
+            OpResult::Delete,
+            created("monitor"),
+            created("A-0000000000"),
+            created("privateLock"),
+            set,
+        ]));
+        assert_eq!(
+            acq.handle(Input::Replies(vec![reply]), Now::default()),
+            Action::Done
+        );
+        assert_eq!(
+            acq.outcome(),
+            Some(&Outcome::Acquired {
+                zxid: 42,
+                version: Some(3),
+                alone: true,
+                node: "A-0000000000".into(),
+                others_seen: false,
+            })
+        );
+        assert!(acq.leftovers().is_none());
+    }
 }

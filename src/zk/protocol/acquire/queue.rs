@@ -175,6 +175,7 @@ impl Acquisition {
                 self.in_flight = false;
                 self.node = Some(name.clone());
                 self.holds_mutex = true;
+                self.take_version = set.map(|s| s.version);
                 let (children, parent) = match children {
                     Some(Reply::Children(Ok(c))) => c,
                     // Holds the mutex but could not verify the order: give it back and wait.

@@ -73,6 +73,7 @@ impl Acquisition {
         match created {
             Ok((zxid, version)) => {
                 self.holds_mutex = true;
+                self.take_version = version;
                 let acquired = Step::Acquired { zxid, version };
                 match children {
                     None if !verify => self.step(acquired),
@@ -158,13 +159,18 @@ impl Acquisition {
             let version = self.versioned.then_some(monitor.version);
             return self.step(Step::Acquired { zxid, version });
         }
+        self.take_version = self.versioned.then_some(monitor.version);
         self.yield_mutex(Yielded::Step(Step::Wait(Queue::default())))
     }
 
     /// Gives the mutex back (only if it is still this attempt's, once that is in doubt).
     pub(super) fn yield_mutex(&mut self, then: Yielded) -> Action {
+        // Checked against the monitor's data version the take left, as a release is: should
+        // someone have deleted the mutex meanwhile and the next in line taken it, the blind
+        // delete would remove the new holder's mutex.
+        let version = self.take_version.take();
         let mut removal =
-            Removal::delete(self.spec.me, &self.attempt, None, true).with_flaw(self.spec.flaw);
+            Removal::give_back(self.spec.me, &self.attempt, version).with_flaw(self.spec.flaw);
         match removal.start() {
             Action::Done => self.yielded(removal, then),
             action => {

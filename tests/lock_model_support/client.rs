@@ -1,0 +1,441 @@
+//! How a client runs its machines: it performs what they ask (requests pipelined on its one
+//! connection, waits), hands them the server's answers, and carries a release in the next
+//! acquisition's first multi as `LockModel::carry` asks (`release_and_acquire`).
+
+use zkguard::zk::protocol::{
+    release_ops, Action, Code, Input, MultiError, Op, Outcome, Removal, Reply, Request, Target,
+};
+
+use super::{Carrier, Held, LockModel, Via, Wait, Who, World, BACKGROUND, FOREGROUND};
+
+impl LockModel {
+    /// Performs what a machine asked, until it waits for the world.
+    pub(super) fn run(&self, w: &mut World, c: usize, who: Who, mut action: Action) {
+        loop {
+            let input = match action {
+                Action::Send(send) => {
+                    if who == Who::Acq && !send.carry {
+                        // A lock still to be released goes on its own first.
+                        if let Some(carrier) = w.clients[c].carrier.take() {
+                            self.release_alone(w, c, carrier.held);
+                        }
+                    }
+                    let client = &mut w.clients[c];
+                    if !client.alive {
+                        Input::Replies(
+                            send.requests
+                                .iter()
+                                .map(|r| fail(r, Code::Expired))
+                                .collect(),
+                        )
+                    } else if !client.connected {
+                        let lost = Code::Lost("disconnected".into());
+                        Input::Replies(
+                            send.requests
+                                .iter()
+                                .map(|r| fail(r, lost.clone()))
+                                .collect(),
+                        )
+                    } else {
+                        let attempt = match &client.acq {
+                            Some((acq, _)) if who == Who::Acq => acq.attempt().to_string(),
+                            _ => String::new(),
+                        };
+                        let expected = send.requests.len();
+                        let carrier = client.carrier.clone().filter(|_| send.carry);
+                        for (i, request) in send.requests.into_iter().enumerate() {
+                            let entry = match (&carrier, i, request) {
+                                (Some(carrier), 0, Request::Multi(ops)) => {
+                                    let held = &carrier.held;
+                                    let mut all =
+                                        release_ops(&held.node, !held.alone, held.version);
+                                    let own = all.len();
+                                    all.extend(ops);
+                                    (
+                                        who,
+                                        Via::Carried { own },
+                                        attempt.clone(),
+                                        Request::Multi(all),
+                                    )
+                                }
+                                // Behind a release that waited, the reads are not sent.
+                                (Some(carrier), _, request) if carrier.waiting => {
+                                    (who, Via::Skip, attempt.clone(), request)
+                                }
+                                (_, _, request) => (who, Via::Plain, attempt.clone(), request),
+                            };
+                            client.outbox.push_back(entry);
+                        }
+                        self.set_wait(
+                            w,
+                            c,
+                            who,
+                            Wait::Batch {
+                                expected,
+                                got: Vec::new(),
+                            },
+                        );
+                        return;
+                    }
+                }
+                Action::AwaitWatch if w.clients[c].alive => {
+                    self.set_wait(w, c, who, Wait::Watch);
+                    return;
+                }
+                Action::AwaitWatch => Input::Ended,
+                Action::AwaitConnected { .. } if w.clients[c].connected => Input::Connected,
+                Action::Backoff if w.clients[c].connected || !w.clients[c].alive => Input::Woke,
+                Action::AwaitConnected { .. } if !w.clients[c].alive => {
+                    // The driver's wait ends with the session: the acquisition fails; its
+                    // nodes went with the session.
+                    w.clients[c].acq = None;
+                    self.end_acquisition(w, c);
+                    return;
+                }
+                Action::AwaitConnected { .. } => {
+                    self.set_wait(w, c, who, Wait::Connect);
+                    return;
+                }
+                Action::Backoff => {
+                    self.set_wait(w, c, who, Wait::Backoff);
+                    return;
+                }
+                Action::Describe => Input::Described,
+                Action::Done => {
+                    self.finished(w, c, who);
+                    return;
+                }
+            };
+            match self.handle(w, c, who, input) {
+                Some(next) => action = next,
+                None => return,
+            }
+        }
+    }
+
+    /// Hands `input` to a machine; its next action.
+    pub(super) fn handle(&self, w: &mut World, c: usize, who: Who, input: Input) -> Option<Action> {
+        let client = &mut w.clients[c];
+        let now = client.now;
+        match who {
+            Who::Acq => client.acq.as_mut().map(|(a, _)| a.handle(input, now)),
+            Who::Rel(slot) => client
+                .rels
+                .get_mut(slot)
+                .and_then(Option::as_mut)
+                .map(|(r, _)| r.handle(input)),
+            Who::Gone => None,
+        }
+    }
+
+    /// Hands `input` to a machine and runs it on.
+    pub(super) fn feed(&self, w: &mut World, c: usize, who: Who, input: Input) {
+        if let Some(action) = self.handle(w, c, who, input) {
+            self.run(w, c, who, action);
+        }
+    }
+
+    pub(super) fn wait_of(&self, w: &World, c: usize, who: Who) -> Option<Wait> {
+        let client = &w.clients[c];
+        match who {
+            Who::Acq => client.acq.as_ref().map(|(_, wait)| wait.clone()),
+            Who::Rel(slot) => client
+                .rels
+                .get(slot)?
+                .as_ref()
+                .map(|(_, wait)| wait.clone()),
+            Who::Gone => None,
+        }
+    }
+
+    fn set_wait(&self, w: &mut World, c: usize, who: Who, wait: Wait) {
+        let client = &mut w.clients[c];
+        let slot = match who {
+            Who::Acq => client.acq.as_mut().map(|(_, w)| w),
+            Who::Rel(slot) => client
+                .rels
+                .get_mut(slot)
+                .and_then(Option::as_mut)
+                .map(|(_, w)| w),
+            Who::Gone => None,
+        };
+        if let Some(slot) = slot {
+            *slot = wait;
+        }
+    }
+
+    /// A machine finished.
+    fn finished(&self, w: &mut World, c: usize, who: Who) {
+        if let Who::Rel(slot) = who {
+            if let Some(entry) = w.clients[c].rels.get_mut(slot) {
+                *entry = None;
+            }
+            return;
+        }
+        let Some((acq, _)) = w.clients[c].acq.take() else {
+            return;
+        };
+        // The lock carried but not released with a multi goes on its own.
+        if let Some(carrier) = w.clients[c].carrier.take() {
+            self.release_alone(w, c, carrier.held);
+        }
+        match acq.outcome() {
+            Some(Outcome::Acquired {
+                zxid,
+                version,
+                alone,
+                node,
+                ..
+            }) => {
+                // A take whose mutex an operator deleted before its answer came is lost at
+                // once: its holder's writes are fenced by the next holder's token.
+                let lost = w.deleted_takes.iter().any(|a| a == acq.attempt());
+                if !lost {
+                    if *zxid <= w.last_take {
+                        w.broken_order = true;
+                    }
+                    w.last_take = w.last_take.max(*zxid);
+                }
+                let client = &mut w.clients[c];
+                let overtaken = client.overtook.iter().any(|(target, czxid)| {
+                    w.zk.nodes.get(target).is_some_and(|n| n.czxid == *czxid)
+                });
+                if acq.prefix() == BACKGROUND && overtaken {
+                    w.broken_priority = true;
+                }
+                client.holding = Some(Held {
+                    zxid: *zxid,
+                    node: node.clone(),
+                    alone: *alone,
+                    version: *version,
+                    attempt: acq.attempt().to_string(),
+                    lost,
+                });
+            }
+            _ => {
+                // Failed: what is left goes to the session's reaper.
+                if let Some(left) = acq.leftovers() {
+                    let session = w.clients[c].session;
+                    let reap = Removal::reap(
+                        session,
+                        &left.attempt,
+                        left.node,
+                        left.holds_mutex,
+                        left.search,
+                    );
+                    self.start_rel(w, c, reap);
+                }
+                self.end_acquisition(w, c);
+            }
+        }
+    }
+
+    /// The end of one lock of a client (released, or not acquired).
+    pub(super) fn end_acquisition(&self, w: &mut World, c: usize) {
+        let client = &mut w.clients[c];
+        client.cycles_left = client.cycles_left.saturating_sub(1);
+        client.now = Default::default();
+        client.overtook.clear();
+    }
+
+    /// Starts a removal beside whatever else the client runs.
+    pub(super) fn start_rel(&self, w: &mut World, c: usize, removal: Removal) {
+        let mut removal = removal.with_flaw(self.flaw);
+        let action = removal.start();
+        let rels = &mut w.clients[c].rels;
+        let slot = match rels.iter().position(Option::is_none) {
+            Some(slot) => slot,
+            None => {
+                rels.push(None);
+                rels.len() - 1
+            }
+        };
+        rels[slot] = Some((removal, Wait::Backoff));
+        self.run(w, c, Who::Rel(slot), action);
+    }
+
+    /// `LockGuard::release` of a held lock.
+    pub(super) fn release_alone(&self, w: &mut World, c: usize, held: Held) {
+        let session = w.clients[c].session;
+        let removal = Removal::release(
+            session,
+            &held.attempt,
+            held.node,
+            true,
+            !held.alone,
+            held.version,
+        );
+        self.start_rel(w, c, removal);
+    }
+
+    /// The release of a carried lock after its multi's answer was lost: careful deletes.
+    fn release_carefully(&self, w: &mut World, c: usize, held: Held) {
+        let session = w.clients[c].session;
+        let removal = Removal::careful(session, &held.attempt, Some(held.node), true, false);
+        self.start_rel(w, c, removal);
+    }
+
+    /// The first answer in the client's inbox reaches its machine.
+    pub(super) fn receive(&self, w: &mut World, c: usize) {
+        let Some((who, via, reply)) = w.clients[c].inbox.pop_front() else {
+            return;
+        };
+        let reply = match via {
+            Via::Plain => reply,
+            Via::Skip => Reply::Skipped,
+            Via::Carried { own } => self.carried_reply(w, c, own, reply),
+        };
+        self.deliver(w, c, who, reply);
+    }
+
+    /// What a multi carried by a release answers the acquisition, and what becomes of the
+    /// release.
+    fn carried_reply(&self, w: &mut World, c: usize, own: usize, reply: Reply) -> Reply {
+        let Some(carrier) = w.clients[c].carrier.take() else {
+            return reply;
+        };
+        match reply {
+            Reply::Multi(Ok(mut results)) => {
+                Reply::Multi(Ok(results.split_off(own.min(results.len()))))
+            }
+            Reply::Multi(Err(MultiError::Failed { index, code })) if index >= own => {
+                // The release waits for other operations to carry.
+                w.clients[c].carrier = Some(Carrier {
+                    waiting: true,
+                    ..carrier
+                });
+                Reply::Multi(Err(MultiError::Failed {
+                    index: index - own,
+                    code,
+                }))
+            }
+            Reply::Multi(Err(MultiError::Failed { .. })) => {
+                self.release_alone(w, c, carrier.held);
+                Reply::Multi(Err(MultiError::NotCarried))
+            }
+            other => {
+                self.release_carefully(w, c, carrier.held);
+                other
+            }
+        }
+    }
+
+    pub(super) fn deliver(&self, w: &mut World, c: usize, who: Who, reply: Reply) {
+        let client = &mut w.clients[c];
+        let slot = match who {
+            Who::Acq => client.acq.as_mut().map(|(_, wait)| wait),
+            Who::Rel(slot) => client
+                .rels
+                .get_mut(slot)
+                .and_then(Option::as_mut)
+                .map(|(_, w)| w),
+            Who::Gone => None,
+        };
+        let Some(Wait::Batch { expected, got }) = slot else {
+            return;
+        };
+        got.push(reply);
+        if got.len() < *expected {
+            return;
+        }
+        let replies = std::mem::take(got);
+        self.feed(w, c, who, Input::Replies(replies));
+    }
+
+    /// The server applies the client's first request in flight.
+    pub(super) fn apply(&self, w: &mut World, c: usize) {
+        let Some((who, via, attempt, request)) = w.clients[c].outbox.pop_front() else {
+            return;
+        };
+        if via == Via::Skip {
+            w.clients[c].inbox.push_back((who, via, Reply::Skipped));
+            return;
+        }
+        let session = w.clients[c].session;
+        let takes = matches!(&request, Request::Multi(ops) if ops.iter().any(is_mutex_create))
+            || matches!(&request, Request::Single(op) if is_mutex_create(op));
+        if takes && who == Who::Acq {
+            // The foreground nodes this client had seen queued when it decided to take.
+            let seen = w.clients[c].seen;
+            w.clients[c].overtook =
+                w.zk.nodes
+                    .iter()
+                    .filter(|(t, n)| {
+                        matches!(t, Target::Node(name) if name.starts_with(FOREGROUND))
+                            && n.czxid <= seen
+                    })
+                    .map(|(t, n)| (t.clone(), n.czxid))
+                    .collect();
+        }
+        let reply = w.zk.apply(session, &attempt, &request);
+        if who == Who::Acq {
+            w.clients[c].seen = w.zk.zxid;
+        }
+        w.clients[c].inbox.push_back((who, via, reply));
+    }
+
+    /// The connection breaks: requests not applied are dropped, answers not received are lost;
+    /// every machine with a batch open gets the rest of its answers as failures.
+    pub(super) fn lose_connection(&self, w: &mut World, c: usize, code: Code) {
+        let client = &mut w.clients[c];
+        client.connected = false;
+        let outbox = std::mem::take(&mut client.outbox);
+        let inbox = std::mem::take(&mut client.inbox);
+        let mut lost: Vec<(Who, Via, Reply)> = inbox
+            .into_iter()
+            .map(|(who, via, reply)| (who, via, fail_reply(&reply, code.clone())))
+            .collect();
+        lost.extend(
+            outbox
+                .into_iter()
+                .map(|(who, via, _, r)| (who, via, fail(&r, code.clone()))),
+        );
+        for (who, via, reply) in lost {
+            let reply = match via {
+                Via::Skip => Reply::Skipped,
+                Via::Carried { .. } => {
+                    if let Some(carrier) = w.clients[c].carrier.take() {
+                        self.release_carefully(w, c, carrier.held);
+                    }
+                    reply
+                }
+                Via::Plain => reply,
+            };
+            self.deliver(w, c, who, reply);
+        }
+    }
+}
+
+fn is_mutex_create(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Create {
+            target: Target::Mutex,
+            ..
+        }
+    )
+}
+
+/// The failed answer to `request`.
+fn fail(request: &Request, code: Code) -> Reply {
+    match request {
+        Request::Multi(_) => Reply::Multi(Err(MultiError::Request(code))),
+        Request::Single(Op::Create { .. }) => Reply::Created(Err(code)),
+        Request::Single(_) => Reply::Deleted(Err(code)),
+        Request::GetChildren(_) => Reply::Children(Err(code)),
+        Request::GetData(_) | Request::Watch(_) => Reply::Data(Err(code)),
+        Request::Sync(_) => Reply::Synced(Err(code)),
+    }
+}
+
+/// The failure of an answer of the same kind as `reply`.
+fn fail_reply(reply: &Reply, code: Code) -> Reply {
+    match reply {
+        Reply::Multi(_) => Reply::Multi(Err(MultiError::Request(code))),
+        Reply::Created(_) => Reply::Created(Err(code)),
+        Reply::Deleted(_) => Reply::Deleted(Err(code)),
+        Reply::Children(_) => Reply::Children(Err(code)),
+        Reply::Data(_) => Reply::Data(Err(code)),
+        Reply::Synced(_) | Reply::Skipped => Reply::Synced(Err(code)),
+    }
+}
