@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use stateright::{Model, Property};
 use zk::Zk;
 use zkguard::zk::protocol::{
-    Acquisition, Action, Code, Fired, Flaw, Input, Now, Op, Removal, Reply, Request, Spec, Target,
+    Acquisition, Code, Fired, Flaw, Input, Now, Removal, Reply, Request, Spec, Target,
 };
 
 pub(crate) const FOREGROUND: &str = "A";
