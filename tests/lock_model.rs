@@ -150,12 +150,12 @@ fn a_mutex_deleted_by_an_operator_never_spreads_to_the_next_holder() {
     );
 }
 
-/// How long the random walks run: `ZKGUARD_MODEL_WALK_SECS` (`make torture` sets it), else 20 s.
+/// How long the random walks run: `ZKGUARD_MODEL_WALK_SECS` (`make torture` sets it), else 10 s.
 fn walk_time() -> Duration {
     let secs = std::env::var("ZKGUARD_MODEL_WALK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+        .unwrap_or(10);
     Duration::from_secs(secs)
 }
 
