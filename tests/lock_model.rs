@@ -40,6 +40,20 @@ fn report(name: &str, checker: &impl Checker<LockModel>) {
     }
 }
 
+/// A configuration: `clients` (foreground, has a deadline, locks in a row) and `faults`, with
+/// promotion, the ACL fallback, carried releases, an operator and flaws off.
+fn model(clients: Vec<(bool, bool, u8)>, faults: u8) -> LockModel {
+    LockModel {
+        clients,
+        faults,
+        promotion: false,
+        acl_fallback: false,
+        carry: false,
+        operator: false,
+        flaw: None,
+    }
+}
+
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -55,15 +69,7 @@ fn exhaustive(name: &str, model: LockModel) {
 fn two_clients_two_cycles_with_a_fault_hold_every_property() {
     exhaustive(
         "2 clients x 2 cycles, 1 fault",
-        LockModel {
-            clients: vec![(true, false, 2), (false, false, 2)],
-            faults: 1,
-            promotion: false,
-            acl_fallback: false,
-            carry: false,
-            operator: false,
-            flaw: None,
-        },
+        model(vec![(true, false, 2), (false, false, 2)], 1),
     );
 }
 
@@ -71,15 +77,10 @@ fn two_clients_two_cycles_with_a_fault_hold_every_property() {
 fn three_clients_one_cycle_with_a_fault_hold_every_property() {
     exhaustive(
         "3 clients x 1 cycle, 1 fault",
-        LockModel {
-            clients: vec![(true, false, 1), (false, false, 1), (true, false, 1)],
-            faults: 1,
-            promotion: false,
-            acl_fallback: false,
-            carry: false,
-            operator: false,
-            flaw: None,
-        },
+        model(
+            vec![(true, false, 1), (false, false, 1), (true, false, 1)],
+            1,
+        ),
     );
 }
 
@@ -88,13 +89,8 @@ fn deadlines_and_promotion_hold_every_property() {
     exhaustive(
         "2 clients x 1 cycle, deadlines, promotion, 1 fault",
         LockModel {
-            clients: vec![(true, true, 1), (false, true, 1)],
-            faults: 1,
             promotion: true,
-            acl_fallback: false,
-            carry: false,
-            operator: false,
-            flaw: None,
+            ..model(vec![(true, true, 1), (false, true, 1)], 1)
         },
     );
 }
@@ -104,13 +100,8 @@ fn sessions_that_may_not_write_monitor_nodes_hold_every_property() {
     exhaustive(
         "2 clients x 2 cycles, ACL fallback, 1 fault",
         LockModel {
-            clients: vec![(true, false, 2), (false, false, 2)],
-            faults: 1,
-            promotion: false,
             acl_fallback: true,
-            carry: false,
-            operator: false,
-            flaw: None,
+            ..model(vec![(true, false, 2), (false, false, 2)], 1)
         },
     );
 }
@@ -120,13 +111,8 @@ fn going_from_lock_to_lock_with_the_release_carried_holds_every_property() {
     exhaustive(
         "2 clients x 2 cycles, release_and_acquire, 1 fault",
         LockModel {
-            clients: vec![(true, false, 2), (false, false, 2)],
-            faults: 1,
-            promotion: false,
-            acl_fallback: false,
             carry: true,
-            operator: false,
-            flaw: None,
+            ..model(vec![(true, false, 2), (false, false, 2)], 1)
         },
     );
 }
@@ -139,13 +125,9 @@ fn a_mutex_deleted_by_an_operator_never_spreads_to_the_next_holder() {
     exhaustive(
         "2 clients x 2 cycles, operator deletes the mutex",
         LockModel {
-            clients: vec![(true, false, 2), (false, false, 1)],
-            faults: 1,
-            promotion: false,
-            acl_fallback: false,
             carry: true,
             operator: true,
-            flaw: None,
+            ..model(vec![(true, false, 2), (false, false, 1)], 1)
         },
     );
 }
@@ -162,18 +144,16 @@ fn walk_time() -> Duration {
 #[test]
 fn random_walks_on_larger_configurations_hold_every_property() {
     let model = LockModel {
-        clients: vec![
-            (true, true, 2),
-            (false, false, 2),
-            (true, false, 2),
-            (false, true, 2),
-        ],
-        faults: 3,
         promotion: true,
-        acl_fallback: false,
-        carry: false,
-        operator: false,
-        flaw: None,
+        ..model(
+            vec![
+                (true, true, 2),
+                (false, false, 2),
+                (true, false, 2),
+                (false, true, 2),
+            ],
+            3,
+        )
     };
     let checker = model
         .checker()
@@ -213,13 +193,8 @@ fn counterexample(model: LockModel, properties: &[&'static str]) -> String {
 fn ownership_without_the_attempt_id_is_caught() {
     let actions = counterexample(
         LockModel {
-            clients: vec![(true, false, 2), (true, false, 1)],
-            faults: 1,
-            promotion: false,
-            acl_fallback: false,
-            carry: false,
-            operator: false,
             flaw: Some(Flaw::OwnershipWithoutAttempt),
+            ..model(vec![(true, false, 2), (true, false, 1)], 1)
         },
         &["a live holder is never stray"],
     );
@@ -233,13 +208,11 @@ fn a_mutex_found_existing_taken_as_ours_is_caught() {
             // A background holder; a foreground waiter first in line, waiting for the mutex; a
             // second one behind it, which takes the mutex (first class, no read) when the first
             // gives up, and finds it held.
-            clients: vec![(false, false, 1), (true, true, 1), (true, false, 1)],
-            faults: 0,
-            promotion: false,
-            acl_fallback: false,
-            carry: false,
-            operator: false,
             flaw: Some(Flaw::MutexExistsIgnored),
+            ..model(
+                vec![(false, false, 1), (true, true, 1), (true, false, 1)],
+                0,
+            )
         },
         // The false holder's token is not a take's: it comes out of order, or as a second
         // holder.
@@ -253,13 +226,9 @@ fn a_release_without_the_version_check_is_caught() {
         LockModel {
             // A background holder and a foreground contender first in line, waiting for the
             // mutex: it takes the lock as soon as the operator deleted the mutex.
-            clients: vec![(false, false, 1), (true, false, 1)],
-            faults: 1,
-            promotion: false,
-            acl_fallback: false,
-            carry: false,
             operator: true,
             flaw: Some(Flaw::ReleaseUnchecked),
+            ..model(vec![(false, false, 1), (true, false, 1)], 1)
         },
         &["a live holder is never stray"],
     );
@@ -272,13 +241,11 @@ fn the_mark_trusted_by_a_background_successor_is_caught() {
             // A foreground holder that queued (so its release marks its node), a background
             // waiter behind it, and a foreground contender arriving meanwhile (the first
             // client's second lock).
-            clients: vec![(true, false, 2), (false, false, 1), (true, false, 1)],
-            faults: 0,
-            promotion: false,
-            acl_fallback: false,
-            carry: false,
-            operator: false,
             flaw: Some(Flaw::MarkTrustedByAnyClass),
+            ..model(
+                vec![(true, false, 2), (false, false, 1), (true, false, 1)],
+                0,
+            )
         },
         &["foreground is not overtaken by background"],
     );
@@ -289,13 +256,9 @@ fn the_mark_trusted_by_a_background_successor_is_caught() {
 #[ignore]
 fn trace() {
     let model = LockModel {
-        clients: vec![(true, false, 2), (false, false, 1)],
-        faults: 1,
-        promotion: false,
-        acl_fallback: false,
         carry: true,
         operator: true,
-        flaw: None,
+        ..model(vec![(true, false, 2), (false, false, 1)], 1)
     };
     let checker = model
         .checker()

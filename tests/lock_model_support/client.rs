@@ -3,10 +3,11 @@
 //! acquisition's first multi as `LockModel::carry` asks (`release_and_acquire`).
 
 use zkguard::zk::protocol::{
-    release_ops, Action, Code, Input, MultiError, Op, Outcome, Removal, Reply, Request, Target,
+    release_ops, Acquisition, Action, Code, Input, MultiError, Op, Outcome, Removal, Reply,
+    Request, Target,
 };
 
-use super::{Carrier, Held, LockModel, Via, Wait, Who, World, BACKGROUND, FOREGROUND};
+use super::{Carrier, Client, Held, LockModel, Via, Wait, Who, World, BACKGROUND, FOREGROUND};
 
 impl LockModel {
     /// Performs what a machine asked, until it waits for the world.
@@ -149,17 +150,7 @@ impl LockModel {
     }
 
     fn set_wait(&self, w: &mut World, c: usize, who: Who, wait: Wait) {
-        let client = &mut w.clients[c];
-        let slot = match who {
-            Who::Acq => client.acq.as_mut().map(|(_, w)| w),
-            Who::Rel(slot) => client
-                .rels
-                .get_mut(slot)
-                .and_then(Option::as_mut)
-                .map(|(_, w)| w),
-            Who::Gone => None,
-        };
-        if let Some(slot) = slot {
+        if let Some(slot) = wait_mut(&mut w.clients[c], who) {
             *slot = wait;
         }
     }
@@ -214,17 +205,7 @@ impl LockModel {
             }
             _ => {
                 // Failed: what is left goes to the session's reaper.
-                if let Some(left) = acq.leftovers() {
-                    let session = w.clients[c].session;
-                    let reap = Removal::reap(
-                        session,
-                        &left.attempt,
-                        left.node,
-                        left.holds_mutex,
-                        left.search,
-                    );
-                    self.start_rel(w, c, reap);
-                }
+                self.reap_leftovers(w, c, &acq);
                 self.end_acquisition(w, c);
             }
         }
@@ -252,6 +233,21 @@ impl LockModel {
         };
         rels[slot] = Some((removal, Wait::Backoff));
         self.run(w, c, Who::Rel(slot), action);
+    }
+
+    /// What an acquisition that went away leaves goes to the session's reaper.
+    pub(super) fn reap_leftovers(&self, w: &mut World, c: usize, acq: &Acquisition) {
+        if let Some(left) = acq.leftovers() {
+            let session = w.clients[c].session;
+            let reap = Removal::reap(
+                session,
+                &left.attempt,
+                left.node,
+                left.holds_mutex,
+                left.search,
+            );
+            self.start_rel(w, c, reap);
+        }
     }
 
     /// `LockGuard::release` of a held lock.
@@ -321,17 +317,7 @@ impl LockModel {
     }
 
     pub(super) fn deliver(&self, w: &mut World, c: usize, who: Who, reply: Reply) {
-        let client = &mut w.clients[c];
-        let slot = match who {
-            Who::Acq => client.acq.as_mut().map(|(_, wait)| wait),
-            Who::Rel(slot) => client
-                .rels
-                .get_mut(slot)
-                .and_then(Option::as_mut)
-                .map(|(_, w)| w),
-            Who::Gone => None,
-        };
-        let Some(Wait::Batch { expected, got }) = slot else {
+        let Some(Wait::Batch { expected, got }) = wait_mut(&mut w.clients[c], who) else {
             return;
         };
         got.push(reply);
@@ -403,6 +389,19 @@ impl LockModel {
             };
             self.deliver(w, c, who, reply);
         }
+    }
+}
+
+/// What a client's machine waits for.
+fn wait_mut(client: &mut Client, who: Who) -> Option<&mut Wait> {
+    match who {
+        Who::Acq => client.acq.as_mut().map(|(_, wait)| wait),
+        Who::Rel(slot) => client
+            .rels
+            .get_mut(slot)
+            .and_then(Option::as_mut)
+            .map(|(_, wait)| wait),
+        Who::Gone => None,
     }
 }
 

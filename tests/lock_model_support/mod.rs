@@ -435,17 +435,7 @@ impl Model for LockModel {
                 if let Some(carrier) = w.clients[c].carrier.take() {
                     self.release_alone(&mut w, c, carrier.held);
                 }
-                if let Some(left) = acq.leftovers() {
-                    let session = w.clients[c].session;
-                    let reap = Removal::reap(
-                        session,
-                        &left.attempt,
-                        left.node,
-                        left.holds_mutex,
-                        left.search,
-                    );
-                    self.start_rel(&mut w, c, reap);
-                }
+                self.reap_leftovers(&mut w, c, &acq);
             }
             Move::DeleteMutex => {
                 w.faults_left -= 1;

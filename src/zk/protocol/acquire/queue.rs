@@ -119,14 +119,7 @@ impl Acquisition {
                 self.recreate = false;
                 self.listed()
             }
-            Err(MultiError::Failed { code, .. }) => {
-                self.in_flight = false;
-                self.queue_error(code)
-            }
-            Err(MultiError::Request(code)) => {
-                self.in_flight = true;
-                self.queue_error(code)
-            }
+            Err(e @ (MultiError::Failed { .. } | MultiError::Request(_))) => self.multi_failed(e),
         }
     }
 
@@ -219,14 +212,7 @@ impl Acquisition {
                 self.versioned = false;
                 self.listed()
             }
-            Err(MultiError::Failed { code, .. }) => {
-                self.in_flight = false;
-                self.queue_error(code)
-            }
-            Err(MultiError::Request(code)) => {
-                self.in_flight = true;
-                self.queue_error(code)
-            }
+            Err(e @ (MultiError::Failed { .. } | MultiError::Request(_))) => self.multi_failed(e),
             Err(MultiError::NotCarried) => self.listed(),
         }
     }
@@ -405,5 +391,25 @@ impl Acquisition {
             }
             mode => self.plain_create(mode),
         }
+    }
+
+    /// A first multi refused (nothing applied) or without an answer (in doubt): the queueing
+    /// loop's failure.
+    fn multi_failed(&mut self, e: MultiError) -> Action {
+        let code = match e {
+            MultiError::Failed { code, .. } => {
+                self.in_flight = false;
+                code
+            }
+            MultiError::Request(code) => {
+                self.in_flight = true;
+                code
+            }
+            MultiError::NotCarried => {
+                self.in_flight = false;
+                Code::Other("a multi not carried by a release it had none".into())
+            }
+        };
+        self.queue_error(code)
     }
 }
