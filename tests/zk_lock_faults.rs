@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::proxy::{
-    ZkProxy, CONNECTED, OP_DELETE, OP_GET_CHILDREN2, OP_GET_DATA, OP_MULTI, OP_PING, OP_SYNC,
+    ZkProxy, CONNECTED, OP_GET_CHILDREN2, OP_GET_DATA, OP_MULTI, OP_PING, OP_SYNC,
 };
 use common::*;
 use zkguard::testkit::ZkServer;
@@ -157,9 +157,10 @@ async fn a_contender_cancelled_while_giving_the_mutex_back_leaves_the_successors
         .await
         .unwrap();
 
-    // The holder leaves: the contender takes the mutex, sees the foreground node ahead and gives
-    // the mutex back. The server applies the give-back; its answer is held.
-    proxy.hold_after(OP_DELETE);
+    // The holder leaves: the contender takes the mutex (a multi), sees the foreground node ahead
+    // and gives the mutex back (a multi that checks the monitor's version and deletes it). The
+    // server applies the give-back; its answer is held.
+    proxy.hold_after_skipping(OP_MULTI, 1);
     holder.unlock().await.unwrap();
     eventually(
         Duration::from_secs(10),
