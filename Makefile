@@ -1,4 +1,4 @@
-.PHONY: demo test bench bench-service bench-memory deps check
+.PHONY: demo test torture bench bench-service bench-memory deps check
 
 # The main job: installs ZooKeeper and osmem-server if missing, starts them on free loopback
 # ports, runs the demo and stops them.
@@ -11,6 +11,14 @@ demo: deps
 test: deps
 	cargo test --features docker
 	cargo test --features docker --test docker_guarded -- --nocapture
+
+# The lock's fault-injection history test (tests/lock_history.rs) for as long as asked:
+# DURATION seconds of workload (default 600), split between a standalone ZooKeeper and a
+# 3-member ensemble, then the checker's verdict and the counts of operations and faults.
+# `make test` runs the same test for about a minute each.
+DURATION ?= 600
+torture: deps
+	ZKGUARD_TORTURE_SECS=$(DURATION) cargo test --release --features docker --test lock_history -- --nocapture
 
 # Benchmarks zkguard against Apache Curator and kazoo on one local ZooKeeper.
 bench: deps

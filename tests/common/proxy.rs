@@ -1,5 +1,6 @@
 //! A ZooKeeper-aware TCP proxy that can cut a connection right after the server answered a
-//! chosen request, so the client sees `ConnectionLoss` for a request that did happen, or hold
+//! chosen request, so the client sees `ConnectionLoss` for a request that did happen, or right
+//! before the server got it (the request never happens, the client sees the same error), or hold
 //! the server's answers from a chosen request on (the server applies the requests that follow,
 //! the client hears nothing) until the test lets them through.
 
@@ -31,6 +32,8 @@ struct State {
     upstream: String,
     /// Opcode to cut after (0 = none).
     armed_op: AtomicI32,
+    /// Opcode to cut before (0 = none).
+    before_op: AtomicI32,
     /// How many cuts happened.
     cuts: AtomicUsize,
     stopped: AtomicBool,
@@ -43,6 +46,8 @@ struct State {
     held: Mutex<Option<(TcpStream, Vec<Vec<u8>>)>>,
     /// How many times holding started.
     holds: AtomicUsize,
+    /// How many connections were relayed.
+    connections: AtomicUsize,
     /// The opcode of every request relayed, in order, and [`CONNECTED`] where a connection
     /// starts.
     requests: Mutex<Vec<i32>>,
@@ -55,6 +60,7 @@ impl ZkProxy {
         let state = Arc::new(State {
             upstream: upstream.to_string(),
             armed_op: AtomicI32::new(0),
+            before_op: AtomicI32::new(0),
             cuts: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
             block_after_cut: AtomicBool::new(false),
@@ -62,6 +68,7 @@ impl ZkProxy {
             hold_op: AtomicI32::new(0),
             held: Mutex::new(None),
             holds: AtomicUsize::new(0),
+            connections: AtomicUsize::new(0),
             requests: Mutex::new(Vec::new()),
         });
         let st = state.clone();
@@ -91,6 +98,12 @@ impl ZkProxy {
         self.state.armed_op.store(op, Ordering::Release);
     }
 
+    /// Cut the next connection that sends a request with `op` instead of passing that request
+    /// on: the server never sees it (nor anything sent behind it on that connection).
+    pub fn cut_before(&self, op: i32) {
+        self.state.before_op.store(op, Ordering::Release);
+    }
+
     /// Like `cut_after`, and refuses reconnections after the cut until `unblock`.
     pub fn cut_after_and_block(&self, op: i32) {
         self.state.block_after_cut.store(true, Ordering::Release);
@@ -116,6 +129,11 @@ impl ZkProxy {
     /// connection starts.
     pub fn requests(&self) -> Vec<i32> {
         self.state.requests.lock().unwrap().clone()
+    }
+
+    /// How many connections were relayed so far.
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::Acquire)
     }
 
     /// How many times holding started.
@@ -220,12 +238,26 @@ fn relay(mut client: TcpStream, st: Arc<State>) {
     }
     // client -> server
     st.requests.lock().unwrap().push(CONNECTED);
+    st.connections.fetch_add(1, Ordering::AcqRel);
     let mut first = true;
     while let Some(frame) = read_frame(&mut client) {
         if !first && frame.len() >= 12 {
             let xid = i32::from_be_bytes(frame[4..8].try_into().unwrap());
             let op = i32::from_be_bytes(frame[8..12].try_into().unwrap());
             st.requests.lock().unwrap().push(op);
+            let before = st.before_op.load(Ordering::Acquire);
+            if before != 0
+                && op == before
+                && st
+                    .before_op
+                    .compare_exchange(before, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                st.cuts.fetch_add(1, Ordering::AcqRel);
+                let _ = client.shutdown(Shutdown::Both);
+                let _ = server.shutdown(Shutdown::Both);
+                return;
+            }
             let armed = st.armed_op.load(Ordering::Acquire);
             if armed != 0
                 && op == armed
