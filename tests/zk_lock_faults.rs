@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::proxy::{
-    ZkProxy, CONNECTED, OP_GET_CHILDREN2, OP_GET_DATA, OP_MULTI, OP_PING, OP_SYNC,
+    ZkProxy, CONNECTED, OP_CREATE2, OP_GET_CHILDREN2, OP_GET_DATA, OP_MULTI, OP_PING, OP_SYNC,
 };
 use common::*;
 use zkguard::testkit::ZkServer;
@@ -311,4 +311,63 @@ async fn a_release_after_an_unseen_loss_leaves_the_next_holders_mutex() {
         "the holder's queue node went"
     );
     next.unlock().await.unwrap();
+}
+
+/// A starving background waiter is re-queued as foreground: its new node is created (the answer
+/// held) when the waiter is cancelled. Its clean-up removes both its old background node and the
+/// new one; before, the reaper checked the old node against the new attempt id and left it in
+/// the queue for the rest of the session, where later background contenders waited behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cancelled_while_promoted_leaves_neither_of_its_nodes() {
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let mut settings = zk_settings(&proxy.connect_string(), "promotecancel");
+    settings.session_timeout = Duration::from_secs(20);
+    settings.background_max_wait = Some(Duration::from_millis(500));
+    let mut direct_settings = settings.clone();
+    direct_settings.servers = direct.clone();
+    let monitor = format!("{}/P1", settings.lock_root);
+
+    let sh = session(&direct_settings).await;
+    let holder = ZkBlockingWriteLock::new("h", &sh, "P1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    let sc = session(&settings).await;
+    let contender = ZkBlockingWriteLock::new("c", &sc, "P1")
+        .unwrap()
+        .with_type(LockType::Background)
+        .with_timeout(Duration::from_secs(30));
+    let waiting = tokio::spawn(async move { contender.lock_with_timeout().await });
+    eventually(
+        Duration::from_secs(10),
+        "the background contender queued",
+        || async { queued(&direct, &monitor, "B-").await == 1 },
+    )
+    .await;
+    // From the next create on (the promotion's, once it waited 500 ms), answers are held.
+    proxy.hold_after(OP_CREATE2);
+    eventually(
+        Duration::from_secs(10),
+        "the promotion's node created, its answer held",
+        || async { proxy.holds() == 1 && queued(&direct, &monitor, "A-").await == 2 },
+    )
+    .await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    proxy.release_held();
+    eventually(
+        Duration::from_secs(10),
+        "the cancelled waiter's nodes are gone",
+        || async {
+            queued(&direct, &monitor, "B-").await == 0 && queued(&direct, &monitor, "A-").await == 1
+        },
+    )
+    .await;
+    holder.unlock().await.unwrap();
+    sc.close();
+    sh.close();
 }
