@@ -14,11 +14,13 @@ test: deps
 
 # The lock's fault-injection history test (tests/lock_history.rs) for as long as asked:
 # DURATION seconds of workload (default 600), split between a standalone ZooKeeper and a
-# 3-member ensemble, then the checker's verdict and the counts of operations and faults.
-# `make test` runs the same test for about a minute each.
+# 3-member ensemble, then the checker's verdict and the counts of operations and faults; then
+# the model check's random walks (tests/lock_model.rs) for DURATION seconds more.
+# `make test` runs the same tests for about a minute each, the walks for 10 seconds.
 DURATION ?= 600
 torture: deps
 	ZKGUARD_TORTURE_SECS=$(DURATION) cargo test --release --features docker --test lock_history -- --nocapture
+	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release --features docker --test lock_model random_walks -- --nocapture
 
 # Benchmarks zkguard against Apache Curator and kazoo on one local ZooKeeper.
 bench: deps

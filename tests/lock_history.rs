@@ -34,12 +34,9 @@
 //! background hold whose take (its token) came after that zxid, while the foreground contender
 //! still waited, is an overtake. For `zkguard exec` contenders it is judged by time: the
 //! foreground one must have queued at least `checker::PRIORITY_MARGIN` before the background
-//! one can have taken the lock (see the checker's documentation). One such overtake is a known race in the lock, let pass as a
-//! note while `checker::ALLOW_KNOWN_PRIORITY_RACE` is set: a background contender that has just
-//! read the queue (itself first, the mutex free) takes the mutex without reading the queue
-//! again, so a foreground contender queued in between is overtaken. The ignored test
-//! `lock_history_support::race` pins it down
-//! (`cargo test --features docker --test lock_history -- --ignored race`).
+//! one can have taken the lock (see the checker's documentation). `lock_history_support::race`
+//! pins down the overtake the history once found: a background contender that had just read the
+//! queue took the mutex without verifying it, ahead of a foreground contender queued in between.
 //!
 //! The two runs take about a minute each, one after the other (they share the machine's two
 //! cores with four ZooKeeper servers). `make torture DURATION=600` runs them for as long as asked

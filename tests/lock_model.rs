@@ -10,8 +10,9 @@
 //! client's next acquisition, on the same session, as `LockGuard::release` does.
 //!
 //! Properties: at most one holder with a live session at any state; fencing tokens (the
-//! zxids of the takes) strictly increase in holding order; a background contender does not
-//! take the lock over a foreground node it had seen queued; a live holder owns the mutex it
+//! zxids of the takes) strictly increase in holding order; a background contender's take does
+//! not become a hold while a foreground node queued before the take is still there; a live
+//! holder whose mutex nobody deleted owns the mutex it
 //! took and its queue node (so inspection never calls it stray); nothing is left under the
 //! monitor once every client finished; every client finishes (no waiter stuck while nobody
 //! holds the lock).
@@ -282,8 +283,7 @@ fn trace() {
                     .as_ref()
                     .map(|(a, w)| format!("{a:?} {w:?} rels {:?}", c.rels));
                 eprintln!(
-                    "  c{i} seen {} overtook {:?} holding {:?} acq {:?} outbox {:?}",
-                    c.seen,
+                    "  c{i} overtook {:?} holding {:?} acq {:?} outbox {:?}",
                     c.overtook,
                     c.holding.as_ref().map(|h| h.zxid),
                     acq.map(|s| s.chars().take(600).collect::<String>()),

@@ -42,6 +42,8 @@ struct State {
     blocked: AtomicBool,
     /// Opcode whose answer starts holding the answers (0 = none).
     hold_op: AtomicI32,
+    /// How many requests with `hold_op` to let through before holding.
+    hold_skip: AtomicUsize,
     /// While holding: the client's end of the held connection and the answers held, in order.
     held: Mutex<Option<(TcpStream, Vec<Vec<u8>>)>>,
     /// How many times holding started.
@@ -66,6 +68,7 @@ impl ZkProxy {
             block_after_cut: AtomicBool::new(false),
             blocked: AtomicBool::new(false),
             hold_op: AtomicI32::new(0),
+            hold_skip: AtomicUsize::new(0),
             held: Mutex::new(None),
             holds: AtomicUsize::new(0),
             connections: AtomicUsize::new(0),
@@ -122,6 +125,13 @@ impl ZkProxy {
     /// From the answer to the next request with `op` on (that answer included), hold every
     /// answer of that connection; requests still reach the server, which applies them.
     pub fn hold_after(&self, op: i32) {
+        self.state.hold_op.store(op, Ordering::Release);
+    }
+
+    /// As [`ZkProxy::hold_after`], from the answer to the request with `op` that comes after
+    /// `skip` others with `op` (which pass).
+    pub fn hold_after_skipping(&self, op: i32, skip: usize) {
+        self.state.hold_skip.store(skip, Ordering::Release);
         self.state.hold_op.store(op, Ordering::Release);
     }
 
@@ -269,8 +279,15 @@ fn relay(mut client: TcpStream, st: Arc<State>) {
                 drop_xid.store(xid, Ordering::Release);
             }
             let hold = st.hold_op.load(Ordering::Acquire);
+            let skipped = hold != 0
+                && op == hold
+                && st
+                    .hold_skip
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                    .is_ok();
             if hold != 0
                 && op == hold
+                && !skipped
                 && st
                     .hold_op
                     .compare_exchange(hold, 0, Ordering::AcqRel, Ordering::Acquire)

@@ -39,8 +39,7 @@
 //!   it took the lock and was still waiting (it got the lock later: its token is higher).
 //!   - In ZooKeeper's order, where the foreground contender's queue node is known (contenders
 //!     of this process read it right after the grant): the background take's zxid (its token)
-//!     is above the creation zxid of that node. Exact; no clock involved. See
-//!     [`ALLOW_KNOWN_PRIORITY_RACE`] for the one overtake that is let pass for now.
+//!     is above the creation zxid of that node. Exact; no clock involved.
 //!   - By time otherwise (`zkguard exec` processes, and grants the node of which could not be
 //!     read): the foreground contender had queued at least [`PRIORITY_MARGIN`] before the
 //!     background one can have taken the lock. "Can have taken it" is bounded from below by the
@@ -61,16 +60,6 @@ use super::ms;
 /// How long before a background contender can have taken the lock a foreground contender must
 /// have queued for the priority check to apply (see the module documentation).
 pub const PRIORITY_MARGIN: Ns = ms(250);
-
-/// Whether the priority check lets pass, as a note, a background contender that took the lock
-/// after a foreground contender's queue node was created, when the foreground contender called
-/// less than [`PRIORITY_MARGIN`] before the background one can have taken it. That is a race
-/// in the lock: a background contender that has just read the queue (itself first, the mutex
-/// free) takes the mutex without reading the queue again, so a foreground contender that
-/// queued between its read and its take is overtaken (pinned down by the ignored test in
-/// `race.rs`). Set to `false` once the lock verifies there; an overtake outside that window is
-/// a violation either way.
-pub const ALLOW_KNOWN_PRIORITY_RACE: bool = true;
 
 /// "Not ended within the history."
 const OPEN: Ns = Ns::MAX;
@@ -344,8 +333,6 @@ pub struct Counts {
     /// Pairs where the background contender took the lock first but may have done so before
     /// the foreground one's node was in place (within the margin): not judged.
     pub priority_undecided: usize,
-    /// Overtakes let pass as the known race (see [`ALLOW_KNOWN_PRIORITY_RACE`]).
-    pub priority_known_race: usize,
 }
 
 impl Counts {
@@ -367,7 +354,6 @@ impl Counts {
         self.stale_writes_fenced += o.stale_writes_fenced;
         self.priority_kept += o.priority_kept;
         self.priority_undecided += o.priority_undecided;
-        self.priority_known_race += o.priority_known_race;
     }
 
     /// The counts as printed after a run.
@@ -413,7 +399,7 @@ impl Counts {
 #[derive(Debug, Default)]
 pub struct Report {
     pub violations: Vec<String>,
-    /// What passed but deserves a look (the known race).
+    /// What passed but deserves a look.
     pub notes: Vec<String>,
     pub counts: Counts,
 }
@@ -722,19 +708,7 @@ pub fn check_priority(f: &Folded, r: &mut Report) {
                         describe(bg),
                         describe(fg),
                     );
-                    // The known race: the foreground contender called less than the margin
-                    // before the background one can have taken the lock.
-                    let in_race_window = fg.queued_by.is_some_and(|called| {
-                        take_lower_bound(bg) < called.saturating_add(PRIORITY_MARGIN)
-                    });
-                    if ALLOW_KNOWN_PRIORITY_RACE && in_race_window {
-                        r.counts.priority_known_race += 1;
-                        r.notes.push(format!(
-                            "known race (not counted as a violation): {message}"
-                        ));
-                    } else {
-                        r.violations.push(message);
-                    }
+                    r.violations.push(message);
                     continue;
                 }
                 // By time, for contenders whose queue node is not known: the background one

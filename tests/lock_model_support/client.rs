@@ -341,22 +341,17 @@ impl LockModel {
         let takes = matches!(&request, Request::Multi(ops) if ops.iter().any(is_mutex_create))
             || matches!(&request, Request::Single(op) if is_mutex_create(op));
         if takes && who == Who::Acq {
-            // The foreground nodes this client had seen queued when it decided to take.
-            let seen = w.clients[c].seen;
-            w.clients[c].overtook =
-                w.zk.nodes
-                    .iter()
-                    .filter(|(t, n)| {
-                        matches!(t, Target::Node(name) if name.starts_with(FOREGROUND))
-                            && n.czxid <= seen
-                    })
-                    .map(|(t, n)| (t.clone(), n.czxid))
-                    .collect();
+            // The foreground nodes queued when the take is applied: none of them may still be
+            // there when the take becomes a hold (a background take verifies the queue).
+            w.clients[c].overtook = w
+                .zk
+                .nodes
+                .iter()
+                .filter(|(t, _)| matches!(t, Target::Node(name) if name.starts_with(FOREGROUND)))
+                .map(|(t, n)| (t.clone(), n.czxid))
+                .collect();
         }
         let reply = w.zk.apply(session, &attempt, &request);
-        if who == Who::Acq {
-            w.clients[c].seen = w.zk.zxid;
-        }
         w.clients[c].inbox.push_back((who, via, reply));
     }
 

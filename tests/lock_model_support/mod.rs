@@ -94,10 +94,8 @@ pub struct Client {
     pub carrier: Option<Carrier>,
     pub cycles_left: u8,
     pub now: Now,
-    /// The zxid of the newest state its acquisition has seen (answers and watch events).
-    pub seen: i64,
-    /// The foreground nodes (and their creation zxids) it had seen queued when its current take
-    /// of the mutex was applied: none may still exist when the take becomes a hold.
+    /// The foreground nodes (and their creation zxids) queued when its current take of the
+    /// mutex was applied: none may still exist when the take becomes a hold.
     pub overtook: Vec<(Target, i64)>,
     pub has_deadline: bool,
 }
@@ -263,7 +261,6 @@ impl Model for LockModel {
                 carrier: None,
                 cycles_left: cycles,
                 now: Now::default(),
-                seen: 0,
                 overtook: Vec::new(),
                 has_deadline,
             })
@@ -356,7 +353,6 @@ impl Model for LockModel {
             Move::Fire(c) => {
                 let session = w.clients[c].session;
                 let fired = w.zk.fired.remove(&session).unwrap_or(Fired::Session);
-                w.clients[c].seen = w.zk.zxid;
                 self.feed(&mut w, c, Who::Acq, Input::Fired(fired));
             }
             Move::Release(c) => {

@@ -576,11 +576,14 @@ impl Acquisition {
             return action;
         }
         if pos == 0 {
-            // First (we just read the queue): take the mutex if free, else wait for it.
+            // First (we just read the queue): take the mutex if free, else wait for it. A node
+            // of another class than the first verifies in the same round trip: a first-class
+            // contender queued since the read sorts ahead of it.
             return if queue.mutex_present {
                 self.step(Step::FirstInLine)
             } else {
-                self.take(false)
+                let verify = !self.sorts_first();
+                self.take(verify)
             };
         }
         let pred = queue
