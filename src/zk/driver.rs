@@ -100,7 +100,8 @@ fn stat(s: &zookeeper_client::Stat) -> Stat {
     }
 }
 
-fn read(bytes: &[u8], s: &zookeeper_client::Stat) -> Read {
+/// The core's view of a node read: its attempt id (from its data) and stat.
+pub(super) fn read(bytes: &[u8], s: &zookeeper_client::Stat) -> Read {
     Read {
         attempt: serde_json::from_slice::<NodeData>(bytes)
             .ok()

@@ -10,8 +10,10 @@ use zookeeper_client::{
     Error as ZkError, EventType, MultiWriteError, MultiWriteResult, MultiWriter, WatchedEvent,
 };
 
+use super::driver;
 use super::map_zk;
-use super::node::{NodeData, Paths};
+use super::node::Paths;
+use super::protocol::is_ours;
 use super::reaper::Reap;
 use super::release::{add_release, delete_carefully, release_held};
 use super::session::{Health, Slot};
@@ -534,10 +536,9 @@ async fn watch_held(
                     // Replaces an earlier watch of the same node, which fired or is shared: no
                     // request to remove it.
                     mutex = Some(Box::pin(watcher.changed()));
-                    let ours = stat.ephemeral_owner == slot.session_id
-                        && serde_json::from_slice::<NodeData>(&bytes)
-                            .map(|d| d.attempt == attempt)
-                            .unwrap_or(false);
+                    // The core's ownership test: this session's, of this acquisition's attempt.
+                    let ours =
+                        is_ours(&driver::read(&bytes, &stat), slot.session_id, attempt, None);
                     (!ours).then_some("the mutex node now belongs to someone else: lock lost")
                 }
                 Err(ZkError::NoNode) => Some("the mutex node was deleted: lock lost"),
