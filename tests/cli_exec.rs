@@ -56,19 +56,6 @@ fn read_pid(path: &Path) -> i32 {
         .unwrap()
 }
 
-/// Whether `pid` is a live process (a zombie waiting for its new parent to reap it is dead).
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name, which is in parentheses.
-        Ok(stat) => !matches!(
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next()),
-            Some('Z' | 'X')
-        ),
-        Err(_) => false,
-    }
-}
-
 async fn wait_until_dead(pid: i32, what: &str) {
     eventually(
         Duration::from_secs(10),

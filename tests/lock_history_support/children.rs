@@ -196,17 +196,7 @@ fn lines(file: &Path) -> Vec<Line> {
         .collect()
 }
 
-/// Whether `pid` is a live process (a zombie is dead).
-pub fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !matches!(
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next()),
-            Some('Z' | 'X')
-        ),
-        Err(_) => false,
-    }
-}
+pub use crate::common::alive;
 
 /// Sends `signal` to `pid` (it may be gone already).
 pub fn signal(pid: i32, signal: nix::sys::signal::Signal) {
