@@ -210,9 +210,8 @@ impl LockGuard {
             let (mut next, mut joined) = (next, joined);
             loop {
                 let mut multi = client.new_multi_writer();
-                let built =
-                    add_release(&mut multi, &releasing.node, &mutex, mark, releasing.version)
-                        .and_then(|own| next(&mut multi).map(|()| own));
+                let built = add_release(&mut multi, &releasing.node, mark, releasing.version)
+                    .and_then(|own| next(&mut multi).map(|()| own));
                 let Ok(own) = built else {
                     let _ = joined.send(Joined::NotApplied { next_failed: None });
                     return releasing.run().await;

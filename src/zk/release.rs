@@ -69,7 +69,6 @@ pub(crate) async fn release_held(
 pub(crate) fn add_release(
     multi: &mut MultiWriter<'_>,
     queue_node: &str,
-    _mutex: &str,
     hand_over: bool,
     version: Option<i32>,
 ) -> Result<usize, ZkError> {

@@ -293,21 +293,6 @@ impl Acquisition {
         })
     }
 
-    /// Whether it is giving up (past its deadline, or busy trying once): it no longer waits.
-    pub fn giving_up(&self) -> bool {
-        matches!(self.st, St::Describing | St::GivingUp { .. })
-    }
-
-    /// The removal under way while giving the mutex back, re-queueing or giving up.
-    pub fn removal(&self) -> Option<&Removal> {
-        match &self.st {
-            St::Yielding { removal, .. }
-            | St::Unqueueing { removal, .. }
-            | St::GivingUp { removal } => Some(removal),
-            _ => None,
-        }
-    }
-
     /// The first action.
     pub fn start(&mut self, now: Now) -> Action {
         self.now = now;
