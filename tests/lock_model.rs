@@ -4,7 +4,8 @@
 //!
 //! The explorer interleaves every request, answer and watch event of foreground and background
 //! clients, and injects faults: a connection lost with some of the requests in flight applied
-//! and their answers lost, a session expiry, an acquisition cancelled mid-request (its
+//! and their answers lost (the session then reads from a server that lags behind them until a
+//! `sync` or a write), a session expiry, an acquisition cancelled mid-request (its
 //! clean-up then runs on the session's reaper), a deadline, a starving background waiter's
 //! promotion, the container reaper deleting an emptied monitor. Releases run beside the same
 //! client's next acquisition, on the same session, as `LockGuard::release` does.
@@ -51,6 +52,7 @@ fn model(clients: Vec<(bool, bool, u8)>, faults: u8) -> LockModel {
         acl_fallback: false,
         carry: false,
         operator: false,
+        sync_catches_up: true,
         flaw: None,
     }
 }
@@ -232,6 +234,25 @@ fn a_release_without_the_version_check_is_caught() {
             ..model(vec![(false, false, 1), (true, false, 1)], 1)
         },
         &["a live holder is never stray"],
+    );
+}
+
+/// The search for what a create whose answer was lost made reads behind a `sync`: the server
+/// the session reconnected to may not have applied the create yet. Without the sync's effect,
+/// the search misses the node and the contender queues a second one.
+#[test]
+fn a_search_on_a_lagging_server_without_a_sync_is_caught() {
+    counterexample(
+        LockModel {
+            sync_catches_up: false,
+            ..model(vec![(true, false, 1), (false, false, 1)], 1)
+        },
+        &[
+            "nothing is left once every client finished",
+            "every client finishes",
+            "a live holder is never stray",
+            "at most one holder",
+        ],
     );
 }
 

@@ -338,6 +338,18 @@ impl LockModel {
             return;
         }
         let session = w.clients[c].session;
+        // A lagging server answers reads from its stale state; a write, a watch or a sync (one
+        // that works) goes through the leader's order and leaves it caught up.
+        let read = matches!(request, Request::GetChildren(_) | Request::GetData(_));
+        let stays_behind = read || (matches!(request, Request::Sync(_)) && !self.sync_catches_up);
+        if !stays_behind {
+            w.clients[c].lagging = None;
+        }
+        if let (true, Some(stale)) = (read, &mut w.clients[c].lagging) {
+            let reply = stale.apply(session, &attempt, &request);
+            w.clients[c].inbox.push_back((who, via, reply));
+            return;
+        }
         let takes = matches!(&request, Request::Multi(ops) if ops.iter().any(is_mutex_create))
             || matches!(&request, Request::Single(op) if is_mutex_create(op));
         if takes && who == Who::Acq {

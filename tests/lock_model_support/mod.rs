@@ -98,6 +98,10 @@ pub struct Client {
     /// mutex was applied: none may still exist when the take becomes a hold.
     pub overtook: Vec<(Target, i64)>,
     pub has_deadline: bool,
+    /// After a lost answer, the server the client reconnected to may lag behind the leader:
+    /// its reads show this state (as of before the lost requests) until a `sync` or a write
+    /// of the client's goes through it.
+    pub lagging: Option<Box<Zk>>,
 }
 
 /// The whole world.
@@ -155,6 +159,9 @@ pub struct LockModel {
     pub carry: bool,
     /// Whether an operator may delete the mutex (a fault).
     pub operator: bool,
+    /// Whether a `sync` lets a lagging server catch up (`false`: a broken variant that reads
+    /// as if no sync was sent).
+    pub sync_catches_up: bool,
     pub flaw: Option<Flaw>,
 }
 
@@ -214,6 +221,7 @@ impl LockModel {
         client.connected = true;
         client.outbox.clear();
         client.inbox.clear();
+        client.lagging = None;
     }
 }
 
@@ -263,6 +271,7 @@ impl Model for LockModel {
                 now: Now::default(),
                 overtook: Vec::new(),
                 has_deadline,
+                lagging: None,
             })
             .collect();
         vec![World {
@@ -345,8 +354,13 @@ impl Model for LockModel {
             }
             Move::Lose(c, k) => {
                 w.faults_left -= 1;
+                let before = w.zk.clone();
                 for _ in 0..k {
                     self.apply(&mut w, c);
+                }
+                if k > 0 {
+                    // Reconnected to a follower that has not applied the lost requests yet.
+                    w.clients[c].lagging = Some(Box::new(before));
                 }
                 self.lose_connection(&mut w, c, Code::Lost("connection loss".into()));
             }

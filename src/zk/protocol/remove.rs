@@ -286,7 +286,8 @@ impl Removal {
                 },
                 Input::Replies(replies),
             ) => {
-                let reply = replies.into_iter().next();
+                // The read (behind the pass's sync) or the delete: the last answer.
+                let reply = replies.into_iter().last();
                 let result: Result<Option<i32>, Code> = match (deleting, reply) {
                     // Read: ours (delete it, of that version), or not (leave it).
                     (false, Some(Reply::Data(Ok(read)))) => {
@@ -394,7 +395,14 @@ impl Removal {
             return self.careful_done(gone_before);
         }
         self.st = self.careful_state(gone_before);
-        send(vec![Request::GetData(self.careful_target(self.mutex))])
+        // Behind a sync: after a lost answer the session may have reconnected to a server that
+        // has not applied the lost request yet. Its read would show the node as still ours,
+        // and the conditional delete, applied by the leader, would remove whoever's node has
+        // that path and version by then (the next holder's mutex is version 0 again).
+        send(vec![
+            Request::Sync(Target::Monitor),
+            Request::GetData(self.careful_target(self.mutex)),
+        ])
     }
 
     fn careful_done(&mut self, gone_before: bool) -> Action {
