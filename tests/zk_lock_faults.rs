@@ -248,6 +248,50 @@ async fn the_search_for_a_create_whose_answer_was_lost_reads_after_a_sync() {
     g.unlock().await.unwrap();
 }
 
+/// A release whose answer was lost goes on with careful deletes: each node is read, and deleted
+/// only if still ours, by its version. On an ensemble the server the session reconnected to may
+/// not have applied the release yet; its read would show the mutex as still ours while the next
+/// holder has taken it again (at version 0), and the delete, applied by the leader, would remove
+/// the new holder's mutex. So the careful reads go behind a `sync` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_careful_deletes_after_a_lost_release_read_after_a_sync() {
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let settings = zk_settings(&proxy.connect_string(), "sync-careful");
+    let monitor = format!("{}/Z1", settings.lock_root);
+    let s = session(&settings).await;
+    let g = ZkBlockingWriteLock::new("w", &s, "Z1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    // The release multi is applied; its answer is lost with the connection.
+    let before = proxy.requests().len();
+    proxy.cut_after(OP_MULTI);
+    g.unlock().await.unwrap();
+    assert_eq!(proxy.cuts(), 1);
+    let log = proxy.requests()[before..].to_vec();
+    let reconnected = log
+        .iter()
+        .position(|&op| op == CONNECTED)
+        .expect("the session reconnected");
+    let careful: Vec<i32> = log[reconnected + 1..]
+        .iter()
+        .copied()
+        .filter(|&op| op != OP_PING && op < 100)
+        .take(2)
+        .collect();
+    assert_eq!(
+        careful,
+        [OP_SYNC, OP_GET_DATA],
+        "the careful deletes read behind a sync (all requests since the release: {log:?})"
+    );
+    assert!(children(&direct, &monitor).await.is_empty(), "nothing left");
+    s.close();
+}
+
 /// A holder that has not watched its mutex yet (a short hold) does not know that someone
 /// deleted it and that the next in line took the lock. Its release must not delete the new
 /// holder's mutex: the release is conditional on the monitor's data version, which every take
