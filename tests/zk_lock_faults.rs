@@ -30,6 +30,23 @@ fn watched(zk: &ZkServer, path: &str) -> bool {
         .any(|l| l.trim() == path)
 }
 
+/// The requests relayed since `before`, and the first two the session sent once it reconnected
+/// (pings and notifications left out).
+fn first_after_reconnecting(proxy: &ZkProxy, before: usize) -> (Vec<i32>, Vec<i32>) {
+    let log = proxy.requests()[before..].to_vec();
+    let reconnected = log
+        .iter()
+        .position(|&op| op == CONNECTED)
+        .expect("the session reconnected");
+    let first = log[reconnected + 1..]
+        .iter()
+        .copied()
+        .filter(|&op| op != OP_PING && op < 100)
+        .take(2)
+        .collect();
+    (log, first)
+}
+
 /// Node data as another zkguard process would write it.
 fn foreign_node_data(lock_type: &str, attempt: &str) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
@@ -228,17 +245,7 @@ async fn the_search_for_a_create_whose_answer_was_lost_reads_after_a_sync() {
     proxy.cut_after(OP_MULTI);
     let g = lock.lock_with_timeout().await.unwrap();
     assert_eq!(proxy.cuts(), 1);
-    let log = proxy.requests()[before..].to_vec();
-    let reconnected = log
-        .iter()
-        .position(|&op| op == CONNECTED)
-        .expect("the session reconnected");
-    let search: Vec<i32> = log[reconnected + 1..]
-        .iter()
-        .copied()
-        .filter(|&op| op != OP_PING && op < 100)
-        .take(2)
-        .collect();
+    let (log, search) = first_after_reconnecting(&proxy, before);
     assert_eq!(
         search,
         [OP_SYNC, OP_GET_CHILDREN2],
@@ -272,17 +279,7 @@ async fn the_careful_deletes_after_a_lost_release_read_after_a_sync() {
     proxy.cut_after(OP_MULTI);
     g.unlock().await.unwrap();
     assert_eq!(proxy.cuts(), 1);
-    let log = proxy.requests()[before..].to_vec();
-    let reconnected = log
-        .iter()
-        .position(|&op| op == CONNECTED)
-        .expect("the session reconnected");
-    let careful: Vec<i32> = log[reconnected + 1..]
-        .iter()
-        .copied()
-        .filter(|&op| op != OP_PING && op < 100)
-        .take(2)
-        .collect();
+    let (log, careful) = first_after_reconnecting(&proxy, before);
     assert_eq!(
         careful,
         [OP_SYNC, OP_GET_DATA],
