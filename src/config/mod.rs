@@ -35,10 +35,12 @@ use config::{Config, Format, Map, Value, ValueKind};
 
 use crate::lock::{znode_char, LockType};
 
+mod gateway;
 pub mod grace;
 mod security;
 mod stamp;
 mod state;
+pub use gateway::GatewaySettings;
 pub use security::{EsTls, ZkAcl, ZkAclEntry, ZkAuth, ZkTls};
 pub use stamp::{StampSettings, MAX_STAMP_WINDOW};
 
@@ -176,6 +178,9 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("server.auth.tokens.file", "", "file of bearer tokens `zkguard serve` accepts, one per line, reloaded on SIGHUP (empty = no authentication)"),
     ("server.tls.cert", "", "PEM certificate chain for HTTPS (with server.tls.key; empty = plain HTTP)"),
     ("server.tls.key", "", "PEM private key for HTTPS"),
+    ("server.gateway.listen", "", "address of the Elasticsearch-compatible write gate of `zkguard serve` (port 0 picks a free one; empty = no gate): Elasticsearch and OpenSearch clients pointed at it get every document write locked and fenced, everything else passed through to elasticsearch.url"),
+    ("server.gateway.indices", "*", "indices whose document writes the gate locks and fences, comma-separated, a trailing * matches a prefix; writes to other indices pass through unguarded"),
+    ("server.gateway.background.indices", "", "guarded indices the gate writes under the background lock (foreground otherwise), comma-separated patterns; the header X-Zkguard-Lock-Type overrides per request"),
 ];
 
 /// The lock-service backend.
@@ -411,6 +416,8 @@ pub struct ServerSettings {
     pub own_indices: Vec<String>,
     /// `server.index.allow`: own and system indices the API may write anyway.
     pub allowed_indices: Vec<String>,
+    /// The Elasticsearch-compatible write gate (`server.gateway.*`).
+    pub gateway: GatewaySettings,
 }
 
 impl ServerSettings {
@@ -1197,7 +1204,14 @@ impl Settings {
         .filter(|i| !allowed_indices.contains(i))
         .cloned()
         .collect();
+        let gateway = gateway::parse(
+            r.get("server.gateway.listen").0,
+            r.get("server.gateway.indices").0,
+            r.get("server.gateway.background.indices").0,
+        )
+        .map_err(|(key, expected)| r.err(key, expected))?;
         let server = ServerSettings {
+            gateway,
             own_indices,
             allowed_indices,
             listen: {

@@ -123,6 +123,12 @@ impl Tokens {
                 .is_some_and(|t| self.accepts(t.as_bytes()))
     }
 
+    /// Whether `presented` (a token as sent, without any scheme) is accepted, or no token is
+    /// needed at all.
+    pub fn admits_token(&self, presented: Option<&str>) -> bool {
+        !self.enabled() || presented.is_some_and(|t| self.accepts(t.trim().as_bytes()))
+    }
+
     /// Whether requests must carry a token.
     pub fn enabled(&self) -> bool {
         self.path.is_some()

@@ -41,6 +41,17 @@ pub struct OutcomeLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of the Elasticsearch-compatible gate's counts.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GateLabels {
+    /// `index`, `create`, `update`, `delete`, `bulk`, `auto_id`, `by_query`, `reindex` or
+    /// `other` (requests); `index`, `create`, `update`, `delete` (bulk items).
+    pub route: &'static str,
+    /// `guarded` (locked and fenced), `passed` (passed through), `refused` (by the gate),
+    /// `conflict` (409 under the lock), `lock_timeout`, `failed`.
+    pub outcome: &'static str,
+}
+
 type HistogramFamily = Family<TypeLabels, Histogram, fn() -> Histogram>;
 
 fn seconds_histogram() -> Histogram {
@@ -95,6 +106,10 @@ pub struct Metrics {
     pub connections_refused: Counter,
     /// Connections closed for not sending a request's headers within `server.header.timeout`.
     pub connections_timed_out: Counter,
+    /// Requests of the Elasticsearch-compatible gate, by route and outcome.
+    pub gateway_requests: Family<GateLabels, Counter>,
+    /// `_bulk` items through the gate, by operation and outcome.
+    pub gateway_items: Family<GateLabels, Counter>,
     seen: Mutex<(u64, u64)>,
 }
 
@@ -210,6 +225,18 @@ impl Metrics {
             "Times the lock backend became usable again after an outage",
             zk_reconnects.clone(),
         );
+        let gateway_requests = Family::<GateLabels, Counter>::default();
+        registry.register(
+            "gateway_requests",
+            "Requests of the Elasticsearch-compatible gate, by route and outcome (guarded, passed, refused, conflict, lock_timeout, failed)",
+            gateway_requests.clone(),
+        );
+        let gateway_items = Family::<GateLabels, Counter>::default();
+        registry.register(
+            "gateway_bulk_items",
+            "_bulk items through the gate, by operation and outcome",
+            gateway_items.clone(),
+        );
         let journal_bytes = Gauge::default();
         registry.register(
             "journal_queued_bytes",
@@ -270,8 +297,24 @@ impl Metrics {
             explicit_locks,
             zk_connected,
             zk_reconnects,
+            gateway_requests,
+            gateway_items,
             seen: Mutex::new((0, 0)),
         }
+    }
+
+    /// Counts a request of the gate.
+    pub fn gate(&self, route: &'static str, outcome: &'static str) {
+        self.gateway_requests
+            .get_or_create(&GateLabels { route, outcome })
+            .inc();
+    }
+
+    /// Counts a `_bulk` item of the gate.
+    pub fn gate_item(&self, route: &'static str, outcome: &'static str) {
+        self.gateway_items
+            .get_or_create(&GateLabels { route, outcome })
+            .inc();
     }
 
     /// Records a lock acquired after `waited` and held for `held`.

@@ -33,6 +33,7 @@ mod access;
 mod admin;
 mod conns;
 mod errors;
+mod gateway;
 mod journal;
 mod lock_routes;
 mod locks;
@@ -182,6 +183,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         store,
         settings.server.clone(),
         settings.zookeeper.timeout(zkguard::LockType::Foreground),
+        settings.zookeeper.timeout(zkguard::LockType::Background),
         coordinator,
     );
     if let Err(problem) = state.ping_es().await {
@@ -202,6 +204,28 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     let bound = listener
         .local_addr()
         .map_err(|e| CliError::new(EX_SOFTWARE, e))?;
+    let gate_listener = match state.settings.gateway.listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                CliError::new(
+                    EX_UNAVAILABLE,
+                    format!("cannot listen on {addr} for the gate: {e}; choose another server.gateway.listen address"),
+                )
+            })?;
+            let gate =
+                gateway::Gateway::new(state.clone(), tokens.clone(), &settings.elasticsearch)
+                    .await
+                    .map_err(|e| {
+                        CliError::new(EX_UNAVAILABLE, format!("the gate cannot start: {e}"))
+                    })?;
+            Some((l, std::sync::Arc::new(gate)))
+        }
+        None => None,
+    };
+    let gate_bound = match &gate_listener {
+        Some((l, _)) => Some(l.local_addr().map_err(|e| CliError::new(EX_SOFTWARE, e))?),
+        None => None,
+    };
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let replayed = pending.len();
@@ -253,7 +277,21 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         stop_rx.clone(),
     ));
 
-    let started = serde_json::json!({
+    let mut gate_server = gate_listener.map(|(l, gate)| {
+        let connections = Arc::new(conns::Connections::new(
+            state.settings.max_connections,
+            state.settings.header_timeout,
+            state.metrics.clone(),
+        ));
+        tokio::spawn(conns::serve(
+            l,
+            tls.clone(),
+            gateway::router(gate),
+            connections,
+            stop_rx.clone(),
+        ))
+    });
+    let mut started = serde_json::json!({
         "listening": bound.to_string(),
         "backend": locks.backend_name(),
         "journal": journal.path().display().to_string(),
@@ -261,6 +299,10 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         "tls": tls.is_some(),
         "auth": tokens.enabled(),
     });
+    if let Some(g) = gate_bound {
+        started["gateway"] = serde_json::json!(g.to_string());
+        tracing::info!(gateway = %g, guarded = ?state.settings.gateway.indices.as_slice(), "Elasticsearch-compatible gate listening: document writes to guarded indices are locked and fenced, everything else passes through");
+    }
     println!("{started}");
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -275,10 +317,17 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     }
     tracing::info!(%bound, replayed, max_connections, backend = locks.backend_name(), "zkguard serve started");
 
+    let gate_done = async {
+        match gate_server.as_mut() {
+            Some(g) => g.await,
+            None => std::future::pending().await,
+        }
+    };
     let early = tokio::select! {
         _ = sigterm.recv() => None,
         _ = sigint.recv() => None,
         r = &mut server => Some(r),
+        r = gate_done => Some(r),
     };
     if let Some(r) = early {
         let _ = stop_tx.send(true);
@@ -305,6 +354,14 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     {
         tracing::warn!("requests still running after server.drain.timeout; abandoning them (their locks are released)");
         server.abort();
+    }
+    if let Some(mut g) = gate_server {
+        if tokio::time::timeout(Duration::from_secs(1), &mut g)
+            .await
+            .is_err()
+        {
+            g.abort();
+        }
     }
     let released = state.explicit.release_all(Duration::from_secs(5)).await;
     if released > 0 {

@@ -49,6 +49,9 @@ pub struct AppState {
     /// Lock wait of a foreground request without `timeout`: the configured foreground timeout
     /// ([`AppState::lock_wait`] keeps every wait within [`lock_wait_cap`]).
     pub fg_timeout: Duration,
+    /// The configured background lock timeout (the gate's background writes wait this long,
+    /// within [`lock_wait_cap`]).
+    pub bg_timeout: Duration,
     /// Set when SIGTERM (or SIGINT) arrived: no new work is started.
     pub draining: AtomicBool,
     /// Concurrency limit of API requests.
@@ -102,6 +105,7 @@ impl AppState {
         store: Arc<EsStore>,
         settings: ServerSettings,
         fg_timeout: Duration,
+        bg_timeout: Duration,
         coordinator: zkguard::txn::Coordinator,
     ) -> (Arc<Self>, QueueReceiver) {
         let (queue, rx) = mpsc::unbounded_channel();
@@ -115,6 +119,7 @@ impl AppState {
             backend,
             store,
             fg_timeout,
+            bg_timeout,
             settings,
             draining: AtomicBool::new(false),
             permits,

@@ -4,4 +4,5 @@
 
 pub mod bench;
 pub mod demo;
+pub mod gateway_bench;
 pub mod service_bench;

@@ -185,7 +185,7 @@ fn doc_of(client: u32, i: u32, docs: u32) -> u32 {
     (client.wrapping_mul(7919).wrapping_add(i)) % docs
 }
 
-fn latencies(mut samples: Vec<Duration>) -> (Duration, Duration) {
+pub(super) fn latencies(mut samples: Vec<Duration>) -> (Duration, Duration) {
     samples.sort();
     (percentile(&samples, 0.50), percentile(&samples, 0.99))
 }
@@ -361,9 +361,12 @@ async fn library(
 }
 
 /// A `zkguard serve` child process; killed when dropped.
-struct Served {
+pub(super) struct Served {
     child: tokio::process::Child,
-    base: String,
+    /// `http://` and the API's address.
+    pub(super) base: String,
+    /// `http://` and the gate's address, when it was started with one.
+    pub(super) gateway: Option<String>,
     dir: std::path::PathBuf,
 }
 
@@ -396,6 +399,16 @@ fn zkguard_command(settings: &Settings) -> Result<tokio::process::Command, Strin
 }
 
 async fn start_service(settings: &Settings, plan: ServicePlan) -> Result<Served, String> {
+    start_served(settings, plan.clients, false).await
+}
+
+/// Starts `zkguard serve` for `clients` concurrent clients, with the Elasticsearch-compatible
+/// gate on a free port when `gateway` is set.
+pub(super) async fn start_served(
+    settings: &Settings,
+    clients: u32,
+    gateway: bool,
+) -> Result<Served, String> {
     use tokio::io::AsyncBufReadExt;
     let dir = std::env::temp_dir().join(format!("zkguard-bench-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -408,7 +421,11 @@ async fn start_service(settings: &Settings, plan: ServicePlan) -> Result<Served,
         )
         .env(
             "ZKGUARD_SERVER_MAX_CONCURRENT",
-            (plan.clients * 4 + 16).to_string(),
+            (clients * 4 + 16).to_string(),
+        )
+        .env(
+            "ZKGUARD_SERVER_GATEWAY_LISTEN",
+            if gateway { "127.0.0.1:0" } else { "" },
         )
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
@@ -428,6 +445,7 @@ async fn start_service(settings: &Settings, plan: ServicePlan) -> Result<Served,
     let addr = started["listening"].as_str().ok_or("no address")?;
     Ok(Served {
         base: format!("http://{addr}"),
+        gateway: started["gateway"].as_str().map(|g| format!("http://{g}")),
         child,
         dir,
     })

@@ -1,0 +1,86 @@
+//! `server.gateway.*`: the Elasticsearch-compatible write gate of `zkguard serve`.
+
+use std::net::SocketAddr;
+
+use crate::write::stamping::IndexPatterns;
+
+/// Where the gate listens and which indices it guards (`server.gateway.*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GatewaySettings {
+    /// `server.gateway.listen`; `None`: no gate.
+    pub listen: Option<SocketAddr>,
+    /// `server.gateway.indices`: indices whose document writes are locked and fenced.
+    pub indices: IndexPatterns,
+    /// `server.gateway.background.indices`: guarded indices written under the background lock
+    /// unless a request asks otherwise.
+    pub background: IndexPatterns,
+}
+
+impl Default for GatewaySettings {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            indices: IndexPatterns::parse("*").expect("`*` is a pattern"),
+            background: IndexPatterns::default(),
+        }
+    }
+}
+
+/// The three keys from their values; an error names the key and what it expects.
+pub(super) fn parse(
+    listen: &str,
+    indices: &str,
+    background: &str,
+) -> Result<GatewaySettings, (&'static str, String)> {
+    let listen = match listen.trim() {
+        "" => None,
+        v => Some(v.parse().map_err(|_| {
+            (
+                "server.gateway.listen",
+                "an IP address and port, e.g. 127.0.0.1:9201 (port 0 picks a free one), or empty for no gate".to_string(),
+            )
+        })?),
+    };
+    let indices = IndexPatterns::parse(indices).map_err(|e| ("server.gateway.indices", e))?;
+    let background =
+        IndexPatterns::parse(background).map_err(|e| ("server.gateway.background.indices", e))?;
+    Ok(GatewaySettings {
+        listen,
+        indices,
+        background,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn the_gate_is_off_by_default_and_guards_every_index_when_on() {
+        let off = parse("", "*", "").unwrap();
+        assert_eq!(off.listen, None);
+        let on = parse("127.0.0.1:0", "*", "kpi-*").unwrap();
+        assert_eq!(on.listen.unwrap().port(), 0);
+        assert!(on.indices.matches("articles"));
+        assert!(on.background.matches("kpi-2026") && !on.background.matches("articles"));
+        let some = parse("127.0.0.1:9201", "articles,logs-*", "").unwrap();
+        assert!(some.indices.matches("logs-1") && !some.indices.matches("other"));
+    }
+
+    #[test]
+    fn a_bad_value_names_its_key() {
+        assert_eq!(
+            parse("localhost", "*", "").unwrap_err().0,
+            "server.gateway.listen"
+        );
+        assert_eq!(
+            parse("", "a*b", "").unwrap_err().0,
+            "server.gateway.indices"
+        );
+        assert_eq!(
+            parse("", "*", "Upper").unwrap_err().0,
+            "server.gateway.background.indices"
+        );
+    }
+}

@@ -1,0 +1,323 @@
+//! The gate: the service's state, the cluster, what it guards, how a guarded write is locked,
+//! and the helpers its handlers share.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use zkguard::config::GatewaySettings;
+use zkguard::{LockError, LockType};
+
+use super::backend::Cluster;
+use super::reply::GateError;
+use crate::server::access::Tokens;
+use crate::server::state::AppState;
+
+/// The largest request body the gate reads (Elasticsearch's default `http.max_content_length`).
+pub const MAX_BODY: usize = 100 << 20;
+/// How long a name found to be a concrete index (not an alias) is remembered.
+const CONCRETE_FOR: Duration = Duration::from_secs(60);
+
+/// Header naming the lock's monitor object instead of `{index}:{id}`.
+pub const MONITOR_HEADER: &str = "x-zkguard-monitor";
+/// Header choosing the lock type (`foreground` or `background`).
+pub const TYPE_HEADER: &str = "x-zkguard-lock-type";
+/// Header giving the lock wait (`500ms`, `5s`, or milliseconds).
+pub const TIMEOUT_HEADER: &str = "x-zkguard-timeout";
+/// Header carrying a bearer token of `server.auth.tokens.file` on guarded writes.
+pub const TOKEN_HEADER: &str = "x-zkguard-token";
+/// Header of every guarded write's answer: the fencing token it was written with.
+pub const TOKEN_ANSWER: &str = "x-zkguard-fencing-token";
+
+/// The gate: the service's state, the cluster, and what it guards.
+#[derive(Debug)]
+pub struct Gateway {
+    /// The service's state (locks, metrics, limits).
+    pub state: Arc<AppState>,
+    /// The cluster behind the gate.
+    pub cluster: Cluster,
+    /// The cluster's product header, as read at start.
+    pub product: Option<HeaderValue>,
+    /// `server.gateway.*`.
+    pub settings: GatewaySettings,
+    tokens: Arc<Tokens>,
+    /// Names known to be concrete indices, and since when.
+    concrete: Mutex<HashMap<String, Instant>>,
+}
+
+/// How a guarded write is locked.
+#[derive(Debug, Clone)]
+pub struct LockPlan {
+    /// Lock type.
+    pub lock_type: LockType,
+    /// Lock wait.
+    pub wait: Duration,
+    /// The monitor named by the caller's header, if any.
+    pub monitor: Option<String>,
+}
+
+impl Gateway {
+    /// The gate over `state`, reading the cluster's product header.
+    ///
+    /// # Errors
+    /// A message naming what cannot be used (TLS files) or reached.
+    pub async fn new(
+        state: Arc<AppState>,
+        tokens: Arc<Tokens>,
+        es: &zkguard::config::EsSettings,
+    ) -> Result<Self, String> {
+        let cluster = Cluster::new(es, (*state.store).clone())?;
+        let product = cluster.product().await?;
+        Ok(Self {
+            settings: state.settings.gateway.clone(),
+            state,
+            cluster,
+            product,
+            tokens,
+            concrete: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Whether writes to `index` are guarded: it matches `server.gateway.indices` and is not a
+    /// system index (a leading `.`, which patterns do not match, as in Elasticsearch).
+    pub fn guards(&self, index: &str) -> bool {
+        !index.starts_with('.') && self.settings.indices.matches(index)
+    }
+
+    /// The refusal of a document write to one of zkguard's own indices (transactions, dead
+    /// letters, lease locks), unless `server.index.allow` names it.
+    pub fn own_index(&self, index: &str) -> Option<GateError> {
+        if index.starts_with('.') {
+            return None;
+        }
+        self.state.settings.protected_index(index).map(|why| {
+            GateError::new(
+                StatusCode::FORBIDDEN,
+                "security_exception",
+                format!("zkguard: writes to [{index}] are refused: it {why}; write it through zkguard's own commands, or name it in server.index.allow"),
+            )
+        })
+    }
+
+    /// The concrete index a write to `target` lands in: the target itself, or the write index
+    /// of the alias it names.
+    ///
+    /// # Errors
+    /// An alias over several indices without a write index; the cluster unreachable.
+    pub async fn concrete(&self, target: &str) -> Result<String, GateError> {
+        {
+            let known = self.concrete.lock().unwrap_or_else(|p| p.into_inner());
+            if known
+                .get(target)
+                .is_some_and(|since| since.elapsed() < CONCRETE_FOR)
+            {
+                return Ok(target.to_string());
+            }
+        }
+        let path = format!("/_alias/{}", encode(target));
+        let answer = self
+            .cluster
+            .own(Method::GET, &path, "application/json", None)
+            .await
+            .map_err(unavailable)?;
+        if answer.status == StatusCode::NOT_FOUND || !answer.status.is_success() {
+            // Not an alias: a data stream writes to its newest backing index.
+            let stream = self
+                .cluster
+                .own(
+                    Method::GET,
+                    &format!("/_data_stream/{}", encode(target)),
+                    "application/json",
+                    None,
+                )
+                .await
+                .map_err(unavailable)?;
+            if stream.status.is_success() {
+                let body = stream.json();
+                if let Some(newest) = body["data_streams"][0]["indices"]
+                    .as_array()
+                    .and_then(|i| i.last())
+                    .and_then(|i| i["index_name"].as_str())
+                {
+                    return Ok(newest.to_string());
+                }
+            }
+            self.concrete
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(target.to_string(), Instant::now());
+            return Ok(target.to_string());
+        }
+        let body = answer.json();
+        let Some(indices) = body.as_object().filter(|o| !o.is_empty()) else {
+            return Ok(target.to_string());
+        };
+        if indices.contains_key(target) {
+            // Not an alias: `_alias/{index}` answers the index's own aliases on some servers.
+            return Ok(target.to_string());
+        }
+        let write_index = indices
+            .iter()
+            .find(|(_, v)| v["aliases"][target]["is_write_index"].as_bool() == Some(true));
+        match (write_index, indices.len()) {
+            (Some((name, _)), _) => Ok(name.clone()),
+            (None, 1) => Ok(indices.keys().next().cloned().unwrap_or_default()),
+            _ => Err(GateError::refused(format!(
+                "the alias [{target}] points to {} indices and none is its write index; write to one index, or make one the alias's write index (is_write_index)",
+                indices.len()
+            ))),
+        }
+    }
+
+    /// The lock of a guarded write on `concrete`, from the request's headers.
+    ///
+    /// # Errors
+    /// A header that cannot be used.
+    pub fn lock_plan(&self, headers: &HeaderMap, concrete: &str) -> Result<LockPlan, GateError> {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let lock_type = match text(TYPE_HEADER) {
+            Some(t) => t
+                .trim()
+                .parse::<LockType>()
+                .map_err(|e| GateError::refused(format!("header X-Zkguard-Lock-Type: {e}")))?,
+            None if self.settings.background.matches(concrete) => LockType::Background,
+            None => LockType::Foreground,
+        };
+        let asked =
+            match text(TIMEOUT_HEADER) {
+                Some(t) => Some(zkguard::config::parse_bounded_duration(t.trim()).map_err(
+                    |e| GateError::refused(format!("header X-Zkguard-Timeout `{t}`: {e}")),
+                )?),
+                None => None,
+            };
+        let wait = match (asked, lock_type) {
+            (Some(t), _) => self.state.lock_wait(Some(t)),
+            (None, LockType::Foreground) => self.state.lock_wait(None),
+            (None, LockType::Background) => self.state.lock_wait(Some(self.state.bg_timeout)),
+        };
+        let monitor = match text(MONITOR_HEADER) {
+            Some(m) => {
+                let m = m.trim().to_string();
+                zkguard::lock::validate_monitor(&m)
+                    .map_err(|e| GateError::refused(format!("header X-Zkguard-Monitor: {e}")))?;
+                Some(m)
+            }
+            None => None,
+        };
+        Ok(LockPlan {
+            lock_type,
+            wait,
+            monitor,
+        })
+    }
+}
+
+/// The error of a lock not acquired: 429 when it stayed taken (what clients retry), 503 when
+/// the lock backend failed, 400 for a bad monitor name.
+pub fn lock_error(e: &LockError) -> GateError {
+    match e {
+        LockError::Timeout { .. } => GateError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "es_rejected_execution_exception",
+            format!("zkguard: {e}; nothing was written, send the request again"),
+        )
+        .retry_after(1),
+        LockError::InvalidMonitor { .. } => GateError::refused(format!("zkguard: {e}")),
+        _ => GateError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "zkguard_lock_unavailable_exception",
+            format!("zkguard: {e}; nothing was written, send the request again"),
+        )
+        .retry_after(1),
+    }
+}
+
+/// 503 for a cluster the gate could not reach itself.
+pub fn unavailable(reason: String) -> GateError {
+    GateError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "zkguard_cluster_unavailable_exception",
+        format!("zkguard: {reason}"),
+    )
+    .retry_after(1)
+}
+
+/// Percent-encodes one path segment.
+pub fn encode(segment: &str) -> String {
+    url::form_urlencoded::byte_serialize(segment.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+/// Reads a request's body whole (at most [`MAX_BODY`]), inflating a gzip body.
+///
+/// # Errors
+/// 413 over the limit; 400 when the body cannot be read or inflated.
+pub async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, GateError> {
+    let raw = axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| {
+        GateError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "content_too_long_exception",
+            format!("the request body could not be read whole ({e}); bodies up to {MAX_BODY} bytes are accepted: send smaller requests"),
+        )
+    })?;
+    let gzip = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
+    if !gzip {
+        return Ok(raw);
+    }
+    let mut out = Vec::with_capacity(raw.len() * 4);
+    flate2::read::MultiGzDecoder::new(&raw[..])
+        .take(MAX_BODY as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| {
+            GateError::refused(format!(
+                "the body is marked Content-Encoding: gzip but cannot be inflated: {e}"
+            ))
+        })?;
+    if out.len() > MAX_BODY {
+        return Err(GateError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "content_too_long_exception",
+            format!("the inflated body is over {MAX_BODY} bytes; send smaller requests"),
+        ));
+    }
+    Ok(Bytes::from(out))
+}
+
+impl Gateway {
+    /// Whether any of the comma-separated targets may be guarded: a guarded name, or a pattern
+    /// or `_all` while anything is guarded.
+    pub fn guards_any(&self, targets: &str) -> bool {
+        targets.split(',').map(str::trim).any(|t| {
+            if t.contains('*') || t == "_all" {
+                !self.settings.indices.is_empty()
+            } else {
+                self.guards(t.trim_start_matches('-'))
+            }
+        })
+    }
+
+    /// The refusal of a guarded write without an accepted token, when tokens are required.
+    pub fn not_admitted(&self, headers: &HeaderMap) -> Option<GateError> {
+        let token = headers.get(TOKEN_HEADER).and_then(|v| v.to_str().ok());
+        (!self.tokens.admits_token(token)).then(|| {
+            GateError::new(
+                StatusCode::UNAUTHORIZED,
+                "security_exception",
+                "zkguard: guarded writes need a token of server.auth.tokens.file in the header X-Zkguard-Token (set it as a default header of the client)",
+            )
+        })
+    }
+
+    /// Whether the service is shutting down.
+    pub fn draining(&self) -> bool {
+        self.state.draining.load(Ordering::Acquire)
+    }
+}

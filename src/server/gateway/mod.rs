@@ -1,0 +1,22 @@
+//! The Elasticsearch-compatible write gate of `zkguard serve` (`server.gateway.listen`).
+//!
+//! Applications point their Elasticsearch or OpenSearch client at the gate instead of the
+//! cluster. On guarded indices (`server.gateway.indices`) every document write (index, create,
+//! update with a partial document, delete, and each item of a `_bulk`) is made under the lock
+//! of its document (`{index}:{id}`, or the `X-Zkguard-Monitor` header) and carries the lock's
+//! fencing token as its external version (`version=<token>&version_type=external_gte`).
+//! Writes that cannot carry a token (scripts, writes by query, client-supplied versions) are
+//! refused with an Elasticsearch-shaped error; everything else passes through to the cluster
+//! unchanged. `docs/gateway.md` describes the routes and the trust model.
+
+mod backend;
+mod bulk;
+mod gate;
+mod handler;
+mod merge;
+mod reply;
+mod route;
+mod single;
+
+pub use gate::Gateway;
+pub use handler::router;

@@ -1,0 +1,298 @@
+//! `zkguard bench --gateway`: the same writes sent straight to the cluster and through the
+//! Elasticsearch-compatible gate of `zkguard serve`, side by side.
+//!
+//! - **foreground index**: `clients` concurrent clients index documents one request at a time
+//!   (`PUT /{index}/_doc/{id}`) on `docs` shared documents: latency per write, p50 and p99;
+//! - **bulk**: `bulk_docs` documents indexed in `_bulk` requests of `bulk_size` items from
+//!   `clients` concurrent senders, through the gate under the background lock: documents per
+//!   second, from the first request sent until the last answered.
+//!
+//! Both targets run in turns (straight, gate, straight, gate) on the same documents, so that
+//! the servers' warm-up and the machine's noise fall on both; every write must succeed (a
+//! failed item fails the run). A warm-up round of each precedes the measured ones.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use zkguard::config::Settings;
+
+use super::service_bench::{latencies, start_served};
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct GatewayPlan {
+    /// Concurrent clients.
+    pub clients: u32,
+    /// Shared documents of the foreground writes.
+    pub docs: u32,
+    /// Foreground writes per target and round.
+    pub saves: u32,
+    /// Documents per target and round of the bulk figure.
+    pub bulk_docs: u32,
+    /// Items per `_bulk` request.
+    pub bulk_size: u32,
+}
+
+/// Measured rounds per target (after one warm-up round each).
+pub const ROUNDS: u32 = 2;
+
+/// The figures.
+#[derive(Debug, Clone)]
+pub struct GatewayReport {
+    /// The plan.
+    pub plan: GatewayPlan,
+    /// Foreground latency straight to the cluster, p50 and p99.
+    pub straight: (Duration, Duration),
+    /// Foreground latency through the gate, p50 and p99.
+    pub gate: (Duration, Duration),
+    /// Bulk documents per second straight to the cluster.
+    pub straight_bulk: f64,
+    /// Bulk documents per second through the gate.
+    pub gate_bulk: f64,
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0 * 100.0).round() / 100.0
+}
+
+impl GatewayReport {
+    /// Foreground p50 through the gate over straight.
+    pub fn fg_ratio(&self) -> f64 {
+        self.gate.0.as_secs_f64() / self.straight.0.as_secs_f64().max(1e-9)
+    }
+
+    /// Bulk throughput through the gate over straight.
+    pub fn bulk_ratio(&self) -> f64 {
+        self.gate_bulk / self.straight_bulk.max(1e-9)
+    }
+
+    /// One flat JSON object.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "clients": self.plan.clients,
+            "docs": self.plan.docs,
+            "saves": self.plan.saves * ROUNDS,
+            "bulk_docs": self.plan.bulk_docs * ROUNDS,
+            "bulk_size": self.plan.bulk_size,
+            "build": if cfg!(debug_assertions) { "debug" } else { "release" },
+            "straight_fg_p50_ms": ms(self.straight.0),
+            "straight_fg_p99_ms": ms(self.straight.1),
+            "gateway_fg_p50_ms": ms(self.gate.0),
+            "gateway_fg_p99_ms": ms(self.gate.1),
+            "straight_bulk_docs_per_sec": self.straight_bulk.round(),
+            "gateway_bulk_docs_per_sec": self.gate_bulk.round(),
+            "gateway_over_straight_fg_p50": (self.fg_ratio() * 100.0).round() / 100.0,
+            "gateway_over_straight_bulk": (self.bulk_ratio() * 100.0).round() / 100.0,
+        })
+    }
+
+    /// A table for people.
+    pub fn table(&self) -> String {
+        let p = &self.plan;
+        format!(
+            "zkguard bench --gateway: {} clients, {} documents, {} foreground writes and {} bulk documents per target ({} per _bulk), {} build\n\
+             \n\
+             {:<28} {:>12} {:>12}\n\
+             {:<28} {:>12.2} {:>12.2}\n\
+             {:<28} {:>12.2} {:>12.2}\n\
+             {:<28} {:>12.0} {:>12.0}\n\
+             \n\
+             foreground p50 through the gate: {:.2}x straight (goal: at most 1.5x)\n\
+             bulk through the gate: {:.2}x straight (goal: at least 0.5x)\n",
+            p.clients,
+            p.docs,
+            p.saves * ROUNDS,
+            p.bulk_docs * ROUNDS,
+            p.bulk_size,
+            if cfg!(debug_assertions) { "debug" } else { "release" },
+            "",
+            "straight",
+            "gateway",
+            "foreground index p50 (ms)",
+            ms(self.straight.0),
+            ms(self.gate.0),
+            "foreground index p99 (ms)",
+            ms(self.straight.1),
+            ms(self.gate.1),
+            "bulk documents per second",
+            self.straight_bulk,
+            self.gate_bulk,
+            self.fg_ratio(),
+            self.bulk_ratio(),
+        )
+    }
+}
+
+/// Runs both targets against `settings`' ZooKeeper and Elasticsearch.
+///
+/// # Errors
+/// The service did not start, or a write failed (the message says which and why).
+pub async fn run(settings: Settings, plan: GatewayPlan) -> Result<GatewayReport, String> {
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let mut settings = settings;
+    settings.zookeeper.lock_root = format!("/zkguard-bench-gateway/{tag}");
+    let served = start_served(&settings, plan.clients, true).await?;
+    let gate = served
+        .gateway
+        .clone()
+        .ok_or("zkguard serve did not start its gate")?;
+    let straight = settings
+        .elasticsearch
+        .urls
+        .first()
+        .map(|u| u.as_str().trim_end_matches('/').to_string())
+        .ok_or("no elasticsearch.url")?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(plan.clients as usize * 2)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let index = format!("bench-gateway-{tag}");
+    let bulk_index = format!("bench-gateway-bulk-{tag}");
+    for i in [&index, &bulk_index] {
+        let r = http
+            .put(format!("{straight}/{i}"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !r.status().is_success() {
+            return Err(format!("creating index {i} answered {}", r.status()));
+        }
+    }
+    let targets = [straight.as_str(), gate.as_str()];
+    // Warm-up: connections open, the servers' code paths hot.
+    for t in targets {
+        foreground(&http, t, &index, plan, plan.saves.min(200)).await?;
+        bulk(&http, t, &bulk_index, plan, plan.bulk_docs.min(2000)).await?;
+    }
+    let mut fg = [Vec::new(), Vec::new()];
+    let mut docs_per_sec = [0.0f64; 2];
+    for _ in 0..ROUNDS {
+        for (k, t) in targets.iter().enumerate() {
+            fg[k].extend(foreground(&http, t, &index, plan, plan.saves).await?);
+        }
+        for (k, t) in targets.iter().enumerate() {
+            let started = Instant::now();
+            bulk(&http, t, &bulk_index, plan, plan.bulk_docs).await?;
+            docs_per_sec[k] += f64::from(plan.bulk_docs) / started.elapsed().as_secs_f64();
+        }
+    }
+    drop(served);
+    let [straight_fg, gate_fg] = fg;
+    Ok(GatewayReport {
+        plan,
+        straight: latencies(straight_fg),
+        gate: latencies(gate_fg),
+        straight_bulk: docs_per_sec[0] / f64::from(ROUNDS),
+        gate_bulk: docs_per_sec[1] / f64::from(ROUNDS),
+    })
+}
+
+/// `saves` foreground writes from `plan.clients` clients; their latencies.
+async fn foreground(
+    http: &reqwest::Client,
+    base: &str,
+    index: &str,
+    plan: GatewayPlan,
+    saves: u32,
+) -> Result<Vec<Duration>, String> {
+    let per = (saves / plan.clients).max(1);
+    let mut tasks = Vec::new();
+    for c in 0..plan.clients {
+        let (http, base, index) = (http.clone(), base.to_string(), index.to_string());
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::with_capacity(per as usize);
+            for i in 0..per {
+                let d = (c.wrapping_mul(7919).wrapping_add(i)) % plan.docs;
+                let t = Instant::now();
+                let r = http
+                    .put(format!("{base}/{index}/_doc/{d}"))
+                    .header("content-type", "application/json")
+                    .body(json!({"client": c, "n": i}).to_string())
+                    .send()
+                    .await
+                    .map_err(|e| format!("{base}: {e}"))?;
+                let status = r.status();
+                let body = r.bytes().await.unwrap_or_default();
+                if !status.is_success() {
+                    return Err(format!(
+                        "{base} answered {status} to an index: {}",
+                        String::from_utf8_lossy(&body)
+                    ));
+                }
+                out.push(t.elapsed());
+            }
+            Ok::<_, String>(out)
+        }));
+    }
+    let mut samples = Vec::new();
+    for t in tasks {
+        samples.extend(t.await.map_err(|e| e.to_string())??);
+    }
+    Ok(samples)
+}
+
+/// `docs` documents in `_bulk` requests of `plan.bulk_size` from `plan.clients` senders.
+async fn bulk(
+    http: &reqwest::Client,
+    base: &str,
+    index: &str,
+    plan: GatewayPlan,
+    docs: u32,
+) -> Result<(), String> {
+    let requests: Vec<(u32, u32)> = (0..docs)
+        .step_by(plan.bulk_size as usize)
+        .map(|from| (from, (from + plan.bulk_size).min(docs)))
+        .collect();
+    let queue = std::sync::Arc::new(std::sync::Mutex::new(requests.into_iter()));
+    let mut tasks = Vec::new();
+    for _ in 0..plan.clients {
+        let (http, base, index, queue) = (
+            http.clone(),
+            base.to_string(),
+            index.to_string(),
+            queue.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+                let Some((from, to)) = next else {
+                    return Ok::<_, String>(());
+                };
+                let mut body = String::with_capacity((to - from) as usize * 64);
+                for d in from..to {
+                    body.push_str(&format!(
+                        "{{\"index\":{{\"_index\":\"{index}\",\"_id\":\"{d}\"}}}}\n{{\"n\":{d},\"at\":{from}}}\n"
+                    ));
+                }
+                let r = http
+                    .post(format!("{base}/_bulk"))
+                    .header("content-type", "application/x-ndjson")
+                    .header("x-zkguard-lock-type", "background")
+                    .body(body)
+                    .send()
+                    .await
+                    .map_err(|e| format!("{base}: {e}"))?;
+                let status = r.status();
+                let answer: Value = r.json().await.unwrap_or_default();
+                if !status.is_success() || answer["errors"] != false {
+                    let first = answer["items"]
+                        .as_array()
+                        .and_then(|items| {
+                            items.iter().find(|i| {
+                                i.as_object()
+                                    .and_then(|o| o.values().next())
+                                    .is_some_and(|v| v.get("error").is_some())
+                            })
+                        })
+                        .cloned()
+                        .unwrap_or(answer);
+                    return Err(format!("{base} answered {status} to a _bulk: {first}"));
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    Ok(())
+}

@@ -1,0 +1,607 @@
+//! The Elasticsearch-compatible gate of `zkguard serve`, against real ZooKeeper and
+//! osmem-server processes and the official Python clients: guarded writes carry their lock's
+//! token as the document's version, the gate and `/v1` share the locks (foreground first),
+//! a stale write is fenced, what cannot be fenced is refused, the rest passes through as is.
+
+mod common;
+mod gateway_support;
+mod serve_support;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::time::Duration;
+
+use common::*;
+use gateway_support::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use serve_support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_official_python_clients_write_through_the_gate_and_every_version_is_a_token() {
+    // opensearch-py straight at the gate before osmem; elasticsearch-py 8 at a gate before the
+    // front that answers as a real Elasticsearch (product header, its media types).
+    let front = Front::start_with(shared_es().url(), &["--plain-media-types"]);
+    for (name, es) in [
+        ("opensearch", shared_es().url().to_string()),
+        ("elasticsearch", front.url.clone()),
+    ] {
+        let env = gate_env(&shared_zk().connect_string(), name, &es);
+        let s = env.start("a");
+        let index = format!("gate-{name}-{}", uuid_tag());
+        let summary = python_clients(name, &gate(&s), &index).await;
+        let versions = summary["versions"].as_object().unwrap();
+        let responses = summary["responses"].as_object().unwrap();
+        assert!(
+            versions.len() >= 2990,
+            "{name}: {} documents",
+            versions.len()
+        );
+        for (id, v) in versions {
+            let v = v.as_u64().unwrap();
+            assert!(v >= MIN_TOKEN, "{name}: {id} has version {v}, not a token");
+            assert_eq!(
+                Some(v),
+                responses[id].as_u64(),
+                "{name}: {id}: stored version is the last writer's token"
+            );
+        }
+        let c = client();
+        let m = scrape(&c, &s).await;
+        for series in [
+            r#"zkguard_gateway_requests_total{route="update",outcome="guarded"}"#,
+            r#"zkguard_gateway_requests_total{route="create",outcome="conflict"}"#,
+            r#"zkguard_gateway_requests_total{route="update",outcome="refused"}"#,
+            r#"zkguard_gateway_requests_total{route="by_query",outcome="refused"}"#,
+            r#"zkguard_gateway_requests_total{route="other",outcome="passed"}"#,
+            r#"zkguard_gateway_bulk_items_total{route="index",outcome="guarded"}"#,
+            r#"zkguard_gateway_bulk_items_total{route="update",outcome="guarded"}"#,
+        ] {
+            assert!(
+                m.get(series).copied().unwrap_or(0.0) >= 1.0,
+                "{name}: {series} in {m:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_gate_and_v1_share_the_locks_and_foreground_overtakes_queued_background() {
+    let env = gate_env(&shared_zk().connect_string(), "share", shared_es().url());
+    let s = env.start("a");
+    let g = gate(&s);
+    let c = client();
+    let index = format!("gate-share-{}", uuid_tag());
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/setup"),
+        Some("{}"),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+
+    // A holder outside the gate; a background write queues, then a foreground one overtakes it.
+    let monitor = format!("{index}:d");
+    let lock_node = format!("{}/{monitor}", env.root);
+    let (holder, guard) = hold_lock(&env, &monitor).await;
+    let write = |who: &'static str, ty: &'static str| {
+        let c = c.clone();
+        let url = format!("{g}/{index}/_doc/d");
+        tokio::spawn(async move {
+            send(
+                &c,
+                Method::PUT,
+                &url,
+                Some(&json!({"who": who}).to_string()),
+                &[("x-zkguard-lock-type", ty)],
+            )
+            .await
+        })
+    };
+    let bg = write("bg", "background");
+    eventually(
+        Duration::from_secs(10),
+        "the background write queues",
+        || async { queued(&env.zk, &lock_node, "B-").await == 1 },
+    )
+    .await;
+    let fg = write("fg", "foreground");
+    eventually(
+        Duration::from_secs(10),
+        "the foreground write queues",
+        || async { queued(&env.zk, &lock_node, "A-").await == 2 },
+    )
+    .await;
+    guard.unlock().await.unwrap();
+    drop(holder);
+    let (fg_status, fg_h, fg_v) = fg.await.unwrap();
+    let (bg_status, bg_h, bg_v) = bg.await.unwrap();
+    assert_eq!(fg_status, StatusCode::CREATED, "{fg_v}");
+    assert_eq!(bg_status, StatusCode::OK, "{bg_v}");
+    assert!(
+        token_of(&fg_h) < token_of(&bg_h),
+        "the foreground write went first"
+    );
+    let doc = es_doc(&c, &index, "d").await;
+    assert_eq!(doc["_source"]["who"], "bg");
+    assert_eq!(doc["_version"].as_u64(), Some(token_of(&bg_h)));
+
+    // Writers through the gate (single writes and bulks, both lock types) and through /v1 on
+    // the same three documents at once: no write is ever fenced (no two holders), and each
+    // document ends at the highest token written.
+    let mut tasks = Vec::new();
+    for k in 0..6usize {
+        let c = c.clone();
+        let (g, v1, index) = (g.clone(), s.base.clone(), index.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut tokens: Vec<(String, u64)> = Vec::new();
+            for i in 0..12usize {
+                let doc = format!("s{}", (k + i) % 3);
+                let body = json!({"k": k, "i": i}).to_string();
+                match (k + i) % 4 {
+                    0 => {
+                        let url = format!("{v1}/v1/indices/{index}/docs/{doc}?timeout=20s");
+                        let (st, v) = call(&c, Method::PUT, &url, Some(body)).await;
+                        assert_eq!(st, StatusCode::OK, "{v}");
+                        tokens.push((doc, v["token"].as_u64().unwrap()));
+                    }
+                    1 => {
+                        let bulk = format!(
+                            "{{\"index\":{{\"_index\":\"{index}\",\"_id\":\"{doc}\"}}}}\n{body}\n{{\"update\":{{\"_index\":\"{index}\",\"_id\":\"{doc}\"}}}}\n{{\"doc\":{{\"u\":{i}}}}}\n"
+                        );
+                        let (st, _, v) = send(&c, Method::POST, &format!("{g}/_bulk"), Some(&bulk), &[("x-zkguard-lock-type", "background"), ("x-zkguard-timeout", "20s")]).await;
+                        assert_eq!(st, StatusCode::OK, "{v}");
+                        assert_eq!(v["errors"], false, "{v}");
+                        for item in v["items"].as_array().unwrap() {
+                            let inner = item.as_object().unwrap().values().next().unwrap();
+                            tokens.push((doc.clone(), inner["_version"].as_u64().unwrap()));
+                        }
+                    }
+                    n => {
+                        let ty = if n == 2 { "foreground" } else { "background" };
+                        let url = format!("{g}/{index}/_doc/{doc}");
+                        let (st, h, v) = send(&c, Method::PUT, &url, Some(&body), &[("x-zkguard-lock-type", ty), ("x-zkguard-timeout", "20s")]).await;
+                        assert!(st.is_success(), "{st} {v}");
+                        tokens.push((doc, token_of(&h)));
+                    }
+                }
+            }
+            tokens
+        }));
+    }
+    let mut per_doc: HashMap<String, Vec<u64>> = HashMap::new();
+    for t in tasks {
+        for (doc, token) in t.await.unwrap() {
+            per_doc.entry(doc).or_default().push(token);
+        }
+    }
+    for (doc, tokens) in &per_doc {
+        let stored = es_doc(&c, &index, doc).await;
+        assert_eq!(
+            stored["_version"].as_u64(),
+            tokens.iter().max().copied(),
+            "{doc}: {stored}"
+        );
+    }
+    let m = scrape(&c, &s).await;
+    let fenced: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("zkguard_fenced_rejections_total"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(fenced, 0.0, "no write was fenced: {m:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gate_write_whose_lock_is_lost_on_the_way_is_fenced() {
+    // The service reaches ZooKeeper through a partition the test cuts, and Elasticsearch
+    // through a front that holds its fenced writes: the gate's write is on the way, its
+    // session expires, another writer takes the lock and writes, then the stale write arrives.
+    let zk = shared_zk().connect_string();
+    let partition = zkguard::testkit::Partition::start(&zk).unwrap();
+    let front = Front::start(shared_es().url());
+    let env = gate_env(partition.connect_string(), "stale", &front.url);
+    let s = env.start("a");
+    let g = gate(&s);
+    let c = client();
+    let index = format!("gate-stale-{}", uuid_tag());
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/x"),
+        Some(r#"{"owner":"seed"}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+
+    front.hold().await;
+    let stale = tokio::spawn({
+        let (c, url) = (c.clone(), format!("{g}/{index}/_doc/x"));
+        async move { send(&c, Method::PUT, &url, Some(r#"{"owner":"stale"}"#), &[]).await }
+    });
+    eventually(
+        Duration::from_secs(10),
+        "the gate's write waits at the front",
+        || async { front.held().await == 1 },
+    )
+    .await;
+    // While it holds the lock, `zkguard locks` names the gate's route as the holder's info.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .args(["locks", "--json"])
+        .env("ZKGUARD_ZOOKEEPER_SERVERS", &zk)
+        .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &env.root)
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains(&format!("gateway index {index}/x")),
+        "{listed}"
+    );
+
+    partition.cut();
+    let mut settings = zk_settings(&zk, "newer");
+    settings.lock_root = env.root.clone();
+    let locks: std::sync::Arc<dyn zkguard::LockService> =
+        std::sync::Arc::new(zkguard::ZkLockService::new(session(&settings).await));
+    let store: std::sync::Arc<dyn zkguard::es::DocStore> =
+        std::sync::Arc::new(zkguard::es::EsStore::from_url(shared_es().url()).unwrap());
+    let newer = zkguard::write::guarded::GuardedWriter::new(locks, store)
+        .without_stamp(zkguard::write::stamping::IndexPatterns::parse("*").unwrap())
+        .on(zkguard::lock::document_monitor(&index, "x"))
+        .index(&index, "x", json!({"owner": "newer"}))
+        .await
+        .unwrap();
+    front.release().await;
+    let (st, _, v) = stale.await.unwrap();
+    assert_eq!(st, StatusCode::CONFLICT, "the stale write is fenced: {v}");
+    assert_eq!(
+        v["error"]["type"], "version_conflict_engine_exception",
+        "{v}"
+    );
+    let doc = es_doc(&c, &index, "x").await;
+    assert_eq!(doc["_source"]["owner"], "newer", "{doc}");
+    assert_eq!(doc["_version"].as_u64(), Some(newer.token));
+    partition.heal();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn what_cannot_carry_a_token_is_refused_with_a_reason_and_writes_nothing() {
+    let env = gate_env(&shared_zk().connect_string(), "refuse", shared_es().url());
+    let s = env.start("a");
+    let g = gate(&s);
+    let c = client();
+    let index = format!("gate-refuse-{}", uuid_tag());
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/1"),
+        Some(r#"{"n":1}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let before = es_doc(&c, &index, "1").await;
+    for (method, path, body, says) in [
+        (
+            Method::POST,
+            format!("/{index}/_update/1"),
+            r#"{"script":{"source":"ctx._source.n++"}}"#.to_string(),
+            "scripted updates are refused",
+        ),
+        (
+            Method::POST,
+            format!("/{index}/_update_by_query"),
+            r#"{"query":{"match_all":{}}}"#.to_string(),
+            "_update_by_query on",
+        ),
+        (
+            Method::POST,
+            format!("/{index}/_delete_by_query"),
+            r#"{"query":{"match_all":{}}}"#.to_string(),
+            "_delete_by_query on",
+        ),
+        (
+            Method::POST,
+            "/_reindex".to_string(),
+            json!({"source":{"index":"elsewhere"},"dest":{"index":index}}).to_string(),
+            "_reindex into",
+        ),
+        (
+            Method::PUT,
+            format!("/{index}/_doc/1?version=99&version_type=external"),
+            r#"{"n":2}"#.to_string(),
+            "[version] is refused",
+        ),
+        (
+            Method::PUT,
+            format!("/{index},other/_doc/1"),
+            r#"{"n":2}"#.to_string(),
+            "several indices or a pattern",
+        ),
+    ] {
+        let (st, h, v) = send(&c, method, &format!("{g}{path}"), Some(&body), &[]).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{path}: {v}");
+        assert_eq!(v["status"], 400, "{path}: {v}");
+        assert_eq!(
+            v["error"]["type"], "illegal_argument_exception",
+            "{path}: {v}"
+        );
+        let reason = v["error"]["reason"].as_str().unwrap();
+        assert!(reason.contains(says), "{path}: {reason}");
+        assert!(
+            h.get("x-elastic-product").is_some(),
+            "{path}: the gate's answers carry the product header"
+        );
+    }
+    // zkguard's own indices are refused outright.
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/zkguard-transactions/_doc/t"),
+        Some("{}"),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{v}");
+    assert!(
+        v["error"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("server.index.allow"),
+        "{v}"
+    );
+    // In a bulk, a refused item is answered on its own; the others are written.
+    let bulk = format!(
+        "{{\"index\":{{\"_index\":\"{index}\",\"_id\":\"1\",\"version\":5,\"version_type\":\"external\"}}}}\n{{\"n\":3}}\n{{\"index\":{{\"_index\":\"{index}\",\"_id\":\"2\"}}}}\n{{\"n\":3}}\n"
+    );
+    let (st, _, v) = send(
+        &c,
+        Method::POST,
+        &format!("{g}/_bulk?filter_path=errors,items.*.status"),
+        Some(&bulk),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(
+        v,
+        json!({"errors": true, "items": [{"index": {"status": 400}}, {"index": {"status": 201}}]})
+    );
+    assert_eq!(
+        es_doc(&c, &index, "1").await,
+        before,
+        "nothing was written by a refusal"
+    );
+}
+
+/// A request sent to the gate and to the cluster: method, path and query, body, headers.
+type Compared = (
+    Method,
+    String,
+    Option<Vec<u8>>,
+    Vec<(&'static str, &'static str)>,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn everything_else_passes_through_as_the_cluster_answers_it() {
+    let env = gate_env(&shared_zk().connect_string(), "pass", shared_es().url());
+    let s = env.start("a");
+    let g = gate(&s);
+    let es = shared_es().url().trim_end_matches('/').to_string();
+    let c = client();
+    let index = format!("gate-pass-{}", uuid_tag());
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}"),
+        Some(r#"{"mappings":{"properties":{"t":{"type":"keyword"}}}}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    for i in 0..3 {
+        let (st, _, v) = send(
+            &c,
+            Method::PUT,
+            &format!("{g}/{index}/_doc/{i}?refresh=true"),
+            Some(&json!({"t": format!("v{i}")}).to_string()),
+            &[],
+        )
+        .await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+    }
+    // A new document with an id the cluster picks is passed through (nobody else can be
+    // writing it): its version is the cluster's own.
+    let (st, _, v) = send(
+        &c,
+        Method::POST,
+        &format!("{g}/{index}/_doc?refresh=true"),
+        Some(r#"{"t":"auto"}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    assert_eq!(v["_version"], 1, "{v}");
+
+    let search = r#"{"query":{"term":{"t":"v1"}},"sort":[{"t":"asc"}]}"#;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(search.as_bytes()).unwrap();
+    let gzipped = gz.finish().unwrap();
+    let requests: Vec<Compared> = vec![
+        (Method::GET, format!("/{index}/_doc/1"), None, vec![]),
+        (Method::HEAD, format!("/{index}/_doc/1"), None, vec![]),
+        (Method::GET, format!("/{index}/_doc/nope"), None, vec![]),
+        (Method::GET, format!("/{index}/_mapping"), None, vec![]),
+        (
+            Method::GET,
+            "/_cat/indices?h=index,docs.count&s=index".to_string(),
+            None,
+            vec![],
+        ),
+        (
+            Method::POST,
+            format!("/{index}/_search"),
+            Some(search.as_bytes().to_vec()),
+            vec![("content-type", "application/json")],
+        ),
+        (
+            Method::POST,
+            format!("/{index}/_search"),
+            Some(gzipped),
+            vec![
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+            ],
+        ),
+        (
+            Method::POST,
+            "/_mget".to_string(),
+            Some(
+                json!({"docs":[{"_index": index, "_id": "2"}]})
+                    .to_string()
+                    .into_bytes(),
+            ),
+            vec![("content-type", "application/json")],
+        ),
+        (
+            Method::PUT,
+            format!("/{index}/_mapping"),
+            Some(br#"{"properties":{"n":{"type":"long"}}}"#.to_vec()),
+            vec![("content-type", "application/json")],
+        ),
+    ];
+    for (method, path, body, headers) in requests {
+        let mut answers = Vec::new();
+        for base in [&g, &es] {
+            let mut r = c.request(method.clone(), format!("{base}{path}"));
+            for (k, v) in &headers {
+                r = r.header(*k, *v);
+            }
+            if let Some(b) = &body {
+                r = r.body(b.clone());
+            }
+            let r = r.send().await.unwrap();
+            let status = r.status();
+            let content_type = r.headers().get("content-type").cloned();
+            let product = r.headers().get("x-elastic-product").cloned();
+            let mut bytes = r.bytes().await.unwrap().to_vec();
+            if path.ends_with("_search") {
+                // `took` is the only part of a search's answer that differs between two runs.
+                let mut v: Value = serde_json::from_slice(&bytes).unwrap();
+                v["took"] = json!(0);
+                bytes = serde_json::to_vec(&v).unwrap();
+            }
+            answers.push((status, content_type, product, bytes));
+        }
+        assert_eq!(
+            answers[0], answers[1],
+            "{method} {path}: the gate answers as the cluster does"
+        );
+    }
+    let m = scrape(&c, &s).await;
+    assert!(
+        m.get(r#"zkguard_gateway_requests_total{route="auto_id",outcome="passed"}"#)
+            .copied()
+            .unwrap_or(0.0)
+            >= 1.0,
+        "{m:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_alias_locks_its_write_index_and_guarded_writes_need_a_token_when_tokens_are_on() {
+    let base = gate_env(&shared_zk().connect_string(), "alias", shared_es().url());
+    let tokens = base.dir.path().join("tokens");
+    std::fs::write(&tokens, "gate-test-token-0123456789abcdef0123456789\n").unwrap();
+    let env = base.with("ZKGUARD_SERVER_AUTH_TOKENS_FILE", tokens.to_str().unwrap());
+    let s = env.start("a");
+    let g = gate(&s);
+    let c = client();
+    let token = [(
+        "x-zkguard-token",
+        "gate-test-token-0123456789abcdef0123456789",
+    )];
+    let index = format!("gate-alias-{}", uuid_tag());
+    let concrete = format!("{index}-000001");
+    // Pass-through needs no zkguard token (the cluster checks the caller's own credentials).
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{concrete}"),
+        Some(&json!({"aliases": {&index: {"is_write_index": true}}}).to_string()),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    // A guarded write does.
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/a"),
+        Some(r#"{"n":1}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "{v}");
+    assert!(
+        v["error"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("X-Zkguard-Token"),
+        "{v}"
+    );
+    let (st, _, v) = send(
+        &c,
+        Method::POST,
+        &format!("{g}/_bulk"),
+        Some(&format!(
+            "{{\"index\":{{\"_index\":\"{index}\",\"_id\":\"a\"}}}}\n{{}}\n"
+        )),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "{v}");
+    let (st, h, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/a"),
+        Some(r#"{"n":1}"#),
+        &token,
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    assert_eq!(v["_index"], concrete.as_str(), "{v}");
+    assert_eq!(v["_version"].as_u64(), Some(token_of(&h)));
+
+    // The lock is the write index's: a holder of `{concrete}:a` keeps a write through the alias
+    // waiting, and it is answered 429 (what the clients retry) when it waited long enough.
+    let (holder, guard) = hold_lock(&env, &format!("{concrete}:a")).await;
+    let (st, h, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/a"),
+        Some(r#"{"n":2}"#),
+        &[token[0], ("x-zkguard-timeout", "0")],
+    )
+    .await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert_eq!(v["error"]["type"], "es_rejected_execution_exception", "{v}");
+    assert!(
+        v["error"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{concrete}:a")),
+        "{v}"
+    );
+    assert!(h.get("retry-after").is_some());
+    guard.unlock().await.unwrap();
+    drop(holder);
+    assert_eq!(
+        es_doc(&c, &concrete, "a").await["_source"]["n"],
+        1,
+        "nothing was written"
+    );
+}

@@ -1,0 +1,177 @@
+//! Helpers of the gate's tests: a service with the gate on, the front that plays a real
+//! Elasticsearch before osmem-server (`front.py`), and the Python clients' scenario
+//! (`clients.py`).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use reqwest::{Client, Method, StatusCode};
+use serde_json::Value;
+
+use crate::serve_support::{Env, Service};
+
+/// A zkguard token is at least 2^52.
+pub const MIN_TOKEN: u64 = 1 << 52;
+
+/// The gate's base URL of a service started with it.
+pub fn gate(s: &Service) -> String {
+    format!(
+        "http://{}",
+        s.started["gateway"]
+            .as_str()
+            .expect("the start line names the gate's address")
+    )
+}
+
+/// An environment whose service runs the gate on a free port, in front of `es`.
+pub fn gate_env(zk: &str, tag: &str, es: &str) -> Env {
+    let mut env = Env::new(zk, tag).with("ZKGUARD_SERVER_GATEWAY_LISTEN", "127.0.0.1:0");
+    env.es = es.to_string();
+    env
+}
+
+/// `front.py` before a backend: adds `X-Elastic-Product: Elasticsearch` to every answer, as a
+/// real Elasticsearch sends it, and can hold fenced writes on the way (`hold`, `release`).
+pub struct Front {
+    child: Child,
+    pub url: String,
+}
+
+impl Front {
+    pub fn start(backend: &str) -> Self {
+        Self::start_with(backend, &[])
+    }
+
+    /// With more arguments (`--plain-media-types`).
+    pub fn start_with(backend: &str, args: &[&str]) -> Self {
+        let mut child = Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/gateway_support/front.py"
+            ))
+            .args(["--backend", backend])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run python3 front.py");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let v: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|_| panic!("front.py did not start: {line:?}"));
+        Front {
+            child,
+            url: v["url"].as_str().unwrap().to_string(),
+        }
+    }
+
+    async fn control(&self, what: &str) -> Value {
+        let r = Client::new()
+            .request(Method::POST, format!("{}/_front/{what}", self.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        r.json().await.unwrap()
+    }
+
+    /// From now on, writes carrying `version_type` wait at the front until [`Front::release`].
+    pub async fn hold(&self) {
+        self.control("hold").await;
+    }
+
+    /// Lets the held writes through, and the next ones.
+    pub async fn release(&self) {
+        self.control("release").await;
+    }
+
+    /// How many writes wait at the front.
+    pub async fn held(&self) -> u64 {
+        self.control("held").await["held"].as_u64().unwrap()
+    }
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `clients.py` with the named client against `url`; returns its summary line.
+pub async fn python_clients(client: &str, url: &str, index: &str) -> Value {
+    let args = vec![
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/gateway_support/clients.py"
+        )
+        .to_string(),
+        client.to_string(),
+        "--url".into(),
+        url.to_string(),
+        "--index".into(),
+        index.to_string(),
+    ];
+    tokio::task::spawn_blocking(move || {
+        let o = Command::new("python3")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run python3 clients.py");
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "clients.py {} failed ({:?}):\n{out}\n{}",
+            args[1],
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let last = out.lines().last().unwrap_or_default().to_string();
+        serde_json::from_str(&last).unwrap_or_else(|_| panic!("not JSON: {last}"))
+    })
+    .await
+    .unwrap()
+}
+
+/// Sends a request with a JSON (or NDJSON) body and extra headers; returns status, headers and
+/// body as JSON.
+pub async fn send(
+    c: &Client,
+    method: Method,
+    url: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+    let mut r = c.request(method, url);
+    if let Some(b) = body {
+        let ct = if url.contains("_bulk") {
+            "application/x-ndjson"
+        } else {
+            "application/json"
+        };
+        r = r.header("content-type", ct).body(b.to_string());
+    }
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    let r = r.send().await.unwrap();
+    let status = r.status();
+    let h = r.headers().clone();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        h,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+/// The token a guarded write of the gate was made with.
+pub fn token_of(h: &reqwest::header::HeaderMap) -> u64 {
+    h.get("x-zkguard-fencing-token")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("a guarded write names its token")
+}
