@@ -18,6 +18,9 @@ use super::reply::{Dress, GateError};
 use super::route::{is_multi_target, DocOp};
 use super::single::{apply_update, parse_update, Current, UpdateBody, UpdateOutcome};
 
+/// How long a batch of held locks waits for more to come in before it is written.
+const GATHER_GAP: Duration = Duration::from_millis(1);
+
 /// One item of the request.
 #[derive(Debug)]
 struct Item {
@@ -421,10 +424,15 @@ async fn guarded(
         let Some(first) = rx.recv().await else {
             break;
         };
-        tokio::task::yield_now().await;
+        // Locks come in bursts (the session's answers arrive together): gather until the
+        // burst ends, so that a batch makes one `_bulk` rather than several small ones. A
+        // lock waits at most one quiet gap longer; none waits for another that is taken.
         let mut ready = vec![first];
-        while let Ok(more) = rx.try_recv() {
-            ready.push(more);
+        while ready.len() < left {
+            match tokio::time::timeout(GATHER_GAP, rx.recv()).await {
+                Ok(Some(more)) => ready.push(more),
+                _ => break,
+            }
         }
         left -= ready.len();
         let mut batch: Vec<(usize, Box<dyn Guard>)> = Vec::new();
