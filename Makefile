@@ -16,7 +16,7 @@ test: deps
 # DURATION seconds of workload (default 600), split between a standalone ZooKeeper and a
 # 3-member ensemble, then the checker's verdict and the counts of operations and faults; then
 # the model check's random walks (tests/lock_model.rs) for DURATION seconds more.
-# `make test` runs the same tests for about a minute each, the walks for 10 seconds.
+# `make test` runs the same tests for about 40 seconds each, the walks for 10 seconds.
 DURATION ?= 600
 torture: deps
 	ZKGUARD_TORTURE_SECS=$(DURATION) cargo test --release --features docker --test lock_history -- --nocapture

@@ -38,8 +38,8 @@
 //! pins down the overtake the history once found: a background contender that had just read the
 //! queue took the mutex without verifying it, ahead of a foreground contender queued in between.
 //!
-//! The two runs take about a minute each, one after the other (they share the machine's two
-//! cores with four ZooKeeper servers). `make torture DURATION=600` runs them for as long as asked
+//! The two runs take about 40 seconds each (longer if a fault has not been injected yet), one
+//! after the other (they share the machine's two cores with four ZooKeeper servers). `make torture DURATION=600` runs them for as long as asked
 //! (`ZKGUARD_TORTURE_SECS`, split between them) and prints the counts of operations and faults;
 //! `ZKGUARD_HISTORY_SEED` repeats a run's random choices (not their timing), and
 //! `ZKGUARD_HISTORY_DUMP=DIR` writes each history there, one event per line.
@@ -103,7 +103,7 @@ async fn history_against_a_standalone_zookeeper_under_faults() {
         child_slots: 2,
         monitors: 3,
         session_timeout: Duration::from_millis(2000),
-        workload: workload(Duration::from_secs(40), 0.5),
+        workload: workload(Duration::from_secs(30), 0.5),
         quiet_gap: Duration::from_millis(1500),
     };
     let report = run(plan, &cluster, es).await;
@@ -142,7 +142,7 @@ async fn history_against_an_ensemble_under_leader_kills_and_isolation() {
         child_slots: 1,
         monitors: 3,
         session_timeout: Duration::from_millis(3000),
-        workload: workload(Duration::from_secs(35), 0.5),
+        workload: workload(Duration::from_secs(25), 0.5),
         quiet_gap: Duration::from_millis(2000),
     };
     let report = run(plan, &cluster, es).await;

@@ -29,6 +29,8 @@ struct Item {
     id: Option<String>,
     routing: Option<String>,
     if_match: Option<(i64, i64)>,
+    /// Whether the action names a `version` or `version_type` (refused on guarded indices).
+    versioned: bool,
     /// The action line and the source line, as sent (for items passed through).
     raw: Vec<Bytes>,
     source: Option<Bytes>,
@@ -47,6 +49,7 @@ struct Group {
 /// What the gate sends for an item in a flush.
 struct Line {
     item: usize,
+    lock_type: LockType,
     action: Value,
     source: Option<Vec<u8>>,
     created: Option<bool>,
@@ -137,21 +140,17 @@ fn parse(body: &Bytes, default_index: Option<&str>) -> Result<Vec<Item>, GateErr
             (Some(s), Some(t)) => Some((s, t)),
             _ => None,
         };
-        let mut item = Item {
+        items.push(Item {
             op,
             index,
             id: text("_id"),
             routing: text("routing"),
             if_match,
+            versioned: meta.get("version").is_some() || meta.get("version_type").is_some(),
             raw,
             source,
             update: None,
-        };
-        if meta.get("version").is_some() || meta.get("version_type").is_some() {
-            // Marked for refusal below (on guarded indices only).
-            item.if_match = Some((i64::MIN, i64::MIN));
-        }
-        items.push(item);
+        });
     }
     Ok(items)
 }
@@ -201,7 +200,7 @@ pub async fn run(
             passed.push(n);
             continue;
         }
-        if item.if_match == Some((i64::MIN, i64::MIN)) {
+        if item.versioned {
             answers[n] = refuse(bad("zkguard: [version] and [version_type] are refused on a guarded index: the document's version is the fencing token of the writer's lock; drop them (use if_seq_no and if_primary_term for optimistic concurrency)"));
             continue;
         }
@@ -436,14 +435,11 @@ async fn guarded(
         }
         left -= ready.len();
         let mut batch: Vec<(usize, Box<dyn Guard>)> = Vec::new();
+        let mut waits = Vec::new();
         for (g, result, waited) in ready {
             match result {
                 Ok(guard) => {
-                    gate.state.metrics.lock_used(
-                        label(groups[g].lock_type),
-                        waited,
-                        Duration::ZERO,
-                    );
+                    waits.push((groups[g].lock_type, waited));
                     batch.push((g, guard));
                 }
                 Err(e) => {
@@ -471,7 +467,13 @@ async fn guarded(
             }
         }
         if !batch.is_empty() {
+            let acquired = Instant::now();
             out.extend(flush(gate, items, groups, &batch, params).await);
+            for (lock_type, waited) in waits {
+                gate.state
+                    .metrics
+                    .lock_used(label(lock_type), waited, acquired.elapsed());
+            }
             for (_, guard) in batch {
                 guard
                     .release()
@@ -645,6 +647,7 @@ async fn flush(
                     }
                     group_lines.push(Line {
                         item: n,
+                        lock_type: groups[*g].lock_type,
                         action: json!({"index": action}),
                         source: it.source.as_ref().map(|b| b.to_vec()),
                         created: None,
@@ -656,6 +659,7 @@ async fn flush(
                     }
                     group_lines.push(Line {
                         item: n,
+                        lock_type: groups[*g].lock_type,
                         action: json!({"delete": action}),
                         source: None,
                         created: None,
@@ -690,6 +694,7 @@ async fn flush(
                             known.insert(key, Known::Written(Some(source)));
                             group_lines.push(Line {
                                 item: n,
+                                lock_type: groups[*g].lock_type,
                                 action: json!({"index": action}),
                                 source: Some(bytes),
                                 created: Some(created),
@@ -776,7 +781,7 @@ async fn flush(
             metrics
                 .fenced
                 .get_or_create(&crate::server::metrics::TypeLabels {
-                    lock_type: "foreground",
+                    lock_type: label(l.lock_type),
                 })
                 .inc();
         }

@@ -37,6 +37,10 @@ async fn handle(State(gate): State<Arc<Gateway>>, request: Request) -> Response 
     match route {
         Route::Pass => pass(&gate, &dress, "other", request).await,
         Route::AutoId { index } => {
+            if let Some(refusal) = gate.own_index(&index) {
+                metrics.gate("auto_id", "refused");
+                return dress.error(&refusal);
+            }
             if route::is_multi_target(&index) && gate.guards_any(&index) {
                 metrics.gate("auto_id", "refused");
                 return dress.error(&multi_target(&index));
