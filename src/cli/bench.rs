@@ -587,6 +587,10 @@ async fn run_gateway(mut settings: Settings, args: &BenchArgs) -> Result<u8, Cli
         saves: args.iterations,
         bulk_docs: args.bulk_docs,
         bulk_size: 500,
+        zk_pid: locals
+            .iter()
+            .find_map(LocalServer::zk_pid)
+            .or(args.server_pid),
     };
     let result = gateway_bench::run(settings, plan).await;
     for server in locals {

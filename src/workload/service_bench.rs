@@ -216,7 +216,7 @@ pub const MAX_WARMUP_RUNS: u32 = 10;
 
 /// The CPU time the JIT compiler threads of process `pid` (a JVM) have used so far: the sum over
 /// its threads named `C1 CompilerThread…` or `C2 CompilerThread…` (Linux `/proc`).
-fn jit_cpu_time(pid: u32) -> Option<Duration> {
+pub(super) fn jit_cpu_time(pid: u32) -> Option<Duration> {
     let mut total = Duration::ZERO;
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))
         .ok()?
