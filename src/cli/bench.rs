@@ -535,72 +535,99 @@ pub async fn run(mut settings: Settings, args: BenchArgs) -> Result<u8, CliError
 }
 
 /// `zkguard bench --service`.
-async fn run_service(mut settings: Settings, args: &BenchArgs) -> Result<u8, CliError> {
+async fn run_service(settings: Settings, args: &BenchArgs) -> Result<u8, CliError> {
     use crate::workload::service_bench::{self, ServicePlan};
     if args.iterations < args.contenders {
         return Err(CliError::usage(
             "--iterations must be at least --contenders (each client makes iterations / contenders saves)",
         ));
     }
-    let mut locals = Vec::new();
-    if args.local {
-        locals.push(start_local(&mut settings, LockBackendKind::ZooKeeper).await?);
-        locals.push(start_local(&mut settings, LockBackendKind::Elasticsearch).await?);
-    }
-    if !args.json {
-        eprintln!("zkguard bench --service: library, zkguard serve and zkguard exec ...");
-    }
-    let zk_pid = locals.iter().find_map(LocalServer::zk_pid);
-    let plan = ServicePlan {
-        clients: args.contenders,
-        docs: args.monitors,
-        saves: args.iterations,
-        zk_pid: zk_pid.or(args.server_pid),
-    };
-    let result = service_bench::run(settings, plan).await;
-    for server in locals {
-        server.stop().await;
-    }
-    let report = result.map_err(|e| CliError::new(EX_UNAVAILABLE, e))?;
-    if args.json {
-        println!("{}", report.to_json());
-    } else {
-        print!("{}", report.table());
-    }
-    Ok(0)
+    let measured = with_local_servers(
+        settings,
+        args,
+        "--service: library, zkguard serve and zkguard exec",
+        |settings, zk_pid| async move {
+            let plan = ServicePlan {
+                clients: args.contenders,
+                docs: args.monitors,
+                saves: args.iterations,
+                zk_pid,
+            };
+            service_bench::run(settings, plan)
+                .await
+                .map(|r| (r.to_json(), r.table()))
+        },
+    )
+    .await?;
+    print_measured(args, measured)
 }
 
 /// `zkguard bench --gateway`.
-async fn run_gateway(mut settings: Settings, args: &BenchArgs) -> Result<u8, CliError> {
+async fn run_gateway(settings: Settings, args: &BenchArgs) -> Result<u8, CliError> {
     use crate::workload::gateway_bench::{self, GatewayPlan};
+    let measured = with_local_servers(
+        settings,
+        args,
+        "--gateway: straight to the cluster and through the gate",
+        |settings, zk_pid| async move {
+            let plan = GatewayPlan {
+                clients: args.contenders,
+                docs: args.monitors,
+                saves: args.iterations,
+                bulk_docs: args.bulk_docs,
+                bulk_size: 500,
+                zk_pid,
+            };
+            gateway_bench::run(settings, plan)
+                .await
+                .map(|r| (r.to_json(), r.table()))
+        },
+    )
+    .await?;
+    print_measured(args, measured)
+}
+
+/// Runs `measure` of a write benchmark (`--service`, `--gateway`): with `--local` on a
+/// ZooKeeper and an osmem-server started for it (and stopped after), with the ZooKeeper's
+/// process id when known; announced as `what` unless `--json`. Returns the report as JSON and as
+/// a table.
+async fn with_local_servers<F, Fut>(
+    mut settings: Settings,
+    args: &BenchArgs,
+    what: &str,
+    measure: F,
+) -> Result<(serde_json::Value, String), CliError>
+where
+    F: FnOnce(Settings, Option<u32>) -> Fut,
+    Fut: std::future::Future<Output = Result<(serde_json::Value, String), String>>,
+{
     let mut locals = Vec::new();
     if args.local {
         locals.push(start_local(&mut settings, LockBackendKind::ZooKeeper).await?);
         locals.push(start_local(&mut settings, LockBackendKind::Elasticsearch).await?);
     }
     if !args.json {
-        eprintln!("zkguard bench --gateway: straight to the cluster and through the gate ...");
+        eprintln!("zkguard bench {what} ...");
     }
-    let plan = GatewayPlan {
-        clients: args.contenders,
-        docs: args.monitors,
-        saves: args.iterations,
-        bulk_docs: args.bulk_docs,
-        bulk_size: 500,
-        zk_pid: locals
-            .iter()
-            .find_map(LocalServer::zk_pid)
-            .or(args.server_pid),
-    };
-    let result = gateway_bench::run(settings, plan).await;
+    let zk_pid = locals
+        .iter()
+        .find_map(LocalServer::zk_pid)
+        .or(args.server_pid);
+    let result = measure(settings, zk_pid).await;
     for server in locals {
         server.stop().await;
     }
-    let report = result.map_err(|e| CliError::new(EX_UNAVAILABLE, e))?;
+    result.map_err(|e| CliError::new(EX_UNAVAILABLE, e))
+}
+
+fn print_measured(
+    args: &BenchArgs,
+    (json, table): (serde_json::Value, String),
+) -> Result<u8, CliError> {
     if args.json {
-        println!("{}", report.to_json());
+        println!("{json}");
     } else {
-        print!("{}", report.table());
+        print!("{table}");
     }
     Ok(0)
 }

@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use zkguard::{Guard, LockError, LockRequest, LockType};
 
+use super::backend::Answer;
 use super::gate::{lock_error, Gateway};
 use super::merge::filter_path;
 use super::reply::{Dress, GateError};
@@ -343,42 +344,39 @@ async fn pass_items(
         .own(Method::POST, &target, "application/x-ndjson", Some(body))
         .await;
     let metrics = &gate.state.metrics;
+    match listed(answer, "items", "the cluster's answer to the _bulk") {
+        Ok(results) => passed
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| {
+                metrics.gate_item(items[n].op.name(), "passed");
+                (n, results.get(k).cloned().unwrap_or(Value::Null))
+            })
+            .collect(),
+        Err(e) => passed
+            .iter()
+            .map(|&n| {
+                metrics.gate_item(items[n].op.name(), "failed");
+                (
+                    n,
+                    item_error(items[n].op, &items[n].index, items[n].id.as_deref(), &e),
+                )
+            })
+            .collect(),
+    }
+}
+
+/// The `key` array of a successful answer of the cluster to the gate's own request, or the 503
+/// that names `what` failed and how.
+fn listed(answer: Result<Answer, String>, key: &str, what: &str) -> Result<Vec<Value>, GateError> {
     match answer {
-        Ok(a) if a.status.is_success() => {
-            let results = a.json()["items"].as_array().cloned().unwrap_or_default();
-            passed
-                .iter()
-                .enumerate()
-                .map(|(k, &n)| {
-                    metrics.gate_item(items[n].op.name(), "passed");
-                    (n, results.get(k).cloned().unwrap_or(Value::Null))
-                })
-                .collect()
-        }
-        other => {
-            let e = match other {
-                Ok(a) => GateError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "zkguard_cluster_unavailable_exception",
-                    format!(
-                        "zkguard: the cluster answered the _bulk with {}: {}",
-                        a.status,
-                        String::from_utf8_lossy(&a.body)
-                    ),
-                ),
-                Err(e) => super::gate::unavailable(e),
-            };
-            passed
-                .iter()
-                .map(|&n| {
-                    metrics.gate_item(items[n].op.name(), "failed");
-                    (
-                        n,
-                        item_error(items[n].op, &items[n].index, items[n].id.as_deref(), &e),
-                    )
-                })
-                .collect()
-        }
+        Ok(a) if a.status.is_success() => Ok(a.json()[key].as_array().cloned().unwrap_or_default()),
+        Ok(a) => Err(super::gate::unavailable(format!(
+            "{what} was {}: {}",
+            a.status,
+            String::from_utf8_lossy(&a.body)
+        ))),
+        Err(e) => Err(super::gate::unavailable(e)),
     }
 }
 
@@ -552,19 +550,9 @@ async fn flush(
                 Some(body),
             )
             .await;
-        let found = match answer {
-            Ok(a) if a.status.is_success() => {
-                a.json()["docs"].as_array().cloned().unwrap_or_default()
-            }
-            other => {
-                let e = match other {
-                    Ok(a) => super::gate::unavailable(format!(
-                        "reading the documents under their locks failed ({}): {}",
-                        a.status,
-                        String::from_utf8_lossy(&a.body)
-                    )),
-                    Err(e) => super::gate::unavailable(e),
-                };
+        let found = match listed(answer, "docs", "reading the documents under their locks") {
+            Ok(found) => found,
+            Err(e) => {
                 for (g, _) in batch {
                     for &n in &groups[*g].items {
                         let it = &items[n];
@@ -739,17 +727,9 @@ async fn flush(
         .cluster
         .own(Method::POST, &target, "application/x-ndjson", Some(body))
         .await;
-    let results = match answer {
-        Ok(a) if a.status.is_success() => a.json()["items"].as_array().cloned().unwrap_or_default(),
-        other => {
-            let e = match other {
-                Ok(a) => super::gate::unavailable(format!(
-                    "the cluster answered the _bulk with {}: {}",
-                    a.status,
-                    String::from_utf8_lossy(&a.body)
-                )),
-                Err(e) => super::gate::unavailable(e),
-            };
+    let results = match listed(answer, "items", "the cluster's answer to the _bulk") {
+        Ok(results) => results,
+        Err(e) => {
             for l in &lines {
                 let it = &items[l.item];
                 metrics.gate_item(it.op.name(), "failed");
