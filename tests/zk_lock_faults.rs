@@ -412,3 +412,92 @@ async fn a_waiter_cancelled_while_promoted_leaves_neither_of_its_nodes() {
     sc.close();
     sh.close();
 }
+
+/// `LockService::release_all` releases the locks of one session in one multi, sent before it
+/// returns: the session's next request finds every monitor free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_released_together_go_in_one_multi() {
+    use zkguard::{LockRequest, LockService, ZkLockService};
+    init_tracing();
+    let zk = shared();
+    let proxy = ZkProxy::start(&zk.connect_string());
+    let settings = zk_settings(&proxy.connect_string(), "together");
+    let locks = ZkLockService::new(session(&settings).await);
+    let mut held = Vec::new();
+    for i in 0..12 {
+        held.push(
+            locks
+                .acquire(LockRequest::new(format!("doc-{i}"), "together"))
+                .await
+                .unwrap(),
+        );
+    }
+    let before = proxy.requests().len();
+    locks.release_all(held).await.await.unwrap();
+    let sent: Vec<i32> = proxy.requests()[before..]
+        .iter()
+        .copied()
+        .filter(|&op| op != OP_PING && op < 100)
+        .collect();
+    assert_eq!(sent, [OP_MULTI], "one multi released the twelve locks");
+    // Taken again and released together without waiting: the same session's next requests,
+    // try-once acquisitions, go out behind the release and find every monitor free.
+    let mut held = Vec::new();
+    for i in 0..12 {
+        held.push(
+            locks
+                .acquire(LockRequest::new(format!("doc-{i}"), "together"))
+                .await
+                .unwrap(),
+        );
+    }
+    let release = locks.release_all(held).await;
+    for i in 0..12 {
+        let g = locks
+            .acquire(LockRequest::new(format!("doc-{i}"), "after").with_timeout(Duration::ZERO))
+            .await
+            .unwrap_or_else(|e| panic!("doc-{i} is still held: {e}"));
+        g.unlock().await.unwrap();
+    }
+    release.await.unwrap();
+}
+
+/// A lock lost among those released together (its mutex deleted by someone else): the multi
+/// cannot be applied, so each lock is released on its own; the others end released, the lost
+/// one reports `NoNode`, and no node of this session is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_among_those_released_together_leaves_the_others_released() {
+    use zkguard::{LockError, LockRequest, LockService, ZkLockService};
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let settings = zk_settings(&direct, "together-lost");
+    let locks = ZkLockService::new(session(&settings).await);
+    let mut held = Vec::new();
+    for i in 0..4 {
+        held.push(
+            locks
+                .acquire(LockRequest::new(format!("m{i}"), "together"))
+                .await
+                .unwrap(),
+        );
+    }
+    let admin = zookeeper_client::Client::connect(&direct).await.unwrap();
+    admin
+        .delete(&format!("{}/m2/privateLock", settings.lock_root), None)
+        .await
+        .unwrap();
+    let outcome = locks.release_all(held).await.await;
+    assert!(
+        matches!(outcome, Err(LockError::NoNode { .. })),
+        "the lost lock is reported: {outcome:?}"
+    );
+    for i in 0..4 {
+        let monitor = format!("{}/m{i}", settings.lock_root);
+        eventually(Duration::from_secs(10), "the monitor is empty", || {
+            let (direct, monitor) = (direct.clone(), monitor.clone());
+            async move { children(&direct, &monitor).await.is_empty() }
+        })
+        .await;
+    }
+}

@@ -472,6 +472,27 @@ pub trait LockService: Send + Sync + 'static {
         release_then_acquire(self, held, next).await
     }
 
+    /// Releases several held locks at once, as [`Guard::release`] of each: on ZooKeeper, the
+    /// locks this service's session holds go in one multi (a request and a transaction for all
+    /// of them, up to 256 a multi), sent before this returns. A multi is atomic: when one of
+    /// its releases cannot be applied (a lock lost meanwhile), none is, and each lock is then
+    /// released on its own, as [`Guard::release`] would have. The default (the Elasticsearch
+    /// lease lock, guards of another session) releases them one by one.
+    ///
+    /// # Errors
+    /// The [`Release`] resolves to the first error [`Guard::unlock`] reports for one of them;
+    /// the others are released all the same.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe once polled: the releases finish in the background.
+    async fn release_all(&self, held: Vec<Box<dyn Guard>>) -> Release {
+        let mut releases = Vec::with_capacity(held.len());
+        for guard in held {
+            releases.push(guard.release().await);
+        }
+        Release::all(releases)
+    }
+
     /// `"zookeeper"` or `"elasticsearch"`.
     fn backend_name(&self) -> &'static str;
 }
@@ -576,6 +597,21 @@ impl Release {
             // The task polls it again at once, with a waker of its own.
             std::task::Poll::Pending => Self(ReleaseState::Running(tokio::spawn(work))),
         }
+    }
+
+    /// The releases of `releases` as one: its outcome is the first error among theirs, or
+    /// success; all of them run to their end.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime while a release is still under way, as [`tokio::spawn`].
+    pub fn all(releases: Vec<Release>) -> Self {
+        Self::start(async move {
+            futures::future::join_all(releases)
+                .await
+                .into_iter()
+                .find(Result::is_err)
+                .unwrap_or(Ok(()))
+        })
     }
 
     /// Lets the release finish in the background and logs a failure at `warn`, after `what`

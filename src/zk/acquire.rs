@@ -529,6 +529,33 @@ impl LockService for ZkLockService {
         (release, acquired.map(|g| Box::new(g) as Box<dyn Guard>))
     }
 
+    async fn release_all(&self, held: Vec<Box<dyn Guard>>) -> Release {
+        let mut ours = Vec::new();
+        let mut others = Vec::new();
+        for guard in held {
+            if (guard.as_ref() as &dyn std::any::Any).is::<LockGuard>() {
+                let guard: Box<dyn std::any::Any + Send + Sync> = guard;
+                ours.push(
+                    *guard
+                        .downcast::<LockGuard>()
+                        .expect("a LockGuard, checked above"),
+                );
+            } else {
+                others.push(guard.release().await);
+            }
+        }
+        // Several sessions' guards (of other services): one multi per session.
+        let mut by_session: Vec<Vec<LockGuard>> = Vec::new();
+        for guard in ours {
+            match by_session.iter_mut().find(|g| g[0].same_session(&guard)) {
+                Some(group) => group.push(guard),
+                None => by_session.push(vec![guard]),
+            }
+        }
+        others.extend(by_session.into_iter().map(LockGuard::release_together));
+        Release::all(others)
+    }
+
     fn backend_name(&self) -> &'static str {
         "zookeeper"
     }

@@ -272,6 +272,41 @@ impl LockGuard {
         Release::start(work.instrument(span))
     }
 
+    /// Releases `guards` (all of one session) together: the release multis of those still
+    /// holding their mutex in one multi per 256, sent before this returns; the others on their
+    /// own. When a multi's release cannot be applied (a lock lost meanwhile), nothing of it is,
+    /// and each of its locks is released on its own; after a lost answer, each deletes
+    /// carefully. Resolves to the first error, the others released all the same.
+    pub(super) fn release_together(guards: Vec<LockGuard>) -> Release {
+        /// Releases in one multi at most (about 300 bytes each, far below jute.maxbuffer).
+        const PER_MULTI: usize = 256;
+        let span = tracing::info_span!("zk_unlock_together", locks = guards.len());
+        let releasing: Vec<Releasing> = guards.into_iter().map(LockGuard::stop_holding).collect();
+        let (together, alone): (Vec<Releasing>, Vec<Releasing>) =
+            releasing.into_iter().partition(|r| r.mutex.is_some());
+        let mut chunks: Vec<Vec<Releasing>> = Vec::new();
+        let mut together = together.into_iter().peekable();
+        while together.peek().is_some() {
+            chunks.push(together.by_ref().take(PER_MULTI).collect());
+        }
+        let work = async move {
+            let outcomes = futures::future::join_all(
+                chunks.into_iter().map(release_chunk).chain(
+                    alone
+                        .into_iter()
+                        .map(|r| Box::pin(async move { vec![r.run().await] }) as _),
+                ),
+            )
+            .await;
+            outcomes
+                .into_iter()
+                .flatten()
+                .find(Result::is_err)
+                .unwrap_or(Ok(()))
+        };
+        Release::start(work.instrument(span))
+    }
+
     /// Ends holding: stops the loss watch and hands over what the release needs.
     fn stop_holding(mut self) -> Releasing {
         self.released.store(true, Ordering::Release);
@@ -288,6 +323,11 @@ impl LockGuard {
             version: self.version,
             hand_over_mark: self.hand_over_mark,
         }
+    }
+
+    /// Whether `other` was acquired through the same session as this guard.
+    pub(super) fn same_session(&self, other: &LockGuard) -> bool {
+        Arc::ptr_eq(&self.slot, &other.slot)
     }
 
     /// Whether this guard can release in the multi of `slot`'s next acquisition: the same
@@ -343,6 +383,51 @@ struct Releasing {
     /// See [`LockGuard`]'s field.
     version: Option<i32>,
     hand_over_mark: bool,
+}
+
+type Outcomes =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Vec<Result<(), LockError>>> + Send>>;
+
+/// One multi of [`LockGuard::release_together`]: every release in it, or each on its own.
+fn release_chunk(chunk: Vec<Releasing>) -> Outcomes {
+    Box::pin(async move {
+        let client = chunk[0].slot.client.clone();
+        let mut multi = client.new_multi_writer();
+        let built = chunk.iter().try_for_each(|r| {
+            let mark = r.hand_over_mark && r.slot.mark_releases.load(Ordering::Relaxed);
+            add_release(&mut multi, &r.node, mark, r.version).map(|_| ())
+        });
+        if built.is_err() {
+            return futures::future::join_all(chunk.into_iter().map(Releasing::run)).await;
+        }
+        match multi.commit().await {
+            Ok(_) => chunk.into_iter().map(|r| r.outcome(Ok(()))).collect(),
+            // Nothing was applied (a multi is atomic): each finds out on its own what failed.
+            Err(MultiWriteError::OperationFailed { .. }) => {
+                futures::future::join_all(chunk.into_iter().map(Releasing::run)).await
+            }
+            Err(MultiWriteError::RequestFailed { source }) => match source {
+                ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_) => {
+                    futures::future::join_all(chunk.into_iter().map(|r| async move {
+                        let result = delete_carefully(
+                            &r.slot.client,
+                            Some(&r.node),
+                            r.mutex.as_deref(),
+                            &r.attempt,
+                            false,
+                        )
+                        .await;
+                        r.outcome(result)
+                    }))
+                    .await
+                }
+                e => chunk
+                    .into_iter()
+                    .map(|r| r.outcome(Err(e.clone())))
+                    .collect(),
+            },
+        }
+    })
 }
 
 impl Releasing {

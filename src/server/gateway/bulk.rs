@@ -472,12 +472,11 @@ async fn guarded(
                     .metrics
                     .lock_used(label(lock_type), waited, acquired.elapsed());
             }
-            for (_, guard) in batch {
-                guard
-                    .release()
-                    .await
-                    .detach("releasing a lock after the gate's bulk write failed");
-            }
+            // One multi releases them all (see `LockService::release_all`).
+            locks
+                .release_all(batch.into_iter().map(|(_, guard)| guard).collect())
+                .await
+                .detach("releasing locks after the gate's bulk write failed");
         }
     }
     out
