@@ -84,3 +84,97 @@ async fn an_op_id_reused_for_another_operation_is_refused_and_a_resent_one_appli
         "nothing was written under the reused id"
     );
 }
+
+/// `GET /v1/operations/{id}?wait=...` answers as soon as the operation leaves `queued`: a
+/// background write waits behind a held lock, a caller waits for it without polling, and its
+/// answer (`applied`, with the token) comes right after the lock is released. A wait that ends
+/// first answers `queued`; a wait beyond the request's limit is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_sees_its_operation_applied_as_soon_as_the_lock_is_released() {
+    let env = Env::new(&shared_zk().connect_string(), "opwait");
+    let s = env.start("opwait");
+    let c = client();
+    let index = format!("opwait-{}", uuid_tag());
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/setup"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (holder, guard) = hold_lock(&env, &format!("{index}:d")).await;
+    let (status, v) = put(
+        &c,
+        &s,
+        &format!("/v1/indices/{index}/docs/d?type=background"),
+        &json!({"n": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let op = v["operation_id"].as_str().unwrap().to_string();
+
+    // A short wait ends with the operation still queued.
+    let (status, v) = call(
+        &c,
+        Method::GET,
+        &s.url(&format!("/v1/operations/{op}?wait=200ms")),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["status"], "queued", "{v}");
+
+    let waiter = tokio::spawn({
+        let (c, url) = (c.clone(), s.url(&format!("/v1/operations/{op}?wait=20s")));
+        async move {
+            let answer = call(&c, Method::GET, &url, None).await;
+            (answer, std::time::Instant::now())
+        }
+    });
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the waiter waits",
+        || async { scraped(&c, &s, "zkguard_operation_waiters").await == 1.0 },
+    )
+    .await;
+    let released = std::time::Instant::now();
+    guard.unlock().await.unwrap();
+    drop(holder);
+    let ((status, v), answered) = waiter.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["status"], "applied", "{v}");
+    assert!(v["token"].as_u64().is_some(), "{v}");
+    let after = answered.duration_since(released);
+    assert!(
+        after < std::time::Duration::from_millis(250),
+        "the waiter heard {after:?} after the release"
+    );
+    let m = scrape(&c, &s).await;
+    assert_eq!(
+        m[r#"zkguard_operation_waits_total{outcome="finished"}"#], 1.0,
+        "{m:?}"
+    );
+    assert_eq!(
+        m[r#"zkguard_operation_waits_total{outcome="timeout"}"#], 1.0,
+        "{m:?}"
+    );
+    assert_eq!(m["zkguard_operation_waiters"], 0.0, "{m:?}");
+
+    // Beyond the request's limit (server.request.timeout, 30 s by default): refused, naming it.
+    let (status, v) = call(
+        &c,
+        Method::GET,
+        &s.url(&format!("/v1/operations/{op}?wait=1h")),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("server.request.timeout"),
+        "{v}"
+    );
+}

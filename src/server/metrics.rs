@@ -41,6 +41,14 @@ pub struct OutcomeLabels {
     pub outcome: &'static str,
 }
 
+/// How a wait for an operation's outcome ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitLabels {
+    /// `finished` (the operation left `queued`), `timeout` (still queued when the wait ended) or
+    /// `refused` (`server.wait.max` waiters already).
+    pub outcome: &'static str,
+}
+
 /// Labels of the Elasticsearch-compatible gate's counts.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GateLabels {
@@ -106,6 +114,10 @@ pub struct Metrics {
     pub connections_refused: Counter,
     /// Connections closed for not sending a request's headers within `server.header.timeout`.
     pub connections_timed_out: Counter,
+    /// Requests waiting for an operation's outcome now.
+    pub operation_waiters: Gauge,
+    /// Waits for an operation's outcome, by how they ended (`finished`, `timeout`, `refused`).
+    pub operation_waits: Family<WaitLabels, Counter>,
     /// Requests of the Elasticsearch-compatible gate, by route and outcome.
     pub gateway_requests: Family<GateLabels, Counter>,
     /// `_bulk` items through the gate, by operation and outcome.
@@ -225,6 +237,18 @@ impl Metrics {
             "Times the lock backend became usable again after an outage",
             zk_reconnects.clone(),
         );
+        let operation_waiters = Gauge::default();
+        registry.register(
+            "operation_waiters",
+            "Requests waiting for an operation's outcome (GET /v1/operations/{id}?wait=...)",
+            operation_waiters.clone(),
+        );
+        let operation_waits = Family::<WaitLabels, Counter>::default();
+        registry.register(
+            "operation_waits",
+            "Waits for an operation's outcome, by how they ended (finished, timeout, refused)",
+            operation_waits.clone(),
+        );
         let gateway_requests = Family::<GateLabels, Counter>::default();
         registry.register(
             "gateway_requests",
@@ -297,10 +321,19 @@ impl Metrics {
             explicit_locks,
             zk_connected,
             zk_reconnects,
+            operation_waiters,
+            operation_waits,
             gateway_requests,
             gateway_items,
             seen: Mutex::new((0, 0)),
         }
+    }
+
+    /// Counts a wait for an operation's outcome that ended as `outcome`.
+    pub fn waited(&self, outcome: &'static str) {
+        self.operation_waits
+            .get_or_create(&WaitLabels { outcome })
+            .inc();
     }
 
     /// Counts a request of the gate.

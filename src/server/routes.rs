@@ -166,7 +166,29 @@ async fn guard_load(State(state): State<Arc<AppState>>, request: Request, next: 
         Ok(request) => request,
         Err(refused) => return refused,
     };
-    let Ok(_permit) = state.permits.clone().try_acquire_owned() else {
+    // A wait for an operation's outcome takes a waiter's slot, not one of the requests'.
+    let waits = request.uri().path().starts_with("/v1/operations/")
+        && request
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p.starts_with("wait=")));
+    let semaphore = if waits {
+        &state.waiters
+    } else {
+        &state.permits
+    };
+    let Ok(_permit) = semaphore.clone().try_acquire_owned() else {
+        if waits {
+            state.metrics.waited("refused");
+            return ApiError::unavailable(
+                "too_many_waiters",
+                format!(
+                    "{} requests wait for operations already (server.wait.max); retry after the Retry-After delay, or ask without wait",
+                    state.settings.wait_max
+                ),
+            )
+            .into_response();
+        }
         return ApiError::unavailable(
             "overloaded",
             format!(
@@ -622,13 +644,82 @@ async fn accept(state: &Arc<AppState>, ops: Vec<Operation>) -> Result<Vec<OpStat
         .collect())
 }
 
+/// `GET /v1/operations/{id}[?wait=DURATION]`: the operation's state; with `wait`, answered as
+/// soon as the operation is no longer queued, or when the wait ends (with its state then).
 async fn get_operation(
     State(state): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     let Path(id) = path.map_err(path_error)?;
     let id = parse_op_id(&id)?;
-    let entry = state.journal.get(&id).ok_or_else(|| {
+    let wait = operation_wait(&state, query.as_deref())?;
+    let mut outcomes = state.journal.watch_outcomes();
+    let mut entry = known_operation(&state, &id)?;
+    let Some(wait) = wait else {
+        return Ok(Json(operation_json(&id, &entry)));
+    };
+    // Counted while it waits, however the wait ends (a caller gone drops this future).
+    struct Waiting<'a>(&'a super::metrics::Metrics);
+    impl Drop for Waiting<'_> {
+        fn drop(&mut self) {
+            self.0.operation_waiters.dec();
+        }
+    }
+    state.metrics.operation_waiters.inc();
+    let waiting = Waiting(&state.metrics);
+    let deadline = tokio::time::Instant::now() + wait;
+    let outcome = loop {
+        if entry.state() != OpState::Queued {
+            break "finished";
+        }
+        tokio::select! {
+            changed = outcomes.changed() => if changed.is_err() { break "timeout" },
+            _ = tokio::time::sleep_until(deadline) => break "timeout",
+        }
+        entry = known_operation(&state, &id)?;
+    };
+    drop(waiting);
+    state.metrics.waited(outcome);
+    Ok(Json(operation_json(&id, &entry)))
+}
+
+/// The `wait` of `GET /v1/operations/{id}`, if asked: a duration within the request's limit.
+fn operation_wait(state: &AppState, query: Option<&str>) -> Result<Option<Duration>, ApiError> {
+    let params = url::form_urlencoded::parse(query.unwrap_or_default().as_bytes());
+    let mut wait = None;
+    for (key, value) in params {
+        match key.as_ref() {
+            "wait" => {
+                let t = zkguard::config::parse_bounded_duration(&value)
+                    .map_err(|e| ApiError::bad("bad_parameter", format!("wait `{value}`: {e}")))?;
+                let max = super::state::lock_wait_cap(state.settings.request_timeout);
+                if t > max {
+                    return Err(ApiError::bad(
+                        "bad_parameter",
+                        format!(
+                            "wait `{value}` is longer than the service waits ({}ms, within server.request.timeout); ask for less and ask again",
+                            max.as_millis()
+                        ),
+                    ));
+                }
+                wait = Some(t);
+            }
+            other => {
+                return Err(ApiError::bad(
+                    "bad_parameter",
+                    format!(
+                        "unknown parameter `{other}` of GET /v1/operations/{{id}}; it takes wait"
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(wait)
+}
+
+fn known_operation(state: &AppState, id: &Uuid) -> Result<Entry, ApiError> {
+    state.journal.get(id).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_operation",
@@ -637,8 +728,7 @@ async fn get_operation(
                 super::journal::KEEP_FINISHED
             ),
         )
-    })?;
-    Ok(Json(operation_json(&id, &entry)))
+    })
 }
 
 fn operation_json(id: &Uuid, entry: &Entry) -> Value {

@@ -56,6 +56,8 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// Concurrency limit of API requests.
     pub permits: Arc<Semaphore>,
+    /// Requests waiting for an operation's outcome (`server.wait.max`), instead of a permit.
+    pub waiters: Arc<Semaphore>,
     /// Two-phase-commit transfers (with the service's lock on each transaction).
     pub coordinator: zkguard::txn::Coordinator,
     /// Locks held for callers that write themselves.
@@ -110,6 +112,7 @@ impl AppState {
     ) -> (Arc<Self>, QueueReceiver) {
         let (queue, rx) = mpsc::unbounded_channel();
         let permits = Arc::new(Semaphore::new(settings.max_concurrent));
+        let waiters = Arc::new(Semaphore::new(settings.wait_max));
         let explicit = ExplicitLocks::new(settings.lock_max);
         let state = Self {
             writer,
@@ -123,6 +126,7 @@ impl AppState {
             settings,
             draining: AtomicBool::new(false),
             permits,
+            waiters,
             explicit,
             coordinator,
             queue,

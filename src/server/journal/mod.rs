@@ -210,6 +210,9 @@ pub struct Journal {
     /// accepted and the service starts no background operation: an operation applied without a
     /// recorded outcome would run again at the next start.
     failing: tokio::sync::watch::Sender<Option<String>>,
+    /// Counts the outcomes recorded: waiters of an operation wake on each
+    /// ([`Journal::watch_outcomes`]).
+    outcomes: tokio::sync::watch::Sender<u64>,
     /// Runs between a side compaction's snapshot and its end (tests).
     #[cfg(test)]
     compaction_hook: Mutex<Option<Box<dyn Fn() + Send>>>,
@@ -378,6 +381,7 @@ impl Journal {
             path: path.to_path_buf(),
             sync: Mutex::new(SyncState::default()),
             failing: tokio::sync::watch::channel(None).0,
+            outcomes: tokio::sync::watch::channel(0).0,
             #[cfg(test)]
             compaction_hook: Mutex::new(None),
             inner: Mutex::new(Inner {
@@ -452,6 +456,11 @@ impl Journal {
     /// Why outcomes cannot be recorded now, if they cannot (see [`Journal::outcomes_failed`]).
     pub fn problem(&self) -> Option<String> {
         self.failing.borrow().clone()
+    }
+
+    /// Wakes on every outcome recorded (in the table, as [`Journal::get`] reads it).
+    pub fn watch_outcomes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.outcomes.subscribe()
     }
 
     /// Follows [`Journal::problem`].
@@ -738,6 +747,7 @@ impl Journal {
         );
         inner.finished_order.push_back(id);
         self.trim(inner);
+        self.outcomes.send_modify(|n| *n += 1);
         result
     }
 
