@@ -3,7 +3,9 @@
 
 It saves one article in the foreground (lock, fenced write, release: the answer says it is
 written, with its fencing token), submits a bulk job of background updates (answered 202 once
-journaled), and polls each operation until it is applied, rejected or parked.
+journaled), and waits for each operation until it is applied, rejected or parked
+(`GET /v1/operations/{id}?wait=...`: the service answers as soon as the operation's outcome is
+known, so the client does not poll).
 
     python3 examples/serve_client.py --url http://127.0.0.1:7717 [--token TOKEN] [--cafile CA.pem]
         [--index articles] [--article 42] [--jobs 5] [--wait 60]
@@ -142,8 +144,11 @@ class Client:
         body = "".join(json.dumps(op) + "\n" for op in operations).encode()
         return self.call("POST", "/v1/bulk", body, "application/x-ndjson")[1]
 
-    def operation(self, operation_id):
-        return self.call("GET", f"/v1/operations/{operation_id}")[1]
+    def operation(self, operation_id, wait=None):
+        """The operation's state; with `wait` (seconds), answered once it is no longer queued or
+        when the wait ends."""
+        query = f"?wait={max(1, int(wait * 1000))}ms" if wait else ""
+        return self.call("GET", f"/v1/operations/{operation_id}{query}")[1]
 
 
 def main():
@@ -196,15 +201,14 @@ def main():
         ids = [op["operation_id"] for op in accepted["operations"]]
         statuses = {}
         deadline = time.monotonic() + args.wait
-        while len(statuses) < len(ids) and time.monotonic() < deadline:
-            for op_id in ids:
-                if op_id not in statuses:
-                    state = client.operation(op_id)
-                    if state["status"] != "queued":
-                        statuses[op_id] = state["status"]
-                        print(json.dumps({"operation": state}), flush=True)
-            if len(statuses) < len(ids):
-                time.sleep(0.1)
+        for op_id in ids:
+            while op_id not in statuses and time.monotonic() < deadline:
+                # Each wait stays well within server.request.timeout (30 s by default).
+                wait = min(20.0, max(0.001, deadline - time.monotonic()))
+                state = client.operation(op_id, wait=wait)
+                if state["status"] != "queued":
+                    statuses[op_id] = state["status"]
+                    print(json.dumps({"operation": state}), flush=True)
     except ServiceError as e:
         print(f"serve_client: {e}", file=sys.stderr)
         return 2
