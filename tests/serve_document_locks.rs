@@ -171,3 +171,89 @@ async fn a_lock_that_stays_taken_is_423_even_when_the_wait_reaches_the_request_t
     .await;
     assert_eq!(status, StatusCode::LOCKED, "{v}");
 }
+
+/// `GET /v1/locks/{monitor}?wait=...&index=N` is a blocking query: its answer names the
+/// monitor's change index (`X-Zkguard-Index`), and a caller that sends it back waits until the
+/// holder or the queue changes; a waiter hears a release within 100 ms of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_query_on_a_monitor_answers_when_its_holder_changes() {
+    let env = Env::new(&shared_zk().connect_string(), "lockwait");
+    let s = env.start("lockwait");
+    let c = client();
+    let monitor = format!("watched-{}", uuid_tag());
+    let (holder, guard) = hold_lock(&env, &monitor).await;
+    let url = s.url(&format!("/v1/locks/{monitor}"));
+    let r = c.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let index: i64 = r.headers()["x-zkguard-index"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(index > 0);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v[0]["holder"]["info"], "test holder", "{v}");
+
+    // Nothing changes: the wait ends with the same index.
+    let r = c
+        .get(format!("{url}?wait=200ms&index={index}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.headers()["x-zkguard-index"].to_str().unwrap(),
+        index.to_string()
+    );
+
+    let waiter = tokio::spawn({
+        let (c, url) = (c.clone(), format!("{url}?wait=20s&index={index}"));
+        async move {
+            let r = c.get(&url).send().await.unwrap();
+            let at = std::time::Instant::now();
+            let status = r.status();
+            let index: i64 = r.headers()["x-zkguard-index"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let v: serde_json::Value = r.json().await.unwrap();
+            (status, index, v, at)
+        }
+    });
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the query waits",
+        || async { scraped(&c, &s, "zkguard_waiters").await == 1.0 },
+    )
+    .await;
+    let released = std::time::Instant::now();
+    guard.unlock().await.unwrap();
+    drop(holder);
+    let (status, new_index, v, answered) = waiter.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert!(new_index > index, "{new_index} after {index}");
+    assert_eq!(v, json!([]), "the monitor is free");
+    let after = answered.duration_since(released);
+    assert!(
+        after < std::time::Duration::from_millis(100),
+        "the waiter heard {after:?} after the release"
+    );
+    let m = scrape(&c, &s).await;
+    assert_eq!(
+        m[r#"zkguard_waits_total{route="lock",outcome="changed"}"#], 1.0,
+        "{m:?}"
+    );
+    assert_eq!(
+        m[r#"zkguard_waits_total{route="lock",outcome="timeout"}"#], 1.0,
+        "{m:?}"
+    );
+    let (status, v) = call(&c, Method::GET, &format!("{url}?wait=1s&since=3"), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("it takes wait, index"),
+        "{v}"
+    );
+}

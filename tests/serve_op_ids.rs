@@ -135,7 +135,7 @@ async fn a_waiter_sees_its_operation_applied_as_soon_as_the_lock_is_released() {
     eventually(
         std::time::Duration::from_secs(10),
         "the waiter waits",
-        || async { scraped(&c, &s, "zkguard_operation_waiters").await == 1.0 },
+        || async { scraped(&c, &s, "zkguard_waiters").await == 1.0 },
     )
     .await;
     let released = std::time::Instant::now();
@@ -152,14 +152,14 @@ async fn a_waiter_sees_its_operation_applied_as_soon_as_the_lock_is_released() {
     );
     let m = scrape(&c, &s).await;
     assert_eq!(
-        m[r#"zkguard_operation_waits_total{outcome="finished"}"#], 1.0,
+        m[r#"zkguard_waits_total{route="operation",outcome="changed"}"#], 1.0,
         "{m:?}"
     );
     assert_eq!(
-        m[r#"zkguard_operation_waits_total{outcome="timeout"}"#], 1.0,
+        m[r#"zkguard_waits_total{route="operation",outcome="timeout"}"#], 1.0,
         "{m:?}"
     );
-    assert_eq!(m["zkguard_operation_waiters"], 0.0, "{m:?}");
+    assert_eq!(m["zkguard_waiters"], 0.0, "{m:?}");
 
     // Beyond the request's limit (server.request.timeout, 30 s by default): refused, naming it.
     let (status, v) = call(

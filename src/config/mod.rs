@@ -174,7 +174,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("server.lock.ttl", "30000", "lease of an explicit lock taken through `zkguard serve` when the request names none (ms)"),
     ("server.lock.ttl.max", "300000", "longest lease an explicit lock may ask for (ms)"),
     ("server.lock.max", "1000", "explicit locks one `zkguard serve` holds at once; more are refused with 503"),
-    ("server.wait.max", "1000", "requests waiting for an operation's outcome at once (GET /v1/operations/{id}?wait=...), besides server.max.concurrent; more are refused with 503 too_many_waiters"),
+    ("server.wait.max", "1000", "requests waiting at once (?wait= on GET /v1/operations/{id} and GET /v1/locks/{monitor}), besides server.max.concurrent; more are refused with 503 too_many_waiters"),
     ("server.index.allow", "", "zkguard's own indices and system indices (a leading .) that the API may write anyway, comma-separated; the others are refused with 403"),
     ("server.auth.tokens.file", "", "file of bearer tokens `zkguard serve` accepts, one per line, reloaded on SIGHUP (empty = no authentication)"),
     ("server.tls.cert", "", "PEM certificate chain for HTTPS (with server.tls.key; empty = plain HTTP)"),

@@ -257,13 +257,70 @@ pub(super) async fn list_locks(
 }
 
 /// `GET /v1/locks/{monitor}`: what `zkguard locks --monitor M --json` prints.
+/// `GET /v1/locks/{monitor}[?wait=DURATION&index=N]`: the monitor's holder and queue, with its
+/// change index in the header `X-Zkguard-Index` (ZooKeeper). With `wait`, a blocking query:
+/// answered once the monitor's index differs from `index` (at once when it already does), or
+/// when the wait ends.
 pub(super) async fn monitor_locks(
     State(state): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
-) -> Result<Json<Value>, ApiError> {
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
     let Path(monitor) = path.map_err(path_error)?;
     validate_monitor(&monitor).map_err(|e| ApiError::bad("bad_monitor", e.to_string()))?;
-    lock_listing(&state, Some(&monitor)).await
+    let (wait, rest) = super::params::wait_param(
+        &state,
+        query.as_deref(),
+        &["index"],
+        "GET /v1/locks/{monitor}",
+    )?;
+    let seen: i64 = match rest.get("index") {
+        Some(i) => i.parse().map_err(|_| {
+            ApiError::bad(
+                "bad_parameter",
+                format!("index `{i}`: not a number; give the X-Zkguard-Index of an earlier answer"),
+            )
+        })?,
+        None => 0,
+    };
+    let super::state::Backend::ZooKeeper(session) = &state.backend else {
+        if wait.is_some() {
+            return Err(ApiError::bad(
+                "unsupported",
+                "wait needs lock.backend=zookeeper: the Elasticsearch lease lock has no change notifications; ask without wait",
+            ));
+        }
+        return lock_listing(&state, Some(&monitor))
+            .await
+            .map(IntoResponse::into_response);
+    };
+    let watched = |e: zkguard::LockError| from_guarded(GuardedError::Lock(e));
+    let (mut index, mut watch) = zkguard::zk::watch_monitor(session, &monitor)
+        .await
+        .map_err(watched)?;
+    if let Some(wait) = wait {
+        let _waiting = super::params::Waiting::new(&state.metrics);
+        let deadline = tokio::time::Instant::now() + wait;
+        let outcome = loop {
+            if index != seen {
+                break "changed";
+            }
+            tokio::select! {
+                _ = watch.changed() => {}
+                _ = tokio::time::sleep_until(deadline) => break "timeout",
+            }
+            (index, watch) = zkguard::zk::watch_monitor(session, &monitor)
+                .await
+                .map_err(watched)?;
+        };
+        state.metrics.waited("lock", outcome);
+    }
+    let mut response = lock_listing(&state, Some(&monitor)).await?.into_response();
+    if let Ok(v) = axum::http::HeaderValue::from_str(&index.to_string()) {
+        response.headers_mut().insert("x-zkguard-index", v);
+    }
+    Ok(response)
 }
 
 async fn lock_listing(state: &AppState, monitor: Option<&str>) -> Result<Json<Value>, ApiError> {

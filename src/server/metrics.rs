@@ -41,11 +41,13 @@ pub struct OutcomeLabels {
     pub outcome: &'static str,
 }
 
-/// How a wait for an operation's outcome ended.
+/// What a wait waited for, and how it ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WaitLabels {
-    /// `finished` (the operation left `queued`), `timeout` (still queued when the wait ended) or
-    /// `refused` (`server.wait.max` waiters already).
+    /// `operation` (`GET /v1/operations/{id}?wait=`) or `lock` (`GET /v1/locks/{monitor}?wait=`).
+    pub route: &'static str,
+    /// `changed` (the operation left `queued`, the monitor changed), `timeout` (nothing changed
+    /// before the wait ended) or `refused` (`server.wait.max` waiters already).
     pub outcome: &'static str,
 }
 
@@ -114,10 +116,10 @@ pub struct Metrics {
     pub connections_refused: Counter,
     /// Connections closed for not sending a request's headers within `server.header.timeout`.
     pub connections_timed_out: Counter,
-    /// Requests waiting for an operation's outcome now.
-    pub operation_waiters: Gauge,
-    /// Waits for an operation's outcome, by how they ended (`finished`, `timeout`, `refused`).
-    pub operation_waits: Family<WaitLabels, Counter>,
+    /// Requests waiting now (`?wait=`: an operation's outcome, a monitor's change).
+    pub waiters: Gauge,
+    /// Waits, by what they waited for and how they ended.
+    pub waits: Family<WaitLabels, Counter>,
     /// Requests of the Elasticsearch-compatible gate, by route and outcome.
     pub gateway_requests: Family<GateLabels, Counter>,
     /// `_bulk` items through the gate, by operation and outcome.
@@ -237,17 +239,17 @@ impl Metrics {
             "Times the lock backend became usable again after an outage",
             zk_reconnects.clone(),
         );
-        let operation_waiters = Gauge::default();
+        let waiters = Gauge::default();
         registry.register(
-            "operation_waiters",
-            "Requests waiting for an operation's outcome (GET /v1/operations/{id}?wait=...)",
-            operation_waiters.clone(),
+            "waiters",
+            "Requests waiting now (?wait= on /v1/operations/{id} and /v1/locks/{monitor})",
+            waiters.clone(),
         );
-        let operation_waits = Family::<WaitLabels, Counter>::default();
+        let waits = Family::<WaitLabels, Counter>::default();
         registry.register(
-            "operation_waits",
-            "Waits for an operation's outcome, by how they ended (finished, timeout, refused)",
-            operation_waits.clone(),
+            "waits",
+            "Waits, by route (operation, lock) and how they ended (changed, timeout, refused)",
+            waits.clone(),
         );
         let gateway_requests = Family::<GateLabels, Counter>::default();
         registry.register(
@@ -321,18 +323,18 @@ impl Metrics {
             explicit_locks,
             zk_connected,
             zk_reconnects,
-            operation_waiters,
-            operation_waits,
+            waiters,
+            waits,
             gateway_requests,
             gateway_items,
             seen: Mutex::new((0, 0)),
         }
     }
 
-    /// Counts a wait for an operation's outcome that ended as `outcome`.
-    pub fn waited(&self, outcome: &'static str) {
-        self.operation_waits
-            .get_or_create(&WaitLabels { outcome })
+    /// Counts a wait for `route` (`operation`, `lock`) that ended as `outcome`.
+    pub fn waited(&self, route: &'static str, outcome: &'static str) {
+        self.waits
+            .get_or_create(&WaitLabels { route, outcome })
             .inc();
     }
 

@@ -1,6 +1,7 @@
 //! The request parts every write route checks the same way: query parameters, index names,
 //! document ids, monitors, paths and bodies; each refusal names what was wrong and what to do.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::extract::rejection::{BytesRejection, PathRejection};
@@ -262,4 +263,68 @@ pub(super) fn unknown_lock(monitor: &str, id: &Uuid) -> ApiError {
         "unknown_lock",
         format!("no lock {id} on `{monitor}` is held here: it was released, its lease lapsed, or the lock backend lost it; take the lock again (and do not write with its old token)"),
     )
+}
+
+/// Counts a request as waiting while it lives (a caller gone drops it with the request).
+pub struct Waiting<'a>(&'a super::metrics::Metrics);
+
+impl<'a> Waiting<'a> {
+    pub fn new(metrics: &'a super::metrics::Metrics) -> Self {
+        metrics.waiters.inc();
+        Self(metrics)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.dec();
+    }
+}
+
+/// The `wait` parameter of a blocking `GET` (a duration within the request's limit), and the
+/// values of the `other` parameters it also takes; any other parameter is refused, naming
+/// `route`.
+pub fn wait_param(
+    state: &super::state::AppState,
+    query: Option<&str>,
+    other: &[&str],
+    route: &str,
+) -> Result<(Option<Duration>, HashMap<String, String>), ApiError> {
+    let params = url::form_urlencoded::parse(query.unwrap_or_default().as_bytes());
+    let mut wait = None;
+    let mut rest = HashMap::new();
+    for (key, value) in params {
+        match key.as_ref() {
+            "wait" => {
+                let t = zkguard::config::parse_bounded_duration(&value)
+                    .map_err(|e| ApiError::bad("bad_parameter", format!("wait `{value}`: {e}")))?;
+                let max = super::state::lock_wait_cap(state.settings.request_timeout);
+                if t > max {
+                    return Err(ApiError::bad(
+                        "bad_parameter",
+                        format!(
+                            "wait `{value}` is longer than the service waits ({}ms, within server.request.timeout); ask for less and ask again",
+                            max.as_millis()
+                        ),
+                    ));
+                }
+                wait = Some(t);
+            }
+            k if other.contains(&k) => {
+                rest.insert(k.to_string(), value.into_owned());
+            }
+            k => {
+                let mut takes = vec!["wait"];
+                takes.extend_from_slice(other);
+                return Err(ApiError::bad(
+                    "bad_parameter",
+                    format!(
+                        "unknown parameter `{k}` of {route}; it takes {}",
+                        takes.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    Ok((wait, rest))
 }

@@ -166,8 +166,11 @@ async fn guard_load(State(state): State<Arc<AppState>>, request: Request, next: 
         Ok(request) => request,
         Err(refused) => return refused,
     };
-    // A wait for an operation's outcome takes a waiter's slot, not one of the requests'.
-    let waits = request.uri().path().starts_with("/v1/operations/")
+    // A wait (an operation's outcome, a monitor's change) takes a waiter's slot, not one of
+    // the requests'.
+    let path = request.uri().path();
+    let waits = (path.starts_with("/v1/operations/") || path.starts_with("/v1/locks/"))
+        && request.method() == Method::GET
         && request
             .uri()
             .query()
@@ -179,11 +182,16 @@ async fn guard_load(State(state): State<Arc<AppState>>, request: Request, next: 
     };
     let Ok(_permit) = semaphore.clone().try_acquire_owned() else {
         if waits {
-            state.metrics.waited("refused");
+            let route = if path.starts_with("/v1/locks/") {
+                "lock"
+            } else {
+                "operation"
+            };
+            state.metrics.waited(route, "refused");
             return ApiError::unavailable(
                 "too_many_waiters",
                 format!(
-                    "{} requests wait for operations already (server.wait.max); retry after the Retry-After delay, or ask without wait",
+                    "{} requests wait already (server.wait.max); retry after the Retry-After delay, or ask without wait",
                     state.settings.wait_max
                 ),
             )
@@ -653,25 +661,18 @@ async fn get_operation(
 ) -> Result<Json<Value>, ApiError> {
     let Path(id) = path.map_err(path_error)?;
     let id = parse_op_id(&id)?;
-    let wait = operation_wait(&state, query.as_deref())?;
+    let wait =
+        super::params::wait_param(&state, query.as_deref(), &[], "GET /v1/operations/{id}")?.0;
     let mut outcomes = state.journal.watch_outcomes();
     let mut entry = known_operation(&state, &id)?;
     let Some(wait) = wait else {
         return Ok(Json(operation_json(&id, &entry)));
     };
-    // Counted while it waits, however the wait ends (a caller gone drops this future).
-    struct Waiting<'a>(&'a super::metrics::Metrics);
-    impl Drop for Waiting<'_> {
-        fn drop(&mut self) {
-            self.0.operation_waiters.dec();
-        }
-    }
-    state.metrics.operation_waiters.inc();
-    let waiting = Waiting(&state.metrics);
+    let waiting = super::params::Waiting::new(&state.metrics);
     let deadline = tokio::time::Instant::now() + wait;
     let outcome = loop {
         if entry.state() != OpState::Queued {
-            break "finished";
+            break "changed";
         }
         tokio::select! {
             changed = outcomes.changed() => if changed.is_err() { break "timeout" },
@@ -680,42 +681,8 @@ async fn get_operation(
         entry = known_operation(&state, &id)?;
     };
     drop(waiting);
-    state.metrics.waited(outcome);
+    state.metrics.waited("operation", outcome);
     Ok(Json(operation_json(&id, &entry)))
-}
-
-/// The `wait` of `GET /v1/operations/{id}`, if asked: a duration within the request's limit.
-fn operation_wait(state: &AppState, query: Option<&str>) -> Result<Option<Duration>, ApiError> {
-    let params = url::form_urlencoded::parse(query.unwrap_or_default().as_bytes());
-    let mut wait = None;
-    for (key, value) in params {
-        match key.as_ref() {
-            "wait" => {
-                let t = zkguard::config::parse_bounded_duration(&value)
-                    .map_err(|e| ApiError::bad("bad_parameter", format!("wait `{value}`: {e}")))?;
-                let max = super::state::lock_wait_cap(state.settings.request_timeout);
-                if t > max {
-                    return Err(ApiError::bad(
-                        "bad_parameter",
-                        format!(
-                            "wait `{value}` is longer than the service waits ({}ms, within server.request.timeout); ask for less and ask again",
-                            max.as_millis()
-                        ),
-                    ));
-                }
-                wait = Some(t);
-            }
-            other => {
-                return Err(ApiError::bad(
-                    "bad_parameter",
-                    format!(
-                        "unknown parameter `{other}` of GET /v1/operations/{{id}}; it takes wait"
-                    ),
-                ))
-            }
-        }
-    }
-    Ok(wait)
 }
 
 fn known_operation(state: &AppState, id: &Uuid) -> Result<Entry, ApiError> {

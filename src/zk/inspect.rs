@@ -362,3 +362,54 @@ pub async fn list_locks(
     }
     Ok(out)
 }
+
+/// A watch on a monitor's nodes ([`watch_monitor`]).
+#[derive(Debug)]
+pub struct MonitorWatch(zookeeper_client::OneshotWatcher);
+
+impl MonitorWatch {
+    /// Resolves at the monitor's next change: a node of its queue or its mutex created or
+    /// deleted, the monitor node itself created or deleted; or when the session's connection
+    /// breaks (ask again then).
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: dropping it only forgets the watch.
+    pub async fn changed(self) {
+        let _ = self.0.changed().await;
+    }
+}
+
+/// The change index of `monitor`, and a watch that fires at its next change.
+///
+/// The index is the zxid of the monitor's last change: the last creation or deletion of one of
+/// its nodes (the holder's mutex, a queue node), or of the monitor node itself; 0 when there is
+/// no monitor node. It only grows, so a caller that saw index `N` waits for a change with
+/// [`MonitorWatch::changed`] while the index is still `N` (a blocking query, as Consul's).
+///
+/// # Errors
+/// [`LockError::InvalidMonitor`]; connection and session errors.
+///
+/// # Cancellation safety
+/// Cancel-safe: it only reads.
+pub async fn watch_monitor(
+    session: &ZkSession,
+    monitor: &str,
+) -> Result<(i64, MonitorWatch), LockError> {
+    crate::lock::validate_monitor(monitor)?;
+    let slot = session.slot().await?;
+    let client = &slot.client;
+    let path = format!("{}/{monitor}", session.settings().lock_root);
+    loop {
+        match client.get_and_watch_children(&path).await {
+            Ok((_, stat, watcher)) => return Ok((stat.pzxid, MonitorWatch(watcher))),
+            Err(ZkError::NoNode) => {}
+            Err(e) => return Err(map_zk(e, "watching the lock")),
+        }
+        // No monitor node: watch for its creation (or find it created meanwhile).
+        match client.check_and_watch_stat(&path).await {
+            Ok((None, watcher)) => return Ok((0, MonitorWatch(watcher))),
+            Ok((Some(_), _)) => continue,
+            Err(e) => return Err(map_zk(e, "watching the lock")),
+        }
+    }
+}

@@ -37,7 +37,9 @@ mod token;
 
 pub use acquire::{ZkBlockingWriteLock, ZkLockService};
 pub use guard::{LockGuard, MUTEX_WATCH_AFTER};
-pub use inspect::{clear_stray, list_locks, Contender, MonitorState, StrayOutcome};
+pub use inspect::{
+    clear_stray, list_locks, watch_monitor, Contender, MonitorState, MonitorWatch, StrayOutcome,
+};
 pub use names::QueueNode;
 pub use node::NodeData;
 pub use session::{wait_for_sessions_to_end, ZkSession};
