@@ -39,12 +39,19 @@ pub enum LockType {
     Background,
 }
 
-impl fmt::Display for LockType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl LockType {
+    /// `"foreground"` or `"background"`: the name it is configured and reported by.
+    pub fn as_str(self) -> &'static str {
+        match self {
             Self::Foreground => "foreground",
             Self::Background => "background",
-        })
+        }
+    }
+}
+
+impl fmt::Display for LockType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

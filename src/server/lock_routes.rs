@@ -167,19 +167,12 @@ async fn hold_for_caller(
         .with_type(params.lock_type)
         .with_timeout(state.lock_wait(params.timeout));
     let started = std::time::Instant::now();
-    let lock_type: &'static str = match params.lock_type {
-        LockType::Foreground => "foreground",
-        LockType::Background => "background",
-    };
+    let lock_type = params.lock_type.as_str();
     let guard = match state.writer.locks().acquire(request).await {
         Ok(g) => g,
         Err(e) => {
             if matches!(e, LockError::Timeout { .. }) {
-                state
-                    .metrics
-                    .lock_timeouts
-                    .get_or_create(&super::metrics::TypeLabels { lock_type })
-                    .inc();
+                state.metrics.lock_timed_out(params.lock_type);
             }
             let tried_once = super::errors::tried_once(params.timeout, &e);
             let mut answer = from_guarded(GuardedError::Lock(e));

@@ -352,6 +352,24 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a lock of `lock_type` not acquired in time.
+    pub fn lock_timed_out(&self, lock_type: zkguard::LockType) {
+        self.lock_timeouts
+            .get_or_create(&TypeLabels {
+                lock_type: lock_type.as_str(),
+            })
+            .inc();
+    }
+
+    /// Counts a write under a lock of `lock_type` rejected by fencing.
+    pub fn fenced_write(&self, lock_type: zkguard::LockType) {
+        self.fenced
+            .get_or_create(&TypeLabels {
+                lock_type: lock_type.as_str(),
+            })
+            .inc();
+    }
+
     /// Records a lock acquired after `waited` and held for `held`.
     pub fn lock_used(&self, lock_type: &'static str, waited: Duration, held: Duration) {
         let l = TypeLabels { lock_type };

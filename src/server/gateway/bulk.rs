@@ -10,10 +10,10 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
-use zkguard::{Guard, LockError, LockRequest, LockType};
+use zkguard::{Guard, LockRequest, LockType};
 
 use super::backend::Answer;
-use super::gate::{lock_error, Gateway};
+use super::gate::{lock_failed, lock_lost, Gateway};
 use super::merge::filter_path;
 use super::reply::{Dress, GateError};
 use super::route::{is_multi_target, DocOp};
@@ -441,21 +441,7 @@ async fn guarded(
                     batch.push((g, guard));
                 }
                 Err(e) => {
-                    if matches!(e, LockError::Timeout { .. }) {
-                        gate.state
-                            .metrics
-                            .lock_timeouts
-                            .get_or_create(&crate::server::metrics::TypeLabels {
-                                lock_type: label(groups[g].lock_type),
-                            })
-                            .inc();
-                    }
-                    let ge = lock_error(&e);
-                    let outcome = if ge.status == StatusCode::TOO_MANY_REQUESTS {
-                        "lock_timeout"
-                    } else {
-                        "failed"
-                    };
+                    let (outcome, ge) = lock_failed(&gate.state.metrics, groups[g].lock_type, &e);
                     for &n in &groups[g].items {
                         let it = &items[n];
                         gate.state.metrics.gate_item(it.op.name(), outcome);
@@ -470,7 +456,7 @@ async fn guarded(
             for (lock_type, waited) in waits {
                 gate.state
                     .metrics
-                    .lock_used(label(lock_type), waited, acquired.elapsed());
+                    .lock_used(lock_type.as_str(), waited, acquired.elapsed());
             }
             // One multi releases them all (see `LockService::release_all`).
             locks
@@ -480,13 +466,6 @@ async fn guarded(
         }
     }
     out
-}
-
-fn label(t: LockType) -> &'static str {
-    match t {
-        LockType::Foreground => "foreground",
-        LockType::Background => "background",
-    }
 }
 
 /// What is known of a document while a flush's items are planned.
@@ -694,14 +673,7 @@ async fn flush(
         if guard.is_held() {
             lines.extend(group_lines);
         } else {
-            let reason = guard
-                .loss()
-                .map_or_else(|| "released".to_string(), |r| r.to_string());
-            let e = GateError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "zkguard_lock_lost_exception",
-                format!("zkguard: the lock was lost before the write was sent ({reason}); nothing was written, send the item again"),
-            );
+            let e = lock_lost(guard.as_ref());
             for l in group_lines {
                 let it = &items[l.item];
                 metrics.gate_item(it.op.name(), "failed");
@@ -757,12 +729,7 @@ async fn flush(
             }
         }
         if status == 409 {
-            metrics
-                .fenced
-                .get_or_create(&crate::server::metrics::TypeLabels {
-                    lock_type: label(l.lock_type),
-                })
-                .inc();
+            metrics.fenced_write(l.lock_type);
         }
         metrics.gate_item(
             it.op.name(),

@@ -236,6 +236,38 @@ pub fn lock_error(e: &LockError) -> GateError {
     }
 }
 
+/// The metrics outcome and the answer of a lock of `lock_type` not acquired ([`lock_error`]);
+/// a timeout is counted as one.
+pub fn lock_failed(
+    metrics: &crate::server::metrics::Metrics,
+    lock_type: LockType,
+    e: &LockError,
+) -> (&'static str, GateError) {
+    if matches!(e, LockError::Timeout { .. }) {
+        metrics.lock_timed_out(lock_type);
+        ("lock_timeout", lock_error(e))
+    } else {
+        ("failed", lock_error(e))
+    }
+}
+
+/// 503 for a write not sent because `guard` reports its lock lost (or released): nothing was
+/// written.
+pub fn lock_lost(guard: &dyn zkguard::Guard) -> GateError {
+    let reason = guard
+        .loss()
+        .map_or_else(|| "released".to_string(), |r| r.to_string());
+    GateError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "zkguard_lock_lost_exception",
+        format!(
+            "zkguard: the lock on `{}` was lost before the write was sent ({reason}); nothing was written, send it again",
+            guard.monitor()
+        ),
+    )
+    .retry_after(1)
+}
+
 /// 503 for a cluster the gate could not reach itself.
 pub fn unavailable(reason: String) -> GateError {
     GateError::new(
@@ -265,6 +297,14 @@ pub async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, GateErr
             format!("the request body could not be read whole ({e}); bodies up to {MAX_BODY} bytes are accepted: send smaller requests"),
         )
     })?;
+    inflate(headers, raw)
+}
+
+/// A body read whole, inflated when `headers` mark it `Content-Encoding: gzip`.
+///
+/// # Errors
+/// 400 when it cannot be inflated; 413 when it inflates beyond [`MAX_BODY`].
+pub fn inflate(headers: &HeaderMap, raw: Bytes) -> Result<Bytes, GateError> {
     let gzip = headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())

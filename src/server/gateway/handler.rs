@@ -3,13 +3,12 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Router;
 
-use super::gate::{read_body, unavailable, Gateway, MAX_BODY};
+use super::gate::{inflate, read_body, unavailable, Gateway, MAX_BODY};
 use super::reply::{Dress, GateError};
 use super::route::{self, Route};
 
@@ -128,7 +127,7 @@ async fn reindex(gate: &Gateway, dress: &Dress, request: Request) -> Response {
             )))
         }
     };
-    let inflated = match read_body(&parts.headers, Body::from(raw.clone())).await {
+    let inflated = match inflate(&parts.headers, raw.clone()) {
         Ok(b) => b,
         Err(e) => return dress.error(&e),
     };

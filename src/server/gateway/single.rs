@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use tracing::Instrument;
 use zkguard::{Guard, LockRequest};
 
-use super::gate::{encode, lock_error, unavailable, Gateway, LockPlan, TOKEN_ANSWER};
+use super::gate::{encode, lock_failed, lock_lost, unavailable, Gateway, LockPlan, TOKEN_ANSWER};
 use super::merge::merge;
 use super::reply::{Dress, GateError};
 use super::route::DocOp;
@@ -331,18 +331,7 @@ pub async fn write(
         let started = Instant::now();
         let guard = match gate.state.writer.locks().acquire(request).await {
             Ok(g) => g,
-            Err(e) => {
-                if matches!(e, zkguard::LockError::Timeout { .. }) {
-                    metrics
-                        .lock_timeouts
-                        .get_or_create(&crate::server::metrics::TypeLabels {
-                            lock_type: lock_label(plan.lock_type),
-                        })
-                        .inc();
-                    return Err(("lock_timeout", lock_error(&e)));
-                }
-                return Err(("failed", lock_error(&e)));
-            }
+            Err(e) => return Err(lock_failed(&metrics, plan.lock_type, &e)),
         };
         let waited = started.elapsed();
         let acquired = Instant::now();
@@ -360,7 +349,7 @@ pub async fn write(
             dress,
         )
         .await;
-        metrics.lock_used(lock_label(plan.lock_type), waited, acquired.elapsed());
+        metrics.lock_used(plan.lock_type.as_str(), waited, acquired.elapsed());
         guard.release().await.detach(match &result {
             Ok(_) => "the gate's write is done but releasing its lock failed",
             Err(_) => "releasing the lock after a refused gate write failed",
@@ -392,13 +381,6 @@ pub async fn write(
             );
             dress.error(&e)
         }
-    }
-}
-
-fn lock_label(t: zkguard::LockType) -> &'static str {
-    match t {
-        zkguard::LockType::Foreground => "foreground",
-        zkguard::LockType::Background => "background",
     }
 }
 
@@ -472,18 +454,7 @@ async fn under_lock(
         }
     };
     if !guard.is_held() {
-        let reason = guard
-            .loss()
-            .map_or_else(|| "released".to_string(), |r| r.to_string());
-        return Err((
-            "failed",
-            GateError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "zkguard_lock_lost_exception",
-                format!("zkguard: the lock on {concrete}/{id} was lost before the write was sent ({reason}); nothing was written, send the request again"),
-            )
-            .retry_after(1),
-        ));
+        return Err(("failed", lock_lost(guard)));
     }
     let target = format!("{doc_path}?{}", fenced_query(rest, token));
     let answer = gate
@@ -492,13 +463,7 @@ async fn under_lock(
         .await
         .map_err(|e| ("failed", unavailable(e)))?;
     if answer.status == StatusCode::CONFLICT {
-        gate.state
-            .metrics
-            .fenced
-            .get_or_create(&crate::server::metrics::TypeLabels {
-                lock_type: lock_label(guard.lock_type()),
-            })
-            .inc();
+        gate.state.metrics.fenced_write(guard.lock_type());
         tracing::warn!(
             token,
             "the gate's write was fenced: the document holds a newer version"
