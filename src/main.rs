@@ -46,6 +46,8 @@ pub enum Command {
     Serve(server::ServeArgs),
     /// Check the configuration, or show the effective settings and where each comes from.
     Config(cli::config::ConfigArgs),
+    /// Print the HTTP API's OpenAPI 3.1 document (what `zkguard serve` serves at /openapi.json).
+    Openapi,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(cli::meta::CompletionsArgs),
     /// Print the man page zkguard(1) in roff.
@@ -81,7 +83,7 @@ impl Command {
                 ConfigCommand::Check(x) => x.json,
                 ConfigCommand::Show(x) => x.json,
             },
-            Self::Serve(_) | Self::Completions(_) | Self::Man => false,
+            Self::Serve(_) | Self::Openapi | Self::Completions(_) | Self::Man => false,
         }
     }
 }
@@ -261,6 +263,10 @@ async fn dispatch(cli: Cli) -> Result<u8, cli::CliError> {
             return cli::meta::completions(<Cli as clap::CommandFactory>::command(), args)
         }
         Command::Man => return cli::man::man(<Cli as clap::CommandFactory>::command()),
+        Command::Openapi => {
+            print!("{}", server::openapi_document());
+            return Ok(0);
+        }
         _ => {}
     }
     let settings = settings(&cli)?;
@@ -272,7 +278,7 @@ async fn dispatch(cli: Cli) -> Result<u8, cli::CliError> {
         Command::Dlq(args) => cli::dlq::run(settings, args).await,
         Command::Txn(args) => cli::txn::run(settings, args).await,
         Command::Serve(args) => server::run(settings, args).await,
-        Command::Config(_) | Command::Completions(_) | Command::Man => Ok(0),
+        Command::Config(_) | Command::Openapi | Command::Completions(_) | Command::Man => Ok(0),
     }
 }
 

@@ -55,6 +55,8 @@ fn cli_dependencies_are_optional_behind_the_default_cli_feature() {
         "tracing-subscriber",
         "axum",
         "prometheus-client",
+        "utoipa",
+        "utoipa-axum",
     ] {
         let normal = package["dependencies"]
             .as_array()

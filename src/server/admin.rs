@@ -31,6 +31,17 @@ fn sink_error(e: DeadLetterError) -> ApiError {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/deadletters",
+    summary = "The parked operations",
+    description = "The dead-letter sink's entries (deadletter.sink), oldest first, as `zkguard dlq list --json` prints them.",
+    tag = "deadletters",
+    responses(
+        (status = 200, description = "The entries.", body = Vec<super::openapi::DeadLetter>),
+        (status = 503, description = "`deadletters_unavailable`: the sink cannot be read; or one every route shares.", body = super::openapi::Error, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 /// `GET /v1/deadletters`: the parked operations, oldest first, as `zkguard dlq list --json`
 /// prints them.
 pub async fn list_deadletters(
@@ -64,6 +75,19 @@ struct ReplayBody {
     all: bool,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/deadletters/replay",
+    summary = "Run parked operations again",
+    description = "Runs one entry (`{\"id\": ...}`) or all (`{\"all\": true}`) again under their locks, as `zkguard dlq replay` does: an entry is removed only once its operation is in its document.",
+    tag = "deadletters",
+    request_body(content = super::openapi::ReplayRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "One result per entry.", body = super::openapi::ReplayReport),
+        (status = 404, description = "`unknown_deadletter`.", body = super::openapi::Error),
+        (status = 503, description = "`deadletters_unavailable`, or one every route shares.", body = super::openapi::Error, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 /// `POST /v1/deadletters/replay`: runs one parked operation (`{"id": ...}`) or all of them
 /// (`{"all": true}`) again under its lock, as `zkguard dlq replay` does; an entry is removed only
 /// once its operation is in the document. Answers 200 with one result per entry.
@@ -140,6 +164,19 @@ pub async fn replay_deadletters(
     Ok(Json(report))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/deadletters/{id}",
+    summary = "Give up a parked operation",
+    description = "Removes the entry for good without running it, as `zkguard dlq discard` does: the entry and the reason are logged first, and the operation's status becomes `rejected`.",
+    params(super::openapi::DeadLetterPath, super::openapi::DiscardQuery),
+    tag = "deadletters",
+    responses(
+        (status = 200, description = "What was removed.", body = super::openapi::Discarded),
+        (status = 404, description = "`unknown_deadletter`.", body = super::openapi::Error),
+        (status = 503, description = "`deadletters_unavailable`, or one every route shares.", body = super::openapi::Error, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 /// `DELETE /v1/deadletters/{id}?reason=TEXT`: removes one parked operation for good, without
 /// running it, as `zkguard dlq discard` does: the entry and the reason go to the log first, and
 /// the operation's status becomes `rejected` with the reason. Answers 200 with
@@ -226,6 +263,20 @@ fn txn_error(e: TxnError) -> Response {
     ApiError::new(status, kind, message).into_response()
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/transfers",
+    summary = "Move an amount between two accounts, all or nothing",
+    description = "The two-phase-commit transfer of `zkguard txn transfer`, under the service's lock on `txn:<id>`. Sending the same `id` again resumes or reports it.",
+    tag = "transfers",
+    request_body(content = super::openapi::TransferRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Committed and applied.", body = super::openapi::Transaction),
+        (status = 409, description = "`rolled_back` (with the transaction) or `id_conflict` (the id names another transfer).", body = super::openapi::RolledBack),
+        (status = 422, description = "`rejected`: an overdraft, an unknown account, a bad amount.", body = super::openapi::Error),
+        (status = 503, description = "`txn_busy`, `es_unavailable`, or one every route shares.", body = super::openapi::Error, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 /// `POST /v1/transfers`: `{"from", "to", "amount", "id"?}`, the two-phase-commit transfer of
 /// `zkguard txn transfer`. 200 with the transaction once committed and applied; sending the
 /// same id again resumes or reports that transaction.
@@ -252,6 +303,19 @@ pub async fn transfer(
     })
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/transfers/{id}",
+    summary = "A transaction",
+    description = "As `zkguard txn show --json` prints it.",
+    params(super::openapi::TransferPath),
+    tag = "transfers",
+    responses(
+        (status = 200, description = "The transaction.", body = super::openapi::Transaction),
+        (status = 404, description = "`unknown_transaction`.", body = super::openapi::Error),
+        (status = 503, description = "`es_unavailable`, or one every route shares.", body = super::openapi::Error, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 /// `GET /v1/transfers/{id}`: the transaction, as `zkguard txn show --json` prints it.
 pub async fn get_transfer(
     State(state): State<Arc<AppState>>,

@@ -95,6 +95,19 @@ fn parse_lock_params(
     Ok(p)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/locks/{monitor}",
+    summary = "Take a lock on a monitor and hold it",
+    description = "Waits for the lock (`type`, `timeout`) and holds it for you for `ttl`; keep it alive within the lease and release it. Its `token` fences your writes: send it as the external version, or write through the service with `?lock_id=`.",
+    params(super::openapi::MonitorPath, super::openapi::LockQuery),
+    tag = "locks",
+    responses(
+        (status = 200, description = "Acquired and held for you until released or its lease lapses.", body = super::openapi::Lock),
+        (status = 423, description = "`lock_timeout`: not acquired within the timeout.", body = super::openapi::Error, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 503, description = "`lock_unavailable` (the lock backend is unavailable), `too_many_locks` (server.lock.max), or one every route shares.", body = super::openapi::Error, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 /// `POST /v1/locks/{monitor}`: waits for the lock (`type`, `timeout`) and holds it for the caller
 /// for `ttl`; answers `{lock_id, monitor, token, lock_type, expires, ttl_ms}`.
 pub(super) async fn take_lock(
@@ -107,6 +120,19 @@ pub(super) async fn take_lock(
     hold_for_caller(&state, monitor, format!("{INFO} explicit lock"), params).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/locks",
+    summary = "Take the lock of one document and hold it",
+    description = "As `POST /v1/locks/{monitor}` on the monitor a write of the document takes (`{index}:{id}`), so the writes through the service wait for it.",
+    params(super::openapi::DocLockQuery, super::openapi::LockQuery),
+    tag = "locks",
+    responses(
+        (status = 200, description = "Acquired and held for you until released or its lease lapses.", body = super::openapi::Lock),
+        (status = 423, description = "`lock_timeout`: not acquired within the timeout.", body = super::openapi::Error, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+        (status = 503, description = "`lock_unavailable` (the lock backend is unavailable), `too_many_locks` (server.lock.max), or one every route shares.", body = super::openapi::Error, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 /// `POST /v1/locks?index=I&id=D`: as `POST /v1/locks/{monitor}` on the monitor a write of that
 /// document takes (`{index}:{id}`), so the lock guards the document's writes through the service.
 pub(super) async fn take_document_lock(
@@ -207,6 +233,17 @@ async fn hold_for_caller(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/locks/{monitor}/{lock_id}/keepalive",
+    summary = "Extend a lock's lease",
+    params(super::openapi::LockPath, super::openapi::TtlQuery),
+    tag = "locks",
+    responses(
+        (status = 200, description = "The lease runs `ttl` from now.", body = super::openapi::Lock),
+        (status = 404, description = "`unknown_lock`: released, lapsed or lost; take it again.", body = super::openapi::Error),
+    )
+)]
 /// `POST /v1/locks/{monitor}/{lock_id}/keepalive`: extends the lease by its ttl (or `ttl`).
 pub(super) async fn keep_alive(
     State(state): State<Arc<AppState>>,
@@ -223,6 +260,17 @@ pub(super) async fn keep_alive(
         .map_err(|_| unknown_lock(&monitor, &id))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/locks/{monitor}/{lock_id}",
+    summary = "Release a lock",
+    params(super::openapi::LockPath),
+    tag = "locks",
+    responses(
+        (status = 200, description = "Released.", body = super::openapi::Released),
+        (status = 404, description = "`unknown_lock`: released already, lapsed or lost.", body = super::openapi::Error),
+    )
+)]
 /// `DELETE /v1/locks/{monitor}/{lock_id}`: releases the lock; answered once it is released.
 pub(super) async fn release_lock(
     State(state): State<Arc<AppState>>,
@@ -242,6 +290,16 @@ pub(super) async fn release_lock(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/locks",
+    summary = "Every monitor's holder and queue",
+    description = "What `zkguard locks --json` prints.",
+    tag = "locks",
+    responses(
+        (status = 200, description = "The monitors under zookeeper.lock.root.", body = Vec<super::openapi::MonitorState>),
+    )
+)]
 /// `GET /v1/locks`: what `zkguard locks --json` prints.
 pub(super) async fn list_locks(
     State(state): State<Arc<AppState>>,
@@ -249,6 +307,18 @@ pub(super) async fn list_locks(
     lock_listing(&state, None).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/locks/{monitor}",
+    summary = "One monitor's holder and queue, or wait for a change",
+    description = "What `zkguard locks --monitor M --json` prints, with the monitor's change index in `X-Zkguard-Index`. Sent back as `index` with `wait`, a blocking query: answered once the holder or queue changed, or when the wait ends (ZooKeeper backend; the Elasticsearch lease lock answers 400 `unsupported`).",
+    params(super::openapi::MonitorPath, super::openapi::MonitorQuery),
+    tag = "locks",
+    responses(
+        (status = 200, description = "The monitor (an empty list when nobody holds or waits).", body = Vec<super::openapi::MonitorState>, headers(("X-Zkguard-Index" = i64, description = "The monitor's change index (zxid of the last change of its nodes; 0 without any)."))),
+        (status = 503, description = "`lock_unavailable`, or one every route shares.", body = super::openapi::Error, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
 /// `GET /v1/locks/{monitor}`: what `zkguard locks --monitor M --json` prints.
 /// `GET /v1/locks/{monitor}[?wait=DURATION&index=N]`: the monitor's holder and queue, with its
 /// change index in the header `X-Zkguard-Index` (ZooKeeper). With `wait`, a blocking query:

@@ -31,6 +31,7 @@ use crate::cli::{CliError, EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_UNAVAILABLE};
 
 mod access;
 mod admin;
+mod bulk_route;
 mod conns;
 mod errors;
 mod gateway;
@@ -38,9 +39,11 @@ mod journal;
 mod lock_routes;
 mod locks;
 mod metrics;
+mod openapi;
 mod params;
 mod routes;
 mod state;
+mod write_routes;
 
 use state::{AppState, Backend};
 
@@ -93,6 +96,12 @@ pub fn init_tracing(verbose: u8, format: LogFormat) {
                 .try_init()
         }
     };
+}
+
+/// The OpenAPI 3.1 document of the HTTP API, as pretty JSON (`zkguard openapi`; the service
+/// serves the same at `GET /openapi.json`).
+pub fn openapi_document() -> String {
+    routes::pretty(&routes::document())
 }
 
 /// Runs the service until SIGTERM or SIGINT; `Ok(0)` after a clean shutdown.

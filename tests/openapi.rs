@@ -1,0 +1,121 @@
+//! The service's contract: the OpenAPI document it serves is the one committed as
+//! `docs/openapi.json` (and the one `zkguard openapi` prints), a valid OpenAPI 3.1 document; the
+//! API docs at `/docs` render it offline in a real browser; and a fuzzer (schemathesis) driven by
+//! the document finds no server error and no answer that departs from it.
+
+mod common;
+mod serve_support;
+
+use std::path::Path;
+use std::process::Command;
+
+use reqwest::StatusCode;
+use serve_support::*;
+
+fn committed() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/openapi.json");
+    std::fs::read_to_string(&path).expect("docs/openapi.json")
+}
+
+const REGENERATE: &str = "the API changed without its committed document: run `make openapi` (it rewrites docs/openapi.json from the handlers) and commit the result";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_document_is_the_committed_one_and_valid() {
+    let printed = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .arg("openapi")
+        .output()
+        .expect("zkguard openapi");
+    assert!(printed.status.success());
+    let printed = String::from_utf8(printed.stdout).unwrap();
+    assert!(printed == committed(), "zkguard openapi: {REGENERATE}");
+
+    let env = Env::new(&shared_zk().connect_string(), "openapi");
+    let s = env.start("openapi");
+    let c = client();
+    let served = c.get(s.url("/openapi.json")).send().await.unwrap();
+    assert_eq!(served.status(), StatusCode::OK);
+    assert_eq!(served.headers()["content-type"], "application/json");
+    let served = served.text().await.unwrap();
+    assert!(served == committed(), "GET /openapi.json: {REGENERATE}");
+
+    // A valid OpenAPI 3.1 document, as an independent validator reads it.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("openapi.json");
+    std::fs::write(&file, &served).unwrap();
+    let check = Command::new("python3")
+        .args([
+            "-c",
+            "import json,sys; from openapi_spec_validator import validate; d=json.load(open(sys.argv[1])); validate(d); print(d['openapi'], len(d['paths']))",
+        ])
+        .arg(&file)
+        .output()
+        .expect("python3 with openapi-spec-validator (make deps)");
+    let out = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert!(out.starts_with("3.1"), "{out}");
+    let doc: serde_json::Value = serde_json::from_str(&served).unwrap();
+    for path in [
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/v1/indices/{index}/docs/{id}",
+        "/v1/locks/{monitor}",
+    ] {
+        assert!(doc["paths"][path].is_object(), "{path} is not documented");
+    }
+}
+
+/// schemathesis, driven by the served document, against a live service on real ZooKeeper and
+/// osmem-server: every documented operation with generated valid and invalid input (examples,
+/// the coverage phase's edge values, random fuzzing), bounded so that it takes well under a
+/// minute. No answer may be a 5xx the document does not name, and every status, header and body
+/// must be the document's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fuzzer_finds_no_server_error_and_no_answer_outside_the_document() {
+    let env = Env::new(&shared_zk().connect_string(), "fuzz")
+        // Short bounds: a generated lock with a long lease or a long lock wait must not stall
+        // the run.
+        .with("ZKGUARD_SERVER_REQUEST_TIMEOUT", "3000")
+        .with("ZKGUARD_SERVER_LOCK_TTL", "1000")
+        .with("ZKGUARD_SERVER_LOCK_TTL_MAX", "2000")
+        .with("ZKGUARD_ZOOKEEPER_FOREGROUND_TASK_TIMEOUT", "1000");
+    let s = env.start("fuzz");
+    let dir = tempfile::tempdir().unwrap();
+    let examples = std::env::var("ZKGUARD_FUZZ_EXAMPLES").unwrap_or_else(|_| "12".into());
+    let run = Command::new("schemathesis")
+        .current_dir(dir.path())
+        .args(["run", &s.url("/openapi.json")])
+        .env("SCHEMATHESIS_HOOKS", "hooks")
+        .env(
+            "PYTHONPATH",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openapi_support"),
+        )
+        // Everything but positive_data_acceptance, which expects a 2xx for any input the
+        // document admits: a valid request can still be refused by what the document cannot
+        // know (a lease above server.lock.ttl.max, a transfer between unknown accounts).
+        .args([
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "positive_data_acceptance",
+        ])
+        .args(["--max-examples", &examples])
+        .args(["--workers", "1", "--seed", "26", "--no-color"])
+        .args(["--suppress-health-check", "all"])
+        .args(["--request-timeout", "10"])
+        .output()
+        .expect("schemathesis (make deps installs it)");
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    println!("{out}");
+    assert!(run.status.success(), "schemathesis found problems:\n{out}");
+    // It ran the operations: a run that tested nothing passes too.
+    assert!(out.contains("passed"), "{out}");
+}
