@@ -147,6 +147,7 @@ pub async fn replay_deadletters(
                 token: r.token,
                 attempts: Some(r.attempts),
                 fingerprint: None,
+                key: None,
             })
             .await
         {
@@ -220,6 +221,7 @@ pub async fn discard_deadletter(
             token: None,
             attempts: Some(letter.attempts),
             fingerprint: None,
+            key: None,
         })
         .await
     {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{RawQuery, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -16,7 +16,7 @@ use zkguard::write::ops::{DeleteMode, Operation};
 use zkguard::LockType;
 
 use super::errors::ApiError;
-use super::params::{body_error, parse_op_id, WriteParams};
+use super::params::{body_error, idempotency_key, parse_op_id, WriteParams};
 use super::state::AppState;
 use super::write_routes::{accept, build_op, check_writable, op_id_reused};
 
@@ -52,6 +52,7 @@ enum BulkAction {
     path = "/v1/bulk",
     summary = "Queue many background writes at once",
     description = "NDJSON, one background operation per line: `action` (`index`, `update` or `delete`), `index`, `id`, `doc` (the document, or for `update` a merge patch) and optionally `monitor`, `op_id`, `upsert` (update) and `mode` (delete). Every line is checked first: one bad line refuses the whole request (400 naming the line). Journaled as one batch and answered once.",
+    params(super::openapi::IdempotencyHeader),
     tag = "writes",
     request_body(content = String, content_type = "application/x-ndjson", description = "One JSON object per line.", example = "{\"action\":\"index\",\"index\":\"articles\",\"id\":\"42\",\"doc\":{\"title\":\"Hello\"}}\n{\"action\":\"delete\",\"index\":\"articles\",\"id\":\"43\"}\n"),
     responses(
@@ -66,8 +67,12 @@ enum BulkAction {
 pub(super) async fn bulk(
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    // A request-wide key names each line's operation that has no op_id of its own:
+    // `{key}#{line}`, so that the same request sent again names the same operations.
+    let request_key = idempotency_key(&headers, None)?;
     if let Some(q) = query.filter(|q| !q.is_empty()) {
         return Err(ApiError::bad(
             "bad_parameter",
@@ -97,9 +102,10 @@ pub(super) async fn bulk(
             monitor: parsed.monitor,
             lock_type: LockType::Background,
             timeout: None,
-            op_id: match &parsed.op_id {
-                Some(s) => Some(parse_op_id(s).map_err(line_err)?),
-                None => None,
+            op_id: match (&parsed.op_id, &request_key) {
+                (Some(s), _) => Some(parse_op_id(s).map_err(line_err)?),
+                (None, Some(key)) => Some(format!("{key}#{}", n + 1)),
+                (None, None) => None,
             },
             lock_id: None,
             mode: parsed.mode,
@@ -183,12 +189,12 @@ pub(super) async fn bulk(
             "the bulk body holds no operation; send one JSON object per line",
         ));
     }
-    let ids: Vec<Uuid> = ops.iter().map(|o| o.id).collect();
+    let ids: Vec<String> = ops.iter().map(Operation::display_id).collect();
     let states = accept(&state, ops).await?;
     let operations: Vec<Value> = ids
         .iter()
         .zip(states)
-        .map(|(id, s)| json!({"operation_id": id.to_string(), "status": s.as_str()}))
+        .map(|(id, s)| json!({"operation_id": id, "status": s.as_str()}))
         .collect();
     Ok((
         StatusCode::ACCEPTED,

@@ -40,7 +40,8 @@ pub(super) struct WriteParams {
     pub(super) monitor: Option<String>,
     pub(super) lock_type: LockType,
     pub(super) timeout: Option<Duration>,
-    pub(super) op_id: Option<Uuid>,
+    /// The caller's idempotency key (checked by [`parse_op_id`]).
+    pub(super) op_id: Option<String>,
     /// An explicit lock of the caller's to write under (its token, no wait of its own).
     pub(super) lock_id: Option<Uuid>,
     pub(super) mode: Option<DeleteMode>,
@@ -150,13 +151,58 @@ pub(super) fn refuse_repeated(raw: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-pub(super) fn parse_op_id(text: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(text).map_err(|_| {
+/// The longest idempotency key taken, in bytes.
+pub(super) const MAX_KEY: usize = 200;
+
+/// Checks an operation's idempotency key (`op_id`, `Idempotency-Key`): any printable text of 1
+/// to 200 bytes; a UUID is the operation's id itself, anything else names the id derived from
+/// it ([`zkguard::write::ops::Operation::key_id`]).
+pub(super) fn parse_op_id(text: &str) -> Result<String, ApiError> {
+    let bad = |why: &str| {
+        Err(ApiError::bad(
+            "bad_parameter",
+            format!("op_id `{}` {why}; use printable text of 1 to {MAX_KEY} bytes (\"order-42-save-3\", a request id, a UUID), or leave it out to have one generated", text.escape_debug()),
+        ))
+    };
+    if text.is_empty() {
+        return bad("is empty");
+    }
+    if text.len() > MAX_KEY {
+        return bad(&format!("is {} bytes long", text.len()));
+    }
+    if text.chars().any(char::is_control) {
+        return bad("holds a control character");
+    }
+    if text.trim() != text {
+        return bad("starts or ends with white space");
+    }
+    Ok(text.to_string())
+}
+
+/// The idempotency key of a write: `op_id`, or the `Idempotency-Key` header (the convention of
+/// payment and cloud APIs); both given, they must agree.
+pub(super) fn idempotency_key(
+    headers: &axum::http::HeaderMap,
+    op_id: Option<String>,
+) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(op_id);
+    };
+    let header = value.to_str().map_err(|_| {
         ApiError::bad(
             "bad_parameter",
-            format!("op_id `{text}` is not a UUID; pass a UUID such as 5f0c2d6e-8a1b-4c3d-9e7f-0a1b2c3d4e5f, or leave it out to have one generated"),
+            "the Idempotency-Key header is not visible ASCII text; send printable ASCII, or the key as ?op_id= (percent-encoded)",
         )
-    })
+    })?;
+    let header = parse_op_id(header)
+        .map_err(|e| ApiError::bad(e.error, e.message.replacen("op_id", "Idempotency-Key", 1)))?;
+    match op_id {
+        Some(q) if q != header => Err(ApiError::bad(
+            "bad_parameter",
+            format!("op_id `{q}` and the Idempotency-Key header `{header}` differ: name the operation once (either one)"),
+        )),
+        _ => Ok(Some(header)),
+    }
 }
 
 /// Checks an index name as Elasticsearch would, so that a bad name is the caller's 400.

@@ -381,6 +381,7 @@ fn record(state: &AppState, outcome: Outcome) -> Finished {
                 token: Some(written.token),
                 attempts: Some(attempts),
                 fingerprint: None,
+                key: None,
             }
         }
         Outcome::Parked {
@@ -398,6 +399,7 @@ fn record(state: &AppState, outcome: Outcome) -> Finished {
                 token: None,
                 attempts: Some(attempts),
                 fingerprint: None,
+                key: None,
             }
         }
         Outcome::Rejected { op_id, reason } => {
@@ -409,6 +411,7 @@ fn record(state: &AppState, outcome: Outcome) -> Finished {
                 token: None,
                 attempts: None,
                 fingerprint: None,
+                key: None,
             }
         }
     };

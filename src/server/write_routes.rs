@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -20,8 +20,8 @@ use zkguard::{LockError, LockType};
 use super::errors::{from_guarded, ApiError};
 use super::journal::{Entry, Finished, OpState};
 use super::params::{
-    body_error, check_doc_id, check_index, check_monitor, document_monitor, parse_json,
-    parse_op_id, parse_params, path_error, unknown_lock, WriteParams, WriteRoute, INFO,
+    body_error, check_doc_id, check_index, check_monitor, document_monitor, idempotency_key,
+    parse_json, parse_op_id, parse_params, path_error, unknown_lock, WriteParams, WriteRoute, INFO,
 };
 use super::state::AppState;
 
@@ -47,7 +47,7 @@ fn object_body(
     path = "/v1/indices/{index}/docs/{id}",
     summary = "Write a whole document under its lock",
     description = "Replaces the document (`index`), fenced with the lock's token as its external version. Foreground (default): lock, write, release, answered when done. Background: journaled and answered 202, applied later under a background lock (foreground writes go first), retried, parked in the dead-letter sink when it cannot be applied.",
-    params(super::openapi::DocPath, super::openapi::WriteQuery),
+    params(super::openapi::DocPath, super::openapi::WriteQuery, super::openapi::IdempotencyHeader),
     tag = "writes",
     request_body(content = Object, content_type = "application/json", description = "The document's JSON source (an object)."),
     responses(super::openapi::WriteAnswers)
@@ -56,10 +56,12 @@ pub(super) async fn put_doc(
     State(state): State<Arc<AppState>>,
     path: Result<Path<(String, String)>, PathRejection>,
     RawQuery(query): RawQuery,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let Path((index, id)) = path.map_err(path_error)?;
-    let params = parse_params(query, WriteRoute::Put, state.settings.request_timeout)?;
+    let mut params = parse_params(query, WriteRoute::Put, state.settings.request_timeout)?;
+    params.op_id = idempotency_key(&headers, params.op_id)?;
     let doc = object_body(&state, body, "the document's source")?;
     let (op, params) = build_op(&index, &id, params, |m| {
         Operation::index(m, &index, &id, doc)
@@ -72,7 +74,7 @@ pub(super) async fn put_doc(
     path = "/v1/indices/{index}/docs/{id}",
     summary = "Merge a patch into a document under its lock",
     description = "An RFC 7386 JSON merge patch, applied under the lock to the document as stored then (read, merge, fenced write): concurrent patches of different fields all survive. `upsert=true` creates a missing document from the patch.",
-    params(super::openapi::DocPath, super::openapi::WriteQuery, super::openapi::PatchQuery),
+    params(super::openapi::DocPath, super::openapi::WriteQuery, super::openapi::IdempotencyHeader, super::openapi::PatchQuery),
     tag = "writes",
     request_body(content = Object, content_type = "application/json", description = "A JSON merge patch (an object; null removes a field)."),
     responses(super::openapi::WriteAnswers)
@@ -84,10 +86,12 @@ pub(super) async fn patch_doc(
     State(state): State<Arc<AppState>>,
     path: Result<Path<(String, String)>, PathRejection>,
     RawQuery(query): RawQuery,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let Path((index, id)) = path.map_err(path_error)?;
-    let params = parse_params(query, WriteRoute::Patch, state.settings.request_timeout)?;
+    let mut params = parse_params(query, WriteRoute::Patch, state.settings.request_timeout)?;
+    params.op_id = idempotency_key(&headers, params.op_id)?;
     let patch = object_body(
         &state,
         body,
@@ -108,6 +112,7 @@ pub(super) async fn patch_doc(
     params(
         super::openapi::DocPath,
         super::openapi::WriteQuery,
+        super::openapi::IdempotencyHeader,
         super::openapi::DeleteQuery
     ),
     tag = "writes",
@@ -117,9 +122,11 @@ pub(super) async fn delete_doc(
     State(state): State<Arc<AppState>>,
     path: Result<Path<(String, String)>, PathRejection>,
     RawQuery(query): RawQuery,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path((index, id)) = path.map_err(path_error)?;
-    let params = parse_params(query, WriteRoute::Delete, state.settings.request_timeout)?;
+    let mut params = parse_params(query, WriteRoute::Delete, state.settings.request_timeout)?;
+    params.op_id = idempotency_key(&headers, params.op_id)?;
     let mode = params.mode.unwrap_or_default();
     let (op, params) = build_op(&index, &id, params, |m| {
         Operation::delete(m, &index, &id).with_delete_mode(mode)
@@ -141,8 +148,8 @@ pub(super) fn build_op(
         .unwrap_or_else(|| document_monitor(index, id));
     check_monitor(&monitor)?;
     let mut op = make(monitor).with_type(params.lock_type).with_info(INFO);
-    if let Some(op_id) = params.op_id {
-        op = op.with_id(op_id);
+    if let Some(key) = &params.op_id {
+        op = op.with_key(key);
     }
     op.validate()
         .map_err(|e| ApiError::bad("invalid_operation", e.to_string()))?;
@@ -169,11 +176,11 @@ async fn submit(
     match params.lock_type {
         LockType::Foreground => foreground(state, op, params.timeout).await,
         LockType::Background => {
-            let id = op.id;
+            let id = op.display_id();
             let status = accept(state, vec![op]).await?;
             Ok((
                 StatusCode::ACCEPTED,
-                Json(json!({"operation_id": id.to_string(), "status": status[0].as_str()})),
+                Json(json!({"operation_id": id, "status": status[0].as_str()})),
             )
                 .into_response())
         }
@@ -210,7 +217,7 @@ pub(super) fn op_id_reused(op: &Operation, lines: Option<(usize, Option<usize>)>
     ApiError::new(
         StatusCode::CONFLICT,
         "op_id_reused",
-        format!("{at}op_id {} already names {other}, another write (another document, body or monitor); nothing was accepted. An op_id names one operation: send a retry exactly as the first, and give a new operation a new op_id (or none, to have one generated)", op.id),
+        format!("{at}op_id {} already names {other}, another write (another document, body or monitor); nothing was accepted. An op_id names one operation: send a retry exactly as the first, and give a new operation a new op_id (or none, to have one generated)", op.display_id()),
     )
 }
 
@@ -228,7 +235,7 @@ fn recorded(state: &AppState, op: &Operation) -> Option<Response> {
     state.metrics.outcome("foreground", "applied");
     Some(
         Json(json!({
-            "operation_id": op.id.to_string(),
+            "operation_id": op.display_id(),
             "token": finished.token,
             "result": "already_applied",
             "version": Value::Null,
@@ -321,6 +328,7 @@ fn answer(
                 token: Some(w.token),
                 attempts: Some(1),
                 fingerprint: Some(op.fingerprint()),
+                key: op.key.clone(),
             });
             let result = if w.already_applied {
                 "already_applied"
@@ -334,7 +342,7 @@ fn answer(
                 "written"
             };
             Ok(Json(json!({
-                "operation_id": op.id.to_string(),
+                "operation_id": op.display_id(),
                 "token": w.token,
                 "result": result,
                 "version": w.meta.map(|m| m.version),
@@ -414,11 +422,12 @@ pub(super) async fn get_operation(
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     let Path(id) = path.map_err(path_error)?;
-    let id = parse_op_id(&id)?;
+    let asked = parse_op_id(&id)?;
+    let id = zkguard::write::ops::Operation::key_id(&asked);
     let wait =
         super::params::wait_param(&state, query.as_deref(), &[], "GET /v1/operations/{id}")?.0;
     let mut outcomes = state.journal.watch_outcomes();
-    let mut entry = known_operation(&state, &id)?;
+    let mut entry = known_operation(&state, &id, &asked)?;
     let Some(wait) = wait else {
         return Ok(Json(operation_json(&id, &entry)));
     };
@@ -432,20 +441,20 @@ pub(super) async fn get_operation(
             changed = outcomes.changed() => if changed.is_err() { break "timeout" },
             _ = tokio::time::sleep_until(deadline) => break "timeout",
         }
-        entry = known_operation(&state, &id)?;
+        entry = known_operation(&state, &id, &asked)?;
     };
     drop(waiting);
     state.metrics.waited("operation", outcome);
     Ok(Json(operation_json(&id, &entry)))
 }
 
-fn known_operation(state: &AppState, id: &Uuid) -> Result<Entry, ApiError> {
+fn known_operation(state: &AppState, id: &Uuid, asked: &str) -> Result<Entry, ApiError> {
     state.journal.get(id).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_operation",
             format!(
-                "no operation {id} is known here: it was never accepted by this instance, or its outcome is older than the last {} kept",
+                "no operation {asked} is known here: it was never accepted by this instance, or its outcome is older than the last {} kept",
                 super::journal::KEEP_FINISHED
             ),
         )
@@ -453,7 +462,13 @@ fn known_operation(state: &AppState, id: &Uuid) -> Result<Entry, ApiError> {
 }
 
 fn operation_json(id: &Uuid, entry: &Entry) -> Value {
-    let mut v = json!({"operation_id": id.to_string(), "status": entry.state().as_str()});
+    let key = entry
+        .op
+        .as_ref()
+        .and_then(|op| op.key.clone())
+        .or_else(|| entry.finished.as_ref().and_then(|f| f.key.clone()));
+    let shown = key.unwrap_or_else(|| id.to_string());
+    let mut v = json!({"operation_id": shown, "status": entry.state().as_str()});
     if let Some(f) = &entry.finished {
         if let Some(r) = &f.reason {
             v["reason"] = json!(r);

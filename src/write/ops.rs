@@ -211,6 +211,11 @@ pub struct Operation {
     /// Unique id; recorded in the target document so that the operation applies at most once.
     #[serde(with = "uuid_serde")]
     pub id: Uuid,
+    /// The caller's idempotency key, when it named the operation with one that is not a UUID
+    /// (`"order-42-save-3"`): [`Operation::with_key`] derives `id` from it. Shown instead of
+    /// `id` wherever the caller reads the operation back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     /// The monitor object whose lock guards the write (often the document id).
     pub monitor: String,
     /// Foreground or background.
@@ -237,6 +242,7 @@ impl Operation {
     pub fn new(monitor: impl Into<String>, kind: OpKind) -> Self {
         Self {
             id: Uuid::new_v4(),
+            key: None,
             monitor: monitor.into(),
             lock_type: LockType::Foreground,
             info: "guarded write".to_string(),
@@ -342,6 +348,35 @@ impl Operation {
     pub fn with_id(mut self, id: Uuid) -> Self {
         self.id = id;
         self
+    }
+
+    /// Names the operation with the caller's idempotency key: a UUID is taken as the id itself;
+    /// any other key gives the id [`Operation::key_id`] derives from it, and is kept as
+    /// [`Operation::key`], so that the same key always names the same operation, across
+    /// processes and restarts.
+    pub fn with_key(mut self, key: &str) -> Self {
+        match Uuid::parse_str(key) {
+            Ok(id) => {
+                self.id = id;
+                self.key = None;
+            }
+            Err(_) => {
+                self.id = Self::key_id(key);
+                self.key = Some(key.to_string());
+            }
+        }
+        self
+    }
+
+    /// The operation id an idempotency key names: the key itself when it is a UUID, else the
+    /// name-based UUID (version 5, RFC 9562) of the key in zkguard's namespace.
+    pub fn key_id(key: &str) -> Uuid {
+        Uuid::parse_str(key).unwrap_or_else(|_| Uuid::new_v5(&OP_KEY_NAMESPACE, key.as_bytes()))
+    }
+
+    /// How the caller names the operation: its key, or else its id.
+    pub fn display_id(&self) -> String {
+        self.key.clone().unwrap_or_else(|| self.id.to_string())
     }
 
     /// For updates: create a missing document from `{}` instead of failing.
@@ -662,6 +697,9 @@ pub(crate) fn with_stamp(mut source: Value, stamp: &Stamp) -> Value {
         );
     source
 }
+
+/// The namespace of the operation ids derived from idempotency keys ([`Operation::key_id`]).
+pub const OP_KEY_NAMESPACE: Uuid = Uuid::from_u128(0x6f1c_2b7e_93a4_4d5f_8e21_7c0d_b4a9_35e8);
 
 /// Serde support for [`Uuid`] as its hyphenated string.
 pub(crate) mod uuid_serde {

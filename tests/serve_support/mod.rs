@@ -215,11 +215,19 @@ pub async fn put(c: &Client, s: &Service, path: &str, doc: &Value) -> (StatusCod
     call(c, Method::PUT, &s.url(path), Some(doc.to_string())).await
 }
 
+/// `text` percent-encoded for a path segment or a query value (an idempotency key may hold
+/// `#`, `/`, spaces, anything printable).
+pub fn encoded(text: &str) -> String {
+    url::form_urlencoded::byte_serialize(text.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
 pub async fn op_status(c: &Client, s: &Service, id: &str) -> Value {
     let (status, v) = call(
         c,
         Method::GET,
-        &s.url(&format!("/v1/operations/{id}")),
+        &s.url(&format!("/v1/operations/{}", encoded(id))),
         None,
     )
     .await;

@@ -143,6 +143,10 @@ pub struct Finished {
     /// when left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<u64>,
+    /// The caller's idempotency key ([`Operation::key`]), kept with the outcome once the
+    /// operation itself is dropped. Filled in from the queued operation when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -715,12 +719,13 @@ impl Journal {
         durable: bool,
     ) -> Result<Option<u64>, JournalError> {
         let id = finished.id;
-        if finished.fingerprint.is_none() {
-            finished.fingerprint = inner
-                .entries
-                .get(&id)
-                .and_then(|e| e.op.as_ref())
-                .map(|op| op.fingerprint());
+        if let Some(op) = inner.entries.get(&id).and_then(|e| e.op.as_ref()) {
+            if finished.fingerprint.is_none() {
+                finished.fingerprint = Some(op.fingerprint());
+            }
+            if finished.key.is_none() {
+                finished.key.clone_from(&op.key);
+            }
         }
         let was_queued = inner
             .entries

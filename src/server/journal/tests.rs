@@ -105,6 +105,7 @@ async fn unfinished_operations_come_back_after_a_restart() {
             token: Some(7),
             attempts: Some(1),
             fingerprint: None,
+            key: None,
         })
         .await
         .unwrap();
@@ -159,6 +160,7 @@ async fn the_journal_is_compacted_while_it_grows() {
             token: Some(u64::from(n)),
             attempts: Some(1),
             fingerprint: None,
+            key: None,
         })
         .await
         .unwrap();
@@ -244,6 +246,7 @@ async fn an_acceptance_beyond_the_file_bound_compacts_first_and_is_refused_when_
             token: None,
             attempts: Some(1),
             fingerprint: None,
+            key: None,
         })
         .await
         .unwrap();
@@ -291,6 +294,7 @@ async fn accepts_go_on_while_the_journal_is_compacted() {
         token: Some(7),
         attempts: Some(1),
         fingerprint: None,
+        key: None,
     };
     let (a, b) = (op(1), op(2));
     j.accept(vec![a.clone()]).await.unwrap();

@@ -30,12 +30,29 @@ pub struct WriteQuery {
     /// `server.request.timeout`. Default `zookeeper.foreground.task.timeout`.
     #[param(example = "2s")]
     pub timeout: Option<String>,
-    /// The operation's id, its idempotency key: a retry with the same `op_id` is applied once.
-    /// Generated when absent.
+    /// The operation's idempotency key: any printable text of 1 to 200 bytes (a UUID, a request
+    /// id, `order-42-save-3`); a retry with the same key is applied once, the same key for
+    /// another write is a 409. A UUID is generated when absent. Or send it as `Idempotency-Key`.
+    #[param(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$",
+        example = "order-42-save-3"
+    )]
     pub op_id: Option<String>,
     /// Write at once under this explicit lock of yours (`POST /v1/locks`), with its token.
     #[param(format = Uuid)]
     pub lock_id: Option<String>,
+}
+
+/// The idempotency key as a header.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct IdempotencyHeader {
+    /// The operation's idempotency key, as `op_id` takes it (both given, they must agree). On
+    /// `POST /v1/bulk`, the request's: a line without `op_id` is named `{key}#{line}`.
+    #[param(rename = "Idempotency-Key", value_type = String, required = false, min_length = 1, max_length = 200, example = "order-42-save-3")]
+    pub key: Option<String>,
 }
 
 /// What `PATCH` takes beside the common parameters.
@@ -70,7 +87,12 @@ pub enum DeleteModeName {
 #[derive(IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct OperationPath {
-    /// The operation's id (`operation_id` of the write's answer).
+    /// The operation's id or idempotency key (`operation_id` of the write's answer).
+    #[param(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"
+    )]
     pub id: String,
 }
 
