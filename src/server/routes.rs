@@ -60,6 +60,7 @@ pub fn router(state: Arc<AppState>, tokens: Arc<super::access::Tokens>) -> Route
         .route("/v1/locks/{monitor}", get(monitor_locks).post(take_lock))
         .route("/v1/locks/{monitor}/{lock_id}", delete(release_lock))
         .route("/v1/locks/{monitor}/{lock_id}/keepalive", post(keep_alive))
+        .route("/v1/events", get(super::events::stream))
         .route_layer(middleware::from_fn_with_state(state.clone(), guard_load))
         .route_layer(middleware::from_fn_with_state(
             tokens.clone(),
@@ -166,9 +167,13 @@ async fn guard_load(State(state): State<Arc<AppState>>, request: Request, next: 
         Ok(request) => request,
         Err(refused) => return refused,
     };
+    let path = request.uri().path();
+    if path == "/v1/events" {
+        // A stream: bounded by server.events.max, for as long as its client reads.
+        return next.run(request).await;
+    }
     // A wait (an operation's outcome, a monitor's change) takes a waiter's slot, not one of
     // the requests'.
-    let path = request.uri().path();
     let waits = (path.starts_with("/v1/operations/") || path.starts_with("/v1/locks/"))
         && request.method() == Method::GET
         && request
@@ -575,6 +580,7 @@ fn answer(
                 m.lock_used("foreground", waited, held);
             }
             m.outcome("foreground", "applied");
+            state.events.applied(&op, w.token);
             state.journal.note(Finished {
                 id: op.id,
                 status: OpState::Applied,
@@ -614,6 +620,7 @@ fn answer(
                 _ => 0,
             };
             m.outcome("foreground", e.kind());
+            state.events.failed(&op, &e);
             Err(from_guarded(e))
         }
     }
