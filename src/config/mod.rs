@@ -175,6 +175,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("server.lock.ttl.max", "300000", "longest lease an explicit lock may ask for (ms)"),
     ("server.lock.max", "1000", "explicit locks one `zkguard serve` holds at once; more are refused with 503"),
     ("server.wait.max", "1000", "requests waiting at once (?wait= on GET /v1/operations/{id} and GET /v1/locks/{monitor}), besides server.max.concurrent; more are refused with 503 too_many_waiters"),
+    ("server.events.max", "100", "event streams (GET /v1/events, server-sent events) open at once, besides server.max.concurrent and server.wait.max; more are refused with 503 too_many_streams"),
     ("server.index.allow", "", "zkguard's own indices and system indices (a leading .) that the API may write anyway, comma-separated; the others are refused with 403"),
     ("server.auth.tokens.file", "", "file of bearer tokens `zkguard serve` accepts, one per line, reloaded on SIGHUP (empty = no authentication)"),
     ("server.tls.cert", "", "PEM certificate chain for HTTPS (with server.tls.key; empty = plain HTTP)"),
@@ -410,6 +411,8 @@ pub struct ServerSettings {
     pub lock_max: usize,
     /// Requests waiting for an operation's outcome at once (`server.wait.max`).
     pub wait_max: usize,
+    /// Event streams (`GET /v1/events`) open at once (`server.events.max`).
+    pub events_max: usize,
     /// File of accepted bearer tokens; `None`: no authentication.
     pub auth_tokens_file: Option<PathBuf>,
     /// Certificate chain and private key (PEM files) for HTTPS; `None`: plain HTTP.
@@ -1251,6 +1254,7 @@ impl Settings {
             lock_ttl_max: r.duration_min("server.lock.ttl.max", Duration::from_millis(100))?,
             lock_max: r.int::<usize>("server.lock.max", 1)?,
             wait_max: r.int::<usize>("server.wait.max", 1)?,
+            events_max: r.int::<usize>("server.events.max", 1)?,
             auth_tokens_file: r
                 .optional_string("server.auth.tokens.file")
                 .map(PathBuf::from),

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use futures::StreamExt;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -49,6 +50,20 @@ struct Conn {
     busy: AtomicUsize,
     /// Asks the connection to close at once.
     evict: Notify,
+}
+
+/// Marks an answer whose body is a stream that lasts (server-sent events): its connection stays
+/// busy until the body ends, so that it is never closed to make room for a newcomer.
+#[derive(Debug, Clone, Copy)]
+pub struct Streaming;
+
+/// Counts a request in its connection's `busy` while it lives.
+struct Busy(Arc<Conn>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The open connections, oldest first.
@@ -245,11 +260,20 @@ async fn run<S>(
     let counted = conn.clone();
     let service = hyper::service::service_fn(move |request| {
         let mut app = app.clone();
-        let counted = counted.clone();
         counted.busy.fetch_add(1, Ordering::AcqRel);
+        let busy = Busy(counted.clone());
         async move {
-            let response = app.call(request).await;
-            counted.busy.fetch_sub(1, Ordering::AcqRel);
+            let mut response = app.call(request).await;
+            if let Ok(r) = &mut response {
+                if r.extensions().get::<Streaming>().is_some() {
+                    // Busy until the stream ends, not only until its head is sent.
+                    let body = std::mem::take(r.body_mut()).into_data_stream();
+                    *r.body_mut() = axum::body::Body::from_stream(body.map(move |chunk| {
+                        let _ = &busy;
+                        chunk
+                    }));
+                }
+            }
             response
         }
     });

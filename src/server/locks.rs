@@ -13,6 +13,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 use zkguard::{Guard, LockType};
 
+use super::hub::{Happened, Hub, Kind};
+
 /// Why an explicit lock ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
@@ -74,6 +76,7 @@ pub enum Refused {
 pub struct ExplicitLocks {
     held: Arc<Mutex<HashMap<Uuid, Held>>>,
     max: usize,
+    events: Arc<Hub>,
 }
 
 fn epoch_ms_after(d: Duration) -> u64 {
@@ -83,11 +86,13 @@ fn epoch_ms_after(d: Duration) -> u64 {
 }
 
 impl ExplicitLocks {
-    /// At most `max` locks at once.
-    pub fn new(max: usize) -> Self {
+    /// At most `max` locks at once; their acquisitions, releases and losses are published to
+    /// `events`.
+    pub fn new(max: usize, events: Arc<Hub>) -> Self {
         Self {
             held: Arc::new(Mutex::new(HashMap::new())),
             max,
+            events,
         }
     }
 
@@ -129,6 +134,14 @@ impl ExplicitLocks {
         let task_monitor = monitor.clone();
         let shared: SharedGuard = Arc::new(tokio::sync::RwLock::new(Some(guard)));
         let slot = shared.clone();
+        // Published before the task starts, so that its end comes after it on every stream.
+        let held_since = Instant::now();
+        self.events.publish(
+            Happened::lock(Kind::Acquired, &monitor, lock_type)
+                .token(token)
+                .lock_id(id),
+        );
+        let events = self.events.clone();
         let task = tokio::spawn(async move {
             let reading = slot.read().await;
             let guard = reading
@@ -172,6 +185,14 @@ impl ExplicitLocks {
                     tracing::debug!(lock = %id, error = %e, "releasing an explicit lock");
                 }
             }
+            let event = match ended {
+                Ended::Released => Happened::lock(Kind::Released, &task_monitor, lock_type),
+                Ended::Lapsed => {
+                    Happened::lock(Kind::Lost, &task_monitor, lock_type).reason("lapsed")
+                }
+                Ended::Lost => Happened::lock(Kind::Lost, &task_monitor, lock_type).reason("lost"),
+            };
+            events.publish(event.token(token).lock_id(id).held(held_since.elapsed()));
             on_end(ended);
             ended
         });

@@ -62,6 +62,13 @@ pub struct GateLabels {
     pub outcome: &'static str,
 }
 
+/// The type of an event of `GET /v1/events`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    /// `acquired`, `released`, `lost`, `applied`, `rejected` or `parked`.
+    pub r#type: &'static str,
+}
+
 type HistogramFamily = Family<TypeLabels, Histogram, fn() -> Histogram>;
 
 fn seconds_histogram() -> Histogram {
@@ -124,6 +131,14 @@ pub struct Metrics {
     pub gateway_requests: Family<GateLabels, Counter>,
     /// `_bulk` items through the gate, by operation and outcome.
     pub gateway_items: Family<GateLabels, Counter>,
+    /// Event streams open (`GET /v1/events`).
+    pub event_streams: Gauge,
+    /// Event streams refused at `server.events.max`.
+    pub event_streams_refused: Counter,
+    /// Events of the service's lock activity, by type (whether or not a stream was open).
+    pub events: Family<EventLabels, Counter>,
+    /// Events that slow streams missed (told to them in a `lagged` event).
+    pub events_missed: Counter,
     seen: Mutex<(u64, u64)>,
 }
 
@@ -299,8 +314,36 @@ impl Metrics {
             "Connections closed for not sending a request's headers within server.header.timeout",
             connections_timed_out.clone(),
         );
+        let event_streams = Gauge::default();
+        registry.register(
+            "event_streams",
+            "Event streams open (GET /v1/events)",
+            event_streams.clone(),
+        );
+        let event_streams_refused = Counter::default();
+        registry.register(
+            "event_streams_refused",
+            "Event streams refused (503 too_many_streams) at server.events.max",
+            event_streams_refused.clone(),
+        );
+        let events = Family::<EventLabels, Counter>::default();
+        registry.register(
+            "events",
+            "Events of the service's lock activity, by type (acquired, released, lost, applied, rejected, parked), whether or not a stream listened",
+            events.clone(),
+        );
+        let events_missed = Counter::default();
+        registry.register(
+            "events_missed",
+            "Events that event streams missed because their client read too slowly (each told in a lagged event)",
+            events_missed.clone(),
+        );
         Self {
             registry,
+            event_streams,
+            event_streams_refused,
+            events,
+            events_missed,
             journal_bytes,
             queue_full,
             connections,

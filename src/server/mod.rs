@@ -10,6 +10,8 @@
 //! - `/v1/deadletters`, `/v1/transfers`: dead letters (list, replay) and 2PC transfers;
 //! - `/v1/locks`: explicit locks (take, keep alive, release, list) for callers that write
 //!   themselves;
+//! - `GET /v1/events`: the lock events (acquired, released, lost, applied, rejected, parked) as
+//!   server-sent events;
 //! - `GET /healthz`, `GET /readyz`, `GET /metrics`.
 //!
 //! At start it prints one JSON line on stdout with the address it listens on. SIGTERM (or
@@ -34,7 +36,9 @@ mod admin;
 mod bulk_route;
 mod conns;
 mod errors;
+mod events;
 mod gateway;
+mod hub;
 mod journal;
 mod lock_routes;
 mod locks;
@@ -356,6 +360,8 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         "shutting down: no new requests, in-flight ones may finish"
     );
     state.draining.store(true, Ordering::Release);
+    // Event streams never finish on their own: they end now, so they do not hold up the drain.
+    state.events.close();
     let _ = stop_tx.send(true);
     if tokio::time::timeout(state.settings.drain_timeout, &mut server)
         .await

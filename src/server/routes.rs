@@ -45,6 +45,7 @@ fn api_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(lock_routes::monitor_locks, lock_routes::take_lock))
         .routes(routes!(lock_routes::release_lock))
         .routes(routes!(lock_routes::keep_alive))
+        .routes(routes!(super::events::stream))
 }
 
 /// The routes operators call (`/healthz`, `/readyz`, `/metrics`), documented like the API.
@@ -186,9 +187,13 @@ async fn guard_load(State(state): State<Arc<AppState>>, request: Request, next: 
         Ok(request) => request,
         Err(refused) => return refused,
     };
+    let path = request.uri().path();
+    if path == "/v1/events" {
+        // A stream: bounded by server.events.max, for as long as its client reads.
+        return next.run(request).await;
+    }
     // A wait (an operation's outcome, a monitor's change) takes a waiter's slot, not one of
     // the requests'.
-    let path = request.uri().path();
     let waits = (path.starts_with("/v1/operations/") || path.starts_with("/v1/locks/"))
         && request.method() == Method::GET
         && request

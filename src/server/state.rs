@@ -16,6 +16,7 @@ use zkguard::write::guarded::GuardedWriter;
 use zkguard::write::ops::Operation;
 use zkguard::ZkSession;
 
+use super::hub::Hub;
 use super::journal::{Finished, Journal, OpState};
 use super::locks::ExplicitLocks;
 use super::metrics::Metrics;
@@ -62,6 +63,8 @@ pub struct AppState {
     pub coordinator: zkguard::txn::Coordinator,
     /// Locks held for callers that write themselves.
     pub explicit: ExplicitLocks,
+    /// The lock events that `GET /v1/events` streams.
+    pub events: Arc<Hub>,
     queue: mpsc::UnboundedSender<Operation>,
     waiting: AtomicUsize,
     es_ok: watch::Sender<Result<(), String>>,
@@ -113,12 +116,15 @@ impl AppState {
         let (queue, rx) = mpsc::unbounded_channel();
         let permits = Arc::new(Semaphore::new(settings.max_concurrent));
         let waiters = Arc::new(Semaphore::new(settings.wait_max));
-        let explicit = ExplicitLocks::new(settings.lock_max);
+        let metrics = Arc::new(Metrics::new());
+        let events = Arc::new(Hub::new(settings.events_max, metrics.clone()));
+        let explicit = ExplicitLocks::new(settings.lock_max, events.clone());
         let state = Self {
             writer,
             executor,
             journal,
-            metrics: Arc::new(Metrics::new()),
+            metrics,
+            events,
             backend,
             store,
             fg_timeout,
@@ -340,6 +346,7 @@ pub async fn dispatch(
             });
             match outcome {
                 Ok(Ok(outcome)) => {
+                    st.events.outcome(&op, &outcome);
                     let _ = outcomes.send(record(&st, outcome));
                 }
                 // Neither applied nor parked: the dead-letter sink refused it. It is still in

@@ -321,6 +321,7 @@ fn answer(
                 m.lock_used("foreground", waited, held);
             }
             m.outcome("foreground", "applied");
+            state.events.applied(&op, w.token);
             state.journal.note(Finished {
                 id: op.id,
                 status: OpState::Applied,
@@ -361,6 +362,7 @@ fn answer(
                 _ => 0,
             };
             m.outcome("foreground", e.kind());
+            state.events.failed(&op, &e);
             Err(from_guarded(e))
         }
     }

@@ -10,6 +10,8 @@ use serde_json::{json, Map, Value};
 use tracing::Instrument;
 use zkguard::{Guard, LockRequest};
 
+use crate::server::hub::{Happened, Kind};
+
 use super::gate::{encode, lock_failed, lock_lost, unavailable, Gateway, LockPlan, TOKEN_ANSWER};
 use super::merge::merge;
 use super::reply::{Dress, GateError};
@@ -350,6 +352,14 @@ pub async fn write(
         )
         .await;
         metrics.lock_used(plan.lock_type.as_str(), waited, acquired.elapsed());
+        if let Ok(answer) = &result {
+            if answer.status().is_success() {
+                let event = Happened::lock(Kind::Applied, guard.monitor(), plan.lock_type);
+                gate.state
+                    .events
+                    .publish(event.token(token).document(&concrete, id));
+            }
+        }
         guard.release().await.detach(match &result {
             Ok(_) => "the gate's write is done but releasing its lock failed",
             Err(_) => "releasing the lock after a refused gate write failed",
