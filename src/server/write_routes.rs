@@ -49,7 +49,7 @@ fn object_body(
     description = "Replaces the document (`index`), fenced with the lock's token as its external version. Foreground (default): lock, write, release, answered when done. Background: journaled and answered 202, applied later under a background lock (foreground writes go first), retried, parked in the dead-letter sink when it cannot be applied.",
     params(super::openapi::DocPath, super::openapi::WriteQuery, super::openapi::IdempotencyHeader),
     tag = "writes",
-    request_body(content = Object, content_type = "application/json", description = "The document's JSON source (an object)."),
+    request_body(content = std::collections::HashMap<String, Value>, content_type = "application/json", description = "The document's JSON source (an object)."),
     responses(super::openapi::WriteAnswers)
 )]
 pub(super) async fn put_doc(
@@ -76,7 +76,7 @@ pub(super) async fn put_doc(
     description = "An RFC 7386 JSON merge patch, applied under the lock to the document as stored then (read, merge, fenced write): concurrent patches of different fields all survive. `upsert=true` creates a missing document from the patch.",
     params(super::openapi::DocPath, super::openapi::WriteQuery, super::openapi::IdempotencyHeader, super::openapi::PatchQuery),
     tag = "writes",
-    request_body(content = Object, content_type = "application/json", description = "A JSON merge patch (an object; null removes a field)."),
+    request_body(content = std::collections::HashMap<String, Value>, content_type = "application/json", description = "A JSON merge patch (an object; null removes a field)."),
     responses(super::openapi::WriteAnswers)
 )]
 /// `PATCH /v1/indices/{index}/docs/{id}`: an RFC 7386 JSON merge patch, applied under the lock

@@ -206,7 +206,7 @@ pub struct DeadLetter {
     /// The host that parked it.
     pub host: String,
     /// The operation, complete, for replay.
-    #[schema(value_type = Object)]
+    #[schema(value_type = std::collections::HashMap<String, serde_json::Value>)]
     pub operation: serde_json::Value,
 }
 
