@@ -122,3 +122,65 @@ async fn the_fuzzer_finds_no_server_error_and_no_answer_outside_the_document() {
     // It ran the operations: a run that tested nothing passes too.
     assert!(out.contains("passed"), "{out}");
 }
+
+/// `/docs` is served by the service itself: a page whose only script is the vendored Redoc
+/// bundle (byte for byte), loaded by a relative URL, and nothing on the page points elsewhere.
+/// With bearer tokens configured, the page, its script and the document need one, as `/v1` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_docs_are_served_offline_behind_the_apis_tokens() {
+    let env = Env::new(&shared_zk().connect_string(), "docs");
+    let token = "docs-test-token-0123456789abcdef0123456789";
+    let file = env.dir.path().join("tokens");
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    let env = env.with("ZKGUARD_SERVER_AUTH_TOKENS_FILE", file.to_str().unwrap());
+    let s = env.start("docs");
+    let c = client();
+    for path in [
+        "/docs",
+        "/docs/redoc.standalone.js",
+        "/openapi.json",
+        "/v1/locks",
+    ] {
+        let r = c.get(s.url(path)).send().await.unwrap();
+        assert_eq!(
+            r.status(),
+            StatusCode::UNAUTHORIZED,
+            "{path} without a token"
+        );
+    }
+    let get = |path: &str| {
+        c.get(s.url(path))
+            .header("authorization", format!("Bearer {token}"))
+            .send()
+    };
+    let page = get("/docs").await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
+    let page = page.text().await.unwrap();
+    assert!(page.contains(r#"<redoc spec-url="openapi.json""#), "{page}");
+    assert!(
+        page.contains(r#"<script src="docs/redoc.standalone.js">"#),
+        "{page}"
+    );
+    assert!(
+        !page.contains("http://") && !page.contains("https://") && !page.contains("//cdn"),
+        "the page must not load anything from elsewhere: {page}"
+    );
+    let script = get("/docs/redoc.standalone.js").await.unwrap();
+    assert_eq!(script.status(), StatusCode::OK);
+    assert_eq!(
+        script.headers()["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+    let vendored = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/redoc/redoc.standalone.js"),
+    )
+    .unwrap();
+    assert!(
+        script.bytes().await.unwrap() == vendored,
+        "the served script is not the vendored bundle"
+    );
+    let doc = get("/openapi.json").await.unwrap();
+    assert_eq!(doc.status(), StatusCode::OK);
+    assert!(doc.text().await.unwrap() == committed());
+}
