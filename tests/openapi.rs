@@ -184,3 +184,64 @@ async fn the_api_docs_are_served_offline_behind_the_apis_tokens() {
     assert_eq!(doc.status(), StatusCode::OK);
     assert!(doc.text().await.unwrap() == committed());
 }
+
+/// The API docs render in a real browser, offline: headless Chromium (with its background
+/// networking off, so that nothing but the service could answer it) loads `/docs`, which loads
+/// the vendored Redoc and the document from the service, and the rendered page lists the
+/// operations by their summaries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_docs_render_in_a_browser() {
+    let env = Env::new(&shared_zk().connect_string(), "browser");
+    let s = env.start("browser");
+    let profile = tempfile::tempdir().unwrap();
+    let chromium = which("chromium");
+    let out = tokio::process::Command::new(&chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            // Long enough for the script and the document to load and render; virtual time
+            // ends as soon as the page is idle.
+            "--virtual-time-budget=15000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(s.url("/docs"))
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), out)
+        .await
+        .expect("chromium rendered /docs within 60 s")
+        .expect("run chromium");
+    let dom = String::from_utf8_lossy(&out.stdout);
+    for summary in [
+        "Write a whole document under its lock",
+        "Take a lock on a monitor and hold it",
+        "The lock events, as a server-sent-events stream",
+        "Liveness",
+    ] {
+        assert!(
+            dom.contains(summary),
+            "the rendered /docs does not show `{summary}` ({} bytes of DOM; chromium said: {})",
+            dom.len(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn which(program: &str) -> std::path::PathBuf {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("{program} is not installed: run `make deps` (scripts/install-deps.sh)")
+        })
+}
