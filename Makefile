@@ -29,7 +29,7 @@ bench: deps
 # Writes through `zkguard serve` over HTTP beside the in-process library and `zkguard exec`, on a
 # local ZooKeeper and osmem-server: foreground save p50/p99 and background operations per second.
 bench-service: deps
-	cargo run --release --features testkit --bin zkguard -- bench --service --local --contenders 8 --monitors 64 --iterations 400
+	cargo run --release --features testkit --bin zkguard -- bench --service --local --contenders 8 --monitors 64 --iterations 2000
 
 # The Elasticsearch-compatible gate beside the cluster itself, on a local ZooKeeper and
 # osmem-server: foreground index p50/p99 and bulk documents per second, straight and through it.

@@ -3,6 +3,7 @@
 //! The text is the OpenMetrics text format (which Prometheus scrapes natively): counters end in
 //! `_total`, histograms have `_bucket`/`_sum`/`_count`, the answer ends with `# EOF`.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -49,6 +50,14 @@ pub struct WaitLabels {
     /// `changed` (the operation left `queued`, the monitor changed), `timeout` (nothing changed
     /// before the wait ended) or `refused` (`server.wait.max` waiters already).
     pub outcome: &'static str,
+}
+
+/// A stage of background work.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    /// `lock_wait` (lanes waiting for their monitors' locks), `read` (`_mget` requests),
+    /// `write` (`_bulk` requests).
+    pub stage: &'static str,
 }
 
 /// Labels of the Elasticsearch-compatible gate's counts.
@@ -139,7 +148,18 @@ pub struct Metrics {
     pub events: Family<EventLabels, Counter>,
     /// Events that slow streams missed (told to them in a `lagged` event).
     pub events_missed: Counter,
+    /// Time of background work by stage (cumulated over lanes and requests).
+    pub stage_seconds: Family<StageLabels, Counter<f64, AtomicU64>>,
+    /// Requests of background work by stage (`read`, `write`), and lane acquisitions
+    /// (`lock_wait`).
+    pub stage_requests: Family<StageLabels, Counter>,
+    /// `fsync`s of the journal's appended lines (accepts and outcomes; group commit).
+    pub journal_fsyncs: Counter,
+    /// Their time.
+    pub journal_fsync_seconds: Counter<f64, AtomicU64>,
     seen: Mutex<(u64, u64)>,
+    /// Last values seen of the cumulative stage and journal counters.
+    seen_stages: Mutex<[u64; 8]>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -338,8 +358,37 @@ impl Metrics {
             "Events that event streams missed because their client read too slowly (each told in a lagged event)",
             events_missed.clone(),
         );
+        let stage_seconds = Family::<StageLabels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "background_stage_seconds",
+            "Time of background work by stage: lock_wait (lanes waiting for their monitors' locks), read (_mget requests), write (_bulk requests)",
+            stage_seconds.clone(),
+        );
+        let stage_requests = Family::<StageLabels, Counter>::default();
+        registry.register(
+            "background_stage_requests",
+            "Background lock acquisitions (lock_wait), _mget requests (read) and _bulk requests (write)",
+            stage_requests.clone(),
+        );
+        let journal_fsyncs = Counter::default();
+        registry.register(
+            "journal_fsyncs",
+            "fsyncs of the journal's appended lines (one covers every line written before it)",
+            journal_fsyncs.clone(),
+        );
+        let journal_fsync_seconds = Counter::<f64, AtomicU64>::default();
+        registry.register(
+            "journal_fsync_seconds",
+            "Time spent in fsyncs of the journal's appended lines",
+            journal_fsync_seconds.clone(),
+        );
         Self {
             registry,
+            stage_seconds,
+            stage_requests,
+            journal_fsyncs,
+            journal_fsync_seconds,
+            seen_stages: Mutex::new([0; 8]),
             event_streams,
             event_streams_refused,
             events,
@@ -431,6 +480,41 @@ impl Metrics {
     }
 
     /// Takes the executor's retry and (background) fencing counts into the counters.
+    /// Adds what the cumulative stage counters of the executor (`stats`) and the journal
+    /// (`fsyncs`, `fsync_us`) gained since the last call.
+    pub fn sync_stages(&self, stats: &ExecutorStats, fsyncs: u64, fsync_us: u64) {
+        let mut seen = self.seen_stages.lock().unwrap_or_else(|p| p.into_inner());
+        let now = [
+            stats.lock_wait_us,
+            stats.read_us,
+            stats.write_us,
+            stats.lane_acquisitions,
+            stats.read_requests,
+            stats.write_requests,
+            fsyncs,
+            fsync_us,
+        ];
+        let gained: Vec<u64> = now
+            .iter()
+            .zip(seen.iter())
+            .map(|(n, s)| n.saturating_sub(*s))
+            .collect();
+        *seen = now;
+        drop(seen);
+        let seconds = |us: u64| us as f64 / 1e6;
+        for (i, stage) in ["lock_wait", "read", "write"].into_iter().enumerate() {
+            let labels = StageLabels { stage };
+            self.stage_seconds
+                .get_or_create(&labels)
+                .inc_by(seconds(gained[i]));
+            self.stage_requests
+                .get_or_create(&labels)
+                .inc_by(gained[3 + i]);
+        }
+        self.journal_fsyncs.inc_by(gained[6]);
+        self.journal_fsync_seconds.inc_by(seconds(gained[7]));
+    }
+
     pub fn sync_executor(&self, stats: &ExecutorStats) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         if stats.retried > seen.0 {

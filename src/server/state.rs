@@ -197,7 +197,10 @@ impl AppState {
         m.explicit_locks.set(self.explicit.len() as i64);
         m.queue_depth
             .set(self.waiting.load(Ordering::Relaxed) as i64);
-        m.sync_executor(&self.executor.stats());
+        let stats = self.executor.stats();
+        m.sync_executor(&stats);
+        let (fsyncs, fsync_us) = self.journal.sync_stats();
+        m.sync_stages(&stats, fsyncs, fsync_us);
     }
 
     /// Whether the background acquisition of `token` is seen here for the first time.

@@ -6,3 +6,4 @@ pub mod bench;
 pub mod demo;
 pub mod gateway_bench;
 pub mod service_bench;
+pub mod stages;

@@ -33,6 +33,7 @@ use zkguard::write::ops::Operation;
 use zkguard::LockType;
 
 use super::bench::percentile;
+use super::stages::Stages;
 
 /// What to run.
 #[derive(Debug, Clone, Copy)]
@@ -73,6 +74,8 @@ pub struct PathFigures {
     pub background: usize,
     /// Background operations per second.
     pub background_per_sec: f64,
+    /// Where the background operations' time went.
+    pub stages: Stages,
 }
 
 impl PathFigures {
@@ -84,6 +87,16 @@ impl PathFigures {
             format!("{name}_bg_ops"): self.background,
             format!("{name}_bg_ops_per_sec"): (self.background_per_sec * 10.0).round() / 10.0,
         })
+    }
+
+    fn to_json_with_stages(&self, name: &str) -> Value {
+        let mut v = self.to_json(name);
+        if let (Value::Object(all), Value::Object(more)) =
+            (&mut v, self.stages.to_json(name, self.background))
+        {
+            all.extend(more);
+        }
+        v
     }
 }
 
@@ -134,7 +147,12 @@ impl ServiceReport {
             ("service", &self.service),
             ("exec", &self.exec),
         ] {
-            if let (Value::Object(all), Value::Object(more)) = (&mut v, f.to_json(name)) {
+            let figures = if name == "exec" {
+                f.to_json(name)
+            } else {
+                f.to_json_with_stages(name)
+            };
+            if let (Value::Object(all), Value::Object(more)) = (&mut v, figures) {
                 all.extend(more);
             }
         }
@@ -172,6 +190,10 @@ impl ServiceReport {
                 f.background_per_sec
             ));
         }
+        out.push_str("\nbackground stages (per lock acquisition, per operation, per request):\n");
+        for (name, f) in [("library", &self.library), ("zkguard serve", &self.service)] {
+            out.push_str(&format!("  {name:<14} {}\n", f.stages.line(f.background)));
+        }
         out.push_str(&format!(
             "\nforeground p50, service / library: {:.2}x (goal: at most 1.5x)\nbackground throughput, service / exec: {:.1}x (goal: at least 10x)\n",
             self.fg_ratio(),
@@ -200,8 +222,12 @@ pub async fn run(settings: Settings, plan: ServicePlan) -> Result<ServiceReport,
     settings.zookeeper.lock_root = format!("/zkguard-bench-service/{tag}");
     let warmup_runs = warm_up(&settings, plan, &tag).await?;
     let library = library(&settings, plan, &format!("bench-lib-{tag}")).await?;
-    let service = service(&settings, plan, &format!("bench-svc-{tag}")).await?;
-    let exec = exec(&settings, plan, &format!("bench-exec-{tag}")).await?;
+    let svc_index = format!("bench-svc-{tag}");
+    mapped_index(&settings, &svc_index).await?;
+    let service = service(&settings, plan, &svc_index).await?;
+    let exec_index = format!("bench-exec-{tag}");
+    mapped_index(&settings, &exec_index).await?;
+    let exec = exec(&settings, plan, &exec_index).await?;
     Ok(ServiceReport {
         plan,
         library,
@@ -209,6 +235,23 @@ pub async fn run(settings: Settings, plan: ServicePlan) -> Result<ServiceReport,
         exec,
         warmup_runs,
     })
+}
+
+/// The mapping every index of the benchmark is created with: the `zkguard` object that guarded
+/// writes store in each document is kept but not indexed, as docs/serve.md tells every
+/// deployment to map it (indexing its list of operation ids, up to 100 keywords a document,
+/// would cost the cluster more than the write itself).
+pub(super) fn stamp_mapping() -> Value {
+    json!({"properties": {"zkguard": {"type": "object", "enabled": false}}})
+}
+
+/// Creates `index` with [`stamp_mapping`].
+async fn mapped_index(settings: &Settings, index: &str) -> Result<(), String> {
+    let store = EsStore::new(&settings.elasticsearch).map_err(|e| e.to_string())?;
+    store
+        .ensure_index(index, &stamp_mapping())
+        .await
+        .map_err(|e| format!("cannot create the benchmark's index {index}: {e}"))
 }
 
 /// At most this many unmeasured runs of the library's workload before the measured ones.
@@ -271,6 +314,10 @@ async fn library(
     let locks: Arc<dyn zkguard::LockService> =
         Arc::new(zkguard::ZkLockService::new(session.clone()));
     let writer = GuardedWriter::new(locks, store.clone());
+    store
+        .ensure_index(index, &stamp_mapping())
+        .await
+        .map_err(|e| format!("cannot create the benchmark's index {index}: {e}"))?;
     // Warm-up: the index exists and the connections are open.
     writer
         .run(&Operation::index(
@@ -322,6 +369,7 @@ async fn library(
         )
         .build();
     let n = per * plan.clients;
+    let before = executor.stats();
     let started = Instant::now();
     let mut handles = Vec::with_capacity(n as usize);
     // The service's clients' documents, in the order they send them.
@@ -350,6 +398,7 @@ async fn library(
         }
     }
     let elapsed = started.elapsed();
+    let stages = Stages::between(&before, &executor.stats());
     session.close();
     Ok(PathFigures {
         saves: samples.len(),
@@ -357,6 +406,7 @@ async fn library(
         p99,
         background: n as usize,
         background_per_sec: f64::from(n) / elapsed.as_secs_f64(),
+        stages,
     })
 }
 
@@ -543,6 +593,7 @@ async fn service(
     }
     let (p50, p99) = latencies(samples.clone());
 
+    let scraped_before = metrics_text(&http, &base).await?;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..plan.clients {
@@ -550,8 +601,10 @@ async fn service(
         let base = base.clone();
         let index = index.to_string();
         tasks.push(tokio::spawn(async move {
+            let mut accepts = Vec::with_capacity(per as usize);
             for i in 0..per {
                 let d = doc_of(c, i, plan.docs);
+                let t = Instant::now();
                 let r = http
                     .put(format!(
                         "{base}/v1/indices/{index}/docs/{d}?type=background"
@@ -568,18 +621,22 @@ async fn service(
                         "zkguard serve answered {status} to a background write"
                     ));
                 }
+                accepts.push(t.elapsed());
             }
-            Ok::<_, String>(())
+            Ok::<_, String>(accepts)
         }));
     }
+    let mut accepts = Vec::new();
     for t in tasks {
-        t.await.map_err(|e| e.to_string())??;
+        accepts.extend(t.await.map_err(|e| e.to_string())??);
     }
     // Until every accepted operation is finished (the journal holds no unfinished one).
     while !journal_empty(&http, &base).await? {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let elapsed = started.elapsed();
+    let mut stages = Stages::scraped(&scraped_before, &metrics_text(&http, &base).await?);
+    stages.accept_p50 = latencies(accepts).0;
     let n = per * plan.clients;
     let applied = background_applied(&http, &base).await?;
     if applied != u64::from(n) {
@@ -594,6 +651,7 @@ async fn service(
         p99,
         background: n as usize,
         background_per_sec: f64::from(n) / elapsed.as_secs_f64(),
+        stages,
     })
 }
 
@@ -686,5 +744,6 @@ async fn exec(settings: &Settings, plan: ServicePlan, index: &str) -> Result<Pat
         p99,
         background: n as usize,
         background_per_sec: f64::from(n) / elapsed.as_secs_f64(),
+        stages: Stages::default(),
     })
 }

@@ -124,6 +124,24 @@ pub struct ExecutorStats {
     pub foreground_applied: u64,
     /// Foreground operations that failed (returned to the caller).
     pub foreground_failed: u64,
+    /// Where background time goes (with
+    /// [`BackgroundExecutorBuilder::batch_by_monitor`]; zero without): lock acquisitions of the
+    /// monitors' lanes, the attempts applied under them, and the time spent waiting for them.
+    pub lane_acquisitions: u64,
+    /// Attempts applied under the lanes' acquisitions.
+    pub lane_attempts: u64,
+    /// Time the lanes waited for their locks, in microseconds.
+    pub lock_wait_us: u64,
+    /// `_mget` requests the lanes' reads went out in, and their time in microseconds.
+    pub read_requests: u64,
+    /// Time of those `_mget` requests, in microseconds.
+    pub read_us: u64,
+    /// `_bulk` requests the lanes' writes went out in.
+    pub write_requests: u64,
+    /// Writes sent in them.
+    pub written: u64,
+    /// Time of those `_bulk` requests, in microseconds.
+    pub write_us: u64,
 }
 
 #[derive(Default)]
@@ -380,6 +398,26 @@ impl BackgroundExecutor {
         &self.inner.fg_writer
     }
 
+    /// The stage counters of the lanes, alone.
+    fn stage_stats(&self) -> ExecutorStats {
+        let Some(b) = &self.inner.batcher else {
+            return ExecutorStats::default();
+        };
+        let s = &b.stages;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ExecutorStats {
+            lane_acquisitions: get(&s.acquisitions),
+            lane_attempts: get(&s.attempts),
+            lock_wait_us: get(&s.lock_wait_us),
+            read_requests: get(&s.reads),
+            read_us: get(&s.read_us),
+            write_requests: get(&s.writes),
+            written: get(&s.written),
+            write_us: get(&s.write_us),
+            ..ExecutorStats::default()
+        }
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> ExecutorStats {
         let c = &self.inner.counters;
@@ -396,6 +434,7 @@ impl BackgroundExecutor {
             lost: get(&c.lost),
             foreground_applied: get(&c.foreground_applied),
             foreground_failed: get(&c.foreground_failed),
+            ..self.stage_stats()
         }
     }
 

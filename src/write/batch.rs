@@ -23,6 +23,7 @@
 //! after it wait for the next acquisition.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -69,9 +70,36 @@ type Target = (String, String);
 type WriteJob = Job<BulkAction, Result<DocMeta, EsError>>;
 type ReadJob = Job<Target, Result<Option<Doc>, EsError>>;
 
+/// Where the lanes' time goes, cumulated (see [`super::background::ExecutorStats`]).
+#[derive(Debug, Default)]
+pub(crate) struct StageCounters {
+    /// Lock acquisitions made by lanes.
+    pub(crate) acquisitions: AtomicU64,
+    /// Attempts applied under them.
+    pub(crate) attempts: AtomicU64,
+    /// Time spent waiting for those locks, in microseconds.
+    pub(crate) lock_wait_us: AtomicU64,
+    /// `_mget` requests sent, and their time in microseconds.
+    pub(crate) reads: AtomicU64,
+    pub(crate) read_us: AtomicU64,
+    /// `_bulk` requests sent, their items, and their time in microseconds.
+    pub(crate) writes: AtomicU64,
+    pub(crate) written: AtomicU64,
+    pub(crate) write_us: AtomicU64,
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// The lanes and the bulk writer of one executor.
 pub(crate) struct Batcher {
     writer: GuardedWriter,
+    pub(crate) stages: Arc<StageCounters>,
     lanes: Mutex<HashMap<String, VecDeque<Queued>>>,
     bulk: OnceLock<mpsc::UnboundedSender<WriteJob>>,
     reads: OnceLock<mpsc::UnboundedSender<ReadJob>>,
@@ -86,6 +114,7 @@ impl Batcher {
     pub(crate) fn new(writer: GuardedWriter, max_per_lock: usize, max_bulk: usize) -> Arc<Self> {
         Arc::new(Self {
             writer,
+            stages: Arc::new(StageCounters::default()),
             lanes: Mutex::new(HashMap::new()),
             bulk: OnceLock::new(),
             reads: OnceLock::new(),
@@ -231,6 +260,9 @@ impl Batcher {
             waited_ms = waited.as_millis() as u64,
             "lane lock acquired"
         );
+        add(&self.stages.acquisitions, 1);
+        add(&self.stages.attempts, batch.len() as u64);
+        add(&self.stages.lock_wait_us, micros(waited));
         // Shared with the bulk writer while the writes wait there (see `Job::held`).
         let shared = Arc::new(guard);
         let (results, later) = self.write(&shared, batch).await;
@@ -442,9 +474,17 @@ impl Batcher {
         let tx = self.bulk.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             let (store, refresh) = (self.writer.store().clone(), self.writer.refresh());
+            let stages = self.stages.clone();
             tokio::spawn(group_commit(rx, self.max_bulk, "_bulk", move |actions| {
-                let store = store.clone();
-                async move { store.bulk(&actions, refresh).await }
+                let (store, stages) = (store.clone(), stages.clone());
+                async move {
+                    let started = Instant::now();
+                    let answer = store.bulk(&actions, refresh).await;
+                    add(&stages.writes, 1);
+                    add(&stages.written, actions.len() as u64);
+                    add(&stages.write_us, micros(started.elapsed()));
+                    answer
+                }
             }));
             tx
         });
@@ -459,9 +499,16 @@ impl Batcher {
         let tx = self.reads.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             let store = self.writer.store().clone();
+            let stages = self.stages.clone();
             tokio::spawn(group_commit(rx, self.max_bulk, "_mget", move |targets| {
-                let store = store.clone();
-                async move { store.mget(&targets).await }
+                let (store, stages) = (store.clone(), stages.clone());
+                async move {
+                    let started = Instant::now();
+                    let answer = store.mget(&targets).await;
+                    add(&stages.reads, 1);
+                    add(&stages.read_us, micros(started.elapsed()));
+                    answer
+                }
             }));
             tx
         });

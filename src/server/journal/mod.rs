@@ -228,8 +228,10 @@ pub struct Journal {
 struct SyncState {
     /// Lines up to this sequence number are durable.
     synced: u64,
-    /// `fsync`s made (for tests).
+    /// `fsync`s made.
     fsyncs: u64,
+    /// Their time, in microseconds.
+    fsync_us: u64,
 }
 
 impl std::fmt::Debug for Journal {
@@ -791,9 +793,12 @@ impl Journal {
             let inner = self.lock();
             (inner.written, inner.file.clone())
         };
+        let started = std::time::Instant::now();
         let result = file.sync_data();
+        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         let mut state = self.sync_state();
         state.fsyncs += 1;
+        state.fsync_us = state.fsync_us.saturating_add(took);
         if result.is_ok() {
             state.synced = state.synced.max(target);
         }
@@ -805,6 +810,12 @@ impl Journal {
     #[cfg(test)]
     fn fsyncs(&self) -> u64 {
         self.sync_state().fsyncs
+    }
+
+    /// The `fsync`s of appended lines made so far, and their time in microseconds.
+    pub fn sync_stats(&self) -> (u64, u64) {
+        let state = self.sync_state();
+        (state.fsyncs, state.fsync_us)
     }
 
     /// Forgets the oldest outcomes beyond [`KEEP_FINISHED`].
