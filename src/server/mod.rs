@@ -43,6 +43,7 @@ mod journal;
 mod lock_routes;
 mod locks;
 mod metrics;
+mod notify;
 mod openapi;
 mod params;
 mod routes;
@@ -319,6 +320,28 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     println!("{started}");
     use std::io::Write;
     let _ = std::io::stdout().flush();
+    // systemd (Type=notify): ready now, the journal replayed and the listeners bound; and the
+    // watchdog pinged while the runtime runs.
+    let notifier = notify::Notifier::from_env();
+    notifier.send(&format!(
+        "READY=1\nSTATUS=listening on {bound}, {replayed} operations replayed from the journal\nMAINPID={}",
+        std::process::id()
+    ));
+    let watchdog = notify::watchdog_interval()
+        .filter(|_| notifier.enabled())
+        .map(|every| {
+            let mut stop = stop_rx.clone();
+            tokio::spawn(async move {
+                let pings = notify::Notifier::from_env();
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => pings.send("WATCHDOG=1"),
+                        _ = stop.changed() => return,
+                    }
+                }
+            })
+        });
     if tokens.enabled() {
         tracing::info!(
             "bearer tokens required on /v1 (server.auth.tokens.file; SIGHUP reloads it)"
@@ -359,6 +382,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         drain_ms = state.settings.drain_timeout.as_millis() as u64,
         "shutting down: no new requests, in-flight ones may finish"
     );
+    notifier.send("STOPPING=1\nSTATUS=shutting down: draining requests");
     state.draining.store(true, Ordering::Release);
     // Event streams never finish on their own: they end now, so they do not hold up the drain.
     state.events.close();
@@ -383,6 +407,9 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         tracing::info!(released, "explicit locks released");
     }
     let _ = reloader.await;
+    if let Some(w) = watchdog {
+        let _ = w.await;
+    }
     let _ = dispatcher.await;
     let _ = monitor.await;
     let stopped = state.stop_running(Duration::from_secs(5)).await;
