@@ -42,8 +42,8 @@ bench-memory: deps
 	cargo build --release --features testkit --bin zkguard
 	python3 scripts/measure-queue-memory.py --binaries target/release/zkguard
 
-# Installs ZooKeeper, the benchmark peers, osmem-server, tansu and the client generators of the
-# service's OpenAPI document (Debian/Ubuntu; pip and npm ci), only what is missing.
+# Installs ZooKeeper, the benchmark peers, osmem-server, tansu, the client generators of the
+# service's OpenAPI document and promtool (Debian/Ubuntu; pip and npm ci), only what is missing.
 deps:
 	scripts/install-deps.sh
 

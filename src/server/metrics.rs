@@ -112,6 +112,8 @@ pub struct Metrics {
     pub replayed: Counter,
     /// Accepted background operations not finished yet (in the journal).
     pub journal_depth: Gauge,
+    /// Seconds the oldest of them has been queued (0 when none is).
+    pub journal_oldest: Gauge<f64, AtomicU64>,
     /// Background operations waiting to be started by the executor.
     pub queue_depth: Gauge,
     /// Explicit locks held for callers.
@@ -250,6 +252,12 @@ impl Metrics {
             "Accepted background operations not finished yet",
             journal_depth.clone(),
         );
+        let journal_oldest = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "journal_oldest_seconds",
+            "Seconds the oldest accepted background operation not finished yet has been queued (0 when none is)",
+            journal_oldest.clone(),
+        );
         let explicit_locks = Gauge::default();
         registry.register(
             "explicit_locks",
@@ -382,6 +390,19 @@ impl Metrics {
             "Time spent in fsyncs of the journal's appended lines",
             journal_fsync_seconds.clone(),
         );
+        // The series of both lock types exist from the start, at 0: a rule's `increase()` or
+        // `rate()` sees the first lock timeout or fenced write, which it would miss if the series
+        // appeared with it (at 1).
+        for lock_type in [zkguard::LockType::Foreground, zkguard::LockType::Background] {
+            let labels = TypeLabels {
+                lock_type: lock_type.as_str(),
+            };
+            let _ = lock_wait.get_or_create(&labels);
+            let _ = lock_hold.get_or_create(&labels);
+            let _ = acquisitions.get_or_create(&labels);
+            let _ = lock_timeouts.get_or_create(&labels);
+            let _ = fenced.get_or_create(&labels);
+        }
         Self {
             registry,
             stage_seconds,
@@ -411,6 +432,7 @@ impl Metrics {
             parked,
             replayed,
             journal_depth,
+            journal_oldest,
             queue_depth,
             explicit_locks,
             zk_connected,

@@ -193,6 +193,11 @@ impl AppState {
     pub fn refresh_gauges(&self) {
         let m = &self.metrics;
         m.journal_depth.set(self.journal.depth() as i64);
+        m.journal_oldest.set(
+            self.journal
+                .oldest_queued()
+                .map_or(0.0, |age| age.as_secs_f64()),
+        );
         m.journal_bytes.set(self.journal.queued_bytes() as i64);
         m.explicit_locks.set(self.explicit.len() as i64);
         m.queue_depth

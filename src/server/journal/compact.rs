@@ -69,7 +69,7 @@ impl Journal {
         let queued = inner
             .queued_order
             .iter()
-            .filter_map(|id| inner.entries.get(id))
+            .filter_map(|(id, _)| inner.entries.get(id))
             .filter(|e| e.finished.is_none())
             .filter_map(|e| e.op.clone())
             .collect();

@@ -25,6 +25,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -178,8 +179,9 @@ struct Inner {
     /// Lines written so far (the sequence number of the last one).
     written: u64,
     entries: HashMap<Uuid, Entry>,
-    /// Queued operations in the order they were accepted (finished ones are skipped lazily).
-    queued_order: VecDeque<Uuid>,
+    /// Queued operations in the order they were accepted, with when (finished ones are skipped
+    /// lazily).
+    queued_order: VecDeque<(Uuid, Instant)>,
     queued: usize,
     finished_order: VecDeque<Uuid>,
     appended: usize,
@@ -306,6 +308,9 @@ impl Journal {
         }
 
         let mut entries: HashMap<Uuid, Entry> = HashMap::new();
+        // Lines carry no time: the operations replayed from the journal count as queued since
+        // the start.
+        let opened = Instant::now();
         let mut queued_order = VecDeque::new();
         let mut finished_order = VecDeque::new();
         // Lines that cannot be read: the last one may be a write cut short by a crash, any
@@ -327,7 +332,7 @@ impl Journal {
                                 if entries.contains_key(&op.id) {
                                     continue;
                                 }
-                                queued_order.push_back(op.id);
+                                queued_order.push_back((op.id, opened));
                                 entries.insert(
                                     op.id,
                                     Entry {
@@ -373,10 +378,10 @@ impl Journal {
         }
         let pending: Vec<Operation> = queued_order
             .iter()
-            .filter_map(|id| entries.get(id).and_then(|e| e.op.as_deref().cloned()))
+            .filter_map(|(id, _)| entries.get(id).and_then(|e| e.op.as_deref().cloned()))
             .filter(|op| entries.get(&op.id).is_some_and(|e| e.finished.is_none()))
             .collect();
-        queued_order = pending.iter().map(|op| op.id).collect();
+        queued_order = pending.iter().map(|op| (op.id, opened)).collect();
         let file = OpenOptions::new()
             .create(true)
             .append(true)
@@ -457,6 +462,19 @@ impl Journal {
     /// How many operations are accepted and not finished.
     pub fn depth(&self) -> usize {
         self.lock().queued
+    }
+
+    /// How long the oldest operation accepted and not finished has been queued: since this
+    /// process accepted it, or since the start for one replayed from the journal. `None` when
+    /// none is queued.
+    pub fn oldest_queued(&self) -> Option<Duration> {
+        let inner = self.lock();
+        // Finished operations leave the front at once (`trim`): this looks at one entry.
+        inner
+            .queued_order
+            .iter()
+            .find(|(id, _)| inner.entries.get(id).is_some_and(|e| e.finished.is_none()))
+            .map(|(_, at)| at.elapsed())
     }
 
     /// Why outcomes cannot be recorded now, if they cannot (see [`Journal::outcomes_failed`]).
@@ -601,10 +619,11 @@ impl Journal {
         }
         let seq = self.append(&mut inner, &line)?;
         let share = size.div_ceil(fresh.len() as u64);
+        let now = Instant::now();
         for op in &fresh {
             inner.sizes.insert(op.id, share);
             inner.queued_bytes += share;
-            inner.queued_order.push_back(op.id);
+            inner.queued_order.push_back((op.id, now));
             inner.entries.insert(
                 op.id,
                 Entry {
@@ -793,7 +812,7 @@ impl Journal {
             let inner = self.lock();
             (inner.written, inner.file.clone())
         };
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let result = file.sync_data();
         let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         let mut state = self.sync_state();
@@ -835,7 +854,7 @@ impl Journal {
         while inner
             .queued_order
             .front()
-            .is_some_and(|id| inner.entries.get(id).is_none_or(|e| e.finished.is_some()))
+            .is_some_and(|(id, _)| inner.entries.get(id).is_none_or(|e| e.finished.is_some()))
         {
             inner.queued_order.pop_front();
         }

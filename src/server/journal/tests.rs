@@ -326,3 +326,39 @@ async fn accepts_go_on_while_the_journal_is_compacted() {
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(text.lines().count() <= 5, "{text}");
 }
+
+/// The age of the oldest queued operation (the service's `zkguard_journal_oldest_seconds`) is
+/// that of the first one accepted and not finished: it moves on to the next when the first
+/// finishes, whatever the order of outcomes, and is gone once none is queued.
+#[tokio::test]
+async fn the_oldest_queued_operation_is_the_first_not_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = Journal::open(&dir.path().join("j.jsonl"), false).unwrap();
+    assert_eq!(j.oldest_queued(), None);
+    let (a, b, c) = (op(1), op(2), op(3));
+    j.accept(vec![a.clone()]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    j.accept(vec![b.clone()]).await.unwrap();
+    let first = j.oldest_queued().unwrap();
+    assert!(first >= Duration::from_millis(300), "{first:?}");
+    let done = |id| Finished {
+        id,
+        status: OpState::Applied,
+        reason: None,
+        token: Some(7),
+        attempts: Some(1),
+        fingerprint: None,
+        key: None,
+    };
+    // The newer one finishing first changes nothing.
+    j.finish(done(b.id)).await.unwrap();
+    assert!(j.oldest_queued().unwrap() >= first);
+    let before_c = Instant::now();
+    j.accept(vec![c.clone()]).await.unwrap();
+    j.finish(done(a.id)).await.unwrap();
+    // Now `c`'s age: no more than the time since just before it was accepted.
+    let next = j.oldest_queued().unwrap();
+    assert!(next <= before_c.elapsed(), "{next:?}");
+    j.finish(done(c.id)).await.unwrap();
+    assert_eq!(j.oldest_queued(), None);
+}
