@@ -24,5 +24,9 @@ fn the_kubernetes_manifests_validate_and_agree_with_the_service() {
         "kubernetes-validate or PyYAML is missing: run `make deps`\n{said}"
     );
     assert!(out.status.success(), "{said}");
-    assert_eq!(said.lines().filter(|l| l.starts_with("ok: ")).count(), 7, "{said}");
+    assert_eq!(
+        said.lines().filter(|l| l.starts_with("ok: ")).count(),
+        7,
+        "{said}"
+    );
 }
