@@ -49,8 +49,11 @@ pub(super) struct WriteParams {
     pub(super) upsert: bool,
 }
 
+/// The query parameters of a document write, with the `Idempotency-Key` header of `headers`
+/// (the same as `op_id`; both given, they must agree).
 pub(super) fn parse_params(
     raw: Option<String>,
+    headers: &axum::http::HeaderMap,
     route: WriteRoute,
     max_timeout: Duration,
 ) -> Result<WriteParams, ApiError> {
@@ -127,6 +130,7 @@ pub(super) fn parse_params(
             }
         }
     }
+    p.op_id = idempotency_key(headers, p.op_id.take())?;
     if p.lock_id.is_some() && p.lock_type == LockType::Background {
         return Err(ApiError::bad(
             "bad_parameter",

@@ -20,8 +20,8 @@ use zkguard::{LockError, LockType};
 use super::errors::{from_guarded, ApiError};
 use super::journal::{Entry, Finished, OpState};
 use super::params::{
-    body_error, check_doc_id, check_index, check_monitor, document_monitor, idempotency_key,
-    parse_json, parse_op_id, parse_params, path_error, unknown_lock, WriteParams, WriteRoute, INFO,
+    body_error, check_doc_id, check_index, check_monitor, document_monitor, parse_json,
+    parse_op_id, parse_params, path_error, unknown_lock, WriteParams, WriteRoute, INFO,
 };
 use super::state::AppState;
 
@@ -60,8 +60,12 @@ pub(super) async fn put_doc(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let Path((index, id)) = path.map_err(path_error)?;
-    let mut params = parse_params(query, WriteRoute::Put, state.settings.request_timeout)?;
-    params.op_id = idempotency_key(&headers, params.op_id)?;
+    let params = parse_params(
+        query,
+        &headers,
+        WriteRoute::Put,
+        state.settings.request_timeout,
+    )?;
     let doc = object_body(&state, body, "the document's source")?;
     let (op, params) = build_op(&index, &id, params, |m| {
         Operation::index(m, &index, &id, doc)
@@ -90,8 +94,12 @@ pub(super) async fn patch_doc(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let Path((index, id)) = path.map_err(path_error)?;
-    let mut params = parse_params(query, WriteRoute::Patch, state.settings.request_timeout)?;
-    params.op_id = idempotency_key(&headers, params.op_id)?;
+    let params = parse_params(
+        query,
+        &headers,
+        WriteRoute::Patch,
+        state.settings.request_timeout,
+    )?;
     let patch = object_body(
         &state,
         body,
@@ -125,8 +133,12 @@ pub(super) async fn delete_doc(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Path((index, id)) = path.map_err(path_error)?;
-    let mut params = parse_params(query, WriteRoute::Delete, state.settings.request_timeout)?;
-    params.op_id = idempotency_key(&headers, params.op_id)?;
+    let params = parse_params(
+        query,
+        &headers,
+        WriteRoute::Delete,
+        state.settings.request_timeout,
+    )?;
     let mode = params.mode.unwrap_or_default();
     let (op, params) = build_op(&index, &id, params, |m| {
         Operation::delete(m, &index, &id).with_delete_mode(mode)
