@@ -202,8 +202,16 @@ async fn a_stream_on_a_monitor_sees_its_locks_and_writes_in_order() {
     // A foreground write, a background write applied, a background patch parked (no document).
     let (status, fg) = put(&c, &s, &doc, &json!({"n": 3})).await;
     assert_eq!(status, StatusCode::OK, "{fg}");
-    let (status, bg) = put(&c, &s, &format!("{doc}?type=background"), &json!({"n": 4})).await;
+    // Named with a key of the caller's: the event names it by the key, as the answer does.
+    let (status, bg) = put(
+        &c,
+        &s,
+        &format!("{doc}?type=background&op_id=article-save-4"),
+        &json!({"n": 4}),
+    )
+    .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{bg}");
+    assert_eq!(bg["operation_id"], "article-save-4", "{bg}");
     let f = one.next().await;
     assert_event(&f, "applied", &monitor, "foreground");
     assert_eq!(f.data["token"], fg["token"]);

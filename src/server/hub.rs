@@ -88,7 +88,8 @@ pub struct Happened<'a> {
     monitor: &'a str,
     lock_type: LockType,
     token: Option<u64>,
-    operation_id: Option<Uuid>,
+    /// The operation's id, and the caller's key when it named the operation with one.
+    operation_id: Option<(Uuid, Option<&'a str>)>,
     lock_id: Option<Uuid>,
     index: Option<&'a str>,
     id: Option<&'a str>,
@@ -116,7 +117,7 @@ impl<'a> Happened<'a> {
     /// An event of operation `op` (its monitor, lock type, id and target document).
     pub fn op(kind: Kind, op: &'a Operation) -> Self {
         Self {
-            operation_id: Some(op.id),
+            operation_id: Some((op.id, op.key.as_deref())),
             index: Some(op.target_index()),
             id: Some(op.target_id()),
             ..Self::lock(kind, &op.monitor, op.lock_type)
@@ -179,8 +180,9 @@ struct Wire<'a> {
     lock_type: LockType,
     #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<u64>,
+    /// As the answers name the operation: the caller's key, or else its id.
     #[serde(skip_serializing_if = "Option::is_none")]
-    operation_id: Option<Uuid>,
+    operation_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     lock_id: Option<Uuid>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -307,7 +309,9 @@ impl Hub {
             monitor: h.monitor,
             lock_type: h.lock_type,
             token: h.token,
-            operation_id: h.operation_id,
+            operation_id: h
+                .operation_id
+                .map(|(id, key)| key.map_or_else(|| id.to_string(), str::to_string)),
             lock_id: h.lock_id,
             index: h.index,
             id: h.id,
