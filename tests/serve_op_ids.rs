@@ -161,13 +161,14 @@ async fn a_waiter_sees_its_operation_applied_as_soon_as_the_lock_is_released() {
     );
     assert_eq!(m["zkguard_waiters"], 0.0, "{m:?}");
     // Where the background write's time went: one lane acquisition waited for the held lock
-    // (more than the 200 ms wait above), one _bulk request; the accept fsynced before its 202
+    // (held at least 200 ms after the accept, the wait above; an uncontended acquisition takes
+    // a few ms), one _bulk request; the accept fsynced before its 202
     // (the outcome's line may still be on its way).
     let stage = |what: &str, stage: &str| {
         m[&format!(r#"zkguard_background_stage_{what}_total{{stage="{stage}"}}"#)]
     };
     assert!(stage("requests", "lock_wait") >= 1.0, "{m:?}");
-    assert!(stage("seconds", "lock_wait") > 0.2, "{m:?}");
+    assert!(stage("seconds", "lock_wait") > 0.1, "{m:?}");
     assert!(stage("requests", "write") >= 1.0, "{m:?}");
     assert!(stage("seconds", "write") > 0.0, "{m:?}");
     assert!(m["zkguard_journal_fsyncs_total"] >= 1.0, "{m:?}");
