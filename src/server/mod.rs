@@ -331,8 +331,8 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         .filter(|_| notifier.enabled())
         .map(|every| {
             let mut stop = stop_rx.clone();
+            let pings = notifier.clone();
             tokio::spawn(async move {
-                let pings = notify::Notifier::from_env();
                 let mut tick = tokio::time::interval(every);
                 loop {
                     tokio::select! {

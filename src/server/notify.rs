@@ -9,7 +9,7 @@ use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
 /// Where notifications go, when systemd asked for them.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Notifier {
     target: Option<String>,
 }
