@@ -74,6 +74,7 @@ impl Command {
             Self::Txn(a) => match &a.command {
                 TxnCommand::Init(x) => x.json,
                 TxnCommand::Transfer(x) => x.json,
+                TxnCommand::Apply(x) => x.json,
                 TxnCommand::Show(x) => x.json,
                 TxnCommand::Rollback(x) => x.json,
                 TxnCommand::Recover(x) => x.json,

@@ -11,6 +11,7 @@ pub mod meta;
 mod setup;
 mod status;
 pub mod txn;
+pub mod txn_docs;
 
 pub use setup::{init_tracing, lock_service};
 pub use status::{

@@ -36,11 +36,14 @@ pub enum TxnCommand {
     Init(InitArgs),
     /// Move units from one account to another, all or nothing.
     Transfer(TransferArgs),
-    /// Show one transaction.
+    /// Apply several document writes (index, update, delete, in any indices) all or nothing.
+    Apply(super::txn_docs::ApplyArgs),
+    /// Show one transaction (a transfer, or a document transaction of `txn apply`).
     Show(ShowArgs),
     /// Roll a transaction back (created or pending ones; committed ones always finish).
     Rollback(RollbackArgs),
-    /// Resume transactions left in flight longer than txn.recovery.after.
+    /// Resume transactions (transfers and document transactions) left in flight longer than
+    /// txn.recovery.after.
     Recover(RecoverArgs),
     /// Sum of balances, transactions per state, accounts with pending ids, anomalies.
     Audit(AuditArgs),
@@ -121,6 +124,10 @@ pub struct RecoverArgs {
     /// Print reports as JSON lines.
     #[arg(long)]
     pub json: bool,
+    /// How long to wait for each lock of a document transaction before leaving it for the next
+    /// pass (its coordinator may still hold them; a dead one's go with its session).
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub lock_wait: Duration,
 }
 
 /// `zkguard txn audit`.
@@ -210,21 +217,29 @@ async fn coordinator(settings: &Settings, lock: bool) -> Result<Coordinator, Cli
 
 /// Runs `zkguard txn`.
 pub async fn run(settings: Settings, args: TxnArgs) -> Result<u8, CliError> {
+    if let TxnCommand::Apply(a) = args.command {
+        return super::txn_docs::apply(&settings, a).await;
+    }
     let coordinator = coordinator(&settings, args.lock).await?;
     match args.command {
+        TxnCommand::Apply(_) => unreachable!("handled above"),
         TxnCommand::Init(a) => init(&coordinator, a).await,
         TxnCommand::Transfer(a) => transfer(coordinator, a).await,
         TxnCommand::Show(a) => {
-            let txn = coordinator
-                .transaction(&a.id)
-                .await
-                .map_err(cli_error)?
-                .ok_or_else(|| {
-                    cli_error(TxnError::NotFound {
-                        id: a.id.clone(),
-                        index: settings.txn.transactions_index.clone(),
-                    })
-                })?;
+            let txn = coordinator.transaction(&a.id).await.map_err(cli_error)?;
+            if txn.is_none() {
+                let txns = super::txn_docs::transactions(&settings).await?;
+                if let Some(record) = txns.get(&a.id).await.map_err(super::txn_docs::cli_error)? {
+                    super::txn_docs::print_record(&record, a.json)?;
+                    return Ok(0);
+                }
+            }
+            let txn = txn.ok_or_else(|| {
+                cli_error(TxnError::NotFound {
+                    id: a.id.clone(),
+                    index: settings.txn.transactions_index.clone(),
+                })
+            })?;
             print_transaction(&txn, a.json)?;
             Ok(0)
         }
@@ -355,10 +370,12 @@ async fn recover(
     settings: &Settings,
     args: RecoverArgs,
 ) -> Result<u8, CliError> {
+    let mut documents = DocumentRecovery::new(settings, args.lock_wait, args.json);
     if args.once {
         let report = coordinator.recover_once().await.map_err(cli_error)?;
         print_report(&report, args.json)?;
-        return Ok(if report.failed.is_empty() {
+        let docs_ok = documents.pass().await?;
+        return Ok(if report.failed.is_empty() && docs_ok {
             0
         } else {
             EX_TEMPFAIL
@@ -380,6 +397,13 @@ async fn recover(
                 humantime::format_duration(interval)
             ),
         }
+        if let Err(e) = documents.pass().await {
+            eprintln!(
+                "zkguard: recovery pass over document transactions failed (retrying in {}): {}",
+                humantime::format_duration(interval),
+                e.message
+            );
+        }
         if stop.requested() {
             return Ok(0);
         }
@@ -387,6 +411,55 @@ async fn recover(
             _ = stop.wait() => return Ok(0),
             _ = tokio::time::sleep(interval) => {}
         }
+    }
+}
+
+/// The document side of `zkguard txn recover`: it connects to the lock service only once the
+/// log holds a transaction in flight (transfers alone need none).
+struct DocumentRecovery<'a> {
+    settings: &'a Settings,
+    lock_wait: Duration,
+    json: bool,
+    txns: Option<zkguard::txn::multi::Transactions>,
+}
+
+impl<'a> DocumentRecovery<'a> {
+    fn new(settings: &'a Settings, lock_wait: Duration, json: bool) -> Self {
+        Self {
+            settings,
+            lock_wait,
+            json,
+            txns: None,
+        }
+    }
+
+    /// One pass; `Ok(false)` when some transaction could not be recovered.
+    async fn pass(&mut self) -> Result<bool, CliError> {
+        if self.txns.is_none() {
+            let store = EsStore::new(&self.settings.elasticsearch)?;
+            let probe = serde_json::json!({
+                "size": 1,
+                "query": { "terms": { "state": ["pending", "committed", "rolling-back"] } },
+            });
+            let in_flight = store
+                .search(&self.settings.txn.log_index, &probe)
+                .await
+                .map_err(|e| CliError::new(EX_UNAVAILABLE, e))?;
+            if in_flight.is_empty() {
+                return Ok(true);
+            }
+            self.txns = Some(super::txn_docs::transactions(self.settings).await?);
+        }
+        let txns = self.txns.as_ref().expect("set above");
+        let report = super::txn_docs::recover_pass(
+            txns,
+            self.settings.txn.recovery_after,
+            self.lock_wait,
+            self.json,
+        )
+        .await
+        .map_err(super::txn_docs::cli_error)?;
+        Ok(report.failed.is_empty() && report.busy.is_empty())
     }
 }
 

@@ -157,6 +157,9 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("txn.transactions.index", "zkguard-transactions", "transaction-log index"),
     ("txn.recovery.after", "30000", "a transaction untouched this long is resumed by recovery (ms)"),
     ("txn.allow.overdraft", "false", "whether a transfer may leave the source balance negative"),
+    ("txn.log.index", "zkguard-txn-log", "log index of document transactions (txn apply, /v1/transactions, the gate's atomic _bulk)"),
+    ("txn.max.operations", "1000", "most operations in one document transaction; more is refused (413)"),
+    ("txn.max.bytes", "5242880", "most bytes of documents in one document transaction; more is refused (413)"),
     ("server.listen", "127.0.0.1:7717", "address `zkguard serve` listens on (--listen overrides)"),
     ("server.journal.path", "zkguard-journal.jsonl", "write-ahead journal of accepted background operations of `zkguard serve`; a relative path is inside state.dir"),
     ("state.dir", "", "directory of zkguard's own files (relative deadletter.file.path and server.journal.path); empty = $XDG_STATE_HOME/zkguard, else $HOME/.local/state/zkguard, else /var/lib/zkguard"),
@@ -371,6 +374,12 @@ pub struct TxnSettings {
     pub recovery_after: Duration,
     /// Whether overdrafts are allowed.
     pub allow_overdraft: bool,
+    /// Log index of document transactions (`txn.log.index`).
+    pub log_index: String,
+    /// Most operations in one document transaction (`txn.max.operations`).
+    pub max_operations: usize,
+    /// Most bytes of documents in one document transaction (`txn.max.bytes`).
+    pub max_bytes: u64,
 }
 
 /// Settings of `zkguard serve`.
@@ -1189,6 +1198,9 @@ impl Settings {
             transactions_index: r.index_name("txn.transactions.index")?,
             recovery_after: r.duration("txn.recovery.after")?,
             allow_overdraft: r.boolean("txn.allow.overdraft")?,
+            log_index: r.index_name("txn.log.index")?,
+            max_operations: r.int::<usize>("txn.max.operations", 1)?,
+            max_bytes: r.int::<u64>("txn.max.bytes", 1)?,
         };
         let allowed_indices: Vec<String> = r
             .optional_string("server.index.allow")
@@ -1203,6 +1215,7 @@ impl Settings {
         let own_indices = [
             &txn.accounts_index,
             &txn.transactions_index,
+            &txn.log_index,
             &retry.index,
             &es_lock.index,
         ]

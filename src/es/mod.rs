@@ -15,9 +15,11 @@ use serde_json::Value;
 mod client;
 #[cfg(feature = "testkit")]
 mod hook;
+mod merge;
 pub use client::EsStore;
 #[cfg(feature = "testkit")]
 pub use hook::{HookedStore, IndexGate, StoreCall, StoreHook};
+pub use merge::merge_partial;
 
 /// Errors of the document-store layer. Each HTTP failure class maps to its own variant.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -46,6 +46,7 @@ use crate::es::{Doc, DocMeta, EsError};
 mod accounts;
 mod audit;
 mod coordinator;
+pub mod multi;
 mod recovery;
 mod requests;
 mod steps;

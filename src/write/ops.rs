@@ -634,6 +634,10 @@ pub struct Stamp {
     /// Whether the document is a tombstone (see [`DeleteMode::Tombstone`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleted: bool,
+    /// The document transaction ([`crate::txn::multi`]) whose uncommitted write this is: set
+    /// while the transaction runs, cleared once it is decided. Any later write drops it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub txn: Option<String>,
 }
 
 impl Stamp {
@@ -662,6 +666,7 @@ impl Stamp {
             op,
             ops,
             deleted,
+            txn: None,
         }
     }
 }

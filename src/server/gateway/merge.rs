@@ -3,28 +3,7 @@
 
 use serde_json::{Map, Value};
 
-/// Merges `changes` into `target` as Elasticsearch's `_update` merges a partial `doc`: objects
-/// are merged key by key, recursively; anything else (arrays, scalars, `null`) replaces the
-/// stored value. Returns whether anything changed (what `detect_noop` looks at).
-pub fn merge(target: &mut Map<String, Value>, changes: &Map<String, Value>) -> bool {
-    let mut changed = false;
-    for (key, new) in changes {
-        match (target.get_mut(key), new) {
-            (Some(Value::Object(old)), Value::Object(new)) => changed |= merge(old, new),
-            (Some(old), new) => {
-                if old != new {
-                    *old = new.clone();
-                    changed = true;
-                }
-            }
-            (None, new) => {
-                target.insert(key.clone(), new.clone());
-                changed = true;
-            }
-        }
-    }
-    changed
-}
+pub use zkguard::es::merge_partial as merge;
 
 /// Applies Elasticsearch's `filter_path` (comma-separated dotted paths, `*` for any one key,
 /// `**` for any depth, a leading `-` to exclude) to an answer.

@@ -1,0 +1,665 @@
+//! The coordinator of document transactions: locks, log, fenced writes, commit, clear.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+use tracing::{info, warn, Instrument};
+
+use super::plan::{after_image, failed_expectation, op_id, stamped, validate};
+use super::record::{log_mappings, marked_by, Participant, TxnRecord};
+use super::{Action, MultiError, MultiHook, MultiState, Outcome, Point, TxnRequest};
+use crate::config::TxnSettings;
+use crate::es::{BulkAction, Doc, DocMeta, DocStore, EsError, Refresh, WriteCondition};
+use crate::lock::{Guard, LockError, LockRequest, LockService, LockType};
+use crate::txn::{now_rfc3339, RetryPolicy};
+use crate::Backoff;
+
+/// Runs document transactions over a lock service and an Elasticsearch store; cheap to share
+/// behind an `Arc`.
+pub struct Transactions {
+    pub(super) locks: Arc<dyn LockService>,
+    pub(super) store: Arc<dyn DocStore>,
+    pub(super) settings: TxnSettings,
+    pub(super) retry: RetryPolicy,
+    pub(super) lock_timeout: Option<Duration>,
+    pub(super) refresh: Refresh,
+    hook: Option<Arc<dyn MultiHook>>,
+    ready: OnceCell<()>,
+}
+
+impl std::fmt::Debug for Transactions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transactions")
+            .field("log_index", &self.settings.log_index)
+            .field("backend", &self.locks.backend_name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The locks of a transaction, in canonical order, by monitor.
+pub(super) struct Held {
+    guards: Vec<(String, Box<dyn Guard>)>,
+}
+
+impl Held {
+    /// The token of the lock on `monitor`.
+    pub(super) fn token(&self, monitor: &str) -> u64 {
+        self.guards
+            .iter()
+            .find(|(m, _)| m == monitor)
+            .map(|(_, g)| g.fencing_token())
+            .expect("every participant's monitor is locked")
+    }
+
+    /// The first lock that is no longer held, with why.
+    pub(super) fn lost(&self) -> Option<String> {
+        self.guards
+            .iter()
+            .find(|(_, g)| !g.is_held())
+            .map(|(m, g)| {
+                let why = g
+                    .loss()
+                    .map_or_else(|| "released".to_string(), |r| r.to_string());
+                format!("the lock on `{m}` was lost ({why})")
+            })
+    }
+
+    pub(super) async fn release(self, locks: &dyn LockService) {
+        let guards = self.guards.into_iter().map(|(_, g)| g).collect();
+        locks
+            .release_all(guards)
+            .await
+            .detach("releasing a transaction's locks failed");
+    }
+}
+
+/// How taking a transaction's locks ended.
+pub(super) enum Locking {
+    Held(Held),
+    /// A lock was not acquired in time: `(monitor, message)`.
+    TimedOut(String, String),
+}
+
+impl Transactions {
+    /// Transactions over `locks` and `store`, logged in `settings.log_index`, with the limits of
+    /// `settings` and the lock types' configured timeouts.
+    pub fn new(
+        locks: Arc<dyn LockService>,
+        store: Arc<dyn DocStore>,
+        settings: TxnSettings,
+    ) -> Self {
+        Self {
+            locks,
+            store,
+            settings,
+            retry: RetryPolicy::default(),
+            lock_timeout: None,
+            refresh: Refresh::No,
+            hook: None,
+            ready: OnceCell::new(),
+        }
+    }
+
+    /// Sets how transient Elasticsearch failures are retried.
+    #[must_use]
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = RetryPolicy {
+            attempts: retry.attempts.max(1),
+            ..retry
+        };
+        self
+    }
+
+    /// Waits at most `timeout` for each lock (default: the lock type's configured timeout).
+    #[must_use]
+    pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = Some(timeout);
+        self
+    }
+
+    /// When the documents' writes become visible to searches (default: at the next refresh).
+    #[must_use]
+    pub fn with_refresh(mut self, refresh: Refresh) -> Self {
+        self.refresh = refresh;
+        self
+    }
+
+    /// Installs a crash-injection hook.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_hook(mut self, hook: Arc<dyn MultiHook>) -> Self {
+        self.hook = Some(hook);
+        self
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &TxnSettings {
+        &self.settings
+    }
+
+    /// Creates the log index with its mappings unless it exists (called once per value before
+    /// the first use).
+    ///
+    /// # Errors
+    /// [`MultiError::Store`] when Elasticsearch fails.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: creating an index is idempotent.
+    pub async fn ensure_index(&self) -> Result<(), MultiError> {
+        self.ready
+            .get_or_try_init(|| async {
+                let index = &self.settings.log_index;
+                let mappings = log_mappings();
+                self.retrying(|| self.store.ensure_index(index, &mappings))
+                    .await
+                    .map_err(|e| store_err(format!("creating the log index `{index}`"), e))
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// The logged transaction `id`, if any.
+    ///
+    /// # Errors
+    /// [`MultiError::Store`], [`MultiError::Corrupt`].
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: it only reads.
+    pub async fn get(&self, id: &str) -> Result<Option<TxnRecord>, MultiError> {
+        self.ensure_index().await?;
+        let index = &self.settings.log_index;
+        let doc = self
+            .retrying(|| self.store.get(index, id))
+            .await
+            .map_err(|e| store_err(format!("reading transaction `{id}`"), e))?;
+        doc.map(|d| TxnRecord::from_doc(index, d)).transpose()
+    }
+
+    /// Applies `request` all-or-nothing and returns the decision: committed (every document
+    /// changed, each with its new version) or rolled back (none changed, with the reason: the
+    /// expectation that failed, naming the document, or the lock that was not acquired in time,
+    /// naming the monitor in the way).
+    ///
+    /// Applying an id again with the same operations answers the stored decision.
+    ///
+    /// # Errors
+    /// - [`MultiError::Invalid`], [`MultiError::TooLarge`]: nothing was locked or written;
+    /// - [`MultiError::IdConflict`]: the id names other operations;
+    /// - [`MultiError::InProgress`]: the id names a transaction still undecided;
+    /// - [`MultiError::Lock`]: a lock failed otherwise than by a timeout (nothing written);
+    /// - [`MultiError::Fenced`], [`MultiError::Store`]: the coordinator stopped after logging;
+    ///   recovery finishes or undoes the transaction (never leaves it half-applied).
+    ///
+    /// # Cancellation safety
+    /// Not cancel-safe in effect, but safe in outcome: dropped half-way, the locks go with the
+    /// guards and a logged transaction is left for recovery, as after a crash.
+    pub async fn apply(&self, request: TxnRequest) -> Result<Outcome, MultiError> {
+        let span = tracing::info_span!(
+            "document_transaction",
+            txn = %request.id,
+            lock_type = %request.lock_type,
+            documents = request.operations.len(),
+        );
+        self.apply_inner(request).instrument(span).await
+    }
+
+    async fn apply_inner(&self, req: TxnRequest) -> Result<Outcome, MultiError> {
+        validate(&req, &self.settings)?;
+        self.ensure_index().await?;
+        if let Some(existing) = self.get(&req.id).await? {
+            return answer_existing(existing, &req);
+        }
+        let id = req.id.clone();
+        let held = match self
+            .lock_all(&req.operations, req.lock_type, self.lock_timeout, &id)
+            .await?
+        {
+            Locking::Held(h) => h,
+            Locking::TimedOut(monitor, message) => {
+                let failed = req
+                    .operations
+                    .iter()
+                    .find(|op| op.monitor_name() == monitor)
+                    .map(|op| format!("{}/{}", op.index, op.id));
+                return self.refuse(&req, message, failed, Some(monitor)).await;
+            }
+        };
+        self.stop(&id, Point::Locked).await?;
+        // Read every document under its lock, check the expectations, compute the after-images.
+        let docs = self.read_all(&req.operations).await?;
+        let mut afters = Vec::with_capacity(docs.len());
+        for (op, doc) in req.operations.iter().zip(&docs) {
+            let failure = failed_expectation(op, doc.as_ref()).or_else(|| {
+                after_image(op, doc.as_ref().map(|d| &d.source))
+                    .map(|a| afters.push(a))
+                    .err()
+            });
+            if let Some(reason) = failure {
+                held.release(self.locks.as_ref()).await;
+                let failed = Some(format!("{}/{}", op.index, op.id));
+                return self.refuse(&req, reason, failed, None).await;
+            }
+        }
+        let participants: Vec<Participant> = req
+            .operations
+            .iter()
+            .zip(&docs)
+            .map(|(op, doc)| Participant {
+                found: doc.is_some(),
+                before: doc.as_ref().map(|d| d.source.clone()),
+                token: held.token(&op.monitor_name()),
+            })
+            .collect();
+        let now = now_rfc3339();
+        let mut record = TxnRecord {
+            transaction_id: id.clone(),
+            state: MultiState::Pending,
+            lock_type: req.lock_type,
+            operations: req.operations.clone(),
+            participants,
+            reason: None,
+            failed: None,
+            blocked_by: None,
+            created: now.clone(),
+            modified: now,
+            meta: DocMeta {
+                seq_no: -1,
+                primary_term: -1,
+                version: -1,
+            },
+        };
+        match self.log_write(&record, WriteCondition::Create).await {
+            Ok(meta) => record.meta = meta,
+            Err(MultiError::Store {
+                source: EsError::Conflict { .. },
+                ..
+            }) => {
+                // Another coordinator logged the same id meanwhile.
+                held.release(self.locks.as_ref()).await;
+                return match self.get(&id).await? {
+                    Some(existing) => answer_existing(existing, &req),
+                    None => Err(MultiError::InProgress {
+                        id,
+                        state: MultiState::Pending,
+                    }),
+                };
+            }
+            Err(e) => {
+                held.release(self.locks.as_ref()).await;
+                return Err(e);
+            }
+        }
+        self.stop(&id, Point::Logged).await?;
+        // Apply: every document fenced with its lock's token and marked, in one _bulk (two
+        // when a hook intervenes part-way).
+        let order = canonical(&req.operations);
+        let n = order.len();
+        let cut = (1..n)
+            .find(|&k| {
+                self.hook
+                    .as_ref()
+                    .is_some_and(|h| h.intervenes(Point::Applied(k)))
+            })
+            .unwrap_or(n);
+        for (from, to) in [(0, cut), (cut, n)] {
+            if from == to {
+                continue;
+            }
+            let writes: Vec<BulkAction> = order[from..to]
+                .iter()
+                .map(|&i| {
+                    let token = record.participants[i].token;
+                    let op = &record.operations[i];
+                    BulkAction::Index {
+                        index: op.index.clone(),
+                        id: op.id.clone(),
+                        source: stamped(
+                            afters[i].clone(),
+                            record.participants[i].before.as_ref(),
+                            &op_id(&id, i, false),
+                            token,
+                            Some(&id),
+                        ),
+                        condition: WriteCondition::ExternalGte(token),
+                    }
+                })
+                .collect();
+            if let Some(lost) = held.lost() {
+                return Err(self.fenced(&id, lost));
+            }
+            let applied = self.bulk(&writes).await;
+            let failure = match &applied {
+                Err(e) => Some(e.to_string()),
+                Ok(items) => items.iter().zip(&order[from..to]).find_map(|(r, &i)| {
+                    r.as_ref().err().map(|e| {
+                        let op = &record.operations[i];
+                        format!("writing `{}/{}` failed: {e}", op.index, op.id)
+                    })
+                }),
+            };
+            if let Some(reason) = failure {
+                warn!(txn = %id, %reason, "a write of the transaction failed; undoing it");
+                return self.undo_own(record, held, reason).await;
+            }
+            self.stop(&id, Point::Applied(to)).await?;
+        }
+        // Commit: the decision, taken only while every lock is still held, and only if the log
+        // is as this coordinator wrote it (recovery changes it before undoing anything).
+        if let Some(lost) = held.lost() {
+            return Err(self.fenced(&id, lost));
+        }
+        record.state = MultiState::Committed;
+        record.modified = now_rfc3339();
+        match self.log_write(&record, if_match(record.meta)).await {
+            Ok(meta) => record.meta = meta,
+            Err(MultiError::Store {
+                source: EsError::Conflict { .. },
+                ..
+            }) => {
+                return Err(self.fenced(
+                    &id,
+                    "the log changed under the coordinator (recovery took the transaction over)"
+                        .into(),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+        self.stop(&id, Point::Committed).await?;
+        let outcome = record.outcome().expect("a committed record has an outcome");
+        // Clear the marks: the after-images again, unmarked, with the same tokens.
+        let clears: Vec<BulkAction> = order
+            .iter()
+            .map(|&i| clear_action(&record, i, &afters[i], record.participants[i].token))
+            .collect();
+        let cleared = self.bulk(&clears).await;
+        let all_cleared = cleared
+            .as_ref()
+            .is_ok_and(|items| items.iter().all(Result::is_ok));
+        if !all_cleared {
+            warn!(txn = %id, "committed, but some marks could not be cleared; recovery clears them");
+            held.release(self.locks.as_ref()).await;
+            return Ok(outcome);
+        }
+        self.stop(&id, Point::Cleared).await?;
+        record.state = MultiState::Finished;
+        record.modified = now_rfc3339();
+        if let Err(e) = self.log_write(&record, if_match(record.meta)).await {
+            warn!(txn = %id, error = %e, "committed and cleared, but the log could not say finished; recovery will");
+        }
+        self.stop(&id, Point::Finished).await?;
+        held.release(self.locks.as_ref()).await;
+        info!(txn = %id, "committed");
+        Ok(outcome)
+    }
+
+    /// Takes the locks of `ops` in canonical order (sorted monitors, each once).
+    ///
+    /// # Errors
+    /// [`MultiError::Lock`] for a failure other than a timeout (the locks taken are released).
+    pub(super) async fn lock_all(
+        &self,
+        ops: &[super::TxnOp],
+        lock_type: LockType,
+        timeout: Option<Duration>,
+        id: &str,
+    ) -> Result<Locking, MultiError> {
+        let monitors: std::collections::BTreeSet<String> =
+            ops.iter().map(super::TxnOp::monitor_name).collect();
+        let mut held = Held {
+            guards: Vec::with_capacity(monitors.len()),
+        };
+        for monitor in monitors {
+            let mut request =
+                LockRequest::new(monitor.clone(), format!("transaction {id}")).with_type(lock_type);
+            if let Some(t) = timeout {
+                request = request.with_timeout(t);
+            }
+            match self.locks.acquire(request).await {
+                Ok(guard) => held.guards.push((monitor, guard)),
+                Err(e @ LockError::Timeout { .. }) => {
+                    held.release(self.locks.as_ref()).await;
+                    let message = e
+                        .try_once_message()
+                        .filter(|_| timeout == Some(Duration::ZERO));
+                    return Ok(Locking::TimedOut(
+                        monitor,
+                        message.unwrap_or_else(|| e.to_string()),
+                    ));
+                }
+                Err(source) => {
+                    held.release(self.locks.as_ref()).await;
+                    return Err(MultiError::Lock { monitor, source });
+                }
+            }
+        }
+        Ok(Locking::Held(held))
+    }
+
+    /// Realtime reads of every document of `ops`, in order.
+    pub(super) async fn read_all(
+        &self,
+        ops: &[super::TxnOp],
+    ) -> Result<Vec<Option<Doc>>, MultiError> {
+        let keys: Vec<(String, String)> = ops
+            .iter()
+            .map(|op| (op.index.clone(), op.id.clone()))
+            .collect();
+        let items = self
+            .retrying(|| self.store.mget(&keys))
+            .await
+            .map_err(|e| store_err("reading the transaction's documents", e))?;
+        items
+            .into_iter()
+            .zip(&keys)
+            .map(|(r, (index, id))| r.map_err(|e| store_err(format!("reading `{index}/{id}`"), e)))
+            .collect()
+    }
+
+    /// Logs a transaction refused before any write, and answers it rolled back.
+    async fn refuse(
+        &self,
+        req: &TxnRequest,
+        reason: String,
+        failed: Option<String>,
+        blocked_by: Option<String>,
+    ) -> Result<Outcome, MultiError> {
+        info!(txn = %req.id, %reason, "rolled back before any write");
+        let now = now_rfc3339();
+        let record = TxnRecord {
+            transaction_id: req.id.clone(),
+            state: MultiState::RolledBack,
+            lock_type: req.lock_type,
+            operations: req.operations.clone(),
+            participants: Vec::new(),
+            reason: Some(reason),
+            failed,
+            blocked_by,
+            created: now.clone(),
+            modified: now,
+            meta: DocMeta {
+                seq_no: -1,
+                primary_term: -1,
+                version: -1,
+            },
+        };
+        match self.log_write(&record, WriteCondition::Create).await {
+            Ok(_) => Ok(record.outcome().expect("rolled back")),
+            Err(MultiError::Store {
+                source: EsError::Conflict { .. },
+                ..
+            }) => match self.get(&req.id).await? {
+                Some(existing) => answer_existing(existing, req),
+                None => Ok(record.outcome().expect("rolled back")),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Undoes a transaction whose apply failed, while its coordinator still holds the locks.
+    async fn undo_own(
+        &self,
+        mut record: TxnRecord,
+        held: Held,
+        reason: String,
+    ) -> Result<Outcome, MultiError> {
+        let result = self.roll_back(&mut record, &held, &reason, false).await;
+        held.release(self.locks.as_ref()).await;
+        result?;
+        Ok(record.outcome().expect("rolled back"))
+    }
+
+    /// Writes the log document.
+    pub(super) async fn log_write(
+        &self,
+        record: &TxnRecord,
+        condition: WriteCondition,
+    ) -> Result<DocMeta, MultiError> {
+        let index = &self.settings.log_index;
+        let source = record.to_source();
+        let id = &record.transaction_id;
+        self.retrying(|| self.store.index(index, id, &source, condition, Refresh::No))
+            .await
+            .map_err(|e| store_err(format!("logging transaction `{id}` as {}", record.state), e))
+    }
+
+    pub(super) async fn bulk(
+        &self,
+        actions: &[BulkAction],
+    ) -> Result<Vec<Result<DocMeta, EsError>>, EsError> {
+        if actions.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.retrying(|| self.store.bulk(actions, self.refresh))
+            .await
+    }
+
+    /// Runs `op`, retrying transient failures per the retry policy.
+    pub(super) async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T, EsError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, EsError>>,
+    {
+        let mut backoff = Backoff::new(self.retry.initial, self.retry.max);
+        let mut attempt = 1;
+        loop {
+            match op().await {
+                Err(e) if e.is_transient() && attempt < self.retry.attempts => {
+                    attempt += 1;
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn asks_stop(&self, id: &str, point: Point) -> bool {
+        match &self.hook {
+            Some(hook) => hook.stop_at(id, point).await,
+            None => false,
+        }
+    }
+
+    async fn stop(&self, id: &str, point: Point) -> Result<(), MultiError> {
+        if self.asks_stop(id, point).await {
+            return Err(self.interrupted(id, point));
+        }
+        Ok(())
+    }
+
+    fn interrupted(&self, id: &str, point: Point) -> MultiError {
+        info!(txn = %id, %point, "injected crash");
+        MultiError::Interrupted {
+            id: id.to_string(),
+            point: point.to_string(),
+        }
+    }
+
+    fn fenced(&self, id: &str, reason: String) -> MultiError {
+        warn!(txn = %id, %reason, "the coordinator stops; recovery decides the transaction");
+        MultiError::Fenced {
+            id: id.to_string(),
+            reason,
+        }
+    }
+}
+
+/// The answer for a request whose id is logged already.
+fn answer_existing(existing: TxnRecord, req: &TxnRequest) -> Result<Outcome, MultiError> {
+    if existing.operations != req.operations {
+        return Err(MultiError::IdConflict { id: req.id.clone() });
+    }
+    existing.outcome().ok_or(MultiError::InProgress {
+        id: req.id.clone(),
+        state: existing.state,
+    })
+}
+
+/// The operations' positions in canonical order: by monitor, then index and id (the order the
+/// locks are taken in and the documents written in).
+pub(super) fn canonical(ops: &[super::TxnOp]) -> Vec<usize> {
+    let mut keyed: BTreeMap<(String, String, String), usize> = BTreeMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        keyed.insert((op.monitor_name(), op.index.clone(), op.id.clone()), i);
+    }
+    keyed.into_values().collect()
+}
+
+/// The write that leaves participant `i` in its after state, unmarked, with `token`.
+pub(super) fn clear_action(
+    record: &TxnRecord,
+    i: usize,
+    after: &Option<serde_json::Value>,
+    token: u64,
+) -> BulkAction {
+    let op = &record.operations[i];
+    match after {
+        None => BulkAction::Delete {
+            index: op.index.clone(),
+            id: op.id.clone(),
+            condition: WriteCondition::ExternalGte(token),
+        },
+        Some(source) => BulkAction::Index {
+            index: op.index.clone(),
+            id: op.id.clone(),
+            // The stamp of the marked write without the mark: its op id stays recorded.
+            source: stamped(
+                Some(source.clone()),
+                record.participants[i].before.as_ref(),
+                &op_id(&record.transaction_id, i, false),
+                token,
+                None,
+            ),
+            condition: WriteCondition::ExternalGte(token),
+        },
+    }
+}
+
+/// Whether a document read now is the marked write of `record`.
+pub(super) fn is_marked(doc: Option<&Doc>, record: &TxnRecord) -> bool {
+    doc.is_some_and(|d| marked_by(&d.source, &record.transaction_id))
+}
+
+/// The condition "unchanged since read at `meta`".
+pub(super) fn if_match(meta: DocMeta) -> WriteCondition {
+    WriteCondition::IfMatch {
+        seq_no: meta.seq_no,
+        primary_term: meta.primary_term,
+    }
+}
+
+pub(super) fn store_err(context: impl Into<String>, source: EsError) -> MultiError {
+    MultiError::Store {
+        context: context.into(),
+        source,
+    }
+}
+
+impl Action {
+    /// Whether the operation leaves the document absent.
+    pub fn deletes(self) -> bool {
+        self == Action::Delete
+    }
+}

@@ -1,0 +1,348 @@
+//! Document transactions (`zkguard::txn::multi`, `zkguard txn apply`, `zkguard txn recover`)
+//! against a real ZooKeeper and osmem-server: all-or-nothing, expectations, limits, lock
+//! timeouts, no deadlock, serializable results beside single-document writers, and recovery
+//! after a coordinator killed (SIGKILL) after every step or stalled (SIGSTOP) past its locks.
+
+mod common;
+mod txn_docs_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::json;
+use txn_docs_support::*;
+use zkguard::lock::document_monitor;
+use zkguard::txn::multi::{Decision, Expect, MultiError, MultiState, TxnOp, TxnRequest};
+use zkguard::write::guarded::GuardedWriter;
+use zkguard::{LockRequest, LockType};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_commits_every_document_or_none() {
+    let env = Env::new("commit").await;
+    env.seed(&[
+        ("p", json!({"name": "Lamp", "stock": 3})),
+        ("c", json!({"count": 7, "o": {"a": 1}})),
+        ("old", json!({"x": 1})),
+    ])
+    .await;
+    let p = env.doc("p").await.unwrap();
+    let ops = vec![
+        TxnOp::index(&env.index, "p", json!({"name": "Lamp", "stock": 2})).expect(
+            Expect::Version {
+                if_seq_no: p.meta.seq_no,
+                if_primary_term: p.meta.primary_term,
+            },
+        ),
+        TxnOp::update(&env.index, "c", json!({"count": 8, "o": {"b": 2}})).expect(Expect::Exists),
+        TxnOp::delete(&env.index, "old"),
+        TxnOp::index(&env.index, "new", json!({"fresh": true})).expect(Expect::Absent),
+    ];
+    let txns = env.transactions().await;
+    let out = txns
+        .apply(TxnRequest::new(ops.clone()).with_id("t-commit"))
+        .await
+        .unwrap();
+    assert_eq!(out.state, Decision::Committed, "{out:?}");
+    let results: Vec<_> = out
+        .documents
+        .iter()
+        .map(|d| d.result.clone().unwrap())
+        .collect();
+    assert_eq!(results, ["updated", "updated", "deleted", "created"]);
+    assert_eq!(
+        env.source("p").await,
+        Some(json!({"name": "Lamp", "stock": 2}))
+    );
+    assert_eq!(
+        env.source("c").await,
+        Some(json!({"count": 8, "o": {"a": 1, "b": 2}}))
+    );
+    assert_eq!(env.source("old").await, None);
+    assert_eq!(env.source("new").await, Some(json!({"fresh": true})));
+    // Each document's version is its lock's token, and no mark is left.
+    for d in &out.documents[..2] {
+        let stored = env.doc(&d.id).await.unwrap();
+        assert_eq!(Some(stored.meta.version as u64), d.version);
+        assert!(
+            stored.source["zkguard"].get("txn").is_none(),
+            "{:?}",
+            stored.source
+        );
+    }
+    assert_eq!(
+        txns.get("t-commit").await.unwrap().unwrap().state,
+        MultiState::Finished
+    );
+    // The same id and operations: the stored outcome; other operations: refused.
+    let again = txns
+        .apply(TxnRequest::new(ops).with_id("t-commit"))
+        .await
+        .unwrap();
+    assert_eq!(again, out);
+    let e = txns
+        .apply(TxnRequest::new(vec![TxnOp::delete(&env.index, "p")]).with_id("t-commit"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, MultiError::IdConflict { .. }), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_expectation_rolls_back_naming_the_document() {
+    let env = Env::new("expect").await;
+    env.seed(&[("a", json!({"v": 1})), ("b", json!({"v": 1}))])
+        .await;
+    let txns = env.transactions().await;
+    let cases = [
+        (
+            TxnOp::index(&env.index, "b", json!({"v": 2})).expect(Expect::Absent),
+            "does not exist, but it exists",
+        ),
+        (
+            TxnOp::update(&env.index, "zz", json!({"v": 2})),
+            "set \"upsert\": true",
+        ),
+        (
+            TxnOp::delete(&env.index, "b").expect(Expect::Version {
+                if_seq_no: 999,
+                if_primary_term: 1,
+            }),
+            "_seq_no 999",
+        ),
+    ];
+    for (n, (op, needle)) in cases.into_iter().enumerate() {
+        let failed = format!("{}/{}", op.index, op.id);
+        let ops = vec![TxnOp::index(&env.index, "a", json!({"v": 2})), op];
+        let id = format!("t-expect-{n}");
+        let out = txns.apply(TxnRequest::new(ops).with_id(&id)).await.unwrap();
+        assert_eq!(out.state, Decision::RolledBack, "{out:?}");
+        assert_eq!(out.failed.as_deref(), Some(failed.as_str()));
+        let reason = out.reason.clone().unwrap();
+        assert!(
+            reason.contains(needle) && reason.contains(&failed),
+            "{reason}"
+        );
+        assert_eq!(
+            txns.get(&id).await.unwrap().unwrap().state,
+            MultiState::RolledBack
+        );
+    }
+    assert_eq!(env.source("a").await, Some(json!({"v": 1})));
+    assert_eq!(env.source("b").await, Some(json!({"v": 1})));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_and_bad_input_are_refused_before_any_lock() {
+    let mut env = Env::new("limits").await;
+    env.settings.max_operations = 2;
+    env.settings.max_bytes = 64;
+    let txns = env.transactions().await;
+    let op = |id: &str| TxnOp::index(&env.index, id, json!({"v": 1}));
+    let e = txns
+        .apply(TxnRequest::new(vec![op("1"), op("2"), op("3")]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, MultiError::TooLarge { .. }) && e.to_string().contains("txn.max.operations"),
+        "{e}"
+    );
+    let big = TxnOp::index(&env.index, "1", json!({"v": "x".repeat(100)}));
+    let e = txns.apply(TxnRequest::new(vec![big])).await.unwrap_err();
+    assert!(e.to_string().contains("txn.max.bytes"), "{e}");
+    let e = txns
+        .apply(TxnRequest::new(vec![op("1"), op("1")]))
+        .await
+        .unwrap_err();
+    assert!(
+        e.is_bad_input() && e.to_string().contains("appears twice"),
+        "{e}"
+    );
+    let e = zkguard::txn::multi::parse_ndjson("{\"action\":\"move\",\"index\":\"a\",\"id\":\"1\"}")
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("line 1") && e.to_string().contains("move"),
+        "{e}"
+    );
+    assert_eq!(env.source("1").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_not_acquired_in_time_rolls_back_naming_the_monitor() {
+    let env = Env::new("timeout").await;
+    env.seed(&[("a", json!({"v": 1})), ("b", json!({"v": 1}))])
+        .await;
+    let holder = env.locks().await;
+    let monitor = document_monitor(&env.index, "b");
+    let guard = holder
+        .acquire(LockRequest::new(monitor.clone(), "someone else"))
+        .await
+        .unwrap();
+    let txns = env
+        .transactions()
+        .await
+        .with_lock_timeout(Duration::from_millis(300));
+    let out = txns
+        .apply(TxnRequest::new(vec![
+            TxnOp::index(&env.index, "a", json!({"v": 2})),
+            TxnOp::index(&env.index, "b", json!({"v": 2})),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(out.state, Decision::RolledBack);
+    assert_eq!(out.blocked_by.as_deref(), Some(monitor.as_str()));
+    assert!(
+        out.reason.as_deref().unwrap().contains("someone else"),
+        "{out:?}"
+    );
+    guard.unlock().await.unwrap();
+    assert_eq!(env.source("a").await, Some(json!({"v": 1})));
+}
+
+/// Two workers apply transactions over the same documents listed in opposite orders, beside a
+/// single-document writer on them: nobody deadlocks, every transaction commits, and the final
+/// documents are those of a serial order (checked through the fencing tokens, which ZooKeeper
+/// issues in the order the locks are granted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opposite_orders_do_not_deadlock_and_results_are_serial() {
+    let env = Env::new("serial").await;
+    let names = ["d0", "d1", "d2", "d3"];
+    let txns = Arc::new(
+        env.transactions()
+            .await
+            .with_lock_timeout(Duration::from_secs(20)),
+    );
+    let mut tasks = Vec::new();
+    for worker in 0..2 {
+        let txns = txns.clone();
+        let index = env.index.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut committed = Vec::new();
+            for round in 0..12 {
+                let mut docs: Vec<&str> = names
+                    .iter()
+                    .copied()
+                    .filter(|d| (round + d.len() + worker) % 3 != 0 || *d == "d0")
+                    .collect();
+                if worker == 1 {
+                    docs.reverse();
+                }
+                let id = format!("w{worker}-{round}");
+                let ops = docs
+                    .iter()
+                    .map(|d| TxnOp::index(&index, d, json!({"txn": id})))
+                    .collect();
+                let lock_type = if round % 2 == 0 {
+                    LockType::Foreground
+                } else {
+                    LockType::Background
+                };
+                let out = txns
+                    .apply(TxnRequest::new(ops).with_id(&id).with_type(lock_type))
+                    .await
+                    .unwrap();
+                assert_eq!(out.state, Decision::Committed, "{out:?}");
+                committed.push(out);
+            }
+            committed
+        }));
+    }
+    let single = {
+        let writer = GuardedWriter::new(env.locks().await, env.store.clone());
+        let index = env.index.clone();
+        tokio::spawn(async move {
+            for n in 0..12 {
+                let doc = names[n % names.len()];
+                writer
+                    .on(document_monitor(&index, doc))
+                    .index(&index, doc, json!({"single": n}))
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.extend(t.await.unwrap());
+    }
+    single.await.unwrap();
+    // For each document, the final writer's token is its version. A transaction that is the
+    // final writer of one of its documents must not have been overwritten on another by a
+    // write ordered before it: every other document of it has a version at least its token.
+    for out in &outcomes {
+        let finals: Vec<_> =
+            futures::future::join_all(out.documents.iter().map(|d| env.doc(&d.id))).await;
+        let last_on: Vec<bool> = finals
+            .iter()
+            .map(|d| d.as_ref().unwrap().source.get("txn") == Some(&json!(out.transaction_id)))
+            .collect();
+        if last_on.iter().any(|x| *x) {
+            for (d, f) in out.documents.iter().zip(&finals) {
+                let version = f.as_ref().unwrap().meta.version as u64;
+                assert!(
+                    version >= d.version.unwrap(),
+                    "{}: {} overwritten by an older write",
+                    out.transaction_id,
+                    d.id
+                );
+            }
+        }
+    }
+}
+
+/// The coordinator is killed (SIGKILL) after every step of the protocol in turn, for
+/// transactions of 2 to 10 documents; `zkguard txn recover` then leaves every document wholly
+/// in its before or its after state, with no mark, and the log says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_killed_after_any_step_is_recovered_all_or_nothing() {
+    let env = Env::new("kill").await;
+    let mut cases = Vec::new();
+    for size in 2..=10usize {
+        for point in points(size) {
+            cases.push(CrashCase::new(&env, size, &point));
+        }
+    }
+    for chunk in cases.chunks(12) {
+        for case in chunk {
+            case.seed(&env).await;
+        }
+        let children: Vec<_> = chunk.iter().map(|c| c.spawn_paused(&env)).collect();
+        for mut child in children {
+            child.kill();
+        }
+    }
+    let recovered = env.cli(&["recover", "--once", "--lock-wait", "30s", "--json"], "");
+    assert_eq!(recovered.code, 0, "{recovered:?}");
+    for case in &cases {
+        case.check(&env).await;
+    }
+}
+
+/// A coordinator stopped (SIGSTOP) half-way through its writes past its lock's session is
+/// fenced: recovery takes fresh locks and undoes the transaction, and the coordinator, let go
+/// on, writes nothing more and says it was stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_coordinator_is_fenced_and_its_transaction_undone() {
+    let env = Env::new("stall").await;
+    let case = CrashCase::new(&env, 3, "applied:1");
+    case.seed(&env).await;
+    let child = case.spawn_paused(&env);
+    child.signal(Signal::SIGSTOP);
+    let recovered = env.cli(&["recover", "--once", "--lock-wait", "30s", "--json"], "");
+    assert_eq!(recovered.code, 0, "{recovered:?}");
+    assert!(recovered.stdout.contains(&case.id), "{recovered:?}");
+    child.signal(Signal::SIGCONT);
+    let run = child.resume_and_wait();
+    assert_eq!(run.code, 75, "{run:?}");
+    assert!(run.stderr.contains("lost"), "{run:?}");
+    case.check(&env).await;
+    assert_eq!(
+        env.transactions()
+            .await
+            .get(&case.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        MultiState::RolledBack
+    );
+}
