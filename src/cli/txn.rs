@@ -228,8 +228,12 @@ pub async fn run(settings: Settings, args: TxnArgs) -> Result<u8, CliError> {
         TxnCommand::Show(a) => {
             let txn = coordinator.transaction(&a.id).await.map_err(cli_error)?;
             if txn.is_none() {
-                let txns = super::txn_docs::transactions(&settings).await?;
-                if let Some(record) = txns.get(&a.id).await.map_err(super::txn_docs::cli_error)? {
+                let store = EsStore::new(&settings.elasticsearch)?;
+                let found =
+                    zkguard::txn::multi::read_record(&store, &settings.txn.log_index, &a.id)
+                        .await
+                        .map_err(super::txn_docs::cli_error)?;
+                if let Some(record) = found {
                     super::txn_docs::print_record(&record, a.json)?;
                     return Ok(0);
                 }

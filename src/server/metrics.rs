@@ -71,6 +71,14 @@ pub struct GateLabels {
     pub outcome: &'static str,
 }
 
+/// How a document transaction ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TxnLabels {
+    /// `committed` or `rolled-back` (decided by its coordinator); for recovery, `finished` or
+    /// `rolled-back`.
+    pub outcome: &'static str,
+}
+
 /// The type of an event of `GET /v1/events`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabels {
@@ -159,6 +167,11 @@ pub struct Metrics {
     pub journal_fsyncs: Counter,
     /// Their time.
     pub journal_fsync_seconds: Counter<f64, AtomicU64>,
+    /// Document transactions decided by their coordinator (`/v1/transactions`, the gate's
+    /// atomic `_bulk`), by decision.
+    pub transactions: Family<TxnLabels, Counter>,
+    /// Document transactions recovery finished or undone.
+    pub transactions_recovered: Family<TxnLabels, Counter>,
     seen: Mutex<(u64, u64)>,
     /// Last values seen of the cumulative stage and journal counters.
     seen_stages: Mutex<[u64; 8]>,
@@ -390,6 +403,24 @@ impl Metrics {
             "Time spent in fsyncs of the journal's appended lines",
             journal_fsync_seconds.clone(),
         );
+        let transactions = Family::<TxnLabels, Counter>::default();
+        registry.register(
+            "transactions",
+            "Document transactions decided by their coordinator, by outcome",
+            transactions.clone(),
+        );
+        let transactions_recovered = Family::<TxnLabels, Counter>::default();
+        registry.register(
+            "transactions_recovered",
+            "Document transactions recovery finished or rolled back (their coordinator stopped)",
+            transactions_recovered.clone(),
+        );
+        for outcome in ["committed", "rolled-back"] {
+            let _ = transactions.get_or_create(&TxnLabels { outcome });
+        }
+        for outcome in ["finished", "rolled-back"] {
+            let _ = transactions_recovered.get_or_create(&TxnLabels { outcome });
+        }
         // The series of both lock types exist from the start, at 0: a rule's `increase()` or
         // `rate()` sees the first lock timeout or fenced write, which it would miss if the series
         // appeared with it (at 1).
@@ -405,6 +436,8 @@ impl Metrics {
         }
         Self {
             registry,
+            transactions,
+            transactions_recovered,
             stage_seconds,
             stage_requests,
             journal_fsyncs,
@@ -443,6 +476,24 @@ impl Metrics {
             gateway_items,
             seen: Mutex::new((0, 0)),
         }
+    }
+
+    /// Counts a document transaction its coordinator decided.
+    pub fn transaction(&self, decision: zkguard::txn::multi::Decision) {
+        let outcome = match decision {
+            zkguard::txn::multi::Decision::Committed => "committed",
+            zkguard::txn::multi::Decision::RolledBack => "rolled-back",
+        };
+        self.transactions
+            .get_or_create(&TxnLabels { outcome })
+            .inc();
+    }
+
+    /// Counts a document transaction recovery `outcome` (`finished`, `rolled-back`).
+    pub fn transaction_recovered(&self, outcome: &'static str) {
+        self.transactions_recovered
+            .get_or_create(&TxnLabels { outcome })
+            .inc();
     }
 
     /// Counts a wait for `route` (`operation`, `lock`) that ended as `outcome`.

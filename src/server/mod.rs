@@ -48,6 +48,7 @@ mod openapi;
 mod params;
 mod routes;
 mod state;
+mod txn_routes;
 mod write_routes;
 
 use state::{AppState, Backend};
@@ -189,6 +190,12 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     let coordinator = zkguard::txn::Coordinator::new(doc_store.clone(), settings.txn.clone())
         .with_retry(zkguard::txn::RetryPolicy::from_settings(&settings.retry))
         .with_lock_service(locks.clone());
+    let transactions = zkguard::txn::multi::Transactions::new(
+        locks.clone(),
+        doc_store.clone(),
+        settings.txn.clone(),
+    )
+    .with_retry(zkguard::txn::RetryPolicy::from_settings(&settings.retry));
     let (state, queue) = AppState::new(
         writer,
         executor,
@@ -199,6 +206,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         settings.zookeeper.timeout(zkguard::LockType::Foreground),
         settings.zookeeper.timeout(zkguard::LockType::Background),
         coordinator,
+        transactions,
     );
     if let Err(problem) = state.ping_es().await {
         return Err(CliError::new(
@@ -246,6 +254,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     state.enqueue(pending);
     let dispatcher = tokio::spawn(state::dispatch(state.clone(), queue, stop_rx.clone()));
     let monitor = tokio::spawn(state::monitor(state.clone(), stop_rx.clone()));
+    let txn_recovery = tokio::spawn(txn_routes::recovery(state.clone(), stop_rx.clone()));
 
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
@@ -412,6 +421,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     }
     let _ = dispatcher.await;
     let _ = monitor.await;
+    txn_recovery.abort();
     let stopped = state.stop_running(Duration::from_secs(5)).await;
     if state.journal.problem().is_some() {
         if let Err(e) = journal.checkpoint().await {

@@ -24,7 +24,7 @@ use super::state::AppState;
 /// The API routes under `/v1`, each with its OpenAPI operation (from its handler's
 /// `#[utoipa::path]`).
 fn api_routes() -> OpenApiRouter<Arc<AppState>> {
-    use super::{admin, bulk_route, lock_routes, write_routes};
+    use super::{admin, bulk_route, lock_routes, txn_routes, write_routes};
     OpenApiRouter::with_openapi(openapi::base())
         .routes(routes!(
             write_routes::put_doc,
@@ -38,6 +38,8 @@ fn api_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(admin::discard_deadletter))
         .routes(routes!(admin::transfer))
         .routes(routes!(admin::get_transfer))
+        .routes(routes!(txn_routes::create_transaction))
+        .routes(routes!(txn_routes::get_transaction))
         .routes(routes!(
             lock_routes::list_locks,
             lock_routes::take_document_lock

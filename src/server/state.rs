@@ -61,6 +61,8 @@ pub struct AppState {
     pub waiters: Arc<Semaphore>,
     /// Two-phase-commit transfers (with the service's lock on each transaction).
     pub coordinator: zkguard::txn::Coordinator,
+    /// Document transactions (`/v1/transactions`, the gate's atomic `_bulk`).
+    pub transactions: Arc<zkguard::txn::multi::Transactions>,
     /// Locks held for callers that write themselves.
     pub explicit: ExplicitLocks,
     /// The lock events that `GET /v1/events` streams.
@@ -112,6 +114,7 @@ impl AppState {
         fg_timeout: Duration,
         bg_timeout: Duration,
         coordinator: zkguard::txn::Coordinator,
+        transactions: zkguard::txn::multi::Transactions,
     ) -> (Arc<Self>, QueueReceiver) {
         let (queue, rx) = mpsc::unbounded_channel();
         let permits = Arc::new(Semaphore::new(settings.max_concurrent));
@@ -135,6 +138,7 @@ impl AppState {
             waiters,
             explicit,
             coordinator,
+            transactions: Arc::new(transactions),
             queue,
             waiting: AtomicUsize::new(0),
             es_ok: watch::channel(Ok(())).0,

@@ -24,17 +24,17 @@ const GATHER_GAP: Duration = Duration::from_millis(1);
 
 /// One item of the request.
 #[derive(Debug)]
-struct Item {
-    op: DocOp,
-    index: String,
-    id: Option<String>,
-    routing: Option<String>,
-    if_match: Option<(i64, i64)>,
+pub(super) struct Item {
+    pub(super) op: DocOp,
+    pub(super) index: String,
+    pub(super) id: Option<String>,
+    pub(super) routing: Option<String>,
+    pub(super) if_match: Option<(i64, i64)>,
     /// Whether the action names a `version` or `version_type` (refused on guarded indices).
-    versioned: bool,
+    pub(super) versioned: bool,
     /// The action line and the source line, as sent (for items passed through).
     raw: Vec<Bytes>,
-    source: Option<Bytes>,
+    pub(super) source: Option<Bytes>,
     update: Option<UpdateBody>,
 }
 
@@ -65,7 +65,7 @@ fn bad(reason: impl Into<String>) -> GateError {
 }
 
 /// Splits the NDJSON body into items.
-fn parse(body: &Bytes, default_index: Option<&str>) -> Result<Vec<Item>, GateError> {
+pub(super) fn parse(body: &Bytes, default_index: Option<&str>) -> Result<Vec<Item>, GateError> {
     let mut lines = Vec::new();
     let mut start = 0;
     for (i, b) in body.iter().enumerate() {

@@ -89,7 +89,15 @@ async fn handle(State(gate): State<Arc<Gateway>>, request: Request) -> Response 
                 Ok(b) => b,
                 Err(e) => return dress.error(&e),
             };
-            super::bulk::run(&gate, &dress, index, &parts.headers, params, body).await
+            match super::atomic::asked(&parts.headers) {
+                Ok(true) => {
+                    super::atomic::run(&gate, &dress, index, &parts.headers, params, body).await
+                }
+                Ok(false) => {
+                    super::bulk::run(&gate, &dress, index, &parts.headers, params, body).await
+                }
+                Err(e) => dress.error(&e),
+            }
         }
     }
 }

@@ -7,8 +7,10 @@
 //! fencing token as its external version (`version=<token>&version_type=external_gte`).
 //! Writes that cannot carry a token (scripts, writes by query, client-supplied versions) are
 //! refused with an Elasticsearch-shaped error; everything else passes through to the cluster
-//! unchanged. `docs/gateway.md` describes the routes and the trust model.
+//! unchanged. A `_bulk` with `X-Zkguard-Atomic: true` is applied as one document transaction,
+//! all or nothing. `docs/gateway.md` describes the routes and the trust model.
 
+mod atomic;
 mod backend;
 mod bulk;
 mod gate;

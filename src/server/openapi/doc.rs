@@ -21,6 +21,7 @@ use utoipa::openapi::{OpenApi, Ref, RefOr};
         (name = "locks", description = "Explicit locks held for the caller, and the lock table."),
         (name = "deadletters", description = "Background operations that could not be applied."),
         (name = "transfers", description = "Two-phase-commit transfers between account documents."),
+        (name = "transactions", description = "Several document writes, in any indices, applied all or nothing."),
         (name = "operations", description = "Health, readiness and metrics for operators."),
     ),
     components(schemas(
@@ -28,6 +29,7 @@ use utoipa::openapi::{OpenApi, Ref, RefOr};
         super::Operation, super::BulkAccepted, super::Lock, super::LockTypeName, super::Released,
         super::MonitorState, super::Contender, super::DeadLetter, super::ReplayRequest,
         super::ReplayReport, super::ReplayResult, super::Discarded, super::TransferRequest,
+        super::TxnBody, super::TxnOperation, super::TxnOutcome, super::TxnDocument, super::TxnStatus,
         super::Transaction, super::RolledBack, super::Status,
     ))
 )]

@@ -11,9 +11,12 @@ mod params;
 #[allow(dead_code)]
 mod schemas;
 mod site;
+#[allow(dead_code)]
+mod txn_schemas;
 
 pub use answers::WriteAnswers;
 pub use doc::{base, finish};
 pub use params::*;
 pub use schemas::*;
 pub use site::{docs_asset, docs_page, openapi_json};
+pub use txn_schemas::*;

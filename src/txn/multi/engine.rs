@@ -113,7 +113,8 @@ impl Transactions {
         self
     }
 
-    /// Waits at most `timeout` for each lock (default: the lock type's configured timeout).
+    /// Waits at most `timeout` for all the locks of a transaction together (default: each lock
+    /// waits up to its lock type's configured timeout).
     #[must_use]
     pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
         self.lock_timeout = Some(timeout);
@@ -214,7 +215,12 @@ impl Transactions {
         }
         let id = req.id.clone();
         let held = match self
-            .lock_all(&req.operations, req.lock_type, self.lock_timeout, &id)
+            .lock_all(
+                &req.operations,
+                req.lock_type,
+                req.lock_timeout.or(self.lock_timeout),
+                &id,
+            )
             .await?
         {
             Locking::Held(h) => h,
@@ -395,7 +401,8 @@ impl Transactions {
         Ok(outcome)
     }
 
-    /// Takes the locks of `ops` in canonical order (sorted monitors, each once).
+    /// Takes the locks of `ops` in canonical order (sorted monitors, each once), within
+    /// `timeout` for all of them (`None`: each its lock type's configured timeout).
     ///
     /// # Errors
     /// [`MultiError::Lock`] for a failure other than a timeout (the locks taken are released).
@@ -411,11 +418,14 @@ impl Transactions {
         let mut held = Held {
             guards: Vec::with_capacity(monitors.len()),
         };
+        // `timeout` is for all the locks together: each waits what is left of it.
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         for monitor in monitors {
             let mut request =
                 LockRequest::new(monitor.clone(), format!("transaction {id}")).with_type(lock_type);
-            if let Some(t) = timeout {
-                request = request.with_timeout(t);
+            if let Some(d) = deadline {
+                request =
+                    request.with_timeout(d.saturating_duration_since(tokio::time::Instant::now()));
             }
             match self.locks.acquire(request).await {
                 Ok(guard) => held.guards.push((monitor, guard)),
@@ -591,10 +601,16 @@ fn answer_existing(existing: TxnRecord, req: &TxnRequest) -> Result<Outcome, Mul
     if existing.operations != req.operations {
         return Err(MultiError::IdConflict { id: req.id.clone() });
     }
-    existing.outcome().ok_or(MultiError::InProgress {
-        id: req.id.clone(),
-        state: existing.state,
-    })
+    match existing.outcome() {
+        Some(outcome) => Ok(Outcome {
+            replayed: true,
+            ..outcome
+        }),
+        None => Err(MultiError::InProgress {
+            id: req.id.clone(),
+            state: existing.state,
+        }),
+    }
 }
 
 /// The operations' positions in canonical order: by monitor, then index and id (the order the

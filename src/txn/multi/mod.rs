@@ -48,7 +48,7 @@ mod recover;
 
 pub use engine::Transactions;
 pub use plan::parse_ndjson;
-pub use record::{Participant, TxnRecord};
+pub use record::{read_record, Participant, TxnRecord};
 pub use recover::MultiRecovery;
 
 /// What an operation of a transaction does to its document.
@@ -211,6 +211,8 @@ pub struct TxnRequest {
     pub lock_type: LockType,
     /// The operations, at most one per document.
     pub operations: Vec<TxnOp>,
+    /// How long to wait for all the locks together (default: that of the [`Transactions`]).
+    pub lock_timeout: Option<std::time::Duration>,
 }
 
 impl TxnRequest {
@@ -220,6 +222,7 @@ impl TxnRequest {
             id: uuid::Uuid::new_v4().to_string(),
             lock_type: LockType::Foreground,
             operations,
+            lock_timeout: None,
         }
     }
 
@@ -232,6 +235,13 @@ impl TxnRequest {
     /// Sets the lock type.
     pub fn with_type(mut self, lock_type: LockType) -> Self {
         self.lock_type = lock_type;
+        self
+    }
+
+    /// Waits at most `timeout` for all the locks together; a transaction whose locks are not
+    /// all acquired in time is rolled back (nothing written), naming the monitor in the way.
+    pub fn with_lock_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.lock_timeout = Some(timeout);
         self
     }
 }
@@ -323,6 +333,10 @@ pub struct Outcome {
     pub blocked_by: Option<String>,
     /// Every document, in the order of the request.
     pub documents: Vec<DocResult>,
+    /// Whether this is the stored decision of an earlier request with the same id (nothing was
+    /// done this time).
+    #[serde(skip)]
+    pub replayed: bool,
 }
 
 /// Errors of document transactions. A rolled-back transaction is not an error: it is an

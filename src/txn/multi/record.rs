@@ -158,6 +158,7 @@ impl TxnRecord {
             failed: self.failed.clone(),
             blocked_by: self.blocked_by.clone(),
             documents,
+            replayed: false,
         })
     }
 
@@ -165,6 +166,25 @@ impl TxnRecord {
     pub fn modified_at(&self) -> Option<std::time::SystemTime> {
         humantime::parse_rfc3339_weak(&self.modified).ok()
     }
+}
+
+/// Reads transaction `id` from the log index `index` (no lock needed: `zkguard txn show`).
+///
+/// # Errors
+/// [`MultiError::Store`], [`MultiError::Corrupt`].
+///
+/// # Cancellation safety
+/// Cancel-safe: it only reads.
+pub async fn read_record(
+    store: &dyn crate::es::DocStore,
+    index: &str,
+    id: &str,
+) -> Result<Option<TxnRecord>, MultiError> {
+    let doc = store.get(index, id).await.map_err(|e| MultiError::Store {
+        context: format!("reading transaction `{id}`"),
+        source: e,
+    })?;
+    doc.map(|d| TxnRecord::from_doc(index, d)).transpose()
 }
 
 /// The `_bulk`-style result name of an applied operation.

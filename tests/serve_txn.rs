@@ -1,0 +1,464 @@
+//! Document transactions through `zkguard serve`: `POST /v1/transactions`,
+//! `GET /v1/transactions/{id}`, the gate's atomic `_bulk` driven by the official Python
+//! clients, the service's own recovery of a transaction whose coordinator died, and
+//! transactions beside single writes through `/v1` and the gate and background jobs.
+
+mod common;
+mod gateway_support;
+mod serve_support;
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+
+use common::*;
+use gateway_support::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use serve_support::*;
+
+async fn post_txn(c: &reqwest::Client, s: &Service, body: &Value) -> (StatusCode, Value) {
+    call(
+        c,
+        Method::POST,
+        &s.url("/v1/transactions"),
+        Some(body.to_string()),
+    )
+    .await
+}
+
+async fn source(c: &reqwest::Client, index: &str, id: &str) -> Option<Value> {
+    let url = format!("{}/{index}/_doc/{id}", shared_es().url());
+    let (_, mut doc) = call(c, Method::GET, &url, None).await;
+    if doc["found"] != true {
+        return None;
+    }
+    let mut src = doc["_source"].take();
+    src.as_object_mut().unwrap().remove("zkguard");
+    Some(src)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_through_v1_commit_roll_back_and_refuse_bad_input() {
+    let env = Env::new(&shared_zk().connect_string(), "txn-v1")
+        .with("ZKGUARD_TXN_MAX_OPERATIONS", "3")
+        .with(
+            "ZKGUARD_TXN_LOG_INDEX",
+            &format!("txn-v1-log-{}", uuid_tag()),
+        );
+    let s = env.start("txn-v1");
+    let c = client();
+    let ix = format!("txn-v1-{}", uuid_tag());
+    put(
+        &c,
+        &s,
+        &format!("/v1/indices/{ix}/docs/keep"),
+        &json!({"n": 1}),
+    )
+    .await;
+    let ops = json!([
+        {"action": "index", "index": ix, "id": "a", "doc": {"v": 1}, "expect": {"exists": false}},
+        {"action": "update", "index": ix, "id": "keep", "doc": {"m": 2}},
+    ]);
+    let (status, out) = post_txn(&c, &s, &json!({"id": "t1", "operations": ops})).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["state"], "committed", "{out}");
+    assert_eq!(out["documents"][0]["result"], "created");
+    assert_eq!(source(&c, &ix, "keep").await, Some(json!({"n": 1, "m": 2})));
+    let (status, got) = call(&c, Method::GET, &s.url("/v1/transactions/t1"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (got["state"].as_str(), got["decision"].as_str()),
+        (Some("finished"), Some("committed")),
+        "{got}"
+    );
+    // The same id, the same operations: the stored decision. Other operations: 409.
+    let (status, again) = post_txn(&c, &s, &json!({"id": "t1", "operations": ops})).await;
+    assert_eq!((status, &again), (StatusCode::OK, &out));
+    let (status, e) = post_txn(&c, &s, &json!({"id": "t1", "operations": [ops[0]]})).await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (StatusCode::CONFLICT, Some("transaction_id_reused")),
+        "{e}"
+    );
+    // A failed expectation: 200, rolled back, the document named, nothing written.
+    let (status, out) = post_txn(&c, &s, &json!({"operations": [
+        {"action": "index", "index": ix, "id": "b", "doc": {"v": 1}},
+        {"action": "delete", "index": ix, "id": "a", "expect": {"if_seq_no": 9999, "if_primary_term": 1}},
+    ]})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (out["state"].as_str(), out["failed"].as_str()),
+        (Some("rolled-back"), Some(format!("{ix}/a").as_str())),
+        "{out}"
+    );
+    assert_eq!(source(&c, &ix, "b").await, None);
+    // Bad input, each with its kind and nothing written.
+    let one = |id: &str| json!({"action": "index", "index": ix, "id": id, "doc": {}});
+    for (body, want, kind) in [
+        (
+            json!({"operations": [one("1"), one("2"), one("3"), one("4")]}),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "transaction_too_large",
+        ),
+        (
+            json!({"operations": [one("1"), one("1")]}),
+            StatusCode::BAD_REQUEST,
+            "invalid_transaction",
+        ),
+        (
+            json!({"operations": [{"action": "upsert", "index": ix, "id": "1"}]}),
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+        ),
+        (
+            json!({"operations": []}),
+            StatusCode::BAD_REQUEST,
+            "invalid_transaction",
+        ),
+        (
+            json!({"operations": [{"action": "index", "index": env_log(&env), "id": "x", "doc": {}}]}),
+            StatusCode::FORBIDDEN,
+            "protected_index",
+        ),
+    ] {
+        let (status, e) = post_txn(&c, &s, &body).await;
+        assert_eq!(
+            (status, e["error"].as_str()),
+            (want, Some(kind)),
+            "{body}: {e}"
+        );
+        assert!(!e["message"].as_str().unwrap().is_empty());
+    }
+    assert_eq!(source(&c, &ix, "1").await, None);
+    let (status, e) = call(&c, Method::GET, &s.url("/v1/transactions/nope"), None).await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("transaction_not_found"))
+    );
+    let m = scrape(&c, &s).await;
+    assert_eq!(
+        m.get(r#"zkguard_transactions_total{outcome="committed"}"#),
+        Some(&1.0),
+        "{m:?}"
+    );
+    assert_eq!(
+        m.get(r#"zkguard_transactions_total{outcome="rolled-back"}"#),
+        Some(&1.0)
+    );
+}
+
+fn env_log(env: &Env) -> String {
+    env.extra
+        .iter()
+        .find(|(k, _)| k == "ZKGUARD_TXN_LOG_INDEX")
+        .unwrap()
+        .1
+        .clone()
+}
+
+/// Runs `atomic_bulk.py` with `client` against `url`.
+async fn atomic_bulk(client: &str, url: &str, index: &str) -> Value {
+    let args = [
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/txn_docs_support/atomic_bulk.py"
+        )
+        .to_string(),
+        client.to_string(),
+        "--url".into(),
+        url.to_string(),
+        "--index".into(),
+        index.to_string(),
+    ];
+    tokio::task::spawn_blocking(move || {
+        let o = Command::new("python3")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "atomic_bulk.py {}: {out}\n{}",
+            args[1],
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_str(out.lines().last().unwrap()).unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_applies_an_atomic_bulk_all_or_nothing_with_official_clients() {
+    let front = Front::start(shared_es().url());
+    let env = gate_env(&shared_zk().connect_string(), "txn-gate", &front.url).with(
+        "ZKGUARD_TXN_LOG_INDEX",
+        &format!("txn-gate-log-{}", uuid_tag()),
+    );
+    let s = env.start("txn-gate");
+    let url = gate(&s);
+    for client in ["opensearch", "elasticsearch"] {
+        let ix = format!("txn-gate-{client}-{}", uuid_tag());
+        let out = atomic_bulk(client, &url, &ix).await;
+        assert_eq!(out["client"], client);
+    }
+    // Refused as a whole, with Elasticsearch's error shape: an item with no id.
+    let c = client();
+    let body = "{\"index\":{\"_index\":\"txn-gate-x\"}}\n{\"v\":1}\n";
+    let (status, _, e) = send(
+        &c,
+        Method::POST,
+        &format!("{url}/_bulk"),
+        Some(body),
+        &[("x-zkguard-atomic", "true")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{e}");
+    assert!(
+        e["error"]["reason"].as_str().unwrap().contains("no _id"),
+        "{e}"
+    );
+}
+
+/// A coordinator killed half-way (SIGKILL after writing one of its three documents) is
+/// undone by the service's own recovery, without any command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_recovers_a_transaction_whose_coordinator_died() {
+    let log = format!("txn-rec-log-{}", uuid_tag());
+    let env = Env::new(&shared_zk().connect_string(), "txn-rec")
+        .with("ZKGUARD_TXN_LOG_INDEX", &log)
+        .with("ZKGUARD_TXN_RECOVERY_AFTER", "1000");
+    let s = env.start("txn-rec");
+    let c = client();
+    let ix = format!("txn-rec-{}", uuid_tag());
+    for id in ["a", "b", "c"] {
+        put(
+            &c,
+            &s,
+            &format!("/v1/indices/{ix}/docs/{id}"),
+            &json!({"v": "before"}),
+        )
+        .await;
+    }
+    let ops: String = ["a", "b", "c"]
+        .iter()
+        .map(|id| {
+            json!({"action": "index", "index": ix, "id": id, "doc": {"v": "after"}}).to_string()
+                + "\n"
+        })
+        .collect();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), ops).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .args([
+            "txn",
+            "apply",
+            "--id",
+            "dies",
+            "--pause-after",
+            "applied:1",
+            "--file",
+        ])
+        .arg(file.path())
+        .env_remove("ZKGUARD_CONFIG")
+        .env("ZKGUARD_ZOOKEEPER_SERVERS", &env.zk)
+        .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &env.root)
+        .env("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000")
+        .env("ZKGUARD_ELASTICSEARCH_URL", &env.es)
+        .env("ZKGUARD_TXN_LOG_INDEX", &log)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+    assert!(line.starts_with("paused after applied:1"), "{line}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let marked = (futures::future::join_all(["a", "b", "c"].map(|id| es_doc(&c, &ix, id))).await)
+        .iter()
+        .filter(|d| d["_source"]["zkguard"]["txn"] == "dies")
+        .count();
+    assert_eq!(
+        marked, 1,
+        "one document written with the mark before the kill"
+    );
+    eventually(
+        std::time::Duration::from_secs(30),
+        "the service rolls the transaction back",
+        || {
+            let c = c.clone();
+            let s = &s;
+            async move {
+                let (_, t) = call(&c, Method::GET, &s.url("/v1/transactions/dies"), None).await;
+                t["state"] == "rolled-back"
+            }
+        },
+    )
+    .await;
+    for id in ["a", "b", "c"] {
+        assert_eq!(
+            source(&c, &ix, id).await,
+            Some(json!({"v": "before"})),
+            "{id}"
+        );
+    }
+    let m = scrape(&c, &s).await;
+    assert_eq!(
+        m.get(r#"zkguard_transactions_recovered_total{outcome="rolled-back"}"#),
+        Some(&1.0)
+    );
+}
+
+/// Transactions over overlapping documents through `/v1/transactions` and the gate's atomic
+/// `_bulk`, beside single writes through `/v1` and the gate and a background bulk job on the
+/// same documents: everything acknowledged ends applied, and the final documents are those of
+/// a serial order (a transaction that is the last writer of one of its documents was not
+/// overwritten on another by a write granted its lock before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_beside_single_and_background_writers_are_serializable() {
+    let env = gate_env(&shared_zk().connect_string(), "txn-mix", shared_es().url()).with(
+        "ZKGUARD_TXN_LOG_INDEX",
+        &format!("txn-mix-log-{}", uuid_tag()),
+    );
+    let s = env.start("txn-mix");
+    let url = gate(&s);
+    let c = client();
+    let ix = format!("txn-mix-{}", uuid_tag());
+    let docs = ["d0", "d1", "d2", "d3", "d4"];
+    let mut tasks = Vec::new();
+    for w in 0..3 {
+        let (c, base, url, ix) = (c.clone(), s.base.clone(), url.clone(), ix.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for round in 0..8 {
+                let id = format!("w{w}-{round}");
+                let mut set: Vec<&str> = docs.iter().copied().enumerate().filter(|(i, _)| (i + round + w) % 3 != 0).map(|(_, d)| d).collect();
+                if w % 2 == 1 {
+                    set.reverse();
+                }
+                if w == 2 {
+                    // Through the gate's atomic _bulk.
+                    let body: String = set.iter().map(|d| format!("{{\"index\":{{\"_index\":\"{ix}\",\"_id\":\"{d}\"}}}}\n{{\"txn\":\"{id}\"}}\n")).collect();
+                    let (status, _, out) = send(&c, Method::POST, &format!("{url}/_bulk"), Some(&body), &[("x-zkguard-atomic", "true"), ("idempotency-key", &id)]).await;
+                    assert_eq!(status, StatusCode::OK, "{out}");
+                    assert_eq!(out["errors"], false, "{out}");
+                } else {
+                    let ops: Vec<Value> = set.iter().map(|d| json!({"action": "index", "index": ix, "id": d, "doc": {"txn": id}})).collect();
+                    let (status, out) = call(&c, Method::POST, &format!("{base}/v1/transactions"), Some(json!({"id": id, "operations": ops}).to_string())).await;
+                    assert_eq!((status, out["state"].as_str()), (StatusCode::OK, Some("committed")), "{out}");
+                }
+                outcomes.push(id);
+            }
+            outcomes
+        }));
+    }
+    let singles = {
+        let (c, base, url, ix) = (c.clone(), s.base.clone(), url.clone(), ix.clone());
+        tokio::spawn(async move {
+            for n in 0..10 {
+                let d = docs[n % docs.len()];
+                let (status, v) = if n % 2 == 0 {
+                    call(
+                        &c,
+                        Method::PUT,
+                        &format!("{base}/v1/indices/{ix}/docs/{d}"),
+                        Some(json!({"single": n}).to_string()),
+                    )
+                    .await
+                } else {
+                    let (st, _, v) = send(
+                        &c,
+                        Method::PUT,
+                        &format!("{url}/{ix}/_doc/{d}"),
+                        Some(&json!({"single": n}).to_string()),
+                        &[],
+                    )
+                    .await;
+                    (st, v)
+                };
+                assert!(status.is_success(), "{v}");
+            }
+        })
+    };
+    let bulk: String = docs
+        .iter()
+        .map(|d| {
+            json!({"action": "update", "index": ix, "id": d, "doc": {"bg": true}, "upsert": true})
+                .to_string()
+                + "\n"
+        })
+        .collect();
+    let (status, accepted) = call(&c, Method::POST, &s.url("/v1/bulk"), Some(bulk)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let ids: Vec<String> = accepted["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["operation_id"].as_str().unwrap().to_string())
+        .collect();
+    let mut txn_ids = Vec::new();
+    for t in tasks {
+        txn_ids.extend(t.await.unwrap());
+    }
+    singles.await.unwrap();
+    let finished = wait_finished(&c, &s, &ids).await;
+    assert!(
+        finished.values().all(|v| v["status"] == "applied"),
+        "{finished:?}"
+    );
+    // Each transaction's token on each of its documents, from the log.
+    let mut tokens: Vec<(String, HashMap<String, u64>)> = Vec::new();
+    for id in &txn_ids {
+        let (_, t) = call(
+            &c,
+            Method::GET,
+            &s.url(&format!("/v1/transactions/{id}")),
+            None,
+        )
+        .await;
+        assert_eq!(t["decision"], "committed", "{t}");
+        let per_doc = t["documents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                (
+                    d["id"].as_str().unwrap().to_string(),
+                    d["_version"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        tokens.push((id.clone(), per_doc));
+    }
+    // Serializable: two transactions that share documents are ordered the same way on all of
+    // them (each document's writes are ordered by their tokens).
+    for (i, (a, ta)) in tokens.iter().enumerate() {
+        for (b, tb) in &tokens[i + 1..] {
+            let orders: std::collections::HashSet<bool> = ta
+                .iter()
+                .filter_map(|(d, x)| tb.get(d).map(|y| x < y))
+                .collect();
+            assert!(
+                orders.len() <= 1,
+                "{a} and {b} are ordered differently on different documents: {ta:?} {tb:?}"
+            );
+        }
+    }
+    // And a document that still shows a transaction's write shows the last transaction that
+    // wrote it.
+    for d in docs {
+        let doc = es_doc(&c, &ix, d).await;
+        if let Some(shown) = doc["_source"]["txn"].as_str() {
+            let last = tokens
+                .iter()
+                .filter_map(|(id, t)| t.get(d).map(|tok| (tok, id)))
+                .max()
+                .unwrap()
+                .1;
+            assert_eq!(shown, last, "{d}: {doc}");
+        }
+    }
+}
