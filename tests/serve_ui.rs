@@ -289,7 +289,9 @@ async fn ten_thousand_monitors_are_paged_filtered_and_counted() {
     };
 
     // Page 7 of 100 (100 a page): monitors 600 to 699, in name order.
+    let asked = std::time::Instant::now();
     let html = get("filter=bulk-&per_page=100&page=7").await;
+    eprintln!("a page of 10,000 busy monitors: {:?}", asked.elapsed());
     assert_eq!(by_id(&html, "total").as_deref(), Some("10000"), "{html}");
     assert_eq!(by_id(&html, "page").as_deref(), Some("7"));
     assert_eq!(by_id(&html, "pages").as_deref(), Some("100"));
@@ -358,4 +360,14 @@ async fn ten_thousand_monitors_are_paged_filtered_and_counted() {
     .await;
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["outcome"], "no_mutex", "{v}");
+
+    // Turned off, there is no page.
+    let off = env
+        .clone()
+        .with("ZKGUARD_SERVER_UI_ENABLED", "false")
+        .start("ui-off");
+    for path in ["/ui", "/ui/status", "/ui/ui.js"] {
+        let (status, v) = call(&c, Method::GET, &off.url(path), None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {v}");
+    }
 }

@@ -97,6 +97,11 @@ pub fn router(state: Arc<AppState>, tokens: Arc<super::access::Tokens>) -> Route
         .route("/ui/ui.js", get(super::ui::script))
         .route("/ui/ui.css", get(super::ui::style))
         .route_layer(middleware::from_fn_with_state(state.clone(), guard_load));
+    let status_page = if state.settings.ui_enabled {
+        status_page
+    } else {
+        Router::new()
+    };
     let (operators, _) = operator_routes().split_for_parts();
     Router::new()
         .merge(api)
