@@ -326,6 +326,7 @@ async fn ten_thousand_monitors_are_paged_filtered_and_counted() {
     assert_eq!(by_id(&html, "total").as_deref(), Some("10000"));
     assert!(shown_monitors(&html).is_empty());
     assert!(html.contains(r#"id="no-monitors""#));
+    assert_eq!(by_id(&html, "pages").as_deref(), Some("20"));
 
     // The whole page (the script's first load) answers the same, without a token.
     let page = c
@@ -370,4 +371,45 @@ async fn ten_thousand_monitors_are_paged_filtered_and_counted() {
         let (status, v) = call(&c, Method::GET, &off.url(path), None).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {v}");
     }
+}
+
+/// With the Elasticsearch lease lock, the page shows the held leases: an explicit lock's holder,
+/// lock type and token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_the_elasticsearch_leases() {
+    let env = Env::new(&shared_zk().connect_string(), "ui-es")
+        .with("ZKGUARD_LOCK_BACKEND", "elasticsearch")
+        .with(
+            "ZKGUARD_ELASTICSEARCH_LOCK_INDEX",
+            &format!("ui-locks-{}", uuid_tag()),
+        );
+    let s = env.start("ui-es");
+    let c = client();
+    let monitor = format!("lease-{}", uuid_tag());
+    let (status, lock) = call(
+        &c,
+        Method::POST,
+        &s.url(&format!(
+            "/v1/locks/{monitor}?type=background&info=nightly%20reindex"
+        )),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{lock}");
+    let html = c
+        .get(s.url(&format!("/ui/status?filter={monitor}")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("Elasticsearch lease lock"), "{html}");
+    assert_eq!(by_id(&html, "total").as_deref(), Some("1"), "{html}");
+    assert_eq!(shown_monitors(&html), [monitor]);
+    assert!(html.contains("nightly reindex"), "{html}");
+    assert!(html.contains(r#"class="kind">background<"#), "{html}");
+    assert!(html.contains(&format!("token {}", lock["token"])), "{html}");
+    // The acquisition is among the recent events.
+    assert!(html.contains(r#"<tr class="event acquired">"#), "{html}");
 }
