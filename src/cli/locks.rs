@@ -168,20 +168,32 @@ pub async fn es_rows(
     };
     let mut rows = Vec::new();
     for s in &statuses {
-        let r = &s.record;
-        let waiters = service.foreground_waiters(&r.monitor).await?.len();
-        rows.push(serde_json::json!({
-            "monitor": r.monitor,
-            "state": format!("{:?}", r.state).to_lowercase(),
-            "owner": r.owner,
-            "info": r.info,
-            "lock_type": r.lock_type,
-            "token": r.token,
-            "acquired_ms": r.acquired,
-            "expires_ms": r.expires,
-            "takeable": s.takeable,
-            "foreground_waiters": waiters,
-        }));
+        rows.push(es_row(service, s).await?);
     }
     Ok(rows)
+}
+
+/// One lease document of the Elasticsearch lock, as `zkguard locks --json` prints it, with its
+/// foreground waiters counted.
+///
+/// # Errors
+/// Elasticsearch errors reading the waiters.
+pub async fn es_row(
+    service: &zkguard::eslock::EsLockService,
+    status: &zkguard::eslock::EsLockStatus,
+) -> Result<serde_json::Value, zkguard::LockError> {
+    let r = &status.record;
+    let waiters = service.foreground_waiters(&r.monitor).await?.len();
+    Ok(serde_json::json!({
+        "monitor": r.monitor,
+        "state": format!("{:?}", r.state).to_lowercase(),
+        "owner": r.owner,
+        "info": r.info,
+        "lock_type": r.lock_type,
+        "token": r.token,
+        "acquired_ms": r.acquired,
+        "expires_ms": r.expires,
+        "takeable": status.takeable,
+        "foreground_waiters": waiters,
+    }))
 }

@@ -181,6 +181,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("server.events.max", "100", "event streams (GET /v1/events, server-sent events) open at once, besides server.max.concurrent and server.wait.max; more are refused with 503 too_many_streams"),
     ("server.index.allow", "", "zkguard's own indices and system indices (a leading .) that the API may write anyway, comma-separated; the others are refused with 403"),
     ("server.auth.tokens.file", "", "file of bearer tokens `zkguard serve` accepts, one per line, reloaded on SIGHUP (empty = no authentication)"),
+    ("server.ui.enabled", "true", "true: `zkguard serve` serves its status page at GET /ui (locks, journal, dead letters, recent events), readable without a token, its actions (replay, clear a stray mutex) needing one; false: no page (404)"),
     ("server.tls.cert", "", "PEM certificate chain for HTTPS (with server.tls.key; empty = plain HTTP)"),
     ("server.tls.key", "", "PEM private key for HTTPS"),
     ("server.gateway.listen", "", "address of the Elasticsearch-compatible write gate of `zkguard serve` (port 0 picks a free one; empty = no gate): Elasticsearch and OpenSearch clients pointed at it get every document write locked and fenced, everything else passed through to elasticsearch.url"),
@@ -424,6 +425,8 @@ pub struct ServerSettings {
     pub events_max: usize,
     /// File of accepted bearer tokens; `None`: no authentication.
     pub auth_tokens_file: Option<PathBuf>,
+    /// Whether the status page `GET /ui` is served (`server.ui.enabled`).
+    pub ui_enabled: bool,
     /// Certificate chain and private key (PEM files) for HTTPS; `None`: plain HTTP.
     pub tls: Option<(PathBuf, PathBuf)>,
     /// zkguard's own indices (transactions, dead letters, the lease lock) less those of
@@ -1271,6 +1274,7 @@ impl Settings {
             auth_tokens_file: r
                 .optional_string("server.auth.tokens.file")
                 .map(PathBuf::from),
+            ui_enabled: r.boolean("server.ui.enabled")?,
             tls: match (
                 r.optional_string("server.tls.cert"),
                 r.optional_string("server.tls.key"),

@@ -131,6 +131,7 @@ pub async fn replay_deadletters(
     let results = deadletter::replay(&state.writer, state.executor.sink().as_ref(), selection)
         .await
         .map_err(sink_error)?;
+    state.ui.forget_deadletters();
     for r in &results {
         if let ReplayResult::StillParked { .. } = r.result {
             continue;
@@ -212,6 +213,7 @@ pub async fn discard_deadletter(
     let letter = deadletter::discard(state.executor.sink().as_ref(), id, &reason)
         .await
         .map_err(sink_error)?;
+    state.ui.forget_deadletters();
     if let Err(e) = state
         .journal
         .finish(Finished {

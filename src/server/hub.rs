@@ -1,8 +1,9 @@
 //! The hub of the service's lock events, which `GET /v1/events` streams: acquisitions, releases
 //! and losses of explicit locks, and the outcomes of writes (applied, rejected, parked).
 //!
-//! Publishing never blocks and costs next to nothing while nobody listens (a counter and a clock
-//! read): an event is built, numbered and kept only while a stream is open, and for
+//! Publishing never blocks and costs little while nobody listens (a counter, and a copy of the
+//! event's few fields into the [`RECENT`] events the status page shows): an event is built,
+//! numbered and kept for streams only while a stream is open, and for
 //! [`RESUME_WINDOW`] after the last one closed, so that a client that reconnects with
 //! `Last-Event-ID` gets what it missed from the last [`RING`] events. Streams read from a
 //! broadcast channel; one that falls [`RING`] events behind is told how many it missed and goes
@@ -29,6 +30,8 @@ use super::metrics::{EventLabels, Metrics};
 pub const RING: usize = 1024;
 /// How long after the last stream closed events are still kept for a resuming client.
 pub const RESUME_WINDOW: Duration = Duration::from_secs(60);
+/// The latest events kept always, for the status page (`GET /ui`).
+pub const RECENT: usize = 50;
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +198,26 @@ struct Wire<'a> {
     held_ms: Option<u64>,
 }
 
+/// A recent event, as the status page shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Recent {
+    /// When, in milliseconds since the Unix epoch.
+    pub at: u64,
+    /// What happened (the stream's event type).
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The monitor.
+    pub monitor: String,
+    /// The lock's type.
+    pub lock_type: LockType,
+    /// The lock's fencing token.
+    pub token: Option<u64>,
+    /// The document written, `index/id`.
+    pub document: Option<String>,
+    /// Why (a loss, a rejection, a park).
+    pub reason: Option<String>,
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -230,6 +253,7 @@ pub struct Subscription {
 pub struct Hub {
     tx: broadcast::Sender<Arc<Event>>,
     ring: Mutex<VecDeque<Arc<Event>>>,
+    recent: Mutex<VecDeque<Recent>>,
     seq: AtomicU64,
     counters: [Counter; 6],
     open: AtomicUsize,
@@ -272,6 +296,7 @@ impl Hub {
         Self {
             tx: broadcast::channel(RING).0,
             ring: Mutex::new(VecDeque::with_capacity(RING)),
+            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
             seq: AtomicU64::new(0),
             counters,
             open: AtomicUsize::new(0),
@@ -294,6 +319,7 @@ impl Hub {
     /// any may want it. Never blocks on a stream.
     pub fn publish(&self, h: Happened<'_>) {
         self.counters[h.kind.index()].inc();
+        self.keep_recent(&h);
         if !self.recording() {
             self.seq.fetch_add(1, Ordering::Relaxed);
             return;
@@ -331,6 +357,29 @@ impl Hub {
         ring.push_back(event.clone());
         // No receiver: nothing to do (the event is kept in the ring).
         let _ = self.tx.send(event);
+    }
+
+    fn keep_recent(&self, h: &Happened<'_>) {
+        let event = Recent {
+            at: now_ms(),
+            kind: h.kind.as_str(),
+            monitor: h.monitor.to_string(),
+            lock_type: h.lock_type,
+            token: h.token,
+            document: h.index.zip(h.id).map(|(index, id)| format!("{index}/{id}")),
+            reason: h.reason.as_deref().map(str::to_string),
+        };
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if recent.len() >= RECENT {
+            recent.pop_front();
+        }
+        recent.push_back(event);
+    }
+
+    /// The latest [`RECENT`] events, newest first.
+    pub fn recent(&self) -> Vec<Recent> {
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.iter().rev().cloned().collect()
     }
 
     /// Publishes that foreground operation `op` was applied with `token`.
@@ -445,6 +494,14 @@ mod tests {
         let hub = hub(2);
         lock_event(&hub, "a");
         assert!(hub.ring.lock().unwrap().is_empty());
+        // The status page's few recent events are kept all the same.
+        let recent = hub.recent();
+        assert_eq!(recent.len(), 1);
+        assert_eq!(
+            (recent[0].kind, recent[0].monitor.as_str()),
+            ("acquired", "a")
+        );
+        assert_eq!(recent[0].token, Some(7));
         let counted = hub.metrics.encode();
         assert!(
             counted.contains(r#"zkguard_events_total{type="acquired"} 1"#),
@@ -499,6 +556,7 @@ mod tests {
             lock_event(&hub, "a");
         }
         let resumed = hub.subscribe(Some(0));
+        assert_eq!(hub.recent().len(), RECENT);
         assert_eq!(resumed.backlog.len(), RING);
         assert_eq!(resumed.missed, Some(10));
         assert_eq!(resumed.backlog[0].seq, 11);

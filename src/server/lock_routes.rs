@@ -386,6 +386,60 @@ pub(super) async fn monitor_locks(
     Ok(response)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/locks/{monitor}/clear-stray",
+    summary = "Remove a monitor's stray mutex",
+    description = "As `zkguard locks --monitor M --clear-stray`: removes the monitor's `privateLock` if it is stray (persistent, or of a session that holds no queue node in the monitor), which blocks every contender. A live holder's mutex is never touched (409 `live_holder`). ZooKeeper backend only (the Elasticsearch lease lock answers 400 `unsupported`).",
+    params(super::openapi::MonitorPath),
+    tag = "locks",
+    responses(
+        (status = 200, description = "Removed, or there was no mutex node.", body = super::openapi::StrayCleared),
+        (status = 409, description = "`live_holder`: the mutex belongs to a live holder and was left alone.", body = super::openapi::Error),
+        (status = 503, description = "`lock_unavailable`, or one every route shares.", body = super::openapi::Error, headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    )
+)]
+/// `POST /v1/locks/{monitor}/clear-stray`: what `zkguard locks --monitor M --clear-stray` does.
+pub(super) async fn clear_stray(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    use zkguard::zk::StrayOutcome;
+    let Path(monitor) = path.map_err(path_error)?;
+    validate_monitor(&monitor).map_err(|e| ApiError::bad("bad_monitor", e.to_string()))?;
+    parse_lock_params(query, &state, &[])?;
+    let super::state::Backend::ZooKeeper(session) = &state.backend else {
+        return Err(ApiError::bad(
+            "unsupported",
+            "clear-stray applies to the ZooKeeper lock (lock.backend=zookeeper); the Elasticsearch lease lock has no mutex node",
+        ));
+    };
+    let outcome = zkguard::zk::clear_stray(session, &monitor)
+        .await
+        .map_err(|e| from_guarded(GuardedError::Lock(e)))?;
+    match outcome {
+        StrayOutcome::Removed { session } => {
+            tracing::warn!(%monitor, ?session, "stray mutex removed through the API");
+            Ok(Json(
+                json!({"monitor": monitor, "outcome": "removed", "session": session}),
+            ))
+        }
+        StrayOutcome::NoMutex => Ok(Json(
+            json!({"monitor": monitor, "outcome": "no_mutex", "session": null}),
+        )),
+        StrayOutcome::LiveHolder { owner, node } => Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "live_holder",
+            format!(
+                "the mutex of `{monitor}` belongs to a live holder ({}, node {}); it was left alone: wait for the holder to release",
+                owner.as_deref().unwrap_or("owner unknown"),
+                node.as_deref().unwrap_or("unknown")
+            ),
+        )),
+    }
+}
+
 async fn lock_listing(state: &AppState, monitor: Option<&str>) -> Result<Json<Value>, ApiError> {
     let listed = match &state.backend {
         super::state::Backend::ZooKeeper(session) => zkguard::zk::list_locks(session, monitor)

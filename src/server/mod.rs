@@ -12,6 +12,7 @@
 //!   themselves;
 //! - `GET /v1/events`: the lock events (acquired, released, lost, applied, rejected, parked) as
 //!   server-sent events;
+//! - `GET /ui`: the status page (locks, journal, dead letters, recent events);
 //! - `GET /healthz`, `GET /readyz`, `GET /metrics`.
 //!
 //! At start it prints one JSON line on stdout with the address it listens on. SIGTERM (or
@@ -49,6 +50,8 @@ mod params;
 mod routes;
 mod state;
 mod txn_routes;
+mod ui;
+mod ui_cache;
 mod write_routes;
 
 use state::{AppState, Backend};

@@ -47,6 +47,7 @@ fn api_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(lock_routes::monitor_locks, lock_routes::take_lock))
         .routes(routes!(lock_routes::release_lock))
         .routes(routes!(lock_routes::keep_alive))
+        .routes(routes!(lock_routes::clear_stray))
         .routes(routes!(super::events::stream))
 }
 
@@ -66,7 +67,8 @@ pub fn document() -> utoipa::openapi::OpenApi {
 }
 
 /// The application: API routes under `/v1` (bearer tokens when configured, concurrency limit,
-/// request timeout, body limit), the OpenAPI document and the API docs (bearer tokens too),
+/// request timeout, body limit), the OpenAPI document and the API docs (bearer tokens too), the
+/// status page `/ui` (read without a token; concurrency limit and request timeout),
 /// `/healthz`, `/readyz`, `/metrics`; JSON errors for unknown routes and methods; request
 /// counting; panics turned into 500 answers.
 pub fn router(state: Arc<AppState>, tokens: Arc<super::access::Tokens>) -> Router {
@@ -90,10 +92,23 @@ pub fn router(state: Arc<AppState>, tokens: Arc<super::access::Tokens>) -> Route
             tokens.clone(),
             super::access::authenticate,
         ));
+    // The status page reads without a token (its actions are `/v1` routes, which need one).
+    let status_page = Router::new()
+        .route("/ui", get(super::ui::page))
+        .route("/ui/status", get(super::ui::status))
+        .route("/ui/ui.js", get(super::ui::script))
+        .route("/ui/ui.css", get(super::ui::style))
+        .route_layer(middleware::from_fn_with_state(state.clone(), guard_load));
+    let status_page = if state.settings.ui_enabled {
+        status_page
+    } else {
+        Router::new()
+    };
     let (operators, _) = operator_routes().split_for_parts();
     Router::new()
         .merge(api)
         .merge(contract)
+        .merge(status_page.layer(axum::Extension(tokens.clone())))
         .merge(operators.layer(axum::Extension(tokens)))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

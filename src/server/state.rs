@@ -67,6 +67,8 @@ pub struct AppState {
     pub explicit: ExplicitLocks,
     /// The lock events that `GET /v1/events` streams.
     pub events: Arc<Hub>,
+    /// What the status page (`GET /ui`) shares between its viewers.
+    pub ui: super::ui_cache::UiCache,
     queue: mpsc::UnboundedSender<Operation>,
     waiting: AtomicUsize,
     es_ok: watch::Sender<Result<(), String>>,
@@ -128,6 +130,7 @@ impl AppState {
             journal,
             metrics,
             events,
+            ui: super::ui_cache::UiCache::default(),
             backend,
             store,
             fg_timeout,
@@ -159,6 +162,12 @@ impl AppState {
             Backend::ZooKeeper(_) => None,
             Backend::Elasticsearch(_) => self.es_ok.borrow().clone().err(),
         }
+    }
+
+    /// Why Elasticsearch did not answer at its last check (every second, and at each
+    /// `/readyz`), if it did not. Instant (no request).
+    pub fn es_problem(&self) -> Option<String> {
+        self.es_ok.borrow().clone().err()
     }
 
     /// Asks Elasticsearch whether it answers (`HEAD /`, at most 2 s).

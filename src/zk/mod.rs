@@ -38,7 +38,8 @@ mod token;
 pub use acquire::{ZkBlockingWriteLock, ZkLockService};
 pub use guard::{LockGuard, MUTEX_WATCH_AFTER};
 pub use inspect::{
-    clear_stray, list_locks, watch_monitor, Contender, MonitorState, MonitorWatch, StrayOutcome,
+    clear_stray, list_locks, list_locks_page, watch_monitor, Contender, LocksPage, MonitorState,
+    MonitorWatch, StrayOutcome,
 };
 pub use names::QueueNode;
 pub use node::NodeData;

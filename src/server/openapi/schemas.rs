@@ -141,6 +141,19 @@ pub struct Released {
     pub released: bool,
 }
 
+/// What clearing a monitor's stray mutex did.
+#[derive(ToSchema)]
+pub struct StrayCleared {
+    /// The monitor object.
+    pub monitor: String,
+    /// `removed` (the stray `privateLock` is gone) or `no_mutex` (there was none: nothing to
+    /// clear).
+    #[schema(example = "removed")]
+    pub outcome: String,
+    /// The session that owned the removed node (`None`: it was persistent).
+    pub session: Option<String>,
+}
+
 /// The holder and queue of one monitor (ZooKeeper backend; with `lock.backend=elasticsearch`
 /// the lease documents, as `zkguard locks --json` prints them).
 #[derive(ToSchema)]

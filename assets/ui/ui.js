@@ -1,0 +1,123 @@
+// The status page of `zkguard serve` (GET /ui): refreshes the live part every second and runs
+// the actions (replay a dead letter, clear a stray mutex) through the /v1 API. The bearer token
+// is typed into the page and kept in this tab's sessionStorage; it is sent in the Authorization
+// header only, never in a cookie. Everything shown comes from the server, HTML-escaped.
+(function () {
+  'use strict';
+  var status = document.getElementById('status');
+  var message = document.getElementById('message');
+  var live = document.getElementById('live');
+  var tokenField = document.getElementById('token');
+  var KEY = 'zkguard-token';
+  var pressed = false;
+  var loading = false;
+
+  if (tokenField) {
+    tokenField.value = sessionStorage.getItem(KEY) || '';
+    tokenField.addEventListener('input', function () {
+      sessionStorage.setItem(KEY, tokenField.value.trim());
+    });
+  }
+
+  function say(text, ok) {
+    message.textContent = text;
+    message.className = ok ? 'ok' : 'error';
+  }
+
+  function refresh() {
+    // Not while a button is pressed (the click would be lost with the button replaced), nor
+    // while the tab is hidden, nor while the previous refresh is under way.
+    if (pressed || loading || document.hidden) {
+      return;
+    }
+    loading = true;
+    fetch('ui/status' + location.search, { cache: 'no-store', credentials: 'omit' })
+      .then(function (r) {
+        if (!r.ok) {
+          throw new Error('the service answered ' + r.status);
+        }
+        return r.text();
+      })
+      .then(function (html) {
+        if (!pressed) {
+          status.innerHTML = html;
+        }
+        live.textContent = 'Updated every second.';
+        live.className = 'muted';
+      })
+      .catch(function (e) {
+        live.textContent = 'Not updated: ' + e.message + '; retrying.';
+        live.className = 'bad';
+      })
+      .then(function () {
+        loading = false;
+      });
+  }
+
+  function describe(action, code, body) {
+    if (code === 401) {
+      return 'Refused (401): ' + (body.message || 'a bearer token is needed') +
+        ' Type the token in the field above.';
+    }
+    if (code !== 200) {
+      return 'Refused (' + code + ' ' + (body.error || '') + '): ' + (body.message || '');
+    }
+    if (action === 'replay') {
+      var r = (body.results || [])[0] || {};
+      return 'Replayed ' + (r.id || '') + ': ' + String(r.result || 'done').replace(/_/g, ' ') +
+        (r.token !== undefined ? ' (token ' + r.token + ')' : '') +
+        (r.error ? ': ' + r.error : '') + '.';
+    }
+    return 'Stray mutex of ' + body.monitor + ': ' + String(body.outcome).replace(/_/g, ' ') + '.';
+  }
+
+  function act(button) {
+    var action = button.getAttribute('data-action');
+    var url;
+    var body;
+    if (action === 'replay') {
+      url = 'v1/deadletters/replay';
+      body = JSON.stringify({ id: button.getAttribute('data-id') });
+    } else if (action === 'clear-stray') {
+      url = 'v1/locks/' + encodeURIComponent(button.getAttribute('data-monitor')) + '/clear-stray';
+    } else {
+      return;
+    }
+    var headers = { 'Content-Type': 'application/json' };
+    var token = tokenField ? tokenField.value.trim() : '';
+    if (token) {
+      headers.Authorization = 'Bearer ' + token;
+    }
+    button.disabled = true;
+    say('Working…', true);
+    fetch(url, { method: 'POST', headers: headers, body: body, credentials: 'omit', cache: 'no-store' })
+      .then(function (r) {
+        return r.text().then(function (text) {
+          var parsed = {};
+          try { parsed = JSON.parse(text); } catch (e) { parsed = { message: text }; }
+          say(describe(action, r.status, parsed), r.status === 200);
+        });
+      })
+      .catch(function (e) {
+        say('The request failed: ' + e.message, false);
+      })
+      .then(function () {
+        button.disabled = false;
+        pressed = false;
+        refresh();
+      });
+  }
+
+  status.addEventListener('pointerdown', function () { pressed = true; });
+  document.addEventListener('pointerup', function () {
+    setTimeout(function () { pressed = false; }, 0);
+  });
+  status.addEventListener('click', function (e) {
+    var button = e.target.closest('button[data-action]');
+    if (button) {
+      act(button);
+    }
+  });
+  document.addEventListener('visibilitychange', refresh);
+  setInterval(refresh, 1000);
+}());

@@ -1,0 +1,415 @@
+//! The status page of `zkguard serve` (`GET /ui`): in a real browser (headless Chromium driven
+//! by Selenium, `tests/ui_support/status_page.py`) it shows a held lock's holder and its queue
+//! in lock order, follows the lock as it passes on, replays a dead letter (refused without the
+//! bearer token, done with it) and clears a stray mutex; and with 10,000 busy monitors it
+//! answers the asked page, filtered, with the right counts.
+
+mod common;
+mod serve_support;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{json, Value};
+use serve_support::*;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use zkguard::{LockRequest, LockService, LockType, ZkLockService};
+use zookeeper_client::CreateMode;
+
+const TOKEN: &str = "status-page-token-5c1e0a77";
+
+fn authorized() -> Client {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        AUTHORIZATION,
+        HeaderValue::from_str(&format!("Bearer {TOKEN}")).unwrap(),
+    );
+    Client::builder().default_headers(headers).build().unwrap()
+}
+
+/// A service that needs a bearer token, parks a background write after one attempt, and waits
+/// at most 300 ms for a background lock.
+fn start(tag: &str) -> (Env, Service) {
+    let env = Env::new(&shared_zk().connect_string(), tag);
+    let tokens = env.dir.path().join("tokens");
+    std::fs::write(&tokens, format!("{TOKEN}\n")).unwrap();
+    let env = env
+        .with("ZKGUARD_SERVER_AUTH_TOKENS_FILE", tokens.to_str().unwrap())
+        .with("ZKGUARD_ELASTIC_REQUEST_RETRY_COUNT", "1")
+        .with("ZKGUARD_ZOOKEEPER_BACKGROUND_TASK_TIMEOUT", "300");
+    let s = env.start(tag);
+    (env, s)
+}
+
+/// A raw ZooKeeper client, with `path` and its parents created.
+async fn zk_with(env: &Env, path: &str) -> zookeeper_client::Client {
+    let zk = zookeeper_client::Client::connect(&env.zk).await.unwrap();
+    let persistent = CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    let mut at = String::new();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        at = format!("{at}/{part}");
+        match zk.create(&at, b"", &persistent).await {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(e) => panic!("create {at}: {e}"),
+        }
+    }
+    zk
+}
+
+/// A lock service of the test's own (another writer's session).
+async fn lock_service(env: &Env) -> ZkLockService {
+    let mut settings = zk_settings(&env.zk, "waiter");
+    settings.lock_root = env.root.clone();
+    ZkLockService::new(session(&settings).await)
+}
+
+/// Waits for the lock of `monitor` and holds it until `release` is sent (or dropped).
+fn hold_when_acquired(
+    service: &ZkLockService,
+    monitor: &str,
+    lock_type: LockType,
+    info: &str,
+) -> tokio::sync::oneshot::Sender<()> {
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let request = LockRequest::new(monitor, info)
+        .with_type(lock_type)
+        .with_timeout(Duration::from_secs(60));
+    let service = service.clone();
+    tokio::spawn(async move {
+        let guard = service
+            .acquire(request)
+            .await
+            .expect("the waiter gets the lock");
+        let _ = released.await;
+        guard.unlock().await.unwrap();
+    });
+    release
+}
+
+/// Waits until the queue of `monitor` holds `n` nodes of class `prefix` (`A-` or `B-`).
+async fn queue_has(env: &Env, monitor: &str, prefix: &str, n: usize) {
+    let path = format!("{}/{monitor}", env.root);
+    eventually(Duration::from_secs(10), "the waiter queued", || async {
+        queued(&env.zk, &path, prefix).await == n
+    })
+    .await;
+}
+
+/// A dead letter: a background write whose lock stays taken (one attempt, 300 ms) is parked.
+async fn park(env: &Env, s: &Service, index: &str) -> String {
+    let c = authorized();
+    let (holder, guard) = hold_lock(env, &format!("{index}:letter")).await;
+    let (status, v) = call(
+        &c,
+        Method::PUT,
+        &s.url(&format!("/v1/indices/{index}/docs/letter?type=background")),
+        Some(json!({"title": "parked, then replayed from the status page"}).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let id = v["operation_id"].as_str().unwrap().to_string();
+    let done = wait_finished(&c, s, std::slice::from_ref(&id)).await;
+    assert_eq!(done[&id]["status"], "parked", "{:?}", done[&id]);
+    guard.unlock().await.unwrap();
+    drop(holder);
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_follows_the_lock_and_replays_a_dead_letter_in_a_browser() {
+    let (env, s) = start("ui");
+    let tag = uuid_tag();
+    let index = format!("ui-{tag}");
+    let letter = park(&env, &s, &index).await;
+
+    // A monitor whose name is markup: the page must show it as text.
+    let monitor = format!("<b>orders&\"{tag}");
+    let (holder, guard) = hold_lock(&env, &monitor).await;
+    let waiters = lock_service(&env).await;
+    // The background waiter queues first; the foreground one still goes before it.
+    let release_bg = hold_when_acquired(&waiters, &monitor, LockType::Background, "bg waiter");
+    queue_has(&env, &monitor, "B-", 1).await;
+    let release_fg = hold_when_acquired(&waiters, &monitor, LockType::Foreground, "fg waiter");
+    queue_has(&env, &monitor, "A-", 2).await;
+
+    // A stray mutex: a persistent privateLock nobody holds.
+    let stray = format!("stray-{tag}");
+    let _zk = zk_with(&env, &format!("{}/{stray}/privateLock", env.root)).await;
+
+    // The page is read without a token; the API is not.
+    let anonymous = client();
+    let page = anonymous.get(s.url("/ui")).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    let policy = page.headers()["content-security-policy"].to_str().unwrap();
+    assert!(policy.contains("script-src 'self'"), "{policy}");
+    let (status, _) = call(&anonymous, Method::GET, &s.url("/v1/locks"), None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    let scenario = json!({
+        "monitor": monitor,
+        "deadletter": letter,
+        "stray": stray,
+        "token": TOKEN,
+    });
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/ui_support/status_page.py"
+    );
+    let mut browser = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg(&s.base)
+        .arg(scenario.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 with selenium (scripts/install-deps.sh)");
+    let mut steps = BufReader::new(browser.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let mut release_fg = Some(release_fg);
+    let mut guard = Some(guard);
+    let drive = async {
+        while let Some(line) = steps.next_line().await.unwrap() {
+            let step = line.strip_prefix("step ").unwrap_or(&line).to_string();
+            match step.as_str() {
+                // The browser showed the holder and the queue: the lock passes on.
+                "shown" => {
+                    if let Some(guard) = guard.take() {
+                        guard.unlock().await.unwrap();
+                    }
+                }
+                // The foreground waiter holds it now: let it go, and the background one after.
+                "passed" => drop(release_fg.take()),
+                _ => {}
+            }
+            seen.push(step);
+        }
+        browser.wait_with_output().await.unwrap()
+    };
+    let out = tokio::time::timeout(Duration::from_secs(90), drive)
+        .await
+        .expect("the browser scenario ends within 90 s");
+    assert!(
+        out.status.success(),
+        "the browser scenario failed after steps {seen:?}:\n{}\nservice log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log()
+    );
+    assert_eq!(seen, ["shown", "passed", "refused", "replayed", "cleared"]);
+    drop(release_bg);
+    drop(holder);
+
+    // The replayed write is in its document; the dead letters are empty; the stray is gone.
+    let c = authorized();
+    let doc = es_doc(&c, &index, "letter").await;
+    assert_eq!(
+        doc["_source"]["title"], "parked, then replayed from the status page",
+        "{doc}"
+    );
+    let (_, letters) = call(&c, Method::GET, &s.url("/v1/deadletters"), None).await;
+    assert_eq!(letters, json!([]));
+    assert_eq!(op_status(&c, &s, &letter).await["status"], "applied");
+    let path = format!("{}/{stray}", env.root);
+    assert!(children(&env.zk, &path).await.is_empty());
+}
+
+/// The text of the element with `id` in `html` (the status page marks its counts with ids).
+fn by_id(html: &str, id: &str) -> Option<String> {
+    let start = html.find(&format!(r#"id="{id}">"#))? + id.len() + 6;
+    let end = html[start..].find('<')?;
+    Some(html[start..start + end].to_string())
+}
+
+fn shown_monitors(html: &str) -> Vec<String> {
+    html.split(r#"<article class="monitor"#)
+        .skip(1)
+        .filter_map(|a| {
+            let start = a.find(r#"data-monitor=""#)? + 14;
+            let end = a[start..].find('"')?;
+            Some(a[start..start + end].to_string())
+        })
+        .collect()
+}
+
+/// 10,000 monitors with a holder or a waiter (queue nodes made directly in ZooKeeper, in bulk),
+/// and idle ones: the page counts the busy ones, shows the asked page of them in name order,
+/// filters by name, and reads only what it shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_monitors_are_paged_filtered_and_counted() {
+    let (env, s) = start("ui-bulk");
+    let zk = zk_with(&env, &env.root).await;
+    let persistent = CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    let ephemeral = CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    let holder = json!({
+        "owner": "bulk:1:holder", "info": "bulk holder", "attempt": "bulk-attempt", "host": "bulk",
+        "pid": 1, "type": "foreground", "created_ms": 0,
+    });
+    // Even monitors are held (a queue node and the mutex of one live session), odd ones have a
+    // background waiter only; 20 more are idle (no child).
+    const N: usize = 10_000;
+    for batch in (0..N).collect::<Vec<_>>().chunks(500) {
+        let mut multi = zk.new_multi_writer();
+        for &i in batch {
+            let m = format!("{}/bulk-{i:05}", env.root);
+            multi.add_create(&m, b"", &persistent).unwrap();
+            if i % 2 == 0 {
+                let data = holder.to_string();
+                multi
+                    .add_create(&format!("{m}/A-0000000000"), data.as_bytes(), &ephemeral)
+                    .unwrap();
+                multi
+                    .add_create(&format!("{m}/privateLock"), data.as_bytes(), &ephemeral)
+                    .unwrap();
+            } else {
+                multi
+                    .add_create(&format!("{m}/B-0000000000"), b"", &ephemeral)
+                    .unwrap();
+            }
+        }
+        multi.commit().await.unwrap();
+    }
+    for i in 0..20 {
+        zk.create(&format!("{}/bulk-idle-{i:02}", env.root), b"", &persistent)
+            .await
+            .unwrap();
+    }
+
+    let c = client();
+    let get = |query: &'static str| {
+        let c = c.clone();
+        let url = s.url(&format!("/ui/status?{query}"));
+        async move {
+            let resp = c.get(url).send().await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            resp.text().await.unwrap()
+        }
+    };
+
+    // Page 7 of 100 (100 a page): monitors 600 to 699, in name order.
+    let asked = std::time::Instant::now();
+    let html = get("filter=bulk-&per_page=100&page=7").await;
+    eprintln!("a page of 10,000 busy monitors: {:?}", asked.elapsed());
+    assert_eq!(by_id(&html, "total").as_deref(), Some("10000"), "{html}");
+    assert_eq!(by_id(&html, "page").as_deref(), Some("7"));
+    assert_eq!(by_id(&html, "pages").as_deref(), Some("100"));
+    assert_eq!(by_id(&html, "first").as_deref(), Some("601"));
+    assert_eq!(by_id(&html, "last").as_deref(), Some("700"));
+    let expected: Vec<String> = (600..700).map(|i| format!("bulk-{i:05}")).collect();
+    assert_eq!(shown_monitors(&html), expected);
+    assert!(
+        html.contains("5000 with a mutex, 10000 queue nodes"),
+        "{html}"
+    );
+    // The held ones show their holder and token, the others their waiter.
+    assert_eq!(html.matches("bulk:1:holder").count(), 50);
+    assert_eq!(html.matches(r#"class="waiter background""#).count(), 50);
+    assert_eq!(html.matches(r#"class="token">token "#).count(), 50);
+    assert!(html.contains(r#"href="ui?filter=bulk-&amp;per_page=100&amp;page=8""#));
+
+    // The default page size is 50; a filter narrows the count.
+    let html = get("").await;
+    assert_eq!(by_id(&html, "total").as_deref(), Some("10000"));
+    assert_eq!(shown_monitors(&html).len(), 50);
+    assert_eq!(shown_monitors(&html)[0], "bulk-00000");
+    let html = get("filter=bulk-0042").await;
+    assert_eq!(by_id(&html, "total").as_deref(), Some("10"));
+    let expected: Vec<String> = (420..430).map(|i| format!("bulk-{i:05}")).collect();
+    assert_eq!(shown_monitors(&html), expected);
+    let html = get("filter=idle").await;
+    assert_eq!(by_id(&html, "total").as_deref(), Some("0"));
+
+    // Beyond the last page: nothing shown, the count still right.
+    let html = get("per_page=500&page=21").await;
+    assert_eq!(by_id(&html, "total").as_deref(), Some("10000"));
+    assert!(shown_monitors(&html).is_empty());
+    assert!(html.contains(r#"id="no-monitors""#));
+    assert_eq!(by_id(&html, "pages").as_deref(), Some("20"));
+
+    // The whole page (the script's first load) answers the same, without a token.
+    let page = c
+        .get(s.url("/ui?filter=bulk-0042"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(shown_monitors(&page).len(), 10);
+    assert!(page.contains(r#"<script src="ui/ui.js"></script>"#));
+
+    // Bad paging is refused with what to send.
+    let (status, v) = call(&c, Method::GET, &s.url("/ui?per_page=0"), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("per_page"), "{v}");
+
+    // Clearing a stray needs the token; a live holder's mutex is never touched.
+    let url = s.url("/v1/locks/bulk-00000/clear-stray");
+    let (status, _) = call(&c, Method::POST, &url, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, v) = call(&authorized(), Method::POST, &url, None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["error"], "live_holder", "{v}");
+    let (status, v): (StatusCode, Value) = call(
+        &authorized(),
+        Method::POST,
+        &s.url("/v1/locks/bulk-idle-00/clear-stray"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["outcome"], "no_mutex", "{v}");
+
+    // Turned off, there is no page.
+    let off = env
+        .clone()
+        .with("ZKGUARD_SERVER_UI_ENABLED", "false")
+        .start("ui-off");
+    for path in ["/ui", "/ui/status", "/ui/ui.js"] {
+        let (status, v) = call(&c, Method::GET, &off.url(path), None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {v}");
+    }
+}
+
+/// With the Elasticsearch lease lock, the page shows the held leases: an explicit lock's holder,
+/// lock type and token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_the_elasticsearch_leases() {
+    let env = Env::new(&shared_zk().connect_string(), "ui-es")
+        .with("ZKGUARD_LOCK_BACKEND", "elasticsearch")
+        .with(
+            "ZKGUARD_ELASTICSEARCH_LOCK_INDEX",
+            &format!("ui-locks-{}", uuid_tag()),
+        );
+    let s = env.start("ui-es");
+    let c = client();
+    let monitor = format!("lease-{}", uuid_tag());
+    let (status, lock) = call(
+        &c,
+        Method::POST,
+        &s.url(&format!(
+            "/v1/locks/{monitor}?type=background&info=nightly%20reindex"
+        )),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{lock}");
+    let html = c
+        .get(s.url(&format!("/ui/status?filter={monitor}")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("Elasticsearch lease lock"), "{html}");
+    assert_eq!(by_id(&html, "total").as_deref(), Some("1"), "{html}");
+    assert_eq!(shown_monitors(&html), [monitor]);
+    assert!(html.contains("nightly reindex"), "{html}");
+    assert!(html.contains(r#"class="kind">background<"#), "{html}");
+    assert!(html.contains(&format!("token {}", lock["token"])), "{html}");
+    // The acquisition is among the recent events.
+    assert!(html.contains(r#"<tr class="event acquired">"#), "{html}");
+}
