@@ -164,6 +164,16 @@ async fn limits_and_bad_input_are_refused_before_any_lock() {
         e.to_string().contains("line 1") && e.to_string().contains("move"),
         "{e}"
     );
+    let mut stamp = zkguard::config::Settings::default().stamp;
+    stamp.off = zkguard::write::stamping::IndexPatterns::parse(&env.index).unwrap();
+    let e = env
+        .transactions()
+        .await
+        .with_stamp_settings(&stamp)
+        .apply(TxnRequest::new(vec![op("1")]))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("elastic.stamp.off"), "{e}");
     assert_eq!(env.source("1").await, None);
 }
 

@@ -86,7 +86,8 @@ pub(super) async fn transactions(settings: &Settings) -> Result<Transactions, Cl
     let store: Arc<dyn DocStore> = Arc::new(EsStore::new(&settings.elasticsearch)?);
     let locks = super::lock_service(settings).await?;
     Ok(Transactions::new(locks, store, settings.txn.clone())
-        .with_retry(RetryPolicy::from_settings(&settings.retry)))
+        .with_retry(RetryPolicy::from_settings(&settings.retry))
+        .with_stamp_settings(&settings.stamp))
 }
 
 /// Runs `zkguard txn apply`: 0 committed, 65 rolled back by an expectation or an operation

@@ -198,7 +198,8 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         doc_store.clone(),
         settings.txn.clone(),
     )
-    .with_retry(zkguard::txn::RetryPolicy::from_settings(&settings.retry));
+    .with_retry(zkguard::txn::RetryPolicy::from_settings(&settings.retry))
+    .with_stamp_settings(&settings.stamp);
     let (state, queue) = AppState::new(
         writer,
         executor,

@@ -26,6 +26,8 @@ pub struct Transactions {
     pub(super) retry: RetryPolicy,
     pub(super) lock_timeout: Option<Duration>,
     pub(super) refresh: Refresh,
+    pub(super) stamp_window: usize,
+    unstamped: crate::write::stamping::IndexPatterns,
     hook: Option<Arc<dyn MultiHook>>,
     ready: OnceCell<()>,
 }
@@ -98,6 +100,8 @@ impl Transactions {
             retry: RetryPolicy::default(),
             lock_timeout: None,
             refresh: Refresh::No,
+            stamp_window: crate::write::ops::DEFAULT_OPS_WINDOW,
+            unstamped: Default::default(),
             hook: None,
             ready: OnceCell::new(),
         }
@@ -125,6 +129,16 @@ impl Transactions {
     #[must_use]
     pub fn with_refresh(mut self, refresh: Refresh) -> Self {
         self.refresh = refresh;
+        self
+    }
+
+    /// How many operation ids each document's stamp remembers, and the indices whose documents
+    /// carry no stamp (`elastic.stamp.*`): a transaction marks its writes in the stamp, so those
+    /// indices are refused.
+    #[must_use]
+    pub fn with_stamp_settings(mut self, settings: &crate::config::StampSettings) -> Self {
+        self.stamp_window = settings.window;
+        self.unstamped = settings.off.clone();
         self
     }
 
@@ -208,7 +222,7 @@ impl Transactions {
     }
 
     async fn apply_inner(&self, req: TxnRequest) -> Result<Outcome, MultiError> {
-        validate(&req, &self.settings)?;
+        validate(&req, &self.settings, &self.unstamped)?;
         self.ensure_index().await?;
         if let Some(existing) = self.get(&req.id).await? {
             return answer_existing(existing, &req);
@@ -323,6 +337,7 @@ impl Transactions {
                         index: op.index.clone(),
                         id: op.id.clone(),
                         source: stamped(
+                            self.stamp_window,
                             afters[i].clone(),
                             record.participants[i].before.as_ref(),
                             &op_id(&id, i, false),
@@ -378,7 +393,15 @@ impl Transactions {
         // Clear the marks: the after-images again, unmarked, with the same tokens.
         let clears: Vec<BulkAction> = order
             .iter()
-            .map(|&i| clear_action(&record, i, &afters[i], record.participants[i].token))
+            .map(|&i| {
+                clear_action(
+                    self.stamp_window,
+                    &record,
+                    i,
+                    &afters[i],
+                    record.participants[i].token,
+                )
+            })
             .collect();
         let cleared = self.bulk(&clears).await;
         let all_cleared = cleared
@@ -625,6 +648,7 @@ pub(super) fn canonical(ops: &[super::TxnOp]) -> Vec<usize> {
 
 /// The write that leaves participant `i` in its after state, unmarked, with `token`.
 pub(super) fn clear_action(
+    window: usize,
     record: &TxnRecord,
     i: usize,
     after: &Option<serde_json::Value>,
@@ -642,6 +666,7 @@ pub(super) fn clear_action(
             id: op.id.clone(),
             // The stamp of the marked write without the mark: its op id stays recorded.
             source: stamped(
+                window,
                 Some(source.clone()),
                 record.participants[i].before.as_ref(),
                 &op_id(&record.transaction_id, i, false),

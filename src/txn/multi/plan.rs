@@ -9,7 +9,9 @@ use uuid::Uuid;
 use super::{Action, Expect, MultiError, TxnOp, TxnRequest};
 use crate::config::TxnSettings;
 use crate::es::{merge_partial, Doc};
-use crate::write::ops::{with_stamp, Stamp, DEFAULT_OPS_WINDOW, META_FIELD};
+#[cfg(test)]
+use crate::write::ops::DEFAULT_OPS_WINDOW;
+use crate::write::ops::{with_stamp, Stamp, META_FIELD};
 
 /// Parses NDJSON operations, one [`TxnOp`] per line (blank lines skipped).
 ///
@@ -36,7 +38,11 @@ pub fn parse_ndjson(text: &str) -> Result<Vec<TxnOp>, MultiError> {
 ///
 /// # Errors
 /// [`MultiError::Invalid`] / [`MultiError::TooLarge`] saying what is wrong.
-pub(super) fn validate(req: &TxnRequest, settings: &TxnSettings) -> Result<(), MultiError> {
+pub(super) fn validate(
+    req: &TxnRequest,
+    settings: &TxnSettings,
+    unstamped: &crate::write::stamping::IndexPatterns,
+) -> Result<(), MultiError> {
     super::super::validate_id("transaction", &req.id)
         .map_err(|e| MultiError::Invalid(e.to_string()))?;
     if req.operations.is_empty() {
@@ -91,6 +97,12 @@ pub(super) fn validate(req: &TxnRequest, settings: &TxnSettings) -> Result<(), M
         if op.index == settings.log_index {
             return Err(bad(format!(
                 "`{}` is the transaction log (txn.log.index); it cannot take part in a transaction",
+                op.index
+            )));
+        }
+        if unstamped.matches(&op.index) {
+            return Err(bad(format!(
+                "`{}` is listed in elastic.stamp.off: its documents carry no `zkguard` object, where a transaction marks its writes; take it out of elastic.stamp.off to use it in transactions",
                 op.index
             )));
         }
@@ -193,6 +205,7 @@ pub(super) fn op_id(txn: &str, n: usize, restore: bool) -> Uuid {
 /// `op`, written with `token`; marked with `txn` when given. A tombstone when `source` is
 /// `None`.
 pub(super) fn stamped(
+    window: usize,
     source: Option<Value>,
     previous: Option<&Value>,
     op: &Uuid,
@@ -200,7 +213,7 @@ pub(super) fn stamped(
     txn: Option<&str>,
 ) -> Value {
     let old = previous.and_then(Stamp::of).unwrap_or_default();
-    let mut stamp = old.next(op, token, DEFAULT_OPS_WINDOW, source.is_none());
+    let mut stamp = old.next(op, token, window, source.is_none());
     stamp.txn = txn.map(str::to_string);
     with_stamp(source.unwrap_or_else(|| Value::Object(Map::new())), &stamp)
 }
@@ -251,7 +264,7 @@ mod tests {
             (vec![TxnOp::index("a", "1", json!({})).upsert()], "`upsert`"),
         ];
         for (ops, needle) in cases {
-            let e = validate(&TxnRequest::new(ops.clone()), &s)
+            let e = validate(&TxnRequest::new(ops.clone()), &s, &Default::default())
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(needle), "{ops:?}: {e}");
@@ -262,6 +275,7 @@ mod tests {
                 TxnOp::delete("a", "2"),
             ]),
             &s,
+            &Default::default(),
         )
         .unwrap();
     }
@@ -306,6 +320,7 @@ mod tests {
             None
         );
         let marked = stamped(
+            DEFAULT_OPS_WINDOW,
             Some(json!({"a": 1})),
             Some(&stored),
             &op_id("t", 0, false),
@@ -314,7 +329,14 @@ mod tests {
         );
         assert!(super::super::record::marked_by(&marked, "t"));
         assert_eq!(marked["zkguard"]["token"], 9);
-        let tomb = stamped(None, Some(&stored), &op_id("t", 0, false), 9, Some("t"));
+        let tomb = stamped(
+            DEFAULT_OPS_WINDOW,
+            None,
+            Some(&stored),
+            &op_id("t", 0, false),
+            9,
+            Some("t"),
+        );
         assert_eq!(tomb["zkguard"]["deleted"], true);
     }
 }

@@ -187,6 +187,7 @@ impl Transactions {
                         index: op.index.clone(),
                         id: op.id.clone(),
                         source: stamped(
+                            self.stamp_window,
                             Some(user_source(before)),
                             doc.map(|d| &d.source),
                             &undo_id,
@@ -206,6 +207,7 @@ impl Transactions {
                     index: op.index.clone(),
                     id: op.id.clone(),
                     source: stamped(
+                        self.stamp_window,
                         Some(user_source(&doc.source)),
                         Some(&doc.source),
                         &undo_id,
@@ -244,6 +246,7 @@ impl Transactions {
                 reason: format!("a committed operation cannot be applied again: {reason}"),
             })?;
             writes.push(clear_action(
+                self.stamp_window,
                 record,
                 i,
                 &after,
