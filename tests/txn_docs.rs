@@ -88,6 +88,46 @@ async fn a_transaction_commits_every_document_or_none() {
     assert!(matches!(e, MultiError::IdConflict { .. }), "{e}");
 }
 
+/// Every other reply of the log writes and the documents' `_bulk`s is lost after the server
+/// applied the write: the coordinator's retries recognise its own writes, and the transaction
+/// commits once, with every document in its after state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_replies_do_not_stop_a_transaction() {
+    let env = Env::new("lossy").await;
+    env.seed(&[("a", json!({"v": 1})), ("b", json!({"v": 1}))])
+        .await;
+    let hook = Arc::new(LoseEveryOtherReply {
+        seen: Default::default(),
+        lost: Default::default(),
+    });
+    let store = Arc::new(zkguard::es::HookedStore::new(
+        env.store.clone(),
+        hook.clone(),
+    ));
+    let txns =
+        zkguard::txn::multi::Transactions::new(env.locks().await, store, env.settings.clone());
+    let out = txns
+        .apply(
+            TxnRequest::new(vec![
+                TxnOp::update(&env.index, "a", json!({"w": 2})),
+                TxnOp::delete(&env.index, "b"),
+                TxnOp::index(&env.index, "c", json!({"v": 3})),
+            ])
+            .with_id("lossy-1"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.state, Decision::Committed, "{out:?}");
+    assert!(hook.lost.load(std::sync::atomic::Ordering::SeqCst) >= 3);
+    assert_eq!(env.source("a").await, Some(json!({"v": 1, "w": 2})));
+    assert_eq!(env.source("b").await, None);
+    assert_eq!(env.source("c").await, Some(json!({"v": 3})));
+    assert_eq!(
+        txns.get("lossy-1").await.unwrap().unwrap().state,
+        MultiState::Finished
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_expectation_rolls_back_naming_the_document() {
     let env = Env::new("expect").await;

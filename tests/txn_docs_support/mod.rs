@@ -357,3 +357,37 @@ impl Paused {
         }
     }
 }
+
+/// Applies every write and loses the reply of each odd one (`index` on the log, `_bulk` on the
+/// documents), as when a connection drops after the server acted: the coordinator's retries
+/// must recognise its own writes.
+pub struct LoseEveryOtherReply {
+    pub seen: std::sync::atomic::AtomicU64,
+    pub lost: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl zkguard::es::StoreHook for LoseEveryOtherReply {
+    async fn after(
+        &self,
+        call: &zkguard::es::StoreCall<'_>,
+        outcome: Result<(), &zkguard::es::EsError>,
+    ) -> Option<zkguard::es::EsError> {
+        use std::sync::atomic::Ordering;
+        if !matches!(
+            call,
+            zkguard::es::StoreCall::Index { .. } | zkguard::es::StoreCall::Bulk { .. }
+        ) || outcome.is_err()
+        {
+            return None;
+        }
+        if self.seen.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+            self.lost.fetch_add(1, Ordering::SeqCst);
+            return Some(zkguard::es::EsError::Transport {
+                url: "lossy".into(),
+                reason: "reply lost (injected)".into(),
+            });
+        }
+        None
+    }
+}

@@ -296,17 +296,24 @@ impl Transactions {
             Err(MultiError::Store {
                 source: EsError::Conflict { .. },
                 ..
-            }) => {
+            }) => match self.get(&id).await? {
+                // A retried create whose first reply was lost: the record is this one (the
+                // tokens are of this coordinator's locks).
+                Some(existing) if existing.participants == record.participants => {
+                    record.meta = existing.meta;
+                }
                 // Another coordinator logged the same id meanwhile.
-                held.release(self.locks.as_ref()).await;
-                return match self.get(&id).await? {
-                    Some(existing) => answer_existing(existing, &req),
-                    None => Err(MultiError::InProgress {
-                        id,
-                        state: MultiState::Pending,
-                    }),
-                };
-            }
+                other => {
+                    held.release(self.locks.as_ref()).await;
+                    return match other {
+                        Some(existing) => answer_existing(existing, &req),
+                        None => Err(MultiError::InProgress {
+                            id,
+                            state: MultiState::Pending,
+                        }),
+                    };
+                }
+            },
             Err(e) => {
                 held.release(self.locks.as_ref()).await;
                 return Err(e);
@@ -374,20 +381,7 @@ impl Transactions {
         }
         record.state = MultiState::Committed;
         record.modified = now_rfc3339();
-        match self.log_write(&record, if_match(record.meta)).await {
-            Ok(meta) => record.meta = meta,
-            Err(MultiError::Store {
-                source: EsError::Conflict { .. },
-                ..
-            }) => {
-                return Err(self.fenced(
-                    &id,
-                    "the log changed under the coordinator (recovery took the transaction over)"
-                        .into(),
-                ))
-            }
-            Err(e) => return Err(e),
-        }
+        record.meta = self.log_cas(&record).await?;
         self.stop(&id, Point::Committed).await?;
         let outcome = record.outcome().expect("a committed record has an outcome");
         // Clear the marks: the after-images again, unmarked, with the same tokens.
@@ -415,7 +409,7 @@ impl Transactions {
         self.stop(&id, Point::Cleared).await?;
         record.state = MultiState::Finished;
         record.modified = now_rfc3339();
-        if let Err(e) = self.log_write(&record, if_match(record.meta)).await {
+        if let Err(e) = self.log_cas(&record).await {
             warn!(txn = %id, error = %e, "committed and cleared, but the log could not say finished; recovery will");
         }
         self.stop(&id, Point::Finished).await?;

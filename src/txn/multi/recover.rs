@@ -284,20 +284,33 @@ impl Transactions {
         Ok(())
     }
 
-    /// Writes the log document if it is unchanged since `record.meta`.
-    async fn log_cas(&self, record: &TxnRecord) -> Result<crate::es::DocMeta, MultiError> {
-        self.log_write(record, if_match(record.meta))
-            .await
-            .map_err(|e| match e {
-                MultiError::Store {
-                    source: crate::es::EsError::Conflict { .. },
-                    ..
-                } => MultiError::Fenced {
+    /// Writes the log document if it is unchanged since `record.meta`. A conflict is read
+    /// back: when the stored record is this one in the state asked for (a retried write whose
+    /// first reply was lost), that is success; otherwise someone else moved the transaction
+    /// (recovery, or a coordinator that stalled) and this writer is fenced.
+    pub(super) async fn log_cas(
+        &self,
+        record: &TxnRecord,
+    ) -> Result<crate::es::DocMeta, MultiError> {
+        match self.log_write(record, if_match(record.meta)).await {
+            Err(MultiError::Store {
+                source: crate::es::EsError::Conflict { .. },
+                ..
+            }) => match self.get(&record.transaction_id).await? {
+                Some(stored)
+                    if stored.state == record.state
+                        && stored.participants == record.participants
+                        && stored.modified == record.modified =>
+                {
+                    Ok(stored.meta)
+                }
+                _ => Err(MultiError::Fenced {
                     id: record.transaction_id.clone(),
-                    reason: "the log changed meanwhile (another coordinator or recovery moved it)"
+                    reason: "the log changed meanwhile (recovery or another coordinator moved the transaction)"
                         .into(),
-                },
-                other => other,
-            })
+                }),
+            },
+            other => other,
+        }
     }
 }
