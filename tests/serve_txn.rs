@@ -156,39 +156,6 @@ fn env_log(env: &Env) -> String {
         .clone()
 }
 
-/// Runs `atomic_bulk.py` with `client` against `url`.
-async fn atomic_bulk(client: &str, url: &str, index: &str) -> Value {
-    let args = [
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/txn_docs_support/atomic_bulk.py"
-        )
-        .to_string(),
-        client.to_string(),
-        "--url".into(),
-        url.to_string(),
-        "--index".into(),
-        index.to_string(),
-    ];
-    tokio::task::spawn_blocking(move || {
-        let o = Command::new("python3")
-            .args(&args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
-        assert!(
-            o.status.success(),
-            "atomic_bulk.py {}: {out}\n{}",
-            args[1],
-            String::from_utf8_lossy(&o.stderr)
-        );
-        serde_json::from_str(out.lines().last().unwrap()).unwrap()
-    })
-    .await
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gate_applies_an_atomic_bulk_all_or_nothing_with_official_clients() {
     let front = Front::start(shared_es().url());
@@ -200,7 +167,7 @@ async fn the_gate_applies_an_atomic_bulk_all_or_nothing_with_official_clients() 
     let url = gate(&s);
     for client in ["opensearch", "elasticsearch"] {
         let ix = format!("txn-gate-{client}-{}", uuid_tag());
-        let out = atomic_bulk(client, &url, &ix).await;
+        let out = python_script("tests/txn_docs_support/atomic_bulk.py", client, &url, &ix).await;
         assert_eq!(out["client"], client);
     }
     // Refused as a whole, with Elasticsearch's error shape: an item with no id.

@@ -16,7 +16,6 @@ use super::{
     accounts_mappings, transactions_mappings, HookAction, HookPoint, RetryPolicy, StepHook,
     Transaction, TxnError,
 };
-use crate::backoff::Backoff;
 use crate::config::TxnSettings;
 use crate::es::{DocMeta, DocStore, EsError, WriteCondition};
 use crate::lock::{Guard, LockError, LockRequest, LockService, LockType};
@@ -154,24 +153,12 @@ impl Coordinator {
     }
 
     /// Runs `op`, retrying transient failures (429, 5xx, transport) per the [`RetryPolicy`].
-    pub(super) async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T, EsError>
+    pub(super) async fn retrying<T, F, Fut>(&self, op: F) -> Result<T, EsError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, EsError>>,
     {
-        let mut backoff = Backoff::new(self.retry.initial, self.retry.max);
-        let mut attempt = 1;
-        loop {
-            match op().await {
-                Err(e) if e.is_transient() && attempt < self.retry.attempts => {
-                    let delay = backoff.next_delay();
-                    debug!(error = %e, attempt, ?delay, "transient Elasticsearch failure; retrying");
-                    attempt += 1;
-                    tokio::time::sleep(delay).await;
-                }
-                other => return other,
-            }
-        }
+        self.retry.run(op).await
     }
 
     pub(super) async fn hook(&self, txn: &str, point: HookPoint) -> Result<(), TxnError> {

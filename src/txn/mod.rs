@@ -635,6 +635,29 @@ impl RetryPolicy {
     }
 }
 
+impl RetryPolicy {
+    /// Runs `op`, retrying transient failures (429, 5xx, transport) with backoff.
+    pub(crate) async fn run<T, F, Fut>(&self, mut op: F) -> Result<T, EsError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, EsError>>,
+    {
+        let mut backoff = crate::Backoff::new(self.initial, self.max);
+        let mut attempt = 1;
+        loop {
+            match op().await {
+                Err(e) if e.is_transient() && attempt < self.attempts => {
+                    let delay = backoff.next_delay();
+                    tracing::debug!(error = %e, attempt, ?delay, "transient Elasticsearch failure; retrying");
+                    attempt += 1;
+                    tokio::time::sleep(delay).await;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
 /// Mappings of the accounts index.
 pub(crate) fn accounts_mappings() -> Value {
     json!({

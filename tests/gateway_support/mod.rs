@@ -103,12 +103,14 @@ impl Drop for Front {
 
 /// Runs `clients.py` with the named client against `url`; returns its summary line.
 pub async fn python_clients(client: &str, url: &str, index: &str) -> Value {
+    python_script("tests/gateway_support/clients.py", client, url, index).await
+}
+
+/// Runs the Python script `script` (a path from the crate's root) with `client --url URL
+/// --index INDEX`; asserts it succeeded and returns its last line, parsed as JSON.
+pub async fn python_script(script: &str, client: &str, url: &str, index: &str) -> Value {
     let args = vec![
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/gateway_support/clients.py"
-        )
-        .to_string(),
+        format!("{}/{script}", env!("CARGO_MANIFEST_DIR")),
         client.to_string(),
         "--url".into(),
         url.to_string(),
@@ -120,11 +122,12 @@ pub async fn python_clients(client: &str, url: &str, index: &str) -> Value {
             .args(&args)
             .stdin(Stdio::null())
             .output()
-            .expect("run python3 clients.py");
+            .expect("run python3");
         let out = String::from_utf8_lossy(&o.stdout).into_owned();
         assert!(
             o.status.success(),
-            "clients.py {} failed ({:?}):\n{out}\n{}",
+            "{} {} failed ({:?}):\n{out}\n{}",
+            args[0],
             args[1],
             o.status,
             String::from_utf8_lossy(&o.stderr)

@@ -15,7 +15,6 @@ use crate::config::TxnSettings;
 use crate::es::{BulkAction, Doc, DocMeta, DocStore, EsError, Refresh, WriteCondition};
 use crate::lock::{Guard, LockError, LockRequest, LockService, LockType};
 use crate::txn::{now_rfc3339, RetryPolicy};
-use crate::Backoff;
 
 /// Runs document transactions over a lock service and an Elasticsearch store; cheap to share
 /// behind an `Arc`.
@@ -273,24 +272,7 @@ impl Transactions {
                 token: held.token(&op.monitor_name()),
             })
             .collect();
-        let now = now_rfc3339();
-        let mut record = TxnRecord {
-            transaction_id: id.clone(),
-            state: MultiState::Pending,
-            lock_type: req.lock_type,
-            operations: req.operations.clone(),
-            participants,
-            reason: None,
-            failed: None,
-            blocked_by: None,
-            created: now.clone(),
-            modified: now,
-            meta: DocMeta {
-                seq_no: -1,
-                primary_term: -1,
-                version: -1,
-            },
-        };
+        let mut record = TxnRecord::new(&req, MultiState::Pending, participants);
         match self.log_write(&record, WriteCondition::Create).await {
             Ok(meta) => record.meta = meta,
             Err(MultiError::Store {
@@ -494,23 +476,11 @@ impl Transactions {
         blocked_by: Option<String>,
     ) -> Result<Outcome, MultiError> {
         info!(txn = %req.id, %reason, "rolled back before any write");
-        let now = now_rfc3339();
         let record = TxnRecord {
-            transaction_id: req.id.clone(),
-            state: MultiState::RolledBack,
-            lock_type: req.lock_type,
-            operations: req.operations.clone(),
-            participants: Vec::new(),
             reason: Some(reason),
             failed,
             blocked_by,
-            created: now.clone(),
-            modified: now,
-            meta: DocMeta {
-                seq_no: -1,
-                primary_term: -1,
-                version: -1,
-            },
+            ..TxnRecord::new(req, MultiState::RolledBack, Vec::new())
         };
         match self.log_write(&record, WriteCondition::Create).await {
             Ok(_) => Ok(record.outcome().expect("rolled back")),
@@ -564,22 +534,12 @@ impl Transactions {
     }
 
     /// Runs `op`, retrying transient failures per the retry policy.
-    pub(super) async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T, EsError>
+    pub(super) async fn retrying<T, F, Fut>(&self, op: F) -> Result<T, EsError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, EsError>>,
     {
-        let mut backoff = Backoff::new(self.retry.initial, self.retry.max);
-        let mut attempt = 1;
-        loop {
-            match op().await {
-                Err(e) if e.is_transient() && attempt < self.retry.attempts => {
-                    attempt += 1;
-                    tokio::time::sleep(backoff.next_delay()).await;
-                }
-                other => return other,
-            }
-        }
+        self.retry.run(op).await
     }
 
     async fn asks_stop(&self, id: &str, point: Point) -> bool {

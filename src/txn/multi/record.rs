@@ -53,6 +53,32 @@ pub struct TxnRecord {
 }
 
 impl TxnRecord {
+    /// A record of `req` in `state`, not stored yet.
+    pub(super) fn new(
+        req: &super::TxnRequest,
+        state: MultiState,
+        participants: Vec<Participant>,
+    ) -> Self {
+        let now = crate::txn::now_rfc3339();
+        Self {
+            transaction_id: req.id.clone(),
+            state,
+            lock_type: req.lock_type,
+            operations: req.operations.clone(),
+            participants,
+            reason: None,
+            failed: None,
+            blocked_by: None,
+            created: now.clone(),
+            modified: now,
+            meta: DocMeta {
+                seq_no: -1,
+                primary_term: -1,
+                version: -1,
+            },
+        }
+    }
+
     /// The stored source.
     pub(super) fn to_source(&self) -> Value {
         let mut v = json!({
