@@ -415,6 +415,54 @@ async fn a_stalled_coordinator_is_fenced_and_its_transaction_undone() {
     );
 }
 
+/// Stops a transaction (in this process) after its first document is written.
+struct StopAfterFirst;
+
+#[async_trait::async_trait]
+impl zkguard::txn::multi::MultiHook for StopAfterFirst {
+    fn intervenes(&self, point: zkguard::txn::multi::Point) -> bool {
+        point == zkguard::txn::multi::Point::Applied(1)
+    }
+    async fn stop_at(&self, _id: &str, point: zkguard::txn::multi::Point) -> bool {
+        point == zkguard::txn::multi::Point::Applied(1)
+    }
+}
+
+/// Two coordinators stop half-way, the second on a document of the first's that the first had
+/// not written yet (its locks were gone): recovering the first must leave the second's mark on
+/// that document, so that recovering the second undoes it. Every document ends as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovering_one_transaction_keeps_the_marks_of_another() {
+    let env = Env::new("marks").await;
+    env.seed(&[
+        ("x", json!({"v": "0"})),
+        ("y", json!({"v": "0"})),
+        ("z", json!({"v": "0"})),
+    ])
+    .await;
+    let stopping = env.transactions().await.with_hook(Arc::new(StopAfterFirst));
+    for (id, docs) in [("t1", ["x", "y"]), ("t2", ["y", "z"])] {
+        let ops = docs
+            .iter()
+            .map(|d| TxnOp::index(&env.index, d, json!({"v": id})))
+            .collect();
+        let e = stopping
+            .apply(TxnRequest::new(ops).with_id(id))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, MultiError::Interrupted { .. }), "{e}");
+    }
+    assert_eq!(env.source("y").await, Some(json!({"v": "t2"})));
+    let recovery = env.transactions().await;
+    for id in ["t1", "t2"] {
+        let state = recovery.recover(id, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(state, Some(MultiState::RolledBack), "{id}");
+    }
+    for d in ["x", "y", "z"] {
+        assert_eq!(env.source(d).await, Some(json!({"v": "0"})), "{d}");
+    }
+}
+
 /// `zkguard txn apply` and `zkguard txn show` through the binary: exit statuses and JSON.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_applies_shows_and_names_bad_input() {

@@ -218,6 +218,15 @@ pub(super) fn stamped(
     with_stamp(source.unwrap_or_else(|| Value::Object(Map::new())), &stamp)
 }
 
+/// `source` as stored, rewritten with `token`: only the stamp's token changes, so that the
+/// document carries a version newer than a stalled coordinator's while everything it holds
+/// (another transaction's mark, a tombstone) stays as it is.
+pub(super) fn rewritten(source: &Value, token: u64) -> Value {
+    let mut stamp = Stamp::of(source).unwrap_or_default();
+    stamp.token = token;
+    with_stamp(source.clone(), &stamp)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,6 +338,12 @@ mod tests {
         );
         assert!(super::super::record::marked_by(&marked, "t"));
         assert_eq!(marked["zkguard"]["token"], 9);
+        let other =
+            json!({"a": 1, "zkguard": {"token": 5, "op": "x", "deleted": true, "txn": "t2"}});
+        assert_eq!(
+            rewritten(&other, 9),
+            json!({"a": 1, "zkguard": {"token": 9, "op": "x", "ops": [], "deleted": true, "txn": "t2"}})
+        );
         let tomb = stamped(
             DEFAULT_OPS_WINDOW,
             None,

@@ -8,7 +8,7 @@ use serde_json::json;
 use tracing::{info, warn, Instrument};
 
 use super::engine::{canonical, clear_action, if_match, is_marked, store_err, Held, Locking};
-use super::plan::{after_image, op_id, stamped};
+use super::plan::{after_image, op_id, rewritten, stamped};
 use super::record::{user_source, TxnRecord};
 use super::{MultiError, MultiState, Transactions};
 use crate::es::{BulkAction, WriteCondition};
@@ -206,14 +206,7 @@ impl Transactions {
                 writes.push(BulkAction::Index {
                     index: op.index.clone(),
                     id: op.id.clone(),
-                    source: stamped(
-                        self.stamp_window,
-                        Some(user_source(&doc.source)),
-                        Some(&doc.source),
-                        &undo_id,
-                        token,
-                        None,
-                    ),
+                    source: rewritten(&doc.source, token),
                     condition: WriteCondition::ExternalGte(token),
                 });
             }
