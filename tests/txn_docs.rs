@@ -463,6 +463,47 @@ async fn recovering_one_transaction_keeps_the_marks_of_another() {
     }
 }
 
+/// A transaction that finds an undecided transaction's mark on its document (the other's
+/// coordinator stopped half-way; its locks are gone) undoes that write before it reads: its
+/// merge never carries the other's uncommitted change, and the other is rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_never_builds_on_an_undecided_write() {
+    let env = Env::new("dirty").await;
+    env.seed(&[("x", json!({"a": "0", "b": "0"}))]).await;
+    let stopping = env.transactions().await.with_hook(Arc::new(StopAfterFirst));
+    let e = stopping
+        .apply(
+            TxnRequest::new(vec![
+                TxnOp::update(&env.index, "x", json!({"a": "t1"})),
+                TxnOp::update(&env.index, "y", json!({"a": "t1"})).upsert(),
+            ])
+            .with_id("t1"),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, MultiError::Interrupted { .. }), "{e}");
+    assert_eq!(env.source("x").await, Some(json!({"a": "t1", "b": "0"})));
+    let txns = env.transactions().await;
+    let out = txns
+        .apply(TxnRequest::new(vec![TxnOp::update(
+            &env.index,
+            "x",
+            json!({"b": "t2"}),
+        )]))
+        .await
+        .unwrap();
+    assert_eq!(out.state, Decision::Committed, "{out:?}");
+    assert_eq!(env.source("x").await, Some(json!({"a": "0", "b": "t2"})));
+    assert_eq!(
+        txns.get("t1").await.unwrap().unwrap().state,
+        MultiState::RollingBack
+    );
+    let state = txns.recover("t1", Duration::from_secs(10)).await.unwrap();
+    assert_eq!(state, Some(MultiState::RolledBack));
+    assert_eq!(env.source("x").await, Some(json!({"a": "0", "b": "t2"})));
+    assert_eq!(env.source("y").await, None);
+}
+
 /// `zkguard txn apply` and `zkguard txn show` through the binary: exit statuses and JSON.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_applies_shows_and_names_bad_input() {

@@ -45,6 +45,7 @@ mod engine;
 mod plan;
 mod record;
 mod recover;
+mod resolve;
 
 pub use engine::Transactions;
 pub use plan::parse_ndjson;
