@@ -61,7 +61,8 @@ pub(super) fn srvr_mode(answer: &str) -> Option<String> {
         .map(|m| m.trim().to_owned())
 }
 
-/// `zk_packets_received` of the ZooKeeper at `addr` (see [`ZkServer::packets_received`]).
+/// `zk_packets_received` of the ZooKeeper at `addr` (see
+/// [`ZkServer::packets_received`](super::ZkServer::packets_received)).
 ///
 /// # Errors
 ///
