@@ -10,6 +10,8 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 mod cli;
+mod exit;
+mod lock_rows;
 mod server;
 mod workload;
 

@@ -1,4 +1,5 @@
-//! The subcommands, one module each, the exit-status contract and the setup they share.
+//! The subcommands, one module each, and the setup they share; the exit-status contract lives in
+//! `crate::exit` (shared with the server) and is re-exported here.
 
 pub mod bench;
 pub mod config;
@@ -9,12 +10,11 @@ pub mod locks;
 pub mod man;
 pub mod meta;
 mod setup;
-mod status;
 pub mod txn;
 pub mod txn_docs;
 
-pub use setup::{init_tracing, lock_service};
-pub use status::{
+pub use crate::exit::{
     print_error_json, CliError, EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE,
     EX_USAGE,
 };
+pub use setup::{init_tracing, lock_service};

@@ -2,7 +2,7 @@
 
 use zkguard::config::Settings;
 
-use super::status::CliError;
+use crate::exit::CliError;
 
 /// Logging to stderr; `-v` raises the level, `RUST_LOG` overrides. With `json` (a command given
 /// `--json`) each log event is a JSON line, so that everything zkguard writes on stderr parses.

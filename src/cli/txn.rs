@@ -12,7 +12,7 @@ use zkguard::txn::{
 
 use super::{CliError, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE};
 
-pub use super::status::EX_DATAERR;
+pub use crate::exit::EX_DATAERR;
 /// `zkguard txn audit` found an inconsistency or a total other than `--expect-total`.
 pub const EX_AUDIT_FAILED: u8 = 1;
 

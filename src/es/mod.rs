@@ -12,10 +12,12 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
+mod answer;
 mod client;
 #[cfg(feature = "testkit")]
 mod hook;
 mod merge;
+mod params;
 pub use client::EsStore;
 #[cfg(feature = "testkit")]
 pub use hook::{HookedStore, IndexGate, StoreCall, StoreHook};

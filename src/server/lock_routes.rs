@@ -446,7 +446,7 @@ async fn lock_listing(state: &AppState, monitor: Option<&str>) -> Result<Json<Va
             .await
             .map(|states| serde_json::to_value(states).unwrap_or(Value::Null)),
         super::state::Backend::Elasticsearch(service) => {
-            crate::cli::locks::es_rows(service, monitor)
+            crate::lock_rows::es_rows(service, monitor)
                 .await
                 .map(Value::Array)
         }

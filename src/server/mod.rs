@@ -30,7 +30,7 @@ use zkguard::config::{LockBackendKind, Settings};
 use zkguard::es::{DocStore, EsStore};
 use zkguard::write::guarded::GuardedWriter;
 
-use crate::cli::{CliError, EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_UNAVAILABLE};
+use crate::exit::{CliError, EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_UNAVAILABLE};
 
 mod access;
 mod admin;

@@ -281,7 +281,7 @@ async fn monitors(state: &AppState, q: &Query) -> Result<Listed, zkguard::LockEr
             held.sort_by(|a, b| a.record.monitor.cmp(&b.record.monitor));
             let mut rows = Vec::new();
             for s in held.iter().skip(offset).take(q.per_page) {
-                rows.push(es_row(&crate::cli::locks::es_row(service, s).await?));
+                rows.push(es_row(&crate::lock_rows::es_row(service, s).await?));
             }
             Ok(Listed {
                 rows,
