@@ -188,6 +188,115 @@ async fn the_gate_applies_an_atomic_bulk_all_or_nothing_with_official_clients() 
     );
 }
 
+/// Starts `zkguard txn apply` of `{"v": "after"}` on `docs` as transaction `id`, and kills it
+/// (SIGKILL) once it says it paused at `point`.
+fn kill_after(env: &Env, log: &str, ix: &str, docs: &[&str], id: &str, point: &str) {
+    let ops: String = docs
+        .iter()
+        .map(|d| {
+            json!({"action": "update", "index": ix, "id": d, "doc": {"v": "after"}}).to_string()
+                + "\n"
+        })
+        .collect();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), ops).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .args(["txn", "apply", "--id", id, "--pause-after", point, "--file"])
+        .arg(file.path())
+        .env_remove("ZKGUARD_CONFIG")
+        .env("ZKGUARD_ZOOKEEPER_SERVERS", &env.zk)
+        .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &env.root)
+        .env("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000")
+        .env("ZKGUARD_ELASTICSEARCH_URL", &env.es)
+        .env("ZKGUARD_TXN_LOG_INDEX", log)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+    assert!(line.starts_with(&format!("paused after {point}")), "{line}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A coordinator killed after writing its three documents, before its commit, leaves them
+/// marked. Single writers that build on them (a `/v1` merge patch, the gate's `_update`, a
+/// background update) have that transaction decided first: they merge into the documents as
+/// they were before it, and it ends rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_writers_never_build_on_a_stopped_transaction() {
+    let log = format!("txn-dirty-log-{}", uuid_tag());
+    let env = gate_env(
+        &shared_zk().connect_string(),
+        "txn-dirty",
+        shared_es().url(),
+    )
+    .with("ZKGUARD_TXN_LOG_INDEX", &log)
+    .with("ZKGUARD_TXN_RECOVERY_AFTER", "600000");
+    let s = env.start("txn-dirty");
+    let c = client();
+    let ix = format!("txn-dirty-{}", uuid_tag());
+    for id in ["x", "y", "z"] {
+        put(
+            &c,
+            &s,
+            &format!("/v1/indices/{ix}/docs/{id}"),
+            &json!({"v": "before"}),
+        )
+        .await;
+    }
+    kill_after(&env, &log, &ix, &["x", "y", "z"], "stopped", "applied:3");
+    for id in ["x", "y", "z"] {
+        assert_eq!(
+            source(&c, &ix, id).await,
+            Some(json!({"v": "after"})),
+            "{id}"
+        );
+    }
+    let (status, v) = call(
+        &c,
+        Method::PATCH,
+        &s.url(&format!("/v1/indices/{ix}/docs/x")),
+        Some(json!({"w": "patch"}).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, _, v) = send(
+        &c,
+        Method::POST,
+        &format!("{}/{ix}/_update/y", gate(&s)),
+        Some(&json!({"doc": {"w": "gate"}}).to_string()),
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let bulk = json!({"action": "update", "index": ix, "id": "z", "doc": {"w": "bg"}}).to_string();
+    let (status, accepted) = call(&c, Method::POST, &s.url("/v1/bulk"), Some(bulk)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let op = accepted["operations"][0]["operation_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let done = wait_finished(&c, &s, &[op]).await;
+    assert!(done.values().all(|v| v["status"] == "applied"), "{done:?}");
+    assert_eq!(
+        source(&c, &ix, "x").await,
+        Some(json!({"v": "before", "w": "patch"}))
+    );
+    assert_eq!(
+        source(&c, &ix, "y").await,
+        Some(json!({"v": "before", "w": "gate"}))
+    );
+    assert_eq!(
+        source(&c, &ix, "z").await,
+        Some(json!({"v": "before", "w": "bg"}))
+    );
+    let (_, t) = call(&c, Method::GET, &s.url("/v1/transactions/stopped"), None).await;
+    assert_eq!(t["state"], "rolling-back", "{t}");
+}
+
 /// A coordinator killed half-way (SIGKILL after writing one of its three documents) is
 /// undone by the service's own recovery, without any command.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,42 +317,7 @@ async fn the_service_recovers_a_transaction_whose_coordinator_died() {
         )
         .await;
     }
-    let ops: String = ["a", "b", "c"]
-        .iter()
-        .map(|id| {
-            json!({"action": "index", "index": ix, "id": id, "doc": {"v": "after"}}).to_string()
-                + "\n"
-        })
-        .collect();
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), ops).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_zkguard"))
-        .args([
-            "txn",
-            "apply",
-            "--id",
-            "dies",
-            "--pause-after",
-            "applied:1",
-            "--file",
-        ])
-        .arg(file.path())
-        .env_remove("ZKGUARD_CONFIG")
-        .env("ZKGUARD_ZOOKEEPER_SERVERS", &env.zk)
-        .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &env.root)
-        .env("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000")
-        .env("ZKGUARD_ELASTICSEARCH_URL", &env.es)
-        .env("ZKGUARD_TXN_LOG_INDEX", &log)
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut err, &mut line).unwrap();
-    assert!(line.starts_with("paused after applied:1"), "{line}");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill_after(&env, &log, &ix, &["a", "b", "c"], "dies", "applied:1");
     let marked = (futures::future::join_all(["a", "b", "c"].map(|id| es_doc(&c, &ix, id))).await)
         .iter()
         .filter(|d| d["_source"]["zkguard"]["txn"] == "dies")

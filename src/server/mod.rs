@@ -177,8 +177,20 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         }
     };
     let doc_store: Arc<dyn DocStore> = store.clone();
-    let writer =
-        GuardedWriter::new(locks.clone(), doc_store.clone()).with_stamp_settings(&settings.stamp);
+    let transactions = std::sync::Arc::new(
+        zkguard::txn::multi::Transactions::new(
+            locks.clone(),
+            doc_store.clone(),
+            settings.txn.clone(),
+        )
+        .with_retry(zkguard::txn::RetryPolicy::from_settings(&settings.retry))
+        .with_stamp_settings(&settings.stamp),
+    );
+    // A document found with a stopped transaction's mark is decided before a write builds on
+    // it (src/write/marks.rs).
+    let writer = GuardedWriter::new(locks.clone(), doc_store.clone())
+        .with_stamp_settings(&settings.stamp)
+        .with_mark_resolver(transactions.clone());
     let sink =
         zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(doc_store.clone()))
             .map_err(|e| CliError::new(EX_CONFIG, e))?;
@@ -193,13 +205,6 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     let coordinator = zkguard::txn::Coordinator::new(doc_store.clone(), settings.txn.clone())
         .with_retry(zkguard::txn::RetryPolicy::from_settings(&settings.retry))
         .with_lock_service(locks.clone());
-    let transactions = zkguard::txn::multi::Transactions::new(
-        locks.clone(),
-        doc_store.clone(),
-        settings.txn.clone(),
-    )
-    .with_retry(zkguard::txn::RetryPolicy::from_settings(&settings.retry))
-    .with_stamp_settings(&settings.stamp);
     let (state, queue) = AppState::new(
         writer,
         executor,

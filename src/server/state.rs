@@ -116,7 +116,7 @@ impl AppState {
         fg_timeout: Duration,
         bg_timeout: Duration,
         coordinator: zkguard::txn::Coordinator,
-        transactions: zkguard::txn::multi::Transactions,
+        transactions: Arc<zkguard::txn::multi::Transactions>,
     ) -> (Arc<Self>, QueueReceiver) {
         let (queue, rx) = mpsc::unbounded_channel();
         let permits = Arc::new(Semaphore::new(settings.max_concurrent));
@@ -141,7 +141,7 @@ impl AppState {
             waiters,
             explicit,
             coordinator,
-            transactions: Arc::new(transactions),
+            transactions,
             queue,
             waiting: AtomicUsize::new(0),
             es_ok: watch::channel(Ok(())).0,

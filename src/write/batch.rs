@@ -316,6 +316,10 @@ impl Batcher {
         };
         let mut docs: HashMap<(String, String), DocState> = HashMap::new();
         for (key, read) in targets.into_iter().zip(reads) {
+            let read = match read {
+                Ok(doc) => self.writer.settled(&key.0, &key.1, doc, token).await,
+                Err(e) => Err(e),
+            };
             let state = match read {
                 Ok(doc) => DocState {
                     meta: doc.as_ref().map(|d| d.meta),

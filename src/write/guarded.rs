@@ -237,6 +237,7 @@ pub struct GuardedWriter {
     ops_window: usize,
     unstamped: Arc<IndexPatterns>,
     timeout: Option<Duration>,
+    marks: Option<Arc<dyn crate::write::marks::MarkResolver>>,
 }
 
 impl std::fmt::Debug for GuardedWriter {
@@ -262,7 +263,37 @@ impl GuardedWriter {
             ops_window: DEFAULT_OPS_WINDOW,
             unstamped: Arc::new(IndexPatterns::default()),
             timeout: None,
+            marks: None,
         }
+    }
+
+    /// Has every document found under its lock with a document transaction's mark decided
+    /// through `resolver` before it is built on (see [`crate::write::marks`]).
+    pub fn with_mark_resolver(
+        mut self,
+        resolver: Arc<dyn crate::write::marks::MarkResolver>,
+    ) -> Self {
+        self.marks = Some(resolver);
+        self
+    }
+
+    /// The document as it is once a transaction mark on it is decided.
+    pub(crate) async fn settled(
+        &self,
+        index: &str,
+        id: &str,
+        doc: Option<crate::es::Doc>,
+        token: u64,
+    ) -> Result<Option<crate::es::Doc>, EsError> {
+        crate::write::marks::settled(
+            self.marks.as_deref(),
+            self.store.as_ref(),
+            index,
+            id,
+            doc,
+            token,
+        )
+        .await
     }
 
     /// When written documents become visible to searches (GET by id is realtime anyway).
@@ -405,6 +436,7 @@ impl GuardedWriter {
         let id = op.target_id();
         self.ensure_held(guard, op)?;
         let current = self.store.get(index, id).await?;
+        let current = self.settled(index, id, current, token).await?;
         let written = |meta| Written {
             op_id: op.id,
             token,

@@ -13,6 +13,7 @@
 //! - [`deadletter`]: the [`DeadLetterSink`](deadletter::DeadLetterSink)s (a JSON-lines file,
 //!   an Elasticsearch index) that keep what could not be applied, and
 //!   [`replay`](deadletter::replay);
+//! - [`marks`]: what a writer does with a document transaction's mark found under its lock;
 //! - [`stamping`]: the `zkguard` object written documents carry, its size, and the indices
 //!   that opt out of it.
 //!
@@ -23,5 +24,6 @@ pub mod background;
 mod batch;
 pub mod deadletter;
 pub mod guarded;
+pub mod marks;
 pub mod ops;
 pub mod stamping;

@@ -477,6 +477,8 @@ enum Known {
     Written(Option<Value>),
     /// Written by an earlier item whose source is not JSON.
     Unknown,
+    /// It carried a document transaction's mark that could not be decided: its items fail.
+    Failed(GateError),
 }
 
 /// Plans, checks and sends the items of a batch of held locks in one `_bulk`.
@@ -491,7 +493,8 @@ async fn flush(
     let mut out = Vec::new();
     // One `_mget` for the documents whose writes depend on what is stored.
     let mut to_read: Vec<(String, String, Option<String>)> = Vec::new();
-    for (g, _) in batch {
+    let mut read_tokens: Vec<u64> = Vec::new();
+    for (g, guard) in batch {
         if groups[*g].needs_read {
             for &n in &groups[*g].items {
                 let it = &items[n];
@@ -502,6 +505,7 @@ async fn flush(
                 );
                 if !to_read.iter().any(|k| k.0 == key.0 && k.1 == key.1) {
                     to_read.push(key);
+                    read_tokens.push(guard.fencing_token());
                 }
             }
         }
@@ -541,9 +545,17 @@ async fn flush(
                 return out;
             }
         };
-        for (k, (i, id, _)) in to_read.iter().enumerate() {
+        for (k, (i, id, routing)) in to_read.iter().enumerate() {
             let doc = found.get(k).and_then(Current::of);
-            known.insert((i.clone(), id.clone()), Known::Read(doc));
+            let rest: Vec<(String, String)> = routing
+                .iter()
+                .map(|r| ("routing".to_string(), r.clone()))
+                .collect();
+            let doc = match gate.settled(i, id, doc, read_tokens[k], &rest).await {
+                Ok(doc) => Known::Read(doc),
+                Err(e) => Known::Failed(e),
+            };
+            known.insert((i.clone(), id.clone()), doc);
         }
     }
 
@@ -557,6 +569,11 @@ async fn flush(
             let key = (it.index.clone(), id.clone());
             let state = known.get(&key).cloned();
             let answer = |e: GateError| item_error(it.op, &it.index, Some(&id), &e);
+            if let Some(Known::Failed(e)) = &state {
+                metrics.gate_item(it.op.name(), "failed");
+                out.push((n, answer(e.clone())));
+                continue;
+            }
             // Optimistic concurrency against the stored document.
             if let Some((seq, term)) = it.if_match {
                 let check = match &state {
@@ -576,7 +593,7 @@ async fn flush(
             let stored: Option<Option<Value>> = match &state {
                 Some(Known::Read(c)) => Some(c.as_ref().map(|c| c.source.clone())),
                 Some(Known::Written(v)) => Some(v.clone()),
-                Some(Known::Unknown) | None => None,
+                Some(Known::Unknown | Known::Failed(_)) | None => None,
             };
             let mut action = json!({"_index": it.index, "_id": id, "version": token, "version_type": "external_gte"});
             if let Some(r) = &it.routing {

@@ -250,7 +250,7 @@ pub fn fenced_query(rest: &[(String, String)], token: u64) -> String {
 }
 
 /// Reads the current document under the lock.
-async fn read(
+pub(super) async fn read(
     gate: &Gateway,
     concrete: &str,
     id: &str,
@@ -411,7 +411,10 @@ async fn under_lock(
     let token = guard.fencing_token();
     let needs_read = if_match.is_some() || matches!(op, DocOp::Create | DocOp::Update);
     let current = if needs_read {
-        read(gate, concrete, id, rest)
+        let found = read(gate, concrete, id, rest)
+            .await
+            .map_err(|e| ("failed", e))?;
+        gate.settled(concrete, id, found, token, rest)
             .await
             .map_err(|e| ("failed", e))?
     } else {

@@ -129,3 +129,26 @@ impl Transactions {
         .map_err(|e| store_err(format!("undoing `{index}/{id}`"), e))
     }
 }
+
+#[async_trait::async_trait]
+impl crate::write::marks::MarkResolver for Transactions {
+    /// Decides transaction `txn` on `index/id`: nothing to do when it is committed; otherwise
+    /// it is moved to `rolling-back` and the document gets its logged before-image back.
+    async fn resolve(
+        &self,
+        txn: &str,
+        index: &str,
+        id: &str,
+        doc: &Doc,
+        token: u64,
+    ) -> Result<bool, crate::es::EsError> {
+        self.undo_if_undecided(txn, &TxnOp::delete(index, id), doc, token)
+            .await
+            .map_err(|e| match e {
+                MultiError::Store { source, .. } => source,
+                other => crate::es::EsError::Protocol(format!(
+                    "deciding transaction `{txn}`, whose mark `{index}/{id}` carries: {other}"
+                )),
+            })
+    }
+}
