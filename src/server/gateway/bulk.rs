@@ -551,7 +551,7 @@ async fn flush(
                 .iter()
                 .map(|r| ("routing".to_string(), r.clone()))
                 .collect();
-            let doc = match gate.settled(i, id, doc, read_tokens[k], &rest).await {
+            let doc = match super::single::settled(gate, i, id, doc, read_tokens[k], &rest).await {
                 Ok(doc) => Known::Read(doc),
                 Err(e) => Known::Failed(e),
             };

@@ -216,50 +216,6 @@ impl Gateway {
     }
 }
 
-impl Gateway {
-    /// `current` (`concrete/id`, read under a lock whose token is `token`) as it is once a
-    /// document transaction's mark on it is decided (`src/write/marks.rs`): read again when the
-    /// transaction's write was undone.
-    ///
-    /// # Errors
-    /// 503 when the transaction log or the document cannot be read or written.
-    pub async fn settled(
-        &self,
-        concrete: &str,
-        id: &str,
-        current: Option<super::single::Current>,
-        token: u64,
-        rest: &[(String, String)],
-    ) -> Result<Option<super::single::Current>, GateError> {
-        use zkguard::write::marks::{mark_of, MarkResolver};
-        let Some(c) = &current else {
-            return Ok(current);
-        };
-        let doc = zkguard::es::Doc {
-            id: id.to_string(),
-            source: c.source.clone(),
-            meta: zkguard::es::DocMeta {
-                seq_no: c.seq_no,
-                primary_term: c.primary_term,
-                version: c.version,
-            },
-        };
-        let Some(txn) = mark_of(&doc) else {
-            return Ok(current);
-        };
-        let rewritten = self
-            .state
-            .transactions
-            .resolve(&txn, concrete, id, &doc, token)
-            .await
-            .map_err(|e| unavailable(format!("zkguard: deciding transaction `{txn}`, whose mark {concrete}/{id} carries, failed: {e}; nothing was written")))?;
-        if rewritten {
-            return super::single::read(self, concrete, id, rest).await;
-        }
-        Ok(current)
-    }
-}
-
 /// The error of a lock not acquired: 429 when it stayed taken (what clients retry), 503 when
 /// the lock backend failed, 400 for a bad monitor name.
 pub fn lock_error(e: &LockError) -> GateError {

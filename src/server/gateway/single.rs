@@ -279,6 +279,48 @@ pub(super) async fn read(
     }
 }
 
+/// `current` (`concrete/id`, read under a lock whose token is `token`) as it is once a
+/// document transaction's mark on it is decided (`src/write/marks.rs`): read again when the
+/// transaction's write was undone.
+///
+/// # Errors
+/// 503 when the transaction log or the document cannot be read or written.
+pub async fn settled(
+    gate: &Gateway,
+    concrete: &str,
+    id: &str,
+    current: Option<Current>,
+    token: u64,
+    rest: &[(String, String)],
+) -> Result<Option<Current>, GateError> {
+    use zkguard::write::marks::{mark_of, MarkResolver};
+    let Some(c) = &current else {
+        return Ok(current);
+    };
+    let doc = zkguard::es::Doc {
+        id: id.to_string(),
+        source: c.source.clone(),
+        meta: zkguard::es::DocMeta {
+            seq_no: c.seq_no,
+            primary_term: c.primary_term,
+            version: c.version,
+        },
+    };
+    let Some(txn) = mark_of(&doc) else {
+        return Ok(current);
+    };
+    let rewritten = gate
+        .state
+        .transactions
+        .resolve(&txn, concrete, id, &doc, token)
+        .await
+        .map_err(|e| unavailable(format!("zkguard: deciding transaction `{txn}`, whose mark {concrete}/{id} carries, failed: {e}; nothing was written")))?;
+    if rewritten {
+        return read(gate, concrete, id, rest).await;
+    }
+    Ok(current)
+}
+
 /// A guarded single-document write, answered as Elasticsearch answers it.
 #[allow(clippy::too_many_arguments)]
 pub async fn write(
@@ -414,7 +456,7 @@ async fn under_lock(
         let found = read(gate, concrete, id, rest)
             .await
             .map_err(|e| ("failed", e))?;
-        gate.settled(concrete, id, found, token, rest)
+        settled(gate, concrete, id, found, token, rest)
             .await
             .map_err(|e| ("failed", e))?
     } else {
