@@ -1,4 +1,4 @@
-.PHONY: openapi demo test torture bench bench-service bench-gateway bench-memory deps check
+.PHONY: openapi demo test torture bench bench-service bench-gateway bench-txn bench-memory deps check
 
 # The main job: installs ZooKeeper and osmem-server if missing, starts them on free loopback
 # ports, runs the demo and stops them.
@@ -35,6 +35,12 @@ bench-service: deps
 # osmem-server: foreground index p50/p99 and bulk documents per second, straight and through it.
 bench-gateway: deps
 	cargo run --release --features testkit --bin zkguard -- bench --gateway --local --contenders 8 --monitors 64 --iterations 2000
+
+# What a document transaction of N documents (1, 2, 5, 10, 20) costs beside the same writes as
+# guarded writes one by one and as one plain _bulk, on a local ZooKeeper and osmem-server, from one
+# client: p50/p99 and Elasticsearch and ZooKeeper requests per operation (about 2 minutes).
+bench-txn: deps
+	cargo run --release --features testkit --bin zkguard -- bench --txn --local --iterations 300
 
 # Memory of `zkguard serve` per queued background operation and at a restart that replays the
 # journal (20,000 and 100,000 operations of 200 B and 1 KB documents; about 4 minutes).

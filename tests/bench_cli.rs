@@ -366,3 +366,82 @@ fn service_benchmark_reports_the_three_paths() {
     let bad = zkguard(&["--service", "--iterations", "1", "--contenders", "2"]);
     assert_eq!(bad.status.code(), Some(64), "{}", text(&bad.stderr));
 }
+
+/// `zkguard bench --txn --local --json`: every size and way is measured, and the requests are
+/// counted: a transaction of N documents makes the same 7 Elasticsearch requests whatever N
+/// (the id check, one `_mget`, the log's create, commit and finish, two `_bulk`s) and N + 1
+/// ZooKeeper requests (an acquisition per document, one release of all), N guarded writes 2N
+/// of each (a read and a write; an acquisition and a release each), a plain `_bulk` one
+/// Elasticsearch request and none to ZooKeeper.
+#[test]
+fn txn_benchmark_counts_the_requests_of_each_way() {
+    let out = zkguard(&[
+        "--txn",
+        "--local",
+        "--json",
+        "--iterations",
+        "10",
+        "--warmup",
+        "2",
+        "--sizes",
+        "3,1",
+    ]);
+    assert!(
+        out.status.success(),
+        "exit {:?}; stderr:\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(text(&out.stdout).trim()).expect("one JSON object");
+    let obj = report.as_object().expect("an object");
+    assert!(obj.values().all(|v| !v.is_object()), "flat: {report}");
+    assert_eq!(report["sizes"], serde_json::json!([1, 3]), "{report}");
+    assert_eq!(report["iterations"], 10, "{report}");
+    let num = |key: String| {
+        report[&key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} is not a number: {report}"))
+    };
+    for n in [1_u32, 3] {
+        let nf = f64::from(n);
+        for way in ["txn", "guarded", "bulk"] {
+            let key = |figure: &str| format!("{way}_n{n}_{figure}");
+            assert_eq!(num(key("ops")), 10.0, "{report}");
+            let (p50, p99) = (num(key("p50_ms")), num(key("p99_ms")));
+            assert!(0.0 < p50 && p50 <= p99, "{way} n={n}: p50 {p50}, p99 {p99}");
+        }
+        let near = |key: String, want: f64| {
+            let got = num(key.clone());
+            assert!(
+                (got - want).abs() <= 0.3,
+                "{key} = {got}, expected about {want}: {report}"
+            );
+        };
+        assert_eq!(num(format!("txn_n{n}_es_requests")), 7.0, "{report}");
+        assert_eq!(num(format!("txn_n{n}_es_mget")), 1.0, "{report}");
+        assert_eq!(num(format!("txn_n{n}_es_bulk")), 2.0, "{report}");
+        assert_eq!(
+            num(format!("guarded_n{n}_es_requests")),
+            2.0 * nf,
+            "{report}"
+        );
+        assert_eq!(num(format!("bulk_n{n}_es_requests")), 1.0, "{report}");
+        near(format!("txn_n{n}_zk_requests"), nf + 1.0);
+        near(format!("guarded_n{n}_zk_requests"), 2.0 * nf);
+        near(format!("bulk_n{n}_zk_requests"), 0.0);
+        assert!(num(format!("txn_over_guarded_n{n}_p50")) > 0.0, "{report}");
+    }
+    // A size above txn.max.operations is refused before any server is started.
+    let bad = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .args(["bench", "--txn", "--sizes", "2,5"])
+        .env_remove("ZKGUARD_CONFIG")
+        .env("ZKGUARD_TXN_MAX_OPERATIONS", "4")
+        .output()
+        .expect("run zkguard");
+    assert_eq!(bad.status.code(), Some(64), "{}", text(&bad.stderr));
+    assert!(
+        text(&bad.stderr).contains("txn.max.operations"),
+        "{}",
+        text(&bad.stderr)
+    );
+}

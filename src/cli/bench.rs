@@ -56,16 +56,17 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Measured cycles of each figure (uncontended cycles, contended hand-offs, throughput
-    /// cycles).
-    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
-    pub iterations: u32,
+    /// cycles); with --txn, operations per size and way. Default 1000, 300 with --txn.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub iterations: Option<u32>,
     /// Concurrent clients (separate sessions) of the contended and throughput figures.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub contenders: u32,
     /// Monitor objects of the throughput figure.
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub monitors: u32,
-    /// Uncontended warm-up cycles (default max(50, iterations / 5), as the peers).
+    /// Uncontended warm-up cycles (default max(50, iterations / 5), as the peers); with --txn,
+    /// operations per size and way of each warm-up run (default max(5, iterations / 10)).
     #[arg(long, value_name = "N")]
     pub warmup: Option<u32>,
     /// Lock backend to measure (default: `lock.backend` of the configuration).
@@ -94,6 +95,16 @@ pub struct BenchArgs {
     /// osmem-server.
     #[arg(long, conflicts_with_all = ["backend", "service"])]
     pub gateway: bool,
+    /// Measure what a document transaction of N documents costs (latency p50/p99,
+    /// Elasticsearch and ZooKeeper requests per operation) beside the same N writes as guarded
+    /// writes one by one and as one plain `_bulk`, from one client, for each N of --sizes
+    /// (--iterations operations per size and way). With --local, starts both a ZooKeeper and an
+    /// osmem-server.
+    #[arg(long, conflicts_with_all = ["backend", "service", "gateway"])]
+    pub txn: bool,
+    /// Documents per operation of --txn, comma-separated.
+    #[arg(long, value_name = "N,...", value_delimiter = ',', default_values_t = crate::workload::txn_bench::DEFAULT_SIZES, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub sizes: Vec<u32>,
     /// Documents per round of the bulk figure of --gateway, in `_bulk` requests of 500.
     #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub bulk_docs: u32,
@@ -108,6 +119,13 @@ pub struct BenchArgs {
     /// Async runtime of the benchmark (diagnostics).
     #[arg(long, value_enum, default_value_t = RuntimeArg::CurrentThread, hide = true)]
     pub runtime: RuntimeArg,
+}
+
+impl BenchArgs {
+    /// `--iterations`, or its default: 300 with `--txn`, 1000 otherwise.
+    fn iterations(&self) -> u32 {
+        self.iterations.unwrap_or(if self.txn { 300 } else { 1000 })
+    }
 }
 
 /// Local servers started for `--local`; stopped by [`LocalServer::stop`].
@@ -482,7 +500,10 @@ pub async fn run(mut settings: Settings, args: BenchArgs) -> Result<u8, CliError
     if args.gateway {
         return run_gateway(settings, &args).await;
     }
-    let mut plan = BenchPlan::new(args.iterations, args.contenders, args.monitors);
+    if args.txn {
+        return run_txn(settings, &args).await;
+    }
+    let mut plan = BenchPlan::new(args.iterations(), args.contenders, args.monitors);
     if let Some(w) = args.warmup {
         plan = plan.with_warmup(w);
     }
@@ -537,7 +558,7 @@ pub async fn run(mut settings: Settings, args: BenchArgs) -> Result<u8, CliError
 /// `zkguard bench --service`.
 async fn run_service(settings: Settings, args: &BenchArgs) -> Result<u8, CliError> {
     use crate::workload::service_bench::{self, ServicePlan};
-    if args.iterations < args.contenders {
+    if args.iterations() < args.contenders {
         return Err(CliError::usage(
             "--iterations must be at least --contenders (each client makes iterations / contenders saves)",
         ));
@@ -550,7 +571,7 @@ async fn run_service(settings: Settings, args: &BenchArgs) -> Result<u8, CliErro
             let plan = ServicePlan {
                 clients: args.contenders,
                 docs: args.monitors,
-                saves: args.iterations,
+                saves: args.iterations(),
                 zk_pid,
             };
             service_bench::run(settings, plan)
@@ -573,7 +594,7 @@ async fn run_gateway(settings: Settings, args: &BenchArgs) -> Result<u8, CliErro
             let plan = GatewayPlan {
                 clients: args.contenders,
                 docs: args.monitors,
-                saves: args.iterations,
+                saves: args.iterations(),
                 bulk_docs: args.bulk_docs,
                 bulk_size: 500,
                 zk_pid,
@@ -587,7 +608,40 @@ async fn run_gateway(settings: Settings, args: &BenchArgs) -> Result<u8, CliErro
     print_measured(args, measured)
 }
 
-/// Runs `measure` of a write benchmark (`--service`, `--gateway`): with `--local` on a
+/// `zkguard bench --txn`.
+async fn run_txn(settings: Settings, args: &BenchArgs) -> Result<u8, CliError> {
+    use crate::workload::txn_bench::{self, TxnPlan};
+    let mut sizes = args.sizes.clone();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let limit = settings.txn.max_operations;
+    if let Some(n) = sizes.iter().find(|&&n| n as usize > limit) {
+        return Err(CliError::usage(format!(
+            "--sizes: a transaction of {n} documents is larger than txn.max.operations ({limit})"
+        )));
+    }
+    let iterations = args.iterations();
+    let measured = with_local_servers(
+        settings,
+        args,
+        "--txn: document transactions beside guarded writes and a plain _bulk",
+        |settings, zk_pid| async move {
+            let plan = TxnPlan {
+                sizes,
+                iterations,
+                warmup: args.warmup.unwrap_or((iterations / 10).max(5)),
+                zk_pid,
+            };
+            txn_bench::run(settings, plan)
+                .await
+                .map(|r| (r.to_json(), r.table()))
+        },
+    )
+    .await?;
+    print_measured(args, measured)
+}
+
+/// Runs `measure` of a write benchmark (`--service`, `--gateway`, `--txn`): with `--local` on a
 /// ZooKeeper and an osmem-server started for it (and stopped after), with the ZooKeeper's
 /// process id when known; announced as `what` unless `--json`. Returns the report as JSON and as
 /// a table.

@@ -7,3 +7,4 @@ pub mod demo;
 pub mod gateway_bench;
 pub mod service_bench;
 pub mod stages;
+pub mod txn_bench;
