@@ -8,6 +8,7 @@ pub mod exec;
 pub mod locks;
 pub mod man;
 pub mod meta;
+pub mod reference;
 mod setup;
 mod status;
 pub mod txn;
