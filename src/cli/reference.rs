@@ -243,12 +243,17 @@ fn command_section(out: &mut String, cmd: &mut Command, inherited: &[(String, St
 
 /// What the configuration reference says of a secret.
 fn secret(key: &str) -> &'static str {
-    if is_secret_key(key) {
+    if key.ends_with(".tls.key") {
+        "the path of a private key; `config show` prints `***`"
+    } else if is_secret_key(key) {
         "yes: `config show` prints `***`"
     } else if key == "elasticsearch.url" {
         "user-info in URLs is shown as `***`"
-    } else if key.ends_with(".file") && is_secret_key(key.trim_end_matches(".file")) {
-        "path of a file holding one"
+    } else if key
+        .strip_suffix(".file")
+        .is_some_and(|base| is_secret_key(base) || base.ends_with("tokens"))
+    {
+        "the path of a file holding secrets"
     } else {
         ""
     }
