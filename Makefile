@@ -1,4 +1,4 @@
-.PHONY: openapi demo test torture bench bench-service bench-gateway bench-txn bench-memory deps check
+.PHONY: openapi reference demo test torture bench bench-service bench-gateway bench-txn bench-memory deps check
 
 # The main job: installs ZooKeeper and osmem-server if missing, starts them on free loopback
 # ports, runs the demo and stops them.
@@ -56,7 +56,17 @@ deps:
 # Rewrites docs/openapi.json, the OpenAPI document of `zkguard serve`, from the handlers
 # (tests/openapi.rs fails while the committed one differs from what the service serves).
 openapi:
-	cargo run --quiet --bin zkguard -- openapi > docs/openapi.json
+	cargo run --quiet --features testkit --bin zkguard -- openapi > docs/openapi.json
+
+# Rewrites the references under docs/reference/ from the code: every command and option (the
+# command-line definition), configuration key (the settings' definitions), exit status and HTTP
+# route (the OpenAPI document). tests/reference.rs fails while a committed one differs, and when
+# the README or the docs name a command, option or key that does not exist.
+reference:
+	for r in cli config exit-status http; do \
+		cargo run --quiet --features testkit --bin zkguard -- reference $$r > docs/reference/$$r.md.new && \
+		mv docs/reference/$$r.md.new docs/reference/$$r.md || exit 1; \
+	done
 
 # Formatting, lints, docs without broken links, and no import cycle between the files of src/.
 check:

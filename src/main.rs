@@ -55,6 +55,9 @@ pub enum Command {
     /// Print the man page zkguard(1) in roff.
     #[command(hide = true)]
     Man,
+    /// Print a reference under docs/reference/ in Markdown, generated from its definitions.
+    #[command(hide = true)]
+    Reference(cli::reference::ReferenceArgs),
 }
 
 impl Command {
@@ -86,7 +89,11 @@ impl Command {
                 ConfigCommand::Check(x) => x.json,
                 ConfigCommand::Show(x) => x.json,
             },
-            Self::Serve(_) | Self::Openapi | Self::Completions(_) | Self::Man => false,
+            Self::Serve(_)
+            | Self::Openapi
+            | Self::Completions(_)
+            | Self::Man
+            | Self::Reference(_) => false,
         }
     }
 }
@@ -266,6 +273,13 @@ async fn dispatch(cli: Cli) -> Result<u8, cli::CliError> {
             return cli::meta::completions(<Cli as clap::CommandFactory>::command(), args)
         }
         Command::Man => return cli::man::man(<Cli as clap::CommandFactory>::command()),
+        Command::Reference(args) => {
+            return cli::reference::run(
+                args,
+                <Cli as clap::CommandFactory>::command(),
+                &server::openapi_document(),
+            )
+        }
         Command::Openapi => {
             print!("{}", server::openapi_document());
             return Ok(0);
@@ -281,7 +295,11 @@ async fn dispatch(cli: Cli) -> Result<u8, cli::CliError> {
         Command::Dlq(args) => cli::dlq::run(settings, args).await,
         Command::Txn(args) => cli::txn::run(settings, args).await,
         Command::Serve(args) => server::run(settings, args).await,
-        Command::Config(_) | Command::Openapi | Command::Completions(_) | Command::Man => Ok(0),
+        Command::Config(_)
+        | Command::Openapi
+        | Command::Completions(_)
+        | Command::Man
+        | Command::Reference(_) => Ok(0),
     }
 }
 

@@ -223,7 +223,7 @@ fn die_with_parent(command: &mut Command) {
 }
 
 /// Other Unix systems have no parent-death signal: a command whose zkguard is killed with
-/// SIGKILL keeps running (see the README).
+/// SIGKILL keeps running (see docs/exec.md).
 #[cfg(not(target_os = "linux"))]
 fn die_with_parent(_command: &mut Command) {}
 

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use clap::Command;
 use zkguard::config::{env_var_for, KEYS};
 
+use crate::exit::EXIT_STATUSES;
 use super::{CliError, EX_SOFTWARE};
 
 /// The command tree without hidden commands and options (test hooks such as
@@ -183,19 +184,11 @@ fn entry(page: &mut String, tag: &str, text: &str) {
 /// EXIT STATUS, ENVIRONMENT, FILES and SEE ALSO.
 fn sections() -> String {
     let mut p = String::from(".SH \"EXIT STATUS\"\n");
-    for (code, text) in [
-        ("0", "success"),
-        ("1", "demo: an operation was lost or counted wrong; txn audit: the accounts do not balance"),
-        ("64", "bad usage: an unknown option, a missing or malformed value, an invalid monitor name, an unknown dead-letter id"),
-        ("65", "bad data: the request cannot be carried out as given (for example accounts that exist already)"),
-        ("69", "unavailable: ZooKeeper, Elasticsearch or Kafka unreachable, or the lock lost while exec's command ran"),
-        ("70", "internal error of zkguard"),
-        ("75", "temporary failure: the lock was not acquired in time (or at once with --timeout 0), or dead letters stay parked after a replay; try again later"),
-        ("78", "bad configuration: the message names the key, the value and where it came from"),
-        ("126, 127", "exec: the command could not be run, or was not found"),
-        ("other", "exec: the command's own status (128+N when it died of signal N)"),
-    ] {
-        entry(&mut p, code, text);
+    for status in EXIT_STATUSES {
+        let code = status
+            .code
+            .map_or_else(|| "other".to_string(), |c| c.to_string());
+        entry(&mut p, &code, &status.meaning.replace('`', ""));
     }
     p.push_str(".SH ENVIRONMENT\n");
     entry(

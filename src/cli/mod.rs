@@ -9,6 +9,7 @@ pub mod exec;
 pub mod locks;
 pub mod man;
 pub mod meta;
+pub mod reference;
 mod setup;
 pub mod txn;
 pub mod txn_docs;
