@@ -520,7 +520,7 @@ pub async fn run(mut settings: Settings, args: BenchArgs) -> Result<u8, CliError
         None => args.server_pid,
     };
     if let Some(pid) = server_pid.filter(|_| backend == LockBackendKind::ZooKeeper) {
-        if bench::process_cpu_time(pid).is_none() {
+        if crate::workload::measure::process_cpu_time(pid).is_none() {
             return Err(CliError::usage(format!(
                 "--server-pid {pid}: no process whose CPU time can be read from /proc/{pid}/stat; give the pid of the running ZooKeeper server"
             )));

@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use clap::Command;
 use zkguard::config::{env_var_for, KEYS};
 
-use crate::exit::EXIT_STATUSES;
 use super::{CliError, EX_SOFTWARE};
+use crate::exit::EXIT_STATUSES;
 
 /// The command tree without hidden commands and options (test hooks such as
 /// `txn transfer --crash-after`): what completions offer and the man page describes.

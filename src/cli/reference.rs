@@ -9,8 +9,8 @@ use clap::{Arg, Command};
 use zkguard::config::{env_var_for, is_secret_key, KEYS};
 
 use super::man::write_stdout;
-use crate::exit::EXIT_STATUSES;
 use super::CliError;
+use crate::exit::EXIT_STATUSES;
 
 /// Arguments of `zkguard reference`.
 #[derive(Debug, clap::Args)]

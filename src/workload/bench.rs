@@ -69,16 +69,18 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use async_trait::async_trait;
 use rand::Rng;
 use serde_json::{json, Value};
-use tracing::{info, warn, Instrument};
+use tracing::{info, Instrument};
 
 use zkguard::config::{LockBackendKind, Settings};
-use zkguard::es::{DocStore, EsError, EsStore, HookedStore, StoreCall, StoreHook};
+use zkguard::es::{DocStore, EsStore, HookedStore};
 use zkguard::eslock::EsLockService;
 use zkguard::lock::{release_then_acquire, Guard, LockError, LockRequest, LockService};
 use zkguard::zk::{ZkLockService, ZkSession};
+
+use super::measure::percentile;
+use super::measure::{CountCalls, PhaseCost, PhaseMeter, RequestCounter, ServerCpu};
 
 /// The lock info written by benchmark acquisitions (shown by `zkguard locks`).
 pub const LOCK_INFO: &str = "zkguard bench";
@@ -361,72 +363,6 @@ impl BenchError {
     }
 }
 
-/// A [`StoreHook`] that counts the calls of a store: every call of [`EsStore`] sends one HTTP
-/// request (a retry on another node happens only when the connection was refused, so the
-/// server never saw the first attempt).
-struct CountCalls(Arc<AtomicU64>);
-
-#[async_trait]
-impl StoreHook for CountCalls {
-    async fn before(&self, _call: &StoreCall<'_>) -> Result<(), EsError> {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
-/// How the requests of the uncontended cycles are counted.
-enum RequestCounter {
-    /// `zk_packets_received` of this `host:port`.
-    Mntr(String),
-    /// Calls of these clients' document stores.
-    Store(Vec<Arc<AtomicU64>>),
-}
-
-impl RequestCounter {
-    fn new(settings: &Settings, clients: &[Client]) -> Self {
-        match clients
-            .iter()
-            .map(|c| c.store_calls.clone())
-            .collect::<Option<Vec<_>>>()
-        {
-            Some(calls) => Self::Store(calls),
-            None => Self::Mntr(first_zk_host(&settings.zookeeper.servers)),
-        }
-    }
-
-    /// Requests per cycle between two readings.
-    fn per_cycle(before: Option<u64>, after: Option<u64>, cycles: u32) -> Option<f64> {
-        match (before, after) {
-            (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / f64::from(cycles)),
-            _ => None,
-        }
-    }
-
-    async fn read(&self) -> Option<u64> {
-        match self {
-            Self::Mntr(addr) => {
-                let addr = addr.clone();
-                let result = tokio::task::spawn_blocking(move || {
-                    zkguard::testkit::packets_received_at(addr.as_str())
-                })
-                .await;
-                match result {
-                    Ok(Ok(n)) => Some(n),
-                    Ok(Err(e)) => {
-                        warn!(error = %e, "cannot read zk_packets_received (four-letter word mntr); requests per cycle not counted");
-                        None
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "cannot read zk_packets_received");
-                        None
-                    }
-                }
-            }
-            Self::Store(calls) => Some(calls.iter().map(|c| c.load(Ordering::Relaxed)).sum()),
-        }
-    }
-}
-
 /// One benchmark client: a lock service over its own session or connection pool.
 struct Client {
     service: Arc<dyn LockService>,
@@ -434,30 +370,16 @@ struct Client {
     store_calls: Option<Arc<AtomicU64>>,
 }
 
+/// The clients' store-call counters, when every client has one.
+fn store_calls(clients: &[Client]) -> Option<Vec<Arc<AtomicU64>>> {
+    clients.iter().map(|c| c.store_calls.clone()).collect()
+}
+
 impl Client {
     fn close(&self) {
         if let Some(zk) = &self.zk {
             zk.close();
         }
-    }
-}
-
-/// The first `host:port` of a ZooKeeper connect string (`h1:2181,h2:2181/chroot`); the port
-/// defaults to 2181.
-pub fn first_zk_host(connect: &str) -> String {
-    let first = connect.split(',').next().unwrap_or("").trim();
-    let first = first.split('/').next().unwrap_or("");
-    match first.rfind(':') {
-        // `[v6]:port` or `host:port`.
-        Some(i)
-            if (first.starts_with('[') && first[..i].ends_with(']'))
-                || !first[..i].contains(':') =>
-        {
-            first.to_string()
-        }
-        // A bare IPv6 address.
-        Some(_) => format!("[{first}]:2181"),
-        None => format!("{first}:2181"),
     }
 }
 
@@ -533,70 +455,6 @@ async fn cycle(
         .acquire(LockRequest::new(monitor, LOCK_INFO).with_timeout(timeout))
         .await?;
     guard.unlock().await
-}
-
-/// User + system CPU time of this process so far (all threads), from `getrusage(RUSAGE_SELF)`.
-fn cpu_time() -> Duration {
-    use nix::sys::resource::{getrusage, UsageWho};
-    match getrusage(UsageWho::RUSAGE_SELF) {
-        Ok(usage) => {
-            let micros = |t: nix::sys::time::TimeVal| {
-                Duration::from_secs(t.tv_sec().max(0) as u64)
-                    + Duration::from_micros(t.tv_usec().max(0) as u64)
-            };
-            micros(usage.user_time()) + micros(usage.system_time())
-        }
-        // getrusage(RUSAGE_SELF) fails only for an invalid `who`.
-        Err(_) => Duration::ZERO,
-    }
-}
-
-/// CPU milliseconds per cycle between two [`cpu_time`] readings.
-fn cpu_ms_per(before: Duration, after: Duration, cycles: u32) -> f64 {
-    after.saturating_sub(before).as_secs_f64() * 1e3 / f64::from(cycles)
-}
-
-/// User + system CPU time of process `pid` (all threads), from `/proc/PID/stat`: `None` when it
-/// cannot be read (another system, a process that is gone).
-pub fn process_cpu_time(pid: u32) -> Option<Duration> {
-    stat_cpu_time(std::path::Path::new(&format!("/proc/{pid}/stat")))
-}
-
-/// User + system CPU time from a `/proc` `stat` file (of a process, or of one of its threads
-/// under `/proc/PID/task/TID/stat`).
-pub fn stat_cpu_time(path: &std::path::Path) -> Option<Duration> {
-    let stat = std::fs::read_to_string(path).ok()?;
-    // The command name (field 2) may hold spaces: count from the parenthesis that closes it.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    // Fields 14 and 15 (utime, stime), the 12th and 13th after the name, in clock ticks.
-    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // SAFETY: sysconf has no preconditions; it only reads a system constant.
-    let per_sec = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) };
-    let per_sec = u64::try_from(per_sec).ok().filter(|&t| t > 0)?;
-    Some(Duration::from_secs_f64(ticks as f64 / per_sec as f64))
-}
-
-/// The server's CPU time, read at the edges of each measured phase.
-struct ServerCpu(Option<u32>);
-
-impl ServerCpu {
-    fn read(&self) -> Option<Duration> {
-        self.0.and_then(process_cpu_time)
-    }
-
-    /// Milliseconds per cycle between two readings.
-    fn per(before: Option<Duration>, after: Option<Duration>, cycles: u32) -> Option<f64> {
-        Some(cpu_ms_per(before?, after?, cycles))
-    }
-}
-
-/// Nearest-rank percentile of sorted values (rank `ceil(q * n)`, clamped), as the peers.
-pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.saturating_sub(1).min(sorted.len() - 1)]
 }
 
 /// The outcome of [`run_shared`].
@@ -763,7 +621,7 @@ async fn run_inner(
     progress.start(Phase::Connecting, 1);
     let solo = connect(settings, backend).await?;
     progress.finish(Phase::Connecting);
-    let counter = RequestCounter::new(settings, std::slice::from_ref(&solo));
+    let counter = RequestCounter::new(settings, store_calls(std::slice::from_ref(&solo)));
     let server = ServerCpu(plan.server_pid);
     let monitor = format!("{base}-uncontended");
     let warmup = plan.warmup();
@@ -844,7 +702,7 @@ async fn run_inner(
             &progress,
         )
         .await?;
-        let counter = RequestCounter::new(settings, &clients);
+        let counter = RequestCounter::new(settings, store_calls(&clients));
         let meter = PhaseMeter::start(&counter, &server).await;
         let handoffs = run_shared(
             &clients,
@@ -930,66 +788,9 @@ async fn run_inner(
     })
 }
 
-/// The readings at the start of a measured phase: requests, client CPU, server CPU.
-struct PhaseMeter<'a> {
-    counter: &'a RequestCounter,
-    server: &'a ServerCpu,
-    requests: Option<u64>,
-    cpu: Duration,
-    server_cpu: Option<Duration>,
-}
-
-impl<'a> PhaseMeter<'a> {
-    async fn start(counter: &'a RequestCounter, server: &'a ServerCpu) -> Self {
-        let requests = counter.read().await;
-        Self {
-            counter,
-            server,
-            requests,
-            cpu: cpu_time(),
-            server_cpu: server.read(),
-        }
-    }
-
-    /// What the phase's `cycles` cost, per cycle. The CPU times are read before the request
-    /// counter, whose reading is itself a request.
-    async fn finish(self, cycles: u32) -> PhaseCost {
-        let cpu_ms = cpu_ms_per(self.cpu, cpu_time(), cycles);
-        let server_cpu_ms = ServerCpu::per(self.server_cpu, self.server.read(), cycles);
-        let requests = RequestCounter::per_cycle(self.requests, self.counter.read().await, cycles);
-        PhaseCost {
-            cpu_ms,
-            server_cpu_ms,
-            requests,
-        }
-    }
-}
-
-/// What the measured cycles of one phase cost, per cycle.
-struct PhaseCost {
-    /// Client CPU milliseconds.
-    cpu_ms: f64,
-    /// Server CPU milliseconds, with a server pid.
-    server_cpu_ms: Option<f64>,
-    /// Requests, when counted.
-    requests: Option<f64>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nearest_rank_percentiles_match_the_peers() {
-        let v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
-        assert_eq!(percentile(&v, 0.50), Duration::from_millis(50));
-        assert_eq!(percentile(&v, 0.99), Duration::from_millis(99));
-        let v: Vec<Duration> = (1..=50).map(Duration::from_millis).collect();
-        // ceil(0.99 * 50) = 50 -> the largest; ceil(0.5 * 50) = 25.
-        assert_eq!(percentile(&v, 0.99), Duration::from_millis(50));
-        assert_eq!(percentile(&v, 0.50), Duration::from_millis(25));
-        assert_eq!(percentile(&v[..1], 0.5), Duration::from_millis(1));
-    }
 
     #[test]
     fn warmups_follow_the_peers() {
@@ -1001,18 +802,6 @@ mod tests {
             10
         );
         assert!(BenchPlan::new(0, 1, 1).validate().is_err());
-    }
-
-    #[test]
-    fn first_host_of_a_connect_string() {
-        assert_eq!(
-            first_zk_host("127.0.0.1:2182,b:2183/chroot"),
-            "127.0.0.1:2182"
-        );
-        assert_eq!(first_zk_host("zk1/chroot"), "zk1:2181");
-        assert_eq!(first_zk_host("[::1]:2190"), "[::1]:2190");
-        assert_eq!(first_zk_host("localhost"), "localhost:2181");
-        assert_eq!(first_zk_host("::1"), "[::1]:2181");
     }
 
     #[test]
@@ -1051,27 +840,5 @@ mod tests {
         assert_eq!(j["throughput.cpu_ms_per_op"], 0.25);
         assert!(j["uncontended.server_cpu_ms_per_cycle"].is_null());
         assert_eq!(j["contended.server_cpu_ms_per_handoff"], 0.3333);
-    }
-
-    #[test]
-    fn cpu_time_of_a_process_is_read_from_proc() {
-        let own = process_cpu_time(std::process::id()).expect("this process's own stat");
-        // Burn CPU until the reading grows (the clock ticks by 10 ms).
-        let t0 = std::time::Instant::now();
-        let mut x = 0u64;
-        loop {
-            for _ in 0..100_000 {
-                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
-            }
-            let later = process_cpu_time(std::process::id()).expect("read again");
-            if later > own {
-                break;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "the CPU time read from /proc did not grow: {later:?}"
-            );
-        }
-        assert_eq!(process_cpu_time(u32::MAX), None);
     }
 }

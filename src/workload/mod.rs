@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod demo;
 pub mod gateway_bench;
+pub(crate) mod measure;
 pub mod service_bench;
 pub mod stages;
 pub mod txn_bench;

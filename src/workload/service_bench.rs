@@ -32,7 +32,7 @@ use zkguard::write::guarded::GuardedWriter;
 use zkguard::write::ops::Operation;
 use zkguard::LockType;
 
-use super::bench::percentile;
+use super::measure::percentile;
 use super::stages::Stages;
 
 /// What to run.
@@ -267,7 +267,7 @@ pub(super) fn jit_cpu_time(pid: u32) -> Option<Duration> {
     {
         let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
         if name.starts_with("C1 Compiler") || name.starts_with("C2 Compiler") {
-            total += super::bench::stat_cpu_time(&task.path().join("stat")).unwrap_or_default();
+            total += super::measure::stat_cpu_time(&task.path().join("stat")).unwrap_or_default();
         }
     }
     Some(total)

@@ -52,7 +52,7 @@ use zkguard::txn::multi::{Decision, Transactions, TxnOp, TxnRequest};
 use zkguard::write::guarded::GuardedWriter;
 use zkguard::write::ops::Operation;
 
-use super::bench::first_zk_host;
+use super::measure::first_zk_host;
 use super::service_bench::{jit_cpu_time, latencies, stamp_mapping, MAX_WARMUP_RUNS};
 
 /// The default sizes of `--sizes`.
