@@ -20,7 +20,7 @@
 //! - no two holds of one monitor overlap, except where the stale holder was inside a fault's
 //!   window (paused, cut off, its server killed), and then its writes that came after the newer
 //!   holder's were rejected;
-//! - tokens are unique and grow with the order of acquisitions;
+//! - tokens are unique per monitor and grow with the order of acquisitions;
 //! - Elasticsearch accepted no write with a token lower than one it had already accepted, each
 //!   409 had a higher token behind it, and each document's final `_version` is the highest
 //!   accepted token;

@@ -501,3 +501,157 @@ async fn a_lost_lock_among_those_released_together_leaves_the_others_released() 
         .await;
     }
 }
+
+/// Bulk acquisition: a session's acquisitions of many quiet monitors, asked for at once, go to
+/// ZooKeeper in a few multis instead of one each; the locks of one multi share its token. A
+/// monitor held by another session fails its part of a multi: that acquisition queues as if it
+/// had gone alone (and gets the lock once it is released), the others go again together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisitions_asked_for_together_share_multis_and_a_busy_monitor_queues_alone() {
+    use std::collections::{HashMap, HashSet};
+    use std::sync::Arc;
+    use zkguard::{LockRequest, LockService, ZkLockService};
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let settings = zk_settings(&proxy.connect_string(), "bulk");
+    let locks = Arc::new(ZkLockService::new(session(&settings).await));
+    let mut elsewhere = settings.clone();
+    elsewhere.servers = direct.clone();
+    let other = ZkLockService::new(session(&elsewhere).await);
+    let busy = other
+        .acquire(LockRequest::new("doc-7", "elsewhere"))
+        .await
+        .unwrap();
+    let before = proxy.requests().len();
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let request = LockRequest::new(format!("doc-{i}"), "bulk job")
+                    .with_type(LockType::Background);
+                locks.acquire(request).await
+            })
+        })
+        .collect();
+    // Every quiet monitor is taken while doc-7 is still held.
+    let queued = format!("{}/doc-7", settings.lock_root);
+    eventually(Duration::from_secs(10), "doc-7 has a queue node", || {
+        let (direct, queued) = (direct.clone(), queued.clone());
+        async move { children(&direct, &queued).await.len() == 3 }
+    })
+    .await;
+    let mut held = HashMap::new();
+    let mut waiting = None;
+    for (i, task) in tasks.into_iter().enumerate() {
+        if i == 7 {
+            waiting = Some(task);
+            continue;
+        }
+        let guard = task.await.unwrap().unwrap();
+        held.insert(guard.monitor().to_string(), guard);
+    }
+    let sent: Vec<i32> = proxy.requests()[before..]
+        .iter()
+        .copied()
+        .filter(|&op| op != OP_PING && op < 100)
+        .collect();
+    let multis = sent.iter().filter(|&&op| op == OP_MULTI).count();
+    assert!(
+        multis <= 4,
+        "64 acquisitions asked for at once went in {multis} multis: {sent:?}"
+    );
+    let tokens: HashSet<u64> = held.values().map(|g| g.fencing_token()).collect();
+    assert!(
+        tokens.len() < held.len(),
+        "locks taken by one multi share its token: {} tokens for {} locks",
+        tokens.len(),
+        held.len()
+    );
+    // The busy monitor's acquisition queued behind the holder and gets the lock from it.
+    busy.unlock().await.unwrap();
+    let late = waiting.unwrap().await.unwrap().unwrap();
+    // Granted after every lock of the bulk's multis: a higher token than all of them.
+    assert!(late.fencing_token() > tokens.iter().copied().max().unwrap());
+    held.insert(late.monitor().to_string(), late);
+    assert_eq!(held.len(), 64);
+    // Each monitor holds exactly its holder's queue node and the mutex.
+    for i in [0, 7, 63] {
+        let monitor = format!("{}/doc-{i}", settings.lock_root);
+        let nodes = children(&direct, &monitor).await;
+        assert_eq!(nodes.len(), 2, "{monitor}: {nodes:?}");
+    }
+    locks
+        .release_all(held.into_values().collect())
+        .await
+        .await
+        .unwrap();
+    for i in 0..64 {
+        let monitor = format!("{}/doc-{i}", settings.lock_root);
+        assert!(children(&direct, &monitor).await.is_empty(), "{monitor}");
+    }
+}
+
+/// Acquisitions dropped while their fast paths wait for, or ride in, a shared multi leave
+/// nothing behind: what a multi made for an acquisition that went away is searched for and
+/// removed once its answer is in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisitions_dropped_while_their_multi_is_on_its_way_leave_nothing() {
+    use std::sync::Arc;
+    use zkguard::{LockRequest, LockService, ZkLockService};
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let settings = zk_settings(&direct, "bulk-dropped");
+    let locks = Arc::new(ZkLockService::new(session(&settings).await));
+    for round in 0..5 {
+        let tasks: Vec<_> = (0..40)
+            .map(|i| {
+                let locks = locks.clone();
+                tokio::spawn(async move {
+                    let guard = locks
+                        .acquire(LockRequest::new(format!("doc-{i}"), "dropped"))
+                        .await?;
+                    guard.unlock().await
+                })
+            })
+            .collect();
+        // Abort them at different moments: before they are sent, while their multi is on
+        // its way, after it was applied.
+        for (i, task) in tasks.iter().enumerate() {
+            if (i + round) % 3 == 0 {
+                task.abort();
+            }
+            if i % 10 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        for task in tasks {
+            match task.await {
+                Ok(outcome) => outcome.unwrap(),
+                Err(e) => assert!(e.is_cancelled(), "{e}"),
+            }
+        }
+    }
+    for i in 0..40 {
+        let monitor = format!("{}/doc-{i}", settings.lock_root);
+        eventually(Duration::from_secs(10), "the monitor is empty", || {
+            let (direct, monitor) = (direct.clone(), monitor.clone());
+            async move { children(&direct, &monitor).await.is_empty() }
+        })
+        .await;
+    }
+    // And the session can take every one of them again at once.
+    let guards = futures::future::join_all((0..40).map(|i| {
+        let locks = locks.clone();
+        async move {
+            locks
+                .acquire(LockRequest::new(format!("doc-{i}"), "again").with_timeout(Duration::ZERO))
+                .await
+                .unwrap()
+        }
+    }))
+    .await;
+    locks.release_all(guards).await.await.unwrap();
+}

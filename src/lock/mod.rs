@@ -530,7 +530,9 @@ pub trait Guard: Send + Sync + fmt::Debug + std::any::Any {
     /// The lock type it was acquired with.
     fn lock_type(&self) -> LockType;
     /// A token strictly greater than every token issued before for this monitor (and, on
-    /// ZooKeeper, for any monitor). Guarded writes send it as Elasticsearch's external version.
+    /// ZooKeeper, for any monitor before this acquisition was asked for; locks of several
+    /// monitors taken in one multi share it). Guarded writes send it as Elasticsearch's
+    /// external version.
     fn fencing_token(&self) -> u64;
     /// Whether the lock is still held (not lost, not released).
     fn is_held(&self) -> bool;

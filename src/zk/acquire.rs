@@ -12,6 +12,7 @@ use tracing::{debug, info, instrument};
 use zookeeper_client::EventType;
 
 use super::acl::{acl_list, check_lock_root};
+use super::batch::FastPaths;
 use super::contender::{health_failure, wait_connected};
 use super::driver::{add_ops, lock_error, multi_reply, perform, root_depth, Contents};
 use super::guard::{Held, LockGuard, NextOps};
@@ -293,12 +294,21 @@ async fn acquire_with(
                     if let Some(after) = carrier.take() {
                         after.release_alone();
                     }
-                    let (replies, w) =
-                        perform(&slot.client, &paths, Some(&contents), &send.requests).await;
-                    if w.is_some() {
-                        watcher = w;
+                    match send.requests.as_slice() {
+                        [Request::Multi(ops)] if contender.core.sending_fast_path() => {
+                            let bytes = ops.iter().map(|op| contents.bytes_of(op)).collect();
+                            let attempt = contender.core.attempt();
+                            vec![FastPaths::send(&slot, &paths, ops.clone(), bytes, attempt).await]
+                        }
+                        requests => {
+                            let (replies, w) =
+                                perform(&slot.client, &paths, Some(&contents), requests).await;
+                            if w.is_some() {
+                                watcher = w;
+                            }
+                            replies
+                        }
                     }
-                    replies
                 };
                 Input::Replies(replies)
             }

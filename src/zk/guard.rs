@@ -97,7 +97,9 @@ impl LockGuard {
         guard
     }
 
-    /// The fencing token: strictly greater than every token issued before, for any monitor.
+    /// The fencing token: strictly greater than every token issued before for this monitor,
+    /// and for any monitor before this acquisition was asked for (locks of several monitors
+    /// taken in one multi share it: see `docs/zookeeper-lock.md`, "Bulk acquisition").
     pub fn fencing_token(&self) -> u64 {
         self.token
     }

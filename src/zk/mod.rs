@@ -16,6 +16,7 @@
 
 mod acl;
 mod acquire;
+mod batch;
 mod confirm;
 mod contender;
 mod driver;

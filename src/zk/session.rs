@@ -104,6 +104,9 @@ pub(crate) struct Slot {
     /// (`release::add_release`): cleared when `zookeeper.acl` does not let this session write
     /// monitor nodes.
     pub versioned_takes: AtomicBool,
+    /// The fast paths of this session's acquisitions on their way, sent together
+    /// (`zk::batch`).
+    pub fast_paths: super::batch::FastPaths,
 }
 
 impl std::fmt::Debug for Slot {
@@ -517,6 +520,7 @@ impl ZkSession {
             mark_releases: AtomicBool::new(true),
             recreating_fast_path: AtomicBool::new(true),
             versioned_takes: AtomicBool::new(true),
+            fast_paths: super::batch::FastPaths::default(),
             reaper,
         }
     }

@@ -27,8 +27,9 @@
 //!   token (the stale holder) was inside a window of a fault that started no later than the
 //!   overlap. Then the stale holder must have been fenced: no write of it that was sent after a
 //!   newer holder's write to the same document had been accepted was accepted.
-//! - **Tokens**: every token is unique, and a hold acquired before another contender even
-//!   called has the lower token (tokens grow in ZooKeeper's order, across restarts and
+//! - **Tokens**: every token is unique on its monitor (locks of several monitors taken by one
+//!   multi share it), and a hold acquired before another contender even called has the lower
+//!   token (tokens grow in ZooKeeper's order, across restarts and
 //!   elections).
 //! - **Elasticsearch**: on each document no write was accepted with a token lower than one
 //!   accepted before it was sent; every 409 had a higher token stored or on its way; the
@@ -542,15 +543,16 @@ pub fn check_exclusion(f: &Folded, r: &mut Report) {
     r.counts.stale_writes_fenced = fenced.len();
 }
 
-/// Tokens are unique and grow in the order of acquisitions.
+/// Tokens are unique per monitor and grow in the order of acquisitions. (Locks of several
+/// monitors taken by one multi, a bulk acquisition, share its zxid and so their token.)
 pub fn check_tokens(f: &Folded, r: &mut Report) {
     let mut seen = HashMap::new();
     for op in &f.ops {
         if let Some(t) = op.token() {
-            if let Some(other) = seen.insert(t, op.id) {
+            if let Some(other) = seen.insert((op.monitor.as_str(), t), op.id) {
                 r.violations.push(format!(
-                    "tokens: token {t} was issued twice (ops {other} and {})",
-                    op.id
+                    "tokens: token {t} was issued twice on {} (ops {other} and {})",
+                    op.monitor, op.id
                 ));
             }
         }

@@ -255,6 +255,29 @@ fn a_token_lower_than_an_earlier_grant_is_found() {
     assert_one(&h.finish(None), "tokens");
 }
 
+/// A bulk acquisition takes several monitors' locks in one multi: they share its zxid, hence
+/// their token. Only a token issued twice on one monitor is a violation (above).
+#[test]
+fn locks_of_two_monitors_taken_by_one_multi_may_share_a_token() {
+    let mut h = H::default();
+    h.hold(1, "s0", Class::Background, (0, 10, 100), 12)
+        .ev(
+            1,
+            Ev::Call {
+                op: 2,
+                client: "s0".into(),
+                monitor: "n".into(),
+                class: Class::Background,
+                queued_by: Some(ms(1)),
+            },
+        )
+        .ev(10, Ev::Acquired { op: 2, token: 12 })
+        .ev(100, Ev::HoldEnd { op: 2 })
+        .ev(101, Ev::Released { op: 2, ok: true });
+    let v = violations(&h.finish(None));
+    assert!(v.is_empty(), "{v:#?}");
+}
+
 #[test]
 fn a_node_left_behind_is_found() {
     let mut events = sound().finish(Some(12));

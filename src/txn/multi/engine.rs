@@ -406,6 +406,12 @@ impl Transactions {
     /// Takes the locks of `ops` in canonical order (sorted monitors, each once), within
     /// `timeout` for all of them (`None`: each its lock type's configured timeout).
     ///
+    /// First every lock is tried at once, trying once: on quiet monitors their fast paths go
+    /// to ZooKeeper together, in one multi (a bulk acquisition). The locks taken in canonical
+    /// order up to the first one that was not are kept, the others given back, and the rest
+    /// are then taken one by one in order, waiting. A transaction thus only ever waits while
+    /// holding a prefix of its locks in canonical order: no deadlock between transactions.
+    ///
     /// # Errors
     /// [`MultiError::Lock`] for a failure other than a timeout (the locks taken are released).
     pub(super) async fn lock_all(
@@ -415,35 +421,81 @@ impl Transactions {
         timeout: Option<Duration>,
         id: &str,
     ) -> Result<Locking, MultiError> {
-        let monitors: std::collections::BTreeSet<String> =
-            ops.iter().map(super::TxnOp::monitor_name).collect();
-        let mut held = Held {
-            guards: Vec::with_capacity(monitors.len()),
+        let monitors: Vec<String> = ops
+            .iter()
+            .map(super::TxnOp::monitor_name)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let request = |monitor: &str, wait: Option<Duration>| {
+            let request =
+                LockRequest::new(monitor, format!("transaction {id}")).with_type(lock_type);
+            match wait {
+                Some(wait) => request.with_timeout(wait),
+                None => request,
+            }
         };
         // `timeout` is for all the locks together: each waits what is left of it.
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-        for monitor in monitors {
-            let mut request =
-                LockRequest::new(monitor.clone(), format!("transaction {id}")).with_type(lock_type);
-            if let Some(d) = deadline {
-                request =
-                    request.with_timeout(d.saturating_duration_since(tokio::time::Instant::now()));
+        let tries = futures::future::join_all(
+            monitors
+                .iter()
+                .map(|m| self.locks.acquire(request(m, Some(Duration::ZERO)))),
+        )
+        .await;
+        let mut held = Held {
+            guards: Vec::with_capacity(monitors.len()),
+        };
+        let mut given_back = Vec::new();
+        let mut first_missing: Option<(usize, LockError)> = None;
+        let mut failure = None;
+        for (i, (monitor, tried)) in monitors.iter().zip(tries).enumerate() {
+            match tried {
+                Ok(guard) if first_missing.is_none() => held.guards.push((monitor.clone(), guard)),
+                Ok(guard) => given_back.push(guard),
+                Err(e @ LockError::Timeout { .. }) => {
+                    first_missing.get_or_insert((i, e));
+                }
+                // Every lock is given back below.
+                Err(source) => {
+                    failure.get_or_insert((monitor.clone(), source));
+                }
             }
-            match self.locks.acquire(request).await {
-                Ok(guard) => held.guards.push((monitor, guard)),
+        }
+        if !given_back.is_empty() {
+            self.locks
+                .release_all(given_back)
+                .await
+                .detach("giving back a transaction's locks taken out of order failed");
+        }
+        if let Some((monitor, source)) = failure {
+            held.release(self.locks.as_ref()).await;
+            return Err(MultiError::Lock { monitor, source });
+        }
+        let Some((from, tried)) = first_missing else {
+            return Ok(Locking::Held(held));
+        };
+        if timeout == Some(Duration::ZERO) {
+            held.release(self.locks.as_ref()).await;
+            let message = tried
+                .try_once_message()
+                .unwrap_or_else(|| tried.to_string());
+            return Ok(Locking::TimedOut(monitors[from].clone(), message));
+        }
+        for monitor in &monitors[from..] {
+            let wait = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+            match self.locks.acquire(request(monitor, wait)).await {
+                Ok(guard) => held.guards.push((monitor.clone(), guard)),
                 Err(e @ LockError::Timeout { .. }) => {
                     held.release(self.locks.as_ref()).await;
-                    let message = e
-                        .try_once_message()
-                        .filter(|_| timeout == Some(Duration::ZERO));
-                    return Ok(Locking::TimedOut(
-                        monitor,
-                        message.unwrap_or_else(|| e.to_string()),
-                    ));
+                    return Ok(Locking::TimedOut(monitor.clone(), e.to_string()));
                 }
                 Err(source) => {
                     held.release(self.locks.as_ref()).await;
-                    return Err(MultiError::Lock { monitor, source });
+                    return Err(MultiError::Lock {
+                        monitor: monitor.clone(),
+                        source,
+                    });
                 }
             }
         }

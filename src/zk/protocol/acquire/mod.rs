@@ -272,6 +272,12 @@ impl Acquisition {
         self.versioned
     }
 
+    /// Whether the last action sent is the fast path's multi alone (no release carried), which
+    /// the driver may send in one multi with other acquisitions' fast paths (`zk::batch`).
+    pub fn sending_fast_path(&self) -> bool {
+        matches!(self.st, St::FastPath { carried: false })
+    }
+
     /// How it ended, once [`Action::Done`] was returned.
     pub fn outcome(&self) -> Option<&Outcome> {
         self.outcome.as_ref()

@@ -1,0 +1,339 @@
+//! Bulk acquisition: the fast paths of a session's concurrent acquisitions go to ZooKeeper
+//! together, in one multi.
+//!
+//! The fast path takes a quiet monitor in one multi of five operations (see
+//! `protocol::acquire::queue`). A background job over many objects (the gate's `_bulk`, the
+//! service's lanes, a library user's tasks) starts many acquisitions at once; sent one by one,
+//! each is one ZooKeeper transaction, and the job is bounded by ZooKeeper's write rate. Here the
+//! fast paths that a session's acquisitions ask for while a batch is on its way wait for it to
+//! end and then go out together, as one multi: one transaction for up to [`MAX_GROUPS`]
+//! monitors. Nothing waits when nothing is on its way, so a lone acquisition pays nothing.
+//!
+//! Before a multi of several fast paths, their monitors are read, pipelined (reads are not
+//! transactions): a monitor with nodes is busy, and its acquisition is told so at once, as if
+//! its multi had failed, and queues; a monitor that does not exist goes in the multi created
+//! fresh (the fast path without its delete: the monitor node, the queue node, the mutex, the
+//! monitor's data), which is what the acquisition would do anyway (create the monitor, then
+//! its fast path) with nothing in between; an empty one goes with its fast path as is. A
+//! guess proved wrong by the multi (the monitor was made or filled meanwhile) is corrected
+//! once and that fast path goes again. Without the read, a multi of fast paths on monitors
+//! never used before would fail on each one in turn.
+//!
+//! A multi is all or nothing. When one monitor's part fails (the monitor is held or has
+//! contenders queued: its delete finds it not empty), ZooKeeper names the failed operation:
+//! that acquisition gets its own failure, exactly as if it had sent its fast path alone, and
+//! queues as usual; the others go again in the next multi. A lost answer is every
+//! acquisition's: each recovers on its own, searching its monitor for its attempt id. Two
+//! acquisitions of one monitor never share a multi (the second would fail on the first's
+//! nodes), so every acquisition sees exactly what its own fast path would have seen alone.
+//!
+//! The locks taken by one multi share its zxid, hence their fencing token: tokens are unique
+//! per monitor and grow with the order of its holds, which is what fencing needs (see
+//! `docs/zookeeper-lock.md`, "Bulk acquisition").
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex as StdMutex};
+
+use tokio::sync::oneshot;
+use tracing::debug;
+
+use super::driver::{add_ops, code, multi_reply};
+use super::node::Paths;
+use super::protocol::{Code, MultiError, Op, OpResult, Reply, Target};
+use super::reaper::Reap;
+use super::session::Slot;
+
+/// The most acquisitions whose fast paths share one multi (five operations each, two of them
+/// creates carrying the contender's data: about 1 KiB, far below ZooKeeper's 1 MiB requests).
+pub(super) const MAX_GROUPS: usize = 128;
+
+/// One acquisition's fast path, waiting to go.
+struct Group {
+    paths: Paths,
+    ops: Vec<Op>,
+    bytes: Vec<Vec<u8>>,
+    attempt: String,
+    reply: oneshot::Sender<Reply>,
+    /// Sent without its first operation, the monitor's delete: the monitor is believed absent,
+    /// and the multi creates it.
+    fresh: bool,
+    /// Guesses about the monitor proved wrong so far.
+    corrected: u8,
+}
+
+impl Group {
+    /// A fast path that starts with the monitor's delete, which a fresh monitor goes without.
+    fn can_go_fresh(&self) -> bool {
+        matches!(
+            self.ops.first(),
+            Some(Op::Delete {
+                target: Target::Monitor,
+                ..
+            })
+        ) && self.ops.len() > 1
+    }
+
+    /// The operations sent, and their data.
+    fn sent(&self) -> (&[Op], &[Vec<u8>]) {
+        let skip = usize::from(self.fresh);
+        (&self.ops[skip..], &self.bytes[skip.min(self.bytes.len())..])
+    }
+
+    /// Corrects a guess about the monitor that the multi's failure `code` at the group's
+    /// operation `index` (of those sent) proved wrong; false when it proves nothing of the kind
+    /// (or a guess was corrected already): the failure is the acquisition's.
+    fn correct(&mut self, index: usize, code: &Code) -> bool {
+        let wrong = index == 0
+            && self.corrected == 0
+            && self.can_go_fresh()
+            && match code {
+                // Created meanwhile: it goes with its delete.
+                Code::NodeExists => self.fresh,
+                // Gone: created fresh.
+                Code::NoNode => !self.fresh,
+                _ => false,
+            };
+        if wrong {
+            self.fresh = !self.fresh;
+            self.corrected += 1;
+        }
+        wrong
+    }
+
+    /// The acquisition's reply for the results of the operations sent.
+    fn applied(&self, results: Vec<OpResult>) -> Reply {
+        let mut mine = Vec::with_capacity(self.ops.len());
+        if self.fresh {
+            // The monitor did not exist: as if emptied and recreated in the same transaction.
+            mine.push(OpResult::Delete);
+        }
+        mine.extend(results);
+        Reply::Multi(Ok(mine))
+    }
+
+    /// The acquisition's reply for a failure at operation `index` of those sent, in the terms
+    /// of the fast path it asked for.
+    fn failed(&self, index: usize, code: Code) -> Reply {
+        let (index, code) = match (self.fresh, index, code) {
+            (false, index, code) => (index, code),
+            // The monitor could not be created, its parent is missing: as if its delete found
+            // nothing, so that the acquisition creates what is missing.
+            (true, 0, Code::NoNode) => (0, Code::NoNode),
+            // Made meanwhile, twice proved wrong: as if its delete found it not empty, so that
+            // the acquisition queues (always safe).
+            (true, 0, Code::NodeExists) => (0, Code::NotEmpty),
+            (true, index, code) => (index + 1, code),
+        };
+        Reply::Multi(Err(MultiError::Failed { index, code }))
+    }
+}
+
+#[derive(Default)]
+struct State {
+    pending: Vec<Group>,
+    /// A task is sending batches: new groups wait for it.
+    draining: bool,
+}
+
+/// The fast paths of one session waiting for the multi they go in.
+#[derive(Default)]
+pub(crate) struct FastPaths {
+    state: StdMutex<State>,
+}
+
+impl FastPaths {
+    /// Sends the fast path `ops` of the acquisition of `paths` (attempt `attempt`, data
+    /// `bytes` per operation) with the others asked for meanwhile, and returns its reply as if
+    /// it had gone alone.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: a fast path whose acquisition went away before its answer came is searched
+    /// for by the session's reaper once the answer is in, so that nothing it made outlives it
+    /// (the acquisition's own clean-up may have run before the multi was applied).
+    pub(super) async fn send(
+        slot: &Arc<Slot>,
+        paths: &Paths,
+        ops: Vec<Op>,
+        bytes: Vec<Vec<u8>>,
+        attempt: &str,
+    ) -> Reply {
+        let (tx, rx) = oneshot::channel();
+        let group = Group {
+            paths: paths.clone(),
+            ops,
+            bytes,
+            attempt: attempt.to_string(),
+            reply: tx,
+            fresh: false,
+            corrected: 0,
+        };
+        let start = {
+            let mut state = slot.fast_paths.state.lock().expect("fast paths lock");
+            state.pending.push(group);
+            !std::mem::replace(&mut state.draining, true)
+        };
+        if start {
+            let slot = slot.clone();
+            tokio::spawn(async move { drain(&slot).await });
+        }
+        rx.await.unwrap_or_else(|_| {
+            Reply::Multi(Err(MultiError::Request(Code::Other(
+                "the session's fast-path sender stopped".into(),
+            ))))
+        })
+    }
+}
+
+/// Sends what is pending, batch after batch, until nothing is.
+async fn drain(slot: &Arc<Slot>) {
+    loop {
+        let batch = {
+            let mut state = slot.fast_paths.state.lock().expect("fast paths lock");
+            let batch = take_batch(&mut state.pending);
+            if batch.is_empty() {
+                state.draining = false;
+                return;
+            }
+            batch
+        };
+        send_batch(slot, batch).await;
+    }
+}
+
+/// Up to [`MAX_GROUPS`] pending groups, at most one per monitor, in the order they came.
+fn take_batch(pending: &mut Vec<Group>) -> Vec<Group> {
+    let mut monitors = HashSet::new();
+    let mut batch = Vec::new();
+    let mut rest = Vec::new();
+    for group in pending.drain(..) {
+        if batch.len() < MAX_GROUPS && monitors.insert(group.paths.monitor.clone()) {
+            batch.push(group);
+        } else {
+            rest.push(group);
+        }
+    }
+    *pending = rest;
+    batch
+}
+
+/// Sends `batch` as one multi; a group whose own part failed gets that failure and leaves, the
+/// others go again, until the multi is applied or fails as a whole.
+async fn send_batch(slot: &Arc<Slot>, mut batch: Vec<Group>) {
+    if batch.len() > 1 {
+        survey(slot, &mut batch).await;
+    }
+    while !batch.is_empty() {
+        // Groups whose acquisition went away before they were sent are not sent.
+        batch.retain(|g| !g.reply.is_closed());
+        if batch.is_empty() {
+            return;
+        }
+        let result = {
+            let mut multi = slot.client.new_multi_writer();
+            let added = batch.iter().try_for_each(|g| {
+                let (ops, bytes) = g.sent();
+                add_ops(&mut multi, &g.paths, ops, bytes)
+            });
+            match added {
+                Ok(()) => multi_reply(multi.commit().await),
+                Err(e) => Reply::Multi(Err(MultiError::Request(code(&e)))),
+            }
+        };
+        let sent = batch.len();
+        match result {
+            Reply::Multi(Ok(results)) => {
+                if sent > 1 {
+                    debug!(acquisitions = sent, "fast paths taken in one multi");
+                }
+                let mut results = results.into_iter();
+                for group in batch.drain(..) {
+                    let mine: Vec<OpResult> = results.by_ref().take(group.sent().0.len()).collect();
+                    let reply = group.applied(mine);
+                    deliver(slot, group, reply);
+                }
+            }
+            Reply::Multi(Err(MultiError::Failed { index, code })) => {
+                // The failed operation's group: its guess about the monitor corrected, or its
+                // failure, at its own index.
+                let mut offset = 0;
+                let at = batch.iter().position(|g| {
+                    let len = g.sent().0.len();
+                    let inside = index < offset + len;
+                    if !inside {
+                        offset += len;
+                    }
+                    inside
+                });
+                let Some(at) = at else {
+                    let detail = format!(
+                        "a multi of {sent} fast paths failed at operation {index}, past its end"
+                    );
+                    fail_all(slot, batch, &detail);
+                    return;
+                };
+                if !batch[at].correct(index - offset, &code) {
+                    let group = batch.remove(at);
+                    let reply = group.failed(index - offset, code);
+                    deliver(slot, group, reply);
+                }
+            }
+            other => {
+                // Lost or refused as a whole: any of them may have been applied (all or none).
+                for group in batch.drain(..) {
+                    deliver(slot, group, other.clone());
+                }
+            }
+        }
+    }
+}
+
+/// Reads the monitors of `batch`, pipelined: a busy one's acquisition is told at once (it
+/// queues), an absent one goes fresh (the multi creates it), an empty one as asked.
+async fn survey(slot: &Arc<Slot>, batch: &mut Vec<Group>) {
+    // Every read is sent before the first answer is awaited.
+    let reads: Vec<_> = batch
+        .iter()
+        .map(|g| slot.client.list_children(&g.paths.monitor))
+        .collect();
+    let listed = futures::future::join_all(reads).await;
+    let mut busy = Vec::new();
+    for (i, children) in listed.into_iter().enumerate().rev() {
+        let group = &mut batch[i];
+        match children {
+            Ok(children) if !children.is_empty() => busy.push(batch.remove(i)),
+            Err(zookeeper_client::Error::NoNode) if group.can_go_fresh() => group.fresh = true,
+            // Empty, or unknown: as asked (the multi says).
+            _ => {}
+        }
+    }
+    for group in busy {
+        // As the fast path would have found it: its delete refused, the monitor not empty.
+        let reply = Reply::Multi(Err(MultiError::Failed {
+            index: 0,
+            code: Code::NotEmpty,
+        }));
+        deliver(slot, group, reply);
+    }
+}
+
+fn fail_all(slot: &Arc<Slot>, batch: Vec<Group>, detail: &str) {
+    for group in batch {
+        let reply = Reply::Multi(Err(MultiError::Request(Code::Other(detail.to_string()))));
+        deliver(slot, group, reply);
+    }
+}
+
+/// Hands `reply` to the group's acquisition; one that went away has the reaper search its
+/// monitor for what the multi may have made.
+fn deliver(slot: &Arc<Slot>, group: Group, reply: Reply) {
+    let applied_or_unknown = !matches!(reply, Reply::Multi(Err(MultiError::Failed { .. })));
+    if group.reply.send(reply).is_err() && applied_or_unknown {
+        debug!(monitor = %group.paths.monitor, "acquisition gone before its fast path's answer; reaping what it made");
+        slot.reap(Reap {
+            queue_node: None,
+            mutex: None,
+            search: Some((group.paths.monitor.clone(), group.attempt.clone())),
+            attempt: group.attempt,
+        });
+    }
+}
