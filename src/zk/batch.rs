@@ -5,19 +5,19 @@
 //! `protocol::acquire::queue`). A background job over many objects (the gate's `_bulk`, the
 //! service's lanes, a library user's tasks) starts many acquisitions at once; sent one by one,
 //! each is one ZooKeeper transaction, and the job is bounded by ZooKeeper's write rate. Here the
-//! fast paths that a session's acquisitions ask for while a batch is on its way wait for it to
-//! end and then go out together, as one multi: one transaction for up to [`MAX_GROUPS`]
-//! monitors. Nothing waits when nothing is on its way, so a lone acquisition pays nothing.
+//! fast paths that a session's acquisitions ask for while [`MAX_SENDERS`] multis are on their
+//! way wait for one to end and then go out together, as one multi: one transaction for up to
+//! [`MAX_GROUPS`] monitors. A few concurrent acquisitions wait for nothing.
 //!
-//! Before a multi of several fast paths, their monitors are read, pipelined (reads are not
-//! transactions): a monitor with nodes is busy, and its acquisition is told so at once, as if
-//! its multi had failed, and queues; a monitor that does not exist goes in the multi created
-//! fresh (the fast path without its delete: the monitor node, the queue node, the mutex, the
-//! monitor's data), which is what the acquisition would do anyway (create the monitor, then
-//! its fast path) with nothing in between; an empty one goes with its fast path as is. A
-//! guess proved wrong by the multi (the monitor was made or filled meanwhile) is corrected
-//! once and that fast path goes again. Without the read, a multi of fast paths on monitors
-//! never used before would fail on each one in turn.
+//! Before a multi of several fast paths, the monitors this session did not see lately are
+//! read, pipelined (reads are not transactions): a monitor with nodes is busy, and its
+//! acquisition is told so at once, as if its multi had failed, and queues; a monitor that does
+//! not exist goes in the multi created fresh (the fast path without its delete: the monitor
+//! node, the queue node, the mutex, the monitor's data), which is what the acquisition would do
+//! anyway (create the monitor, then its fast path) with nothing in between; an empty one goes
+//! with its fast path as is. A guess proved wrong by the multi (the monitor was made, filled or
+//! reaped meanwhile) is corrected once and that fast path goes again. Without the read, a
+//! multi of fast paths on monitors never used before would fail on each one in turn.
 //!
 //! A multi is all or nothing. When one monitor's part fails (the monitor is held or has
 //! contenders queued: its delete finds it not empty), ZooKeeper names the failed operation:
@@ -131,9 +131,23 @@ impl Group {
 #[derive(Default)]
 struct State {
     pending: Vec<Group>,
-    /// A task is sending batches: new groups wait for it.
-    draining: bool,
+    /// Tasks sending batches, at most [`MAX_SENDERS`]: beyond, new groups wait for one.
+    senders: usize,
+    /// Monitors this session saw existing lately (a fast path of theirs was applied, or a read
+    /// found them): they go in a multi without being read first. One that is gone since (the
+    /// container reaper removes empty monitors) is created fresh once the multi says so.
+    known: HashSet<String>,
 }
+
+/// The most multis of fast paths a session has on their way at once. Two: an acquisition
+/// asked for while one multi is on its way goes at once, as without batching (ZooKeeper
+/// group-commits the transactions it is sent together to its log anyway); only those asked
+/// for while two are on their way wait, and then go together. A burst (a bulk job) is thus
+/// sent in a few large multis, while a few concurrent acquisitions wait for nothing.
+const MAX_SENDERS: usize = 2;
+
+/// The most monitors remembered as existing; beyond, the memory starts again.
+const MAX_KNOWN: usize = 100_000;
 
 /// The fast paths of one session waiting for the multi they go in.
 #[derive(Default)]
@@ -142,6 +156,28 @@ pub(crate) struct FastPaths {
 }
 
 impl FastPaths {
+    fn known(&self, monitor: &str) -> bool {
+        self.state
+            .lock()
+            .expect("fast paths lock")
+            .known
+            .contains(monitor)
+    }
+
+    fn remember(&self, monitors: impl IntoIterator<Item = String>, exist: bool) {
+        let mut state = self.state.lock().expect("fast paths lock");
+        for monitor in monitors {
+            if !exist {
+                state.known.remove(&monitor);
+                continue;
+            }
+            if state.known.len() >= MAX_KNOWN {
+                state.known.clear();
+            }
+            state.known.insert(monitor);
+        }
+    }
+
     /// Sends the fast path `ops` of the acquisition of `paths` (attempt `attempt`, data
     /// `bytes` per operation) with the others asked for meanwhile, and returns its reply as if
     /// it had gone alone.
@@ -170,7 +206,11 @@ impl FastPaths {
         let start = {
             let mut state = slot.fast_paths.state.lock().expect("fast paths lock");
             state.pending.push(group);
-            !std::mem::replace(&mut state.draining, true)
+            let start = state.senders < MAX_SENDERS;
+            if start {
+                state.senders += 1;
+            }
+            start
         };
         if start {
             let slot = slot.clone();
@@ -191,7 +231,7 @@ async fn drain(slot: &Arc<Slot>) {
             let mut state = slot.fast_paths.state.lock().expect("fast paths lock");
             let batch = take_batch(&mut state.pending);
             if batch.is_empty() {
-                state.draining = false;
+                state.senders -= 1;
                 return;
             }
             batch
@@ -222,6 +262,7 @@ async fn send_batch(slot: &Arc<Slot>, mut batch: Vec<Group>) {
     if batch.len() > 1 {
         survey(slot, &mut batch).await;
     }
+    let fast_paths = &slot.fast_paths;
     while !batch.is_empty() {
         // Groups whose acquisition went away before they were sent are not sent.
         batch.retain(|g| !g.reply.is_closed());
@@ -245,6 +286,7 @@ async fn send_batch(slot: &Arc<Slot>, mut batch: Vec<Group>) {
                 if sent > 1 {
                     debug!(acquisitions = sent, "fast paths taken in one multi");
                 }
+                fast_paths.remember(batch.iter().map(|g| g.paths.monitor.clone()), true);
                 let mut results = results.into_iter();
                 for group in batch.drain(..) {
                     let mine: Vec<OpResult> = results.by_ref().take(group.sent().0.len()).collect();
@@ -271,6 +313,9 @@ async fn send_batch(slot: &Arc<Slot>, mut batch: Vec<Group>) {
                     fail_all(slot, batch, &detail);
                     return;
                 };
+                if code == Code::NoNode && index == offset {
+                    fast_paths.remember([batch[at].paths.monitor.clone()], false);
+                }
                 if !batch[at].correct(index - offset, &code) {
                     let group = batch.remove(at);
                     let reply = group.failed(index - offset, code);
@@ -287,25 +332,38 @@ async fn send_batch(slot: &Arc<Slot>, mut batch: Vec<Group>) {
     }
 }
 
-/// Reads the monitors of `batch`, pipelined: a busy one's acquisition is told at once (it
-/// queues), an absent one goes fresh (the multi creates it), an empty one as asked.
+/// Reads the monitors of `batch` that this session did not see lately, pipelined: a busy
+/// one's acquisition is told at once (it queues), an absent one goes fresh (the multi creates
+/// it), an empty one as asked.
 async fn survey(slot: &Arc<Slot>, batch: &mut Vec<Group>) {
+    let unknown: Vec<usize> = (0..batch.len())
+        .filter(|&i| !slot.fast_paths.known(&batch[i].paths.monitor))
+        .collect();
+    if unknown.is_empty() {
+        return;
+    }
     // Every read is sent before the first answer is awaited.
-    let reads: Vec<_> = batch
+    let reads: Vec<_> = unknown
         .iter()
-        .map(|g| slot.client.list_children(&g.paths.monitor))
+        .map(|&i| slot.client.list_children(&batch[i].paths.monitor))
         .collect();
     let listed = futures::future::join_all(reads).await;
     let mut busy = Vec::new();
-    for (i, children) in listed.into_iter().enumerate().rev() {
+    let mut existing = Vec::new();
+    for (&i, children) in unknown.iter().zip(listed).rev() {
         let group = &mut batch[i];
         match children {
-            Ok(children) if !children.is_empty() => busy.push(batch.remove(i)),
+            Ok(children) if !children.is_empty() => {
+                existing.push(group.paths.monitor.clone());
+                busy.push(batch.remove(i));
+            }
+            Ok(_) => existing.push(group.paths.monitor.clone()),
             Err(zookeeper_client::Error::NoNode) if group.can_go_fresh() => group.fresh = true,
-            // Empty, or unknown: as asked (the multi says).
+            // Unknown: as asked (the multi says).
             _ => {}
         }
     }
+    slot.fast_paths.remember(existing, true);
     for group in busy {
         // As the fast path would have found it: its delete refused, the monitor not empty.
         let reply = Reply::Multi(Err(MultiError::Failed {
