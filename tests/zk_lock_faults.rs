@@ -655,3 +655,52 @@ async fn acquisitions_dropped_while_their_multi_is_on_its_way_leave_nothing() {
     .await;
     locks.release_all(guards).await.await.unwrap();
 }
+
+/// Monitors a session saw go in its multis unread; once they are gone (the container reaper
+/// removes empty monitors), the first failed multi has the others read again, so the bulk
+/// still goes in a few multis rather than in one failed multi per monitor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitors_reaped_since_the_session_saw_them_are_read_again_not_failed_one_by_one() {
+    use std::sync::Arc;
+    use zkguard::{LockRequest, LockService, ZkLockService};
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let settings = zk_settings(&proxy.connect_string(), "bulk-reaped");
+    let locks = Arc::new(ZkLockService::new(session(&settings).await));
+    let take_all = |tag: &'static str| {
+        let locks = locks.clone();
+        async move {
+            futures::future::join_all((0..64).map(|i| {
+                let locks = locks.clone();
+                async move {
+                    locks
+                        .acquire(LockRequest::new(format!("doc-{i}"), tag))
+                        .await
+                        .unwrap()
+                }
+            }))
+            .await
+        }
+    };
+    let held = take_all("first").await;
+    locks.release_all(held).await.await.unwrap();
+    // What the container reaper does to empty monitors, all at once.
+    let admin = zookeeper_client::Client::connect(&direct).await.unwrap();
+    for i in 0..64 {
+        let monitor = format!("{}/doc-{i}", settings.lock_root);
+        admin.delete(&monitor, None).await.unwrap();
+    }
+    let before = proxy.requests().len();
+    let held = take_all("again").await;
+    let multis = proxy.requests()[before..]
+        .iter()
+        .filter(|&&op| op == OP_MULTI)
+        .count();
+    assert!(
+        multis <= 12,
+        "64 acquisitions of reaped monitors went in {multis} multis"
+    );
+    locks.release_all(held).await.await.unwrap();
+}

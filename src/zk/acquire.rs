@@ -12,7 +12,6 @@ use tracing::{debug, info, instrument};
 use zookeeper_client::EventType;
 
 use super::acl::{acl_list, check_lock_root};
-use super::batch::FastPaths;
 use super::contender::{health_failure, wait_connected};
 use super::driver::{add_ops, lock_error, multi_reply, perform, root_depth, Contents};
 use super::guard::{Held, LockGuard, NextOps};
@@ -298,7 +297,11 @@ async fn acquire_with(
                         [Request::Multi(ops)] if contender.core.sending_fast_path() => {
                             let bytes = ops.iter().map(|op| contents.bytes_of(op)).collect();
                             let attempt = contender.core.attempt();
-                            vec![FastPaths::send(&slot, &paths, ops.clone(), bytes, attempt).await]
+                            vec![
+                                slot.fast_paths
+                                    .send(&paths, ops.clone(), bytes, attempt)
+                                    .await,
+                            ]
                         }
                         requests => {
                             let (replies, w) =

@@ -16,8 +16,9 @@
 //! node, the queue node, the mutex, the monitor's data), which is what the acquisition would do
 //! anyway (create the monitor, then its fast path) with nothing in between; an empty one goes
 //! with its fast path as is. A guess proved wrong by the multi (the monitor was made, filled or
-//! reaped meanwhile) is corrected once and that fast path goes again. Without the read, a
-//! multi of fast paths on monitors never used before would fail on each one in turn.
+//! reaped meanwhile) is corrected once and that fast path goes again, after the other monitors
+//! of the multi are read again. Without the reads, a multi of fast paths on monitors never
+//! used before, or reaped since, would fail on each one in turn.
 //!
 //! A multi is all or nothing. When one monitor's part fails (the monitor is held or has
 //! contenders queued: its delete finds it not empty), ZooKeeper names the failed operation:
@@ -34,14 +35,14 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex as StdMutex};
 
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
+use zookeeper_client::Client;
 
 use super::driver::{add_ops, code, multi_reply};
 use super::node::Paths;
 use super::protocol::{Code, MultiError, Op, OpResult, Reply, Target};
 use super::reaper::Reap;
-use super::session::Slot;
 
 /// The most acquisitions whose fast paths share one multi (five operations each, two of them
 /// creates carrying the contender's data: about 1 KiB, far below ZooKeeper's 1 MiB requests).
@@ -152,12 +153,29 @@ const MAX_SENDERS: usize = 4;
 const MAX_KNOWN: usize = 100_000;
 
 /// The fast paths of one session waiting for the multi they go in.
-#[derive(Default)]
 pub(crate) struct FastPaths {
     state: StdMutex<State>,
+    client: Client,
+    /// The session's reaper (`zk::reaper`).
+    reaper: mpsc::UnboundedSender<Reap>,
 }
 
 impl FastPaths {
+    /// The fast paths of the session of `client`, whose reaper takes `reaper`'s jobs.
+    pub(super) fn new(client: Client, reaper: mpsc::UnboundedSender<Reap>) -> Arc<Self> {
+        Arc::new(Self {
+            state: StdMutex::new(State::default()),
+            client,
+            reaper,
+        })
+    }
+
+    fn reap(&self, reap: Reap) {
+        if self.reaper.send(reap).is_err() {
+            debug!("reaper gone; the session's end removes the nodes");
+        }
+    }
+
     fn known(&self, monitor: &str) -> bool {
         self.state
             .lock()
@@ -189,7 +207,7 @@ impl FastPaths {
     /// for by the session's reaper once the answer is in, so that nothing it made outlives it
     /// (the acquisition's own clean-up may have run before the multi was applied).
     pub(super) async fn send(
-        slot: &Arc<Slot>,
+        self: &Arc<Self>,
         paths: &Paths,
         ops: Vec<Op>,
         bytes: Vec<Vec<u8>>,
@@ -206,7 +224,7 @@ impl FastPaths {
             corrected: 0,
         };
         let start = {
-            let mut state = slot.fast_paths.state.lock().expect("fast paths lock");
+            let mut state = self.state.lock().expect("fast paths lock");
             state.pending.push(group);
             let start = state.senders < MAX_SENDERS;
             if start {
@@ -215,8 +233,8 @@ impl FastPaths {
             start
         };
         if start {
-            let slot = slot.clone();
-            tokio::spawn(async move { drain(&slot).await });
+            let fast_paths = self.clone();
+            tokio::spawn(async move { drain(&fast_paths).await });
         }
         rx.await.unwrap_or_else(|_| {
             Reply::Multi(Err(MultiError::Request(Code::Other(
@@ -227,10 +245,10 @@ impl FastPaths {
 }
 
 /// Sends what is pending, batch after batch, until nothing is.
-async fn drain(slot: &Arc<Slot>) {
+async fn drain(fp: &Arc<FastPaths>) {
     loop {
         let batch = {
-            let mut state = slot.fast_paths.state.lock().expect("fast paths lock");
+            let mut state = fp.state.lock().expect("fast paths lock");
             let batch = take_batch(&mut state.pending);
             if batch.is_empty() {
                 state.senders -= 1;
@@ -238,7 +256,7 @@ async fn drain(slot: &Arc<Slot>) {
             }
             batch
         };
-        send_batch(slot, batch).await;
+        send_batch(fp, batch).await;
     }
 }
 
@@ -260,11 +278,10 @@ fn take_batch(pending: &mut Vec<Group>) -> Vec<Group> {
 
 /// Sends `batch` as one multi; a group whose own part failed gets that failure and leaves, the
 /// others go again, until the multi is applied or fails as a whole.
-async fn send_batch(slot: &Arc<Slot>, mut batch: Vec<Group>) {
+async fn send_batch(fp: &Arc<FastPaths>, mut batch: Vec<Group>) {
     if batch.len() > 1 {
-        survey(slot, &mut batch).await;
+        survey(fp, &mut batch, false).await;
     }
-    let fast_paths = &slot.fast_paths;
     while !batch.is_empty() {
         // Groups whose acquisition went away before they were sent are not sent.
         batch.retain(|g| !g.reply.is_closed());
@@ -272,7 +289,7 @@ async fn send_batch(slot: &Arc<Slot>, mut batch: Vec<Group>) {
             return;
         }
         let result = {
-            let mut multi = slot.client.new_multi_writer();
+            let mut multi = fp.client.new_multi_writer();
             let added = batch.iter().try_for_each(|g| {
                 let (ops, bytes) = g.sent();
                 add_ops(&mut multi, &g.paths, ops, bytes)
@@ -288,12 +305,12 @@ async fn send_batch(slot: &Arc<Slot>, mut batch: Vec<Group>) {
                 if sent > 1 {
                     debug!(acquisitions = sent, "fast paths taken in one multi");
                 }
-                fast_paths.remember(batch.iter().map(|g| g.paths.monitor.clone()), true);
+                fp.remember(batch.iter().map(|g| g.paths.monitor.clone()), true);
                 let mut results = results.into_iter();
                 for group in batch.drain(..) {
                     let mine: Vec<OpResult> = results.by_ref().take(group.sent().0.len()).collect();
                     let reply = group.applied(mine);
-                    deliver(slot, group, reply);
+                    deliver(fp, group, reply);
                 }
             }
             Reply::Multi(Err(MultiError::Failed { index, code })) => {
@@ -312,84 +329,98 @@ async fn send_batch(slot: &Arc<Slot>, mut batch: Vec<Group>) {
                     let detail = format!(
                         "a multi of {sent} fast paths failed at operation {index}, past its end"
                     );
-                    fail_all(slot, batch, &detail);
+                    fail_all(fp, batch, &detail);
                     return;
                 };
                 if code == Code::NoNode && index == offset {
-                    fast_paths.remember([batch[at].paths.monitor.clone()], false);
+                    fp.remember([batch[at].paths.monitor.clone()], false);
                 }
                 if !batch[at].correct(index - offset, &code) {
                     let group = batch.remove(at);
                     let reply = group.failed(index - offset, code);
-                    deliver(slot, group, reply);
+                    deliver(fp, group, reply);
+                }
+                // A monitor was not as believed: others may not be either (the container
+                // reaper removes empty monitors; contenders come and go). Read them all before
+                // the next multi, rather than find them one failed multi at a time.
+                if batch.len() > 1 {
+                    survey(fp, &mut batch, true).await;
                 }
             }
             other => {
                 // Lost or refused as a whole: any of them may have been applied (all or none).
                 for group in batch.drain(..) {
-                    deliver(slot, group, other.clone());
+                    deliver(fp, group, other.clone());
                 }
             }
         }
     }
 }
 
-/// Reads the monitors of `batch` that this session did not see lately, pipelined: a busy
-/// one's acquisition is told at once (it queues), an absent one goes fresh (the multi creates
-/// it), an empty one as asked.
-async fn survey(slot: &Arc<Slot>, batch: &mut Vec<Group>) {
-    let unknown: Vec<usize> = (0..batch.len())
-        .filter(|&i| !slot.fast_paths.known(&batch[i].paths.monitor))
+/// Reads the monitors of `batch` (`all`, or those this session did not see lately), pipelined:
+/// a busy one's acquisition is told at once (it queues), an absent one goes fresh (the multi
+/// creates it), an empty one with its fast path as asked.
+async fn survey(fp: &FastPaths, batch: &mut Vec<Group>, all: bool) {
+    let read: Vec<usize> = (0..batch.len())
+        .filter(|&i| all || !fp.known(&batch[i].paths.monitor))
         .collect();
-    if unknown.is_empty() {
+    if read.is_empty() {
         return;
     }
     // Every read is sent before the first answer is awaited.
-    let reads: Vec<_> = unknown
+    let reads: Vec<_> = read
         .iter()
-        .map(|&i| slot.client.list_children(&batch[i].paths.monitor))
+        .map(|&i| fp.client.list_children(&batch[i].paths.monitor))
         .collect();
     let listed = futures::future::join_all(reads).await;
     let mut busy = Vec::new();
     let mut existing = Vec::new();
-    for (&i, children) in unknown.iter().zip(listed).rev() {
+    let mut absent = Vec::new();
+    for (&i, children) in read.iter().zip(listed).rev() {
         let group = &mut batch[i];
         match children {
             Ok(children) if !children.is_empty() => {
                 existing.push(group.paths.monitor.clone());
                 busy.push(batch.remove(i));
             }
-            Ok(_) => existing.push(group.paths.monitor.clone()),
-            Err(zookeeper_client::Error::NoNode) if group.can_go_fresh() => group.fresh = true,
-            // Unknown: as asked (the multi says).
+            Ok(_) => {
+                existing.push(group.paths.monitor.clone());
+                group.fresh = false;
+            }
+            Err(zookeeper_client::Error::NoNode) if group.can_go_fresh() => {
+                absent.push(group.paths.monitor.clone());
+                group.fresh = true;
+            }
+            // Unknown: as it is (the multi says).
             _ => {}
         }
     }
-    slot.fast_paths.remember(existing, true);
+    fp.remember(existing, true);
+    fp.remember(absent, false);
     for group in busy {
         // As the fast path would have found it: its delete refused, the monitor not empty.
         let reply = Reply::Multi(Err(MultiError::Failed {
             index: 0,
             code: Code::NotEmpty,
         }));
-        deliver(slot, group, reply);
+        deliver(fp, group, reply);
     }
 }
 
-fn fail_all(slot: &Arc<Slot>, batch: Vec<Group>, detail: &str) {
+fn fail_all(fp: &FastPaths, batch: Vec<Group>, detail: &str) {
     for group in batch {
         let reply = Reply::Multi(Err(MultiError::Request(Code::Other(detail.to_string()))));
-        deliver(slot, group, reply);
+        deliver(fp, group, reply);
     }
 }
 
 /// Hands `reply` to the group's acquisition; one that went away has the reaper search its
 /// monitor for what the multi may have made.
-fn deliver(slot: &Arc<Slot>, group: Group, reply: Reply) {
+fn deliver(fp: &FastPaths, group: Group, reply: Reply) {
     let applied_or_unknown = !matches!(reply, Reply::Multi(Err(MultiError::Failed { .. })));
     if group.reply.send(reply).is_err() && applied_or_unknown {
         debug!(monitor = %group.paths.monitor, "acquisition gone before its fast path's answer; reaping what it made");
-        slot.reap(Reap {
+        fp.reap(Reap {
             queue_node: None,
             mutex: None,
             search: Some((group.paths.monitor.clone(), group.attempt.clone())),

@@ -106,7 +106,7 @@ pub(crate) struct Slot {
     pub versioned_takes: AtomicBool,
     /// The fast paths of this session's acquisitions on their way, sent together
     /// (`zk::batch`).
-    pub fast_paths: super::batch::FastPaths,
+    pub fast_paths: Arc<super::batch::FastPaths>,
 }
 
 impl std::fmt::Debug for Slot {
@@ -509,6 +509,7 @@ impl ZkSession {
         });
         let reaper = super::reaper::spawn(client.clone());
         let confirmation = Confirmation::start(&client, attempted, grace);
+        let fast_paths = super::batch::FastPaths::new(client.clone(), reaper.clone());
         Slot {
             client,
             session_id,
@@ -520,7 +521,7 @@ impl ZkSession {
             mark_releases: AtomicBool::new(true),
             recreating_fast_path: AtomicBool::new(true),
             versioned_takes: AtomicBool::new(true),
-            fast_paths: super::batch::FastPaths::default(),
+            fast_paths,
             reaper,
         }
     }
