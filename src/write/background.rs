@@ -455,7 +455,7 @@ impl BackgroundExecutor {
             .acquire_owned()
             .await
             .expect("the semaphore is never closed");
-        let outcome = self.inner.run_background(op).await;
+        let outcome = self.inner.run_background(op, None).await;
         drop(permit);
         outcome
     }
@@ -476,8 +476,13 @@ impl BackgroundExecutor {
             .await
             .expect("the semaphore is never closed");
         let inner = self.inner.clone();
+        let op = op.with_type(LockType::Background);
+        // The first attempt joins its monitor's lane now, in the order of the submissions: a
+        // spawned task's start is not ordered, and two operations of one document applied
+        // out of order would leave the older one's content.
+        let first = inner.batcher.as_ref().map(|b| b.enqueue(op.clone()));
         tokio::spawn(async move {
-            let outcome = inner.run_background(op).await;
+            let outcome = inner.run_background(op, first).await;
             drop(permit);
             outcome
         })
@@ -510,6 +515,9 @@ impl BackgroundExecutor {
     }
 }
 
+/// An attempt already put in its monitor's lane (`Batcher::enqueue`).
+type Queued = Result<tokio::sync::oneshot::Receiver<Result<Written, GuardedError>>, GuardedError>;
+
 fn never_applicable(e: &GuardedError) -> bool {
     matches!(
         e,
@@ -520,7 +528,12 @@ fn never_applicable(e: &GuardedError) -> bool {
 }
 
 impl Inner {
-    async fn run_background(&self, op: Operation) -> Result<Outcome, BackgroundError> {
+    /// Runs `op` with retries; `first`, when given, is its first attempt already in its lane.
+    async fn run_background(
+        &self,
+        op: Operation,
+        first: Option<Queued>,
+    ) -> Result<Outcome, BackgroundError> {
         let op = op.with_type(LockType::Background);
         let span = tracing::info_span!(
             "background_op",
@@ -528,10 +541,14 @@ impl Inner {
             monitor = %op.monitor,
             target = %format_args!("{}/{}", op.target_index(), op.target_id()),
         );
-        self.run_with_retries(op).instrument(span).await
+        self.run_with_retries(op, first).instrument(span).await
     }
 
-    async fn run_with_retries(&self, op: Operation) -> Result<Outcome, BackgroundError> {
+    async fn run_with_retries(
+        &self,
+        op: Operation,
+        mut first: Option<Queued>,
+    ) -> Result<Outcome, BackgroundError> {
         let c = &self.counters;
         bump(&c.submitted);
         let first_attempt = SystemTime::now();
@@ -539,9 +556,10 @@ impl Inner {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let result = match &self.batcher {
-                Some(batcher) => batcher.run(op.clone()).await,
-                None => self.bg_writer.run(&op).await,
+            let result = match (first.take(), &self.batcher) {
+                (Some(queued), _) => super::batch::answer(queued).await,
+                (None, Some(batcher)) => batcher.run(op.clone()).await,
+                (None, None) => self.bg_writer.run(&op).await,
             };
             let error = match result {
                 Ok(written) => {

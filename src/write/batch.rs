@@ -132,6 +132,19 @@ impl Batcher {
     /// # Errors
     /// Those of [`GuardedWriter::run`].
     pub(crate) async fn run(self: &Arc<Self>, op: Operation) -> Attempt {
+        answer(self.enqueue(op)).await
+    }
+
+    /// Puts one attempt of `op` at the end of its monitor's lane now (starting the lane if it
+    /// has none), and returns where its result will come: the attempts of one monitor are made
+    /// in the order they were put in its lane.
+    ///
+    /// # Errors
+    /// [`GuardedError::Invalid`] for an operation that cannot be applied.
+    pub(crate) fn enqueue(
+        self: &Arc<Self>,
+        op: Operation,
+    ) -> Result<oneshot::Receiver<Attempt>, GuardedError> {
         op.validate()?;
         let (done, rx) = oneshot::channel();
         let start = {
@@ -163,11 +176,7 @@ impl Batcher {
                 .instrument(span),
             );
         }
-        rx.await.unwrap_or_else(|_| {
-            Err(GuardedError::Store(EsError::Protocol(
-                "the background lane stopped before answering; the attempt is retried".into(),
-            )))
-        })
+        Ok(rx)
     }
 
     /// Serves one monitor until its queue is empty. The lock of one batch is released by the
@@ -518,6 +527,15 @@ impl Batcher {
         });
         submit(tx, targets, None, "the reader").await
     }
+}
+
+/// The result of an attempt put in a lane ([`Batcher::enqueue`]).
+pub(crate) async fn answer(queued: Result<oneshot::Receiver<Attempt>, GuardedError>) -> Attempt {
+    queued?.await.unwrap_or_else(|_| {
+        Err(GuardedError::Store(EsError::Protocol(
+            "the background lane stopped before answering; the attempt is retried".into(),
+        )))
+    })
 }
 
 /// Hands `items` to a grouped sender and waits for their results: one per item, in order
