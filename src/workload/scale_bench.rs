@@ -138,8 +138,14 @@ pub struct ClientLevel {
     pub service_rss_kb: Option<u64>,
     /// The service's open file descriptors after the level.
     pub service_fds: Option<u64>,
-    /// Writes refused or failed, by `status error_code` (`503 overloaded`), or `connection`.
+    /// Writes refused or failed, by `status error_code` (`503 overloaded`), or `connection`
+    /// and what became of it (`connection reset`).
     pub failures: BTreeMap<String, u32>,
+    /// Idle connections the service closed to make room at `server.max.connections`
+    /// (`zkguard_http_connections_evicted` of its `/metrics`).
+    pub connections_evicted: Option<u64>,
+    /// Connections the service refused at `server.max.connections`, every one being busy.
+    pub connections_refused: Option<u64>,
 }
 
 impl ClientLevel {
@@ -153,9 +159,17 @@ impl ClientLevel {
         self.failures.values().sum()
     }
 
-    /// The configuration keys whose limits refused writes, by what the service answered.
+    /// The configuration keys whose limits refused writes, by what the service answered, and
+    /// `server.max.connections` when the service closed or refused connections at its limit.
     pub fn limits(&self) -> Vec<&'static str> {
-        let mut out: Vec<&'static str> = self.failures.keys().filter_map(|k| limit_of(k)).collect();
+        let at_connections =
+            self.connections_evicted.unwrap_or(0) + self.connections_refused.unwrap_or(0) > 0;
+        let mut out: Vec<&'static str> = self
+            .failures
+            .keys()
+            .filter_map(|k| limit_of(k))
+            .chain(at_connections.then_some("server.max.connections"))
+            .collect();
         out.sort_unstable();
         out.dedup();
         out
@@ -351,6 +365,18 @@ impl ScaleReport {
                 label: "service RSS after, MB",
                 values: col(&|l| l.service_rss_kb.map(|k| mb(k as f64))),
                 decimals: 1,
+            },
+            Row {
+                key: "connections_evicted",
+                label: "idle connections closed at limit",
+                values: col(&|l| l.connections_evicted.map(|n| n as f64)),
+                decimals: 0,
+            },
+            Row {
+                key: "connections_refused",
+                label: "connections refused at limit",
+                values: col(&|l| l.connections_refused.map(|n| n as f64)),
+                decimals: 0,
             },
             Row {
                 key: "service_fds",
@@ -811,6 +837,53 @@ fn failure_kind(status: reqwest::StatusCode, body: &[u8]) -> String {
     }
 }
 
+/// The sum of the samples of counter `name` (`name_total`, any labels) in a Prometheus text
+/// page: `None` when the page has none.
+fn metric_sum(text: &str, name: &str) -> Option<u64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let rest = rest.strip_prefix("_total").unwrap_or(rest);
+        if !(rest.starts_with(' ') || rest.starts_with('{')) {
+            continue;
+        }
+        if let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+            *found.get_or_insert(0) += v as u64;
+        }
+    }
+    found
+}
+
+/// What became of a write that got no answer: `connection refused`, `connection closed` (the
+/// service closed the connection, e.g. at `server.max.connections` or an idle one it dropped
+/// while the request was on its way), `connection reset`, `connection timeout` or
+/// `connection error`.
+fn transport_failure(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    tracing::debug!(error = %text, "a write got no answer");
+    let text = text.to_lowercase();
+    let kind = if text.contains("refused") {
+        "refused"
+    } else if text.contains("reset") {
+        "reset"
+    } else if text.contains("closed") || text.contains("incomplete") || text.contains("eof") {
+        "closed"
+    } else if e.is_timeout() {
+        "timeout"
+    } else {
+        "error"
+    };
+    format!("connection {kind}")
+}
+
 async fn client_level(
     settings: &Settings,
     zk: &Zk,
@@ -870,7 +943,7 @@ async fn client_level(
                             Err(failure_kind(status, &body))
                         }
                     }
-                    Err(_) => Err("connection".to_string()),
+                    Err(e) => Err(transport_failure(&e)),
                 });
             }
             out
@@ -895,6 +968,10 @@ async fn client_level(
     let service_rss_kb = status_kb(pid, "VmRSS");
     let service_fds = pid.and_then(open_fds);
     let mntr_after = zk.mntr().await;
+    let metrics = match http.get(format!("{base}/metrics")).send().await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
     drop(http);
     drop(served);
     let (p50, p99) = latencies(samples);
@@ -911,6 +988,8 @@ async fn client_level(
         service_rss_kb,
         service_fds,
         failures,
+        connections_evicted: metric_sum(&metrics, "zkguard_http_connections_evicted"),
+        connections_refused: metric_sum(&metrics, "zkguard_http_connections_refused"),
     })
 }
 
@@ -1015,6 +1094,20 @@ mod tests {
             "503 overloaded"
         );
         assert_eq!(failure_kind(reqwest::StatusCode::BAD_GATEWAY, b"x"), "502");
+    }
+
+    #[test]
+    fn counters_are_read_from_the_metrics_page() {
+        let page = "# HELP zkguard_http_connections_evicted Idle ...\n\
+                    zkguard_http_connections_evicted_total 3\n\
+                    zkguard_http_connections_evicted_totalx 9\n\
+                    zkguard_http_connections 5\n";
+        assert_eq!(
+            metric_sum(page, "zkguard_http_connections_evicted"),
+            Some(3)
+        );
+        assert_eq!(metric_sum(page, "zkguard_http_connections_refused"), None);
+        assert_eq!(metric_sum(page, "zkguard_http_connections"), Some(5));
     }
 
     #[test]
