@@ -461,6 +461,8 @@ fn scale_benchmark_reports_every_level() {
         "500,50",
         "--scale-clients",
         "2,8",
+        "--scale-instances",
+        "2,1",
         "--scale-writes",
         "40",
         "--warmup",
@@ -541,12 +543,27 @@ fn scale_benchmark_reports_every_level() {
         num(&key("service_cpu_ms_per_write"));
     }
     assert!(num("clients_n8_p50_ms_growth") > 0.0, "{report}");
+    // The instances dimension: 100 clients over 1 and 2 services, at least one write each.
+    assert_eq!(
+        report["instance_levels"],
+        serde_json::json!([1, 2]),
+        "{report}"
+    );
+    for k in [1, 2] {
+        let key = |figure: &str| format!("instances_n{k}_{figure}");
+        assert_eq!(num(&key("writes")), 100.0, "{report}");
+        assert_eq!(num(&key("ok")), 100.0, "{report}");
+        for figure in ["zk_requests_per_write", "service_rss_mb", "service_fds"] {
+            assert!(num(&key(figure)) > 0.0, "{k} {figure}: {report}");
+        }
+    }
     for args in [
         &["--scale", "--scale-monitors", "0"][..],
         &["--scale", "--scale-clients", "10,0"],
         &["--scale", "--scale-clients", "100000"],
         &["--scale", "--scale-monitors", "x"],
         &["--scale", "--scale-writes", "0"],
+        &["--scale", "--scale-instances", "17"],
         &["--scale-monitors", "10"],
         &["--scale", "--txn"],
     ] {

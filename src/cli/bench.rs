@@ -107,8 +107,9 @@ pub struct BenchArgs {
     /// through the library over each number of new monitors of --scale-monitors (requests, CPU
     /// and memory per operation, znodes left behind), and a `zkguard serve` written to by each
     /// number of concurrent HTTP clients of --scale-clients (latency, requests, CPU, memory,
-    /// file descriptors, refused writes). With --local, starts both a ZooKeeper and an
-    /// osmem-server.
+    /// file descriptors, refused writes), and the same figures with each number of
+    /// `zkguard serve` processes of --scale-instances sharing 100 clients. With --local, starts
+    /// both a ZooKeeper and an osmem-server.
     #[arg(long, conflicts_with_all = ["backend", "service", "gateway", "txn"])]
     pub scale: bool,
     /// Levels of --scale's monitors dimension: distinct new monitors of each bulk job,
@@ -119,6 +120,10 @@ pub struct BenchArgs {
     /// comma-separated.
     #[arg(long, value_name = "N,...", value_delimiter = ',', requires = "scale", default_values_t = crate::workload::scale_bench::DEFAULT_CLIENTS, value_parser = clap::value_parser!(u32).range(1..=5000))]
     pub scale_clients: Vec<u32>,
+    /// Levels of --scale's instances dimension: `zkguard serve` processes on one ZooKeeper
+    /// sharing 100 concurrent HTTP clients and --scale-writes writes, comma-separated.
+    #[arg(long, value_name = "N,...", value_delimiter = ',', requires = "scale", default_values_t = crate::workload::scale_bench::DEFAULT_INSTANCES, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub scale_instances: Vec<u32>,
     /// Foreground writes of each level of --scale's clients dimension (at least one per
     /// client).
     #[arg(long, value_name = "N", requires = "scale", default_value_t = crate::workload::scale_bench::DEFAULT_WRITES, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -676,7 +681,12 @@ async fn run_scale(settings: Settings, args: &BenchArgs) -> Result<u8, CliError>
     };
     let monitors = levels(&args.scale_monitors);
     let clients = levels(&args.scale_clients);
-    let most = clients.last().copied().unwrap_or(0);
+    let instances = levels(&args.scale_instances);
+    let most = clients
+        .last()
+        .copied()
+        .unwrap_or(0)
+        .max(scale_bench::INSTANCE_CLIENTS);
     ensure_open_files(u64::from(most) + 256)?;
     let measured = with_local_servers(
         settings,
@@ -686,6 +696,7 @@ async fn run_scale(settings: Settings, args: &BenchArgs) -> Result<u8, CliError>
             let plan = ScalePlan {
                 monitors,
                 clients,
+                instances,
                 writes: args.scale_writes,
                 warmup: args.warmup.unwrap_or(scale_bench::WARMUP_MONITORS),
                 zk_pid,

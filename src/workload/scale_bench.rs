@@ -48,8 +48,8 @@ use zkguard::{LockRequest, LockService, LockType, ZkLockService, ZkSession};
 
 use super::measure::{cpu_ms_per, cpu_time, first_zk_host, process_cpu_time};
 pub use super::scale_report::{
-    ClientLevel, MonitorLevel, ScalePlan, ScaleReport, DEFAULT_CLIENTS, DEFAULT_MONITORS,
-    DEFAULT_WRITES, WARMUP_MONITORS, WAVE,
+    ClientLevel, MonitorLevel, ScalePlan, ScaleReport, DEFAULT_CLIENTS, DEFAULT_INSTANCES,
+    DEFAULT_MONITORS, DEFAULT_WRITES, INSTANCE_CLIENTS, WARMUP_MONITORS, WAVE,
 };
 use super::service_bench::{
     jit_cpu_time, latencies, mapped_index, start_served_with, MAX_WARMUP_RUNS,
@@ -115,7 +115,14 @@ async fn measure(mut settings: Settings, plan: ScalePlan) -> Result<ScaleReport,
     for &c in &plan.clients {
         tracing::info!(clients = c, "clients level");
         let index = format!("bench-scale-{tag}-c{c}");
-        clients.push(client_level(&settings, &zk, &index, c, plan.writes_at(c)).await?);
+        clients.push(client_level(&settings, &zk, &index, c, plan.writes_at(c), 1).await?);
+    }
+    let mut instances = Vec::new();
+    for &k in &plan.instances {
+        tracing::info!(instances = k, "instances level");
+        let index = format!("bench-scale-{tag}-i{k}");
+        let c = INSTANCE_CLIENTS;
+        instances.push(client_level(&settings, &zk, &index, c, plan.writes_at(c), k).await?);
     }
     Ok(ScaleReport {
         max_concurrent: settings.server.max_concurrent,
@@ -123,6 +130,7 @@ async fn measure(mut settings: Settings, plan: ScalePlan) -> Result<ScaleReport,
         plan,
         monitors,
         clients,
+        instances,
         warmup_runs,
     })
 }
@@ -394,38 +402,51 @@ async fn client_level(
     index: &str,
     clients: u32,
     writes: u32,
+    instances: u32,
 ) -> Result<ClientLevel, String> {
     mapped_index(settings, index).await?;
-    let served = start_served_with(settings, None, false).await?;
-    let base = served.base.clone();
-    let pid = served.pid();
+    let mut served = Vec::with_capacity(instances as usize);
+    for _ in 0..instances {
+        served.push(start_served_with(settings, None, false).await?);
+    }
+    let bases: Vec<String> = served.iter().map(|s| s.base.clone()).collect();
+    let pids: Vec<Option<u32>> = served.iter().map(|s| s.pid()).collect();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(clients as usize)
         .build()
         .map_err(|e| e.to_string())?;
-    // The service's ZooKeeper session and Elasticsearch connection are open before the level.
-    let warm = http
-        .put(format!("{base}/v1/indices/{index}/docs/warm"))
-        .header("content-type", "application/json")
-        .body(json!({"warm": true}).to_string())
-        .send()
-        .await
-        .map_err(|e| format!("zkguard serve: {e}"))?;
-    if !warm.status().is_success() {
-        return Err(format!(
-            "zkguard serve answered {} to a write",
-            warm.status()
-        ));
+    // Each service's ZooKeeper session and Elasticsearch connection are open before the level.
+    for (k, base) in bases.iter().enumerate() {
+        let warm = http
+            .put(format!("{base}/v1/indices/{index}/docs/warm-{k}"))
+            .header("content-type", "application/json")
+            .body(json!({"warm": true}).to_string())
+            .send()
+            .await
+            .map_err(|e| format!("zkguard serve: {e}"))?;
+        if !warm.status().is_success() {
+            return Err(format!(
+                "zkguard serve answered {} to a write",
+                warm.status()
+            ));
+        }
     }
+    // Summed over the instances; `None` when one cannot be read.
+    let services_cpu = || -> Option<Duration> {
+        pids.iter()
+            .map(|p| p.and_then(process_cpu_time))
+            .sum::<Option<Duration>>()
+    };
 
     let mntr_before = zk.mntr().await;
     let zk_cpu_before = zk.cpu();
-    let svc_cpu_before = pid.and_then(process_cpu_time);
+    let svc_cpu_before = services_cpu();
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(clients as usize);
     for c in 0..clients {
         let share = writes / clients + u32::from(c < writes % clients);
         let http = http.clone();
+        let base = &bases[(c % instances) as usize];
         let url = format!("{base}/v1/indices/{index}/docs/c{c}-");
         tasks.push(tokio::spawn(async move {
             let mut out: Vec<WriteOutcome> = Vec::with_capacity(share as usize);
@@ -465,22 +486,31 @@ async fn client_level(
     }
     let elapsed = started.elapsed();
     let ok = samples.len() as u32;
-    let service_cpu_ms_per_write =
-        server_cpu_per(svc_cpu_before, pid.and_then(process_cpu_time), ok);
+    let service_cpu_ms_per_write = server_cpu_per(svc_cpu_before, services_cpu(), ok);
     let zk_cpu_ms_per_write = server_cpu_per(zk_cpu_before, zk.cpu(), ok);
     // The idle keep-alive connections are still open.
-    let service_rss_kb = status_kb(pid, "VmRSS");
-    let service_fds = pid.and_then(open_fds);
+    let service_rss_kb = pids
+        .iter()
+        .map(|&p| p.and_then(|p| status_kb(Some(p), "VmRSS")))
+        .sum::<Option<u64>>();
+    let service_fds = pids
+        .iter()
+        .map(|p| p.and_then(open_fds))
+        .sum::<Option<u64>>();
     let mntr_after = zk.mntr().await;
-    let metrics = match http.get(format!("{base}/metrics")).send().await {
-        Ok(r) => r.text().await.unwrap_or_default(),
-        Err(_) => String::new(),
-    };
+    let mut metrics = String::new();
+    for base in &bases {
+        if let Ok(r) = http.get(format!("{base}/metrics")).send().await {
+            metrics.push_str(&r.text().await.unwrap_or_default());
+            metrics.push('\n');
+        }
+    }
     drop(http);
     drop(served);
     let (p50, p99) = latencies(samples);
     Ok(ClientLevel {
         clients,
+        instances,
         writes,
         ok,
         elapsed,
@@ -535,6 +565,7 @@ mod tests {
             ScalePlan {
                 monitors: vec![],
                 clients: vec![],
+                instances: vec![],
                 writes: 10,
                 warmup: 0,
                 zk_pid: None

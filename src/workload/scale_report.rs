@@ -12,6 +12,11 @@ use serde_json::{json, Value};
 pub const DEFAULT_MONITORS: [u32; 3] = [1000, 10_000, 100_000];
 /// The default levels of `--scale-clients`.
 pub const DEFAULT_CLIENTS: [u32; 3] = [10, 100, 1000];
+/// The default levels of `--scale-instances`.
+pub const DEFAULT_INSTANCES: [u32; 2] = [1, 3];
+/// Concurrent HTTP clients of every level of the instances dimension, spread over the
+/// instances.
+pub const INSTANCE_CLIENTS: u32 = 100;
 /// The default total of writes per client level (`--scale-writes`).
 pub const DEFAULT_WRITES: u32 = 2000;
 /// Concurrent acquisitions per wave of the monitors' bulk job.
@@ -26,6 +31,9 @@ pub struct ScalePlan {
     pub monitors: Vec<u32>,
     /// Levels of the clients dimension: concurrent HTTP clients.
     pub clients: Vec<u32>,
+    /// Levels of the instances dimension: `zkguard serve` processes sharing
+    /// [`INSTANCE_CLIENTS`] clients and the same writes.
+    pub instances: Vec<u32>,
     /// Writes per client level (at least the level's clients, see [`ScalePlan::writes_at`]).
     pub writes: u32,
     /// Monitors of each unmeasured warm-up job ([`WARMUP_MONITORS`] by default; 0: none).
@@ -75,6 +83,9 @@ impl MonitorLevel {
 pub struct ClientLevel {
     /// Concurrent clients.
     pub clients: u32,
+    /// `zkguard serve` processes sharing them (client `c` writes to instance `c mod k`); the
+    /// service figures are summed over them.
+    pub instances: u32,
     /// Writes sent.
     pub writes: u32,
     /// Writes that succeeded.
@@ -154,6 +165,8 @@ pub struct ScaleReport {
     pub monitors: Vec<MonitorLevel>,
     /// One per level of [`ScalePlan::clients`], in its order.
     pub clients: Vec<ClientLevel>,
+    /// One per level of [`ScalePlan::instances`], in its order.
+    pub instances: Vec<ClientLevel>,
     /// Unmeasured warm-up jobs.
     pub warmup_runs: u32,
     /// `server.max.concurrent` of the services started.
@@ -259,8 +272,7 @@ impl ScaleReport {
         ]
     }
 
-    fn client_rows(&self) -> Vec<Row> {
-        let c = &self.clients;
+    fn client_rows(c: &[ClientLevel]) -> Vec<Row> {
         let col = |f: &dyn Fn(&ClientLevel) -> Option<f64>| c.iter().map(f).collect::<Vec<_>>();
         vec![
             Row {
@@ -353,6 +365,8 @@ impl ScaleReport {
         let mut v = json!({
             "monitor_levels": self.plan.monitors,
             "client_levels": self.plan.clients,
+            "instance_levels": self.plan.instances,
+            "instance_clients": INSTANCE_CLIENTS,
             "writes": self.plan.writes,
             "wave": WAVE,
             "warmup_runs": self.warmup_runs,
@@ -364,7 +378,7 @@ impl ScaleReport {
         let Value::Object(all) = &mut v else {
             unreachable!("a JSON object")
         };
-        let dims: [(&str, Vec<u32>, Vec<Row>); 2] = [
+        let dims: [(&str, Vec<u32>, Vec<Row>); 3] = [
             (
                 "monitors",
                 self.monitors.iter().map(|l| l.monitors).collect(),
@@ -373,7 +387,12 @@ impl ScaleReport {
             (
                 "clients",
                 self.clients.iter().map(|l| l.clients).collect(),
-                self.client_rows(),
+                Self::client_rows(&self.clients),
+            ),
+            (
+                "instances",
+                self.instances.iter().map(|l| l.instances).collect(),
+                Self::client_rows(&self.instances),
             ),
         ];
         for (dim, levels, rows) in dims {
@@ -389,18 +408,17 @@ impl ScaleReport {
                 }
             }
         }
-        for l in &self.clients {
+        let levels = self
+            .clients
+            .iter()
+            .map(|l| ("clients", l.clients, l))
+            .chain(self.instances.iter().map(|l| ("instances", l.instances, l)));
+        for (dim, n, l) in levels {
             for (kind, count) in &l.failures {
                 let kind = kind.replace(' ', "_");
-                all.insert(
-                    format!("clients_n{}_failed_{kind}", l.clients),
-                    json!(count),
-                );
+                all.insert(format!("{dim}_n{n}_failed_{kind}"), json!(count));
             }
-            all.insert(
-                format!("clients_n{}_limits", l.clients),
-                json!(l.limits().join(",")),
-            );
+            all.insert(format!("{dim}_n{n}_limits"), json!(l.limits().join(",")));
         }
         v
     }
@@ -434,24 +452,50 @@ impl ScaleReport {
                 self.max_concurrent, self.max_connections, self.plan.writes
             ));
             let levels: Vec<String> = self.clients.iter().map(|l| l.clients.to_string()).collect();
-            out.push_str(&grid("C clients", &levels, &self.client_rows()));
-            for l in self.clients.iter().filter(|l| l.failed() > 0) {
-                let kinds: Vec<String> = l
-                    .failures
-                    .iter()
-                    .map(|(k, n)| match limit_of(k) {
-                        Some(key) => format!("{n} x {k} ({key})"),
-                        None => format!("{n} x {k}"),
-                    })
-                    .collect();
-                out.push_str(&format!(
-                    "  C={}: {} of {} writes refused or failed: {}\n",
-                    l.clients,
-                    l.failed(),
-                    l.writes,
-                    kinds.join(", ")
-                ));
-            }
+            out.push_str(&grid(
+                "C clients",
+                &levels,
+                &Self::client_rows(&self.clients),
+            ));
+        }
+        if !self.instances.is_empty() {
+            out.push_str(&format!(
+                "\ninstances: K zkguard serve processes on one ZooKeeper sharing {INSTANCE_CLIENTS} \
+                 concurrent clients (client c writes to instance c mod K) and {} writes; service \
+                 figures summed over the instances\n",
+                self.plan.writes_at(INSTANCE_CLIENTS)
+            ));
+            let levels: Vec<String> = self
+                .instances
+                .iter()
+                .map(|l| l.instances.to_string())
+                .collect();
+            out.push_str(&grid(
+                "K instances",
+                &levels,
+                &Self::client_rows(&self.instances),
+            ));
+        }
+        let refused = self
+            .clients
+            .iter()
+            .map(|l| ("C", l.clients, l))
+            .chain(self.instances.iter().map(|l| ("K", l.instances, l)));
+        for (what, n, l) in refused.filter(|(_, _, l)| l.failed() > 0) {
+            let kinds: Vec<String> = l
+                .failures
+                .iter()
+                .map(|(k, count)| match limit_of(k) {
+                    Some(key) => format!("{count} x {k} ({key})"),
+                    None => format!("{count} x {k}"),
+                })
+                .collect();
+            out.push_str(&format!(
+                "  {what}={n}: {} of {} writes refused or failed: {}\n",
+                l.failed(),
+                l.writes,
+                kinds.join(", ")
+            ));
         }
         out
     }
@@ -529,6 +573,7 @@ mod tests {
             plan: ScalePlan {
                 monitors: vec![100, 1000],
                 clients: vec![2, 20],
+                instances: vec![],
                 writes: 40,
                 warmup: 0,
                 zk_pid: None,
@@ -555,6 +600,7 @@ mod tests {
                     ..ClientLevel::default()
                 },
             ],
+            instances: vec![],
             warmup_runs: 1,
             max_concurrent: 256,
             max_connections: 1024,
