@@ -43,8 +43,9 @@ bench-txn: deps
 	cargo run --release --features testkit --bin zkguard -- bench --txn --local --iterations 300
 
 # How costs grow as the work grows 10x and 100x: a library bulk job over 1,000, 10,000 and 100,000
-# new monitors, and zkguard serve written to by 10, 100 and 1,000 concurrent HTTP clients
-# (docs/performance.md, "How costs grow").
+# new monitors, zkguard serve written to by 10, 100 and 1,000 concurrent HTTP clients, and 1 and 3
+# zkguard serve processes sharing 100 clients (docs/performance.md, "How costs grow"; about 1 minute
+# besides the build).
 bench-scale: deps
 	cargo run --release --features testkit --bin zkguard -- bench --scale --local
 

@@ -1,10 +1,10 @@
 //! `zkguard bench --scale`: how zkguard's costs grow as the work grows 10x and 100x.
 //!
-//! Two dimensions, each measured at every level of the plan:
+//! Three dimensions, each measured at every level of the plan:
 //!
 //! - **monitors**: a background bulk job through the library over N distinct monitors never
 //!   used before (one [`ZkSession`], one [`ZkLockService`], the lock root a new path of its own
-//!   per level), acquiring background locks in waves of [`WAVE`] concurrent acquisitions
+//!   per level, made before the measured job by one lock cycle), acquiring background locks in waves of [`WAVE`] concurrent acquisitions
 //!   (`join_all`, so that their fast paths go together in multis, see `src/zk/batch.rs`), each
 //!   wave released at once with [`LockService::release_all`]. Figures per level: operations
 //!   (one acquisition and its release) per second; ZooKeeper requests per operation (the growth
@@ -25,10 +25,14 @@
 //!   of [`ScalePlan::writes_at`] writes per level. Figures per level: latency p50 and p99 of
 //!   the writes that succeeded, writes per second, ZooKeeper requests and CPU ms per write, the
 //!   service's CPU ms per write, the service's resident memory and open file descriptors after
-//!   the level (its idle keep-alive connections still open), and the writes refused, by status
+//!   the level (its idle keep-alive connections still open), the connections it closed or
+//!   refused at `server.max.connections` (its `/metrics`), and the writes refused, by status
 //!   and error code (`503 overloaded` is `server.max.concurrent`, `503 too_many_connections`
 //!   `server.max.connections`, `503 request_timeout` `server.request.timeout`). Clients do not
 //!   retry a refused write: a refusal is counted, not hidden.
+//! - **instances**: the same figures with K `zkguard serve` children on the one ZooKeeper sharing
+//!   [`INSTANCE_CLIENTS`] clients (client `c` writes to instance `c mod K`) and the same writes;
+//!   the services' CPU, memory, descriptors and connection counters are summed.
 //!
 //! Before the levels, unmeasured bulk jobs of [`ScalePlan::warmup`] monitors
 //! ([`WARMUP_MONITORS`] by default) run until
