@@ -1,4 +1,4 @@
-.PHONY: openapi reference demo test torture bench bench-service bench-gateway bench-txn bench-memory deps check
+.PHONY: openapi reference demo test torture bench bench-service bench-gateway bench-txn bench-scale bench-memory deps check
 
 # The main job: installs ZooKeeper and osmem-server if missing, starts them on free loopback
 # ports, runs the demo and stops them.
@@ -41,6 +41,13 @@ bench-gateway: deps
 # client: p50/p99 and Elasticsearch and ZooKeeper requests per operation (about 2 minutes).
 bench-txn: deps
 	cargo run --release --features testkit --bin zkguard -- bench --txn --local --iterations 300
+
+# How costs grow as the work grows 10x and 100x: a library bulk job over 1,000, 10,000 and 100,000
+# new monitors, zkguard serve written to by 10, 100 and 1,000 concurrent HTTP clients, and 1 and 3
+# zkguard serve processes sharing 100 clients (docs/performance.md, "How costs grow"; about 1 minute
+# besides the build).
+bench-scale: deps
+	cargo run --release --features testkit --bin zkguard -- bench --scale --local
 
 # Memory of `zkguard serve` per queued background operation and at a restart that replays the
 # journal (20,000 and 100,000 operations of 200 B and 1 KB documents; about 4 minutes).

@@ -446,3 +446,134 @@ fn txn_benchmark_counts_the_requests_of_each_way() {
         text(&bad.stderr)
     );
 }
+
+/// `zkguard bench --scale --local --json` with tiny levels: every figure of every level is
+/// there, a bulk job's operation and a write cost ZooKeeper requests, each new monitor leaves
+/// about one empty container behind, and bad levels are refused with 64 before any server
+/// starts.
+#[test]
+fn scale_benchmark_reports_every_level() {
+    let out = zkguard(&[
+        "--scale",
+        "--local",
+        "--json",
+        "--scale-monitors",
+        "500,50",
+        "--scale-clients",
+        "2,8",
+        "--scale-instances",
+        "2,1",
+        "--scale-writes",
+        "40",
+        "--warmup",
+        "0",
+    ]);
+    assert!(
+        out.status.success(),
+        "exit {:?}; stderr:\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(text(&out.stdout).trim()).expect("one JSON object");
+    let obj = report.as_object().expect("an object");
+    assert!(obj.values().all(|v| !v.is_object()), "flat: {report}");
+    assert_eq!(
+        report["monitor_levels"],
+        serde_json::json!([50, 500]),
+        "{report}"
+    );
+    assert_eq!(
+        report["client_levels"],
+        serde_json::json!([2, 8]),
+        "{report}"
+    );
+    assert_eq!(report["warmup_runs"], 0, "{report}");
+    let num = |key: &str| {
+        report[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} is not a number: {report}"))
+    };
+    for n in [50, 500] {
+        let key = |figure: &str| format!("monitors_n{n}_{figure}");
+        for figure in [
+            "seconds",
+            "ops_per_sec",
+            "zk_requests_per_op",
+            "zk_cpu_ms_per_op",
+            "client_cpu_ms_per_op",
+            "rss_growth_mb",
+            "znodes_left",
+            "containers_left",
+        ] {
+            num(&key(figure));
+        }
+        assert!(num(&key("ops_per_sec")) > 0.0, "{report}");
+        let requests = num(&key("zk_requests_per_op"));
+        assert!(
+            requests > 0.0 && requests < 5.0,
+            "{n}: {requests}: {report}"
+        );
+        // One empty monitor container per new monitor, until the container reaper runs.
+        let left = num(&key("znodes_left"));
+        let n = f64::from(n);
+        assert!(
+            (0.9 * n..=1.1 * n + 2.0).contains(&left),
+            "znodes left {left} for {n} monitors: {report}"
+        );
+        assert_eq!(num(&key("containers_left")), n, "{report}");
+    }
+    assert!(num("monitors_n500_ops_per_sec_growth") > 0.0, "{report}");
+    for c in [2, 8] {
+        let key = |figure: &str| format!("clients_n{c}_{figure}");
+        assert_eq!(num(&key("writes")), 40.0, "{report}");
+        assert_eq!(num(&key("ok")), 40.0, "{report}");
+        assert_eq!(num(&key("failed")), 0.0, "{report}");
+        assert_eq!(report[key("limits")], "", "{report}");
+        let (p50, p99) = (num(&key("p50_ms")), num(&key("p99_ms")));
+        assert!(0.0 < p50 && p50 <= p99, "{c}: p50 {p50}, p99 {p99}");
+        for figure in [
+            "writes_per_sec",
+            "zk_requests_per_write",
+            "service_rss_mb",
+            "service_fds",
+        ] {
+            assert!(num(&key(figure)) > 0.0, "{c} {figure}: {report}");
+        }
+        num(&key("zk_cpu_ms_per_write"));
+        num(&key("service_cpu_ms_per_write"));
+    }
+    assert!(num("clients_n8_p50_ms_growth") > 0.0, "{report}");
+    // The instances dimension: 100 clients over 1 and 2 services, at least one write each.
+    assert_eq!(
+        report["instance_levels"],
+        serde_json::json!([1, 2]),
+        "{report}"
+    );
+    for k in [1, 2] {
+        let key = |figure: &str| format!("instances_n{k}_{figure}");
+        assert_eq!(num(&key("writes")), 100.0, "{report}");
+        assert_eq!(num(&key("ok")), 100.0, "{report}");
+        for figure in ["zk_requests_per_write", "service_rss_mb", "service_fds"] {
+            assert!(num(&key(figure)) > 0.0, "{k} {figure}: {report}");
+        }
+    }
+    for args in [
+        &["--scale", "--scale-monitors", "0"][..],
+        &["--scale", "--scale-clients", "10,0"],
+        &["--scale", "--scale-clients", "100000"],
+        &["--scale", "--scale-monitors", "x"],
+        &["--scale", "--scale-writes", "0"],
+        &["--scale", "--scale-instances", "17"],
+        &["--scale-monitors", "10"],
+        &["--scale", "--txn"],
+    ] {
+        let bad = zkguard(args);
+        assert_eq!(
+            bad.status.code(),
+            Some(64),
+            "{args:?}: {}",
+            text(&bad.stderr)
+        );
+        assert!(bad.stdout.is_empty(), "{args:?}");
+    }
+}

@@ -66,7 +66,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub monitors: u32,
     /// Uncontended warm-up cycles (default max(50, iterations / 5), as the peers); with --txn,
-    /// operations per size and way of each warm-up run (default max(5, iterations / 10)).
+    /// operations per size and way of each warm-up run (default max(5, iterations / 10)); with
+    /// --scale, monitors of each warm-up bulk job (default 5000, 0 for none).
     #[arg(long, value_name = "N")]
     pub warmup: Option<u32>,
     /// Lock backend to measure (default: `lock.backend` of the configuration).
@@ -102,6 +103,31 @@ pub struct BenchArgs {
     /// osmem-server.
     #[arg(long, conflicts_with_all = ["backend", "service", "gateway"])]
     pub txn: bool,
+    /// Measure how zkguard's costs grow as the work grows 10x and 100x: a background bulk job
+    /// through the library over each number of new monitors of --scale-monitors (requests, CPU
+    /// and memory per operation, znodes left behind), and a `zkguard serve` written to by each
+    /// number of concurrent HTTP clients of --scale-clients (latency, requests, CPU, memory,
+    /// file descriptors, refused writes), and the same figures with each number of
+    /// `zkguard serve` processes of --scale-instances sharing 100 clients. With --local, starts
+    /// both a ZooKeeper and an osmem-server.
+    #[arg(long, conflicts_with_all = ["backend", "service", "gateway", "txn"])]
+    pub scale: bool,
+    /// Levels of --scale's monitors dimension: distinct new monitors of each bulk job,
+    /// comma-separated.
+    #[arg(long, value_name = "N,...", value_delimiter = ',', requires = "scale", default_values_t = crate::workload::scale_bench::DEFAULT_MONITORS, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub scale_monitors: Vec<u32>,
+    /// Levels of --scale's clients dimension: concurrent HTTP clients of `zkguard serve`,
+    /// comma-separated.
+    #[arg(long, value_name = "N,...", value_delimiter = ',', requires = "scale", default_values_t = crate::workload::scale_bench::DEFAULT_CLIENTS, value_parser = clap::value_parser!(u32).range(1..=5000))]
+    pub scale_clients: Vec<u32>,
+    /// Levels of --scale's instances dimension: `zkguard serve` processes on one ZooKeeper
+    /// sharing 100 concurrent HTTP clients and --scale-writes writes, comma-separated.
+    #[arg(long, value_name = "N,...", value_delimiter = ',', requires = "scale", default_values_t = crate::workload::scale_bench::DEFAULT_INSTANCES, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub scale_instances: Vec<u32>,
+    /// Foreground writes of each level of --scale's clients dimension (at least one per
+    /// client).
+    #[arg(long, value_name = "N", requires = "scale", default_value_t = crate::workload::scale_bench::DEFAULT_WRITES, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub scale_writes: u32,
     /// Documents per operation of --txn, comma-separated.
     #[arg(long, value_name = "N,...", value_delimiter = ',', default_values_t = crate::workload::txn_bench::DEFAULT_SIZES, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub sizes: Vec<u32>,
@@ -503,6 +529,9 @@ pub async fn run(mut settings: Settings, args: BenchArgs) -> Result<u8, CliError
     if args.txn {
         return run_txn(settings, &args).await;
     }
+    if args.scale {
+        return run_scale(settings, &args).await;
+    }
     let mut plan = BenchPlan::new(args.iterations(), args.contenders, args.monitors);
     if let Some(w) = args.warmup {
         plan = plan.with_warmup(w);
@@ -641,7 +670,67 @@ async fn run_txn(settings: Settings, args: &BenchArgs) -> Result<u8, CliError> {
     print_measured(args, measured)
 }
 
-/// Runs `measure` of a write benchmark (`--service`, `--gateway`, `--txn`): with `--local` on a
+/// `zkguard bench --scale`.
+async fn run_scale(settings: Settings, args: &BenchArgs) -> Result<u8, CliError> {
+    use crate::workload::scale_bench::{self, ScalePlan};
+    let levels = |given: &[u32]| {
+        let mut v = given.to_vec();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let monitors = levels(&args.scale_monitors);
+    let clients = levels(&args.scale_clients);
+    let instances = levels(&args.scale_instances);
+    let most = clients
+        .last()
+        .copied()
+        .unwrap_or(0)
+        .max(scale_bench::INSTANCE_CLIENTS);
+    ensure_open_files(u64::from(most) + 256)?;
+    let measured = with_local_servers(
+        settings,
+        args,
+        "--scale: costs as the monitors and the HTTP clients grow",
+        |settings, zk_pid| async move {
+            let plan = ScalePlan {
+                monitors,
+                clients,
+                instances,
+                writes: args.scale_writes,
+                warmup: args.warmup.unwrap_or(scale_bench::WARMUP_MONITORS),
+                zk_pid,
+            };
+            scale_bench::run(settings, plan)
+                .await
+                .map(|r| (r.to_json(), r.table()))
+        },
+    )
+    .await?;
+    print_measured(args, measured)
+}
+
+/// Raises this process's soft open-files limit to hold `wanted` descriptors (one connection
+/// per HTTP client of `--scale`, and the rest), up to the hard limit; a usage error when even
+/// that is too low.
+fn ensure_open_files(wanted: u64) -> Result<(), CliError> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return Ok(());
+    };
+    if soft >= wanted {
+        return Ok(());
+    }
+    if hard >= wanted && setrlimit(Resource::RLIMIT_NOFILE, wanted, hard).is_ok() {
+        return Ok(());
+    }
+    Err(CliError::usage(format!(
+        "--scale-clients: {} clients need about {wanted} open files, but the limit is {soft} (hard {hard}); raise it (ulimit -n) or ask for fewer clients",
+        wanted - 256
+    )))
+}
+
+/// Runs `measure` of a write benchmark (`--service`, `--gateway`, `--txn`, `--scale`): with `--local` on a
 /// ZooKeeper and an osmem-server started for it (and stopped after), with the ZooKeeper's
 /// process id when known; announced as `what` unless `--json`. Returns the report as JSON and as
 /// a table.

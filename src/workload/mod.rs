@@ -6,6 +6,8 @@ pub mod bench;
 pub mod demo;
 pub mod gateway_bench;
 pub(crate) mod measure;
+pub mod scale_bench;
+pub mod scale_report;
 pub mod service_bench;
 pub mod stages;
 pub mod txn_bench;

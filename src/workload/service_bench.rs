@@ -246,7 +246,7 @@ pub(super) fn stamp_mapping() -> Value {
 }
 
 /// Creates `index` with [`stamp_mapping`].
-async fn mapped_index(settings: &Settings, index: &str) -> Result<(), String> {
+pub(super) async fn mapped_index(settings: &Settings, index: &str) -> Result<(), String> {
     let store = EsStore::new(&settings.elasticsearch).map_err(|e| e.to_string())?;
     store
         .ensure_index(index, &stamp_mapping())
@@ -420,6 +420,13 @@ pub(super) struct Served {
     dir: std::path::PathBuf,
 }
 
+impl Served {
+    /// The child's process id, while it runs.
+    pub(super) fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
 impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
@@ -459,6 +466,18 @@ pub(super) async fn start_served(
     clients: u32,
     gateway: bool,
 ) -> Result<Served, String> {
+    start_served_with(settings, Some(clients * 4 + 16), gateway).await
+}
+
+/// Starts `zkguard serve` handling `max_concurrent` requests at once (`server.max.concurrent`),
+/// or with `settings`' own `server.max.concurrent` and `server.max.connections` when `None`
+/// (`zkguard bench --scale`, whose levels must meet the limits a deployment has), with the
+/// Elasticsearch-compatible gate on a free port when `gateway` is set.
+pub(super) async fn start_served_with(
+    settings: &Settings,
+    max_concurrent: Option<u32>,
+    gateway: bool,
+) -> Result<Served, String> {
     use tokio::io::AsyncBufReadExt;
     let dir = std::env::temp_dir().join(format!("zkguard-bench-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -471,7 +490,13 @@ pub(super) async fn start_served(
         )
         .env(
             "ZKGUARD_SERVER_MAX_CONCURRENT",
-            (clients * 4 + 16).to_string(),
+            max_concurrent
+                .map_or(settings.server.max_concurrent, |n| n as usize)
+                .to_string(),
+        )
+        .env(
+            "ZKGUARD_SERVER_MAX_CONNECTIONS",
+            settings.server.max_connections.to_string(),
         )
         .env(
             "ZKGUARD_SERVER_GATEWAY_LISTEN",
