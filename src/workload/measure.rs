@@ -208,6 +208,35 @@ pub(super) struct PhaseCost {
     pub(super) requests: Option<f64>,
 }
 
+/// Runs `work` on a single-threaded runtime on a thread of its own named `name` (so that the
+/// benchmark's own scheduling does not share the caller's runtime), and returns its result.
+///
+/// # Errors
+/// `work`'s, or why the thread or its runtime could not run it.
+pub(super) async fn on_own_thread<T, Fut>(
+    name: &str,
+    work: impl FnOnce() -> Fut + Send + 'static,
+) -> Result<T, String>
+where
+    T: Send + 'static,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start the benchmark runtime: {e}"))
+                .and_then(|rt| rt.block_on(work()));
+            let _ = tx.send(result);
+        })
+        .map_err(|e| format!("cannot start the benchmark thread: {e}"))?;
+    rx.await
+        .map_err(|_| "the benchmark thread ended without a result".to_string())?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -66,20 +66,7 @@ use super::service_bench::{
 /// A server is unreachable, a lock could not be taken, or `zkguard serve` did not start (the
 /// message says which and why).
 pub async fn run(settings: Settings, plan: ScalePlan) -> Result<ScaleReport, String> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("zkguard-bench-scale".into())
-        .spawn(move || {
-            let result = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| format!("cannot start the benchmark runtime: {e}"))
-                .and_then(|rt| rt.block_on(measure(settings, plan)));
-            let _ = tx.send(result);
-        })
-        .map_err(|e| format!("cannot start the benchmark thread: {e}"))?;
-    rx.await
-        .map_err(|_| "the benchmark thread ended without a result".to_string())?
+    super::measure::on_own_thread("zkguard-bench-scale", move || measure(settings, plan)).await
 }
 
 async fn measure(mut settings: Settings, plan: ScalePlan) -> Result<ScaleReport, String> {

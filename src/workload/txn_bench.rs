@@ -304,20 +304,7 @@ impl StoreHook for CountCalls {
 /// A server is unreachable, a size is larger than `txn.max.operations`, or a write failed (the
 /// message says which and why).
 pub async fn run(settings: Settings, plan: TxnPlan) -> Result<TxnReport, String> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("zkguard-bench-txn".into())
-        .spawn(move || {
-            let result = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| format!("cannot start the benchmark runtime: {e}"))
-                .and_then(|rt| rt.block_on(measure(settings, plan)));
-            let _ = tx.send(result);
-        })
-        .map_err(|e| format!("cannot start the benchmark thread: {e}"))?;
-    rx.await
-        .map_err(|_| "the benchmark thread ended without a result".to_string())?
+    super::measure::on_own_thread("zkguard-bench-txn", move || measure(settings, plan)).await
 }
 
 /// The client: a counted store, a lock service, a guarded writer and a coordinator.
