@@ -145,7 +145,7 @@ struct State {
 /// transactions it is sent together to its log anyway): a few concurrent acquisitions, such as
 /// foreground writes, wait for nothing. Those asked for while four are on their way wait for
 /// one to be answered, and then go together: a burst (a bulk job) is sent in a few large
-/// multis. (`zkguard bench --gateway`: with two, the gate's foreground p50 was 1.38-1.51x a
+/// multis. (`zkguard bench --gateway`: with two, the gate's foreground p50 was 1.34-1.51x a
 /// write straight to the cluster; with four, 1.35-1.50x; bulk throughput alike.)
 const MAX_SENDERS: usize = 4;
 
