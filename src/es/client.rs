@@ -302,8 +302,10 @@ fn is_connect_error(e: &elasticsearch::Error) -> bool {
     false
 }
 
-/// An error with all its causes, `outer: inner: innermost`.
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// An error with all its causes, `outer: inner: innermost` (a cause whose text the chain
+/// already holds is not repeated): what an HTTP client's error says only in its sources
+/// (connection refused, reset, closed) shows.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

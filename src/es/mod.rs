@@ -18,7 +18,7 @@ mod client;
 mod hook;
 mod merge;
 mod params;
-pub use client::EsStore;
+pub use client::{error_chain, EsStore};
 #[cfg(feature = "testkit")]
 pub use hook::{HookedStore, IndexGate, StoreCall, StoreHook};
 pub use merge::merge_partial;

@@ -364,13 +364,7 @@ fn metric_sum(text: &str, name: &str) -> Option<u64> {
 /// while the request was on its way), `connection reset`, `connection timeout` or
 /// `connection error`.
 fn transport_failure(e: &reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
+    let text = zkguard::es::error_chain(e);
     tracing::debug!(error = %text, "a write got no answer");
     let text = text.to_lowercase();
     let kind = if text.contains("refused") {

@@ -44,6 +44,10 @@ const RELEASE_FAILED: &str = "releasing the lock after a batch of writes failed"
 /// The result of one attempt.
 type Attempt = Result<Written, GuardedError>;
 
+/// An attempt put in its monitor's lane ([`Batcher::enqueue`]): where its result will come, or
+/// why it could not be queued.
+pub(crate) type Enqueued = Result<oneshot::Receiver<Attempt>, GuardedError>;
+
 /// One attempt waiting in its monitor's lane.
 struct Queued {
     op: Operation,
@@ -141,10 +145,7 @@ impl Batcher {
     ///
     /// # Errors
     /// [`GuardedError::Invalid`] for an operation that cannot be applied.
-    pub(crate) fn enqueue(
-        self: &Arc<Self>,
-        op: Operation,
-    ) -> Result<oneshot::Receiver<Attempt>, GuardedError> {
+    pub(crate) fn enqueue(self: &Arc<Self>, op: Operation) -> Enqueued {
         op.validate()?;
         let (done, rx) = oneshot::channel();
         let start = {

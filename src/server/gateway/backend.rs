@@ -161,7 +161,7 @@ impl Cluster {
             .body(body)
             .send()
             .await
-            .map_err(|e| describe(&e))?;
+            .map_err(|e| zkguard::es::error_chain(&e))?;
         let mut response = Response::builder().status(answer.status());
         if let Some(h) = response.headers_mut() {
             for (name, value) in answer.headers() {
@@ -242,15 +242,4 @@ impl Cluster {
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(&name.as_str())
-}
-
-fn describe(e: &reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
