@@ -51,6 +51,7 @@ fn model(clients: Vec<(bool, bool, u8)>, faults: u8) -> LockModel {
         promotion: false,
         acl_fallback: false,
         carry: false,
+        handover: false,
         operator: false,
         sync_catches_up: true,
         flaw: None,
@@ -135,6 +136,42 @@ fn a_mutex_deleted_by_an_operator_never_spreads_to_the_next_holder() {
     );
 }
 
+/// A client's next acquisition queues while it holds (a waiter of the holder's own session),
+/// and the release hands it the lock in one multi where it waits at a hand-over point; beside
+/// it, a client of another session and class, and a fault (lost answers included).
+#[test]
+fn handing_the_lock_over_within_a_session_holds_every_property() {
+    exhaustive(
+        "1 client x 3 cycles, hand-over within a session, operator deletes the mutex, 1 fault",
+        LockModel {
+            handover: true,
+            operator: true,
+            ..model(vec![(true, false, 3)], 1)
+        },
+    );
+    exhaustive(
+        "2 clients x 2+1 cycles, hand-over within a session, 1 fault",
+        LockModel {
+            handover: true,
+            ..model(vec![(true, false, 2), (false, false, 1)], 1)
+        },
+    );
+}
+
+/// A background waiter handed its session's lock without verifying the order: a foreground
+/// contender of another session that queued after the waiter's listing is overtaken.
+#[test]
+fn a_hand_over_to_a_background_waiter_is_caught() {
+    counterexample(
+        LockModel {
+            handover: true,
+            flaw: Some(Flaw::HandOverToAnyClass),
+            ..model(vec![(false, false, 2), (true, false, 1)], 0)
+        },
+        &["foreground is not overtaken by background"],
+    );
+}
+
 /// How long the random walks run: `ZKGUARD_MODEL_WALK_SECS` (`make torture` sets it), else 10 s.
 fn walk_time() -> Duration {
     let secs = std::env::var("ZKGUARD_MODEL_WALK_SECS")
@@ -148,6 +185,7 @@ fn walk_time() -> Duration {
 fn random_walks_on_larger_configurations_hold_every_property() {
     let model = LockModel {
         promotion: true,
+        handover: true,
         ..model(
             vec![
                 (true, true, 2),

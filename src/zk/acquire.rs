@@ -14,7 +14,7 @@ use zookeeper_client::EventType;
 use super::acl::{acl_list, check_lock_root};
 use super::contender::{health_failure, wait_connected};
 use super::driver::{add_ops, lock_error, multi_reply, perform, root_depth, Contents};
-use super::guard::{Held, LockGuard, NextOps};
+use super::guard::{keep_until_fired, Held, Joined, LockGuard, NextOps, WatchEvent};
 use super::handover::After;
 use super::node::{attempt_id, now_ms, NodeData, Paths};
 use super::protocol::{
@@ -22,6 +22,7 @@ use super::protocol::{
 };
 use super::reaper::Reap;
 use super::session::{Slot, ZkSession};
+use super::successor::Waiter;
 use crate::config::ZkAcl;
 use crate::lock::{
     release_then_acquire, validate_monitor, Blocker, Guard, LockError, LockRequest, LockService,
@@ -232,7 +233,8 @@ async fn acquire_with(
     };
     // The lock this acquisition releases, in its first multi when it is of this session.
     let carried = match handover.previous.take() {
-        Some(p) if !try_once && p.can_release_with(&slot) => Some(p),
+        // A lock that a waiter of this session is next for goes to it in one transaction.
+        Some(p) if !try_once && p.can_release_with(&slot) && !p.has_successor() => Some(p),
         Some(p) => {
             handover.release = Some(p.release());
             None
@@ -261,6 +263,7 @@ async fn acquire_with(
         slot: slot.clone(),
         paths: paths.clone(),
         core: Acquisition::new(spec),
+        waiter: None,
     };
     let now = || {
         let now = Instant::now();
@@ -323,14 +326,43 @@ async fn acquire_with(
                         detail: "no watch to wait on".into(),
                     });
                 };
-                tokio::select! {
-                    event = w.changed() => Input::Fired(match event.event_type {
+                // Where a holder of this session may hand the lock over, it may say so.
+                let waiter = contender.core.hand_over_point().map(|(awaits, ops)| {
+                    let contents = Contents { data: &data };
+                    let bytes = ops.iter().map(|op| contents.bytes_of(op)).collect();
+                    slot.successors.register(&paths, awaits, ops, bytes)
+                });
+                contender.waiter = waiter.clone();
+                let claimed = async {
+                    match &waiter {
+                        Some(waiter) => waiter.claimed().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let mut fired: WatchEvent = Box::pin(w.changed());
+                let (input, watch_fired) = tokio::select! {
+                    event = &mut fired => (Input::Fired(match event.event_type {
                         EventType::NodeDataChanged => Fired::DataChanged,
                         EventType::NodeDeleted => Fired::Deleted,
                         _ => Fired::Session,
-                    }),
-                    _ = tokio::time::sleep_until(wake_at(contender.core.prefix()).into()) => Input::Woke,
-                    e = health_failure(&mut health) => { ended = Some(e); Input::Ended }
+                    }), true),
+                    () = claimed => (Input::Woke, false),
+                    _ = tokio::time::sleep_until(wake_at(contender.core.prefix()).into()) => (Input::Woke, false),
+                    e = health_failure(&mut health) => { ended = Some(e); (Input::Ended, false) }
+                };
+                match contender.take_claim() {
+                    // Handed over: the holder's release carried this acquisition's take, whose
+                    // answer is the answer of that multi, whatever woke the wait.
+                    Some(answer) => {
+                        // The multi fires the watch: kept until then, it costs no request.
+                        if !watch_fired {
+                            tokio::spawn(keep_until_fired(Some(fired)));
+                        }
+                        contender.core.handed();
+                        ended = None;
+                        Input::Replies(vec![super::handover::joined_reply(answer).await])
+                    }
+                    None => input,
                 }
             }
             Action::AwaitConnected { until_deadline } => {
@@ -409,9 +441,18 @@ struct Contender {
     slot: Arc<Slot>,
     paths: Paths,
     core: Acquisition,
+    /// Its registration as a waiter a holder of the session may hand the lock to.
+    waiter: Option<Arc<Waiter>>,
 }
 
 impl Contender {
+    /// Ends its registration as a waiter at a hand-over point: the answer of its take, if a
+    /// holder of the session sent it in its release.
+    fn take_claim(&mut self) -> Option<tokio::sync::oneshot::Receiver<Joined>> {
+        let waiter = self.waiter.take()?;
+        self.slot.successors.close(&waiter)
+    }
+
     /// Keeps what the core learnt of the session's permissions for its later acquisitions.
     fn note_session_flags(&self) {
         if !self.core.recreate() && self.slot.recreating_fast_path.load(Ordering::Relaxed) {
@@ -429,6 +470,17 @@ impl Contender {
 
 impl Drop for Contender {
     fn drop(&mut self) {
+        if self.take_claim().is_some() {
+            // Gone while a holder's release carried its take: the mutex may be this attempt's.
+            debug!("acquisition abandoned while handed the lock; removing its nodes");
+            self.slot.reap(Reap {
+                queue_node: self.core.node().map(|n| self.paths.child(n)),
+                mutex: Some(self.paths.mutex.clone()),
+                search: None,
+                attempt: self.core.attempt().to_string(),
+            });
+            return;
+        }
         if let Some(left) = self.core.leftovers() {
             debug!(node = ?left.node, holds_mutex = left.holds_mutex, search = ?left.search, "acquisition abandoned; removing its nodes");
             self.slot.reap(Reap {

@@ -180,7 +180,11 @@ impl LockGuard {
     /// Outside a Tokio runtime (as [`tokio::spawn`]); dropping the guard releases it anywhere.
     #[instrument(name = "zk_unlock", skip_all, fields(monitor = %self.monitor, token = self.token))]
     pub fn release(self) -> Release {
-        let releasing = self.stop_holding();
+        let this = match self.hand_over() {
+            Ok(release) => return release,
+            Err(this) => this,
+        };
+        let releasing = this.stop_holding();
         // The first poll (in Release::start, before this returns) sends the first request.
         Release::start(releasing.run().in_current_span())
     }
@@ -282,6 +286,16 @@ impl LockGuard {
     pub(super) fn release_together(guards: Vec<LockGuard>) -> Release {
         /// Releases in one multi at most (about 300 bytes each, far below jute.maxbuffer).
         const PER_MULTI: usize = 256;
+        // A lock that a waiter of this session is next for goes to it in one transaction.
+        let (handed, guards): (Vec<LockGuard>, Vec<LockGuard>) =
+            guards.into_iter().partition(LockGuard::has_successor);
+        if !handed.is_empty() {
+            let mut releases: Vec<Release> = handed.into_iter().map(LockGuard::release).collect();
+            if !guards.is_empty() {
+                releases.push(Self::release_together(guards));
+            }
+            return Release::all(releases);
+        }
         let span = tracing::info_span!("zk_unlock_together", locks = guards.len());
         let releasing: Vec<Releasing> = guards.into_iter().map(LockGuard::stop_holding).collect();
         let (together, alone): (Vec<Releasing>, Vec<Releasing>) =
@@ -325,6 +339,34 @@ impl LockGuard {
             version: self.version,
             hand_over_mark: self.hand_over_mark,
         }
+    }
+
+    /// Hands the lock to a waiter of this session that is next for certain (`zk::successor`):
+    /// the release multi carries the waiter's take of the mutex, one transaction and one
+    /// request for the release and the next hold. `Err(self)` when no such waiter waits, or
+    /// when this lock cannot be released with a check of the monitor's version (its mutex was
+    /// deleted by someone else, or the session may not write monitor nodes).
+    fn hand_over(self) -> Result<Release, Self> {
+        if self.version.is_none() || !self.is_held() {
+            return Err(self);
+        }
+        let Some((monitor, node)) = self.node_path.rsplit_once('/') else {
+            return Err(self);
+        };
+        let (monitor, node) = (monitor.to_string(), node.to_string());
+        let slot = self.slot.clone();
+        slot.successors
+            .hand_over(&monitor, &node, self, |held, ops, joined| {
+                debug!("handing the lock over within the session");
+                held.release_with(ops, joined)
+            })
+    }
+
+    /// Whether a waiter of this session waits to be handed this lock (`zk::successor`).
+    pub(super) fn has_successor(&self) -> bool {
+        self.node_path
+            .rsplit_once('/')
+            .is_some_and(|(monitor, node)| self.slot.successors.awaits(monitor, node))
     }
 
     /// Whether `other` was acquired through the same session as this guard.
@@ -507,7 +549,10 @@ pub const MUTEX_WATCH_AFTER: Duration = Duration::from_millis(100);
 /// the mutex fires it: dropped before it fired, it would cost a request to remove.
 const KEEP_FIRED_WATCH: Duration = Duration::from_secs(300);
 
-type MutexEvent = std::pin::Pin<Box<dyn std::future::Future<Output = WatchedEvent> + Send>>;
+/// A one-shot watch's event to come.
+pub(super) type WatchEvent =
+    std::pin::Pin<Box<dyn std::future::Future<Output = WatchedEvent> + Send>>;
+type MutexEvent = WatchEvent;
 
 /// One lock held by its session, from its acquisition until its loss watch ends: the session
 /// is confirmed with the quorum while it holds one (`zk::confirm`).
@@ -664,7 +709,7 @@ async fn watch_held(
 
 /// Keeps a released lock's mutex watch until it fires (the release deletes the mutex, or the
 /// session ends), so that dropping it sends no request to remove it.
-async fn keep_until_fired(mutex: Option<MutexEvent>) {
+pub(super) async fn keep_until_fired(mutex: Option<MutexEvent>) {
     if let Some(event) = mutex {
         let _ = tokio::time::timeout(KEEP_FIRED_WATCH, event).await;
     }

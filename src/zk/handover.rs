@@ -4,7 +4,9 @@
 
 use zookeeper_client::{Error as ZkError, MultiWriteError, MultiWriteResult};
 
+use super::driver::multi_reply;
 use super::guard::{Joined, LockGuard, NextOps, Retry};
+use super::protocol::{MultiError, Reply};
 use crate::lock::Release;
 
 /// A lock of the same session that an acquisition releases in its first multi
@@ -104,5 +106,26 @@ impl<'r> Sent<'r> {
                 None,
             ),
         }
+    }
+}
+
+/// The answer of a waiter's take that a holder of its session carried in its release multi
+/// (`zk::successor`), as the reply to the take's own multi: the results of the take, the
+/// failure of one of its operations (the release then goes on its own), `NotCarried` when the
+/// release's own part failed (nothing was applied), or a lost answer.
+pub(super) async fn joined_reply(answer: tokio::sync::oneshot::Receiver<Joined>) -> Reply {
+    match answer.await {
+        Ok(Joined::Applied(results)) => multi_reply(Ok(results)),
+        Ok(Joined::NotApplied {
+            next_failed: Some((index, source, retry)),
+        }) => {
+            drop(retry);
+            multi_reply(Err(MultiWriteError::OperationFailed { index, source }))
+        }
+        Ok(Joined::NotApplied { next_failed: None }) => Reply::Multi(Err(MultiError::NotCarried)),
+        Ok(Joined::Lost(source)) => multi_reply(Err(MultiWriteError::RequestFailed { source })),
+        Err(_) => multi_reply(Err(MultiWriteError::RequestFailed {
+            source: ZkError::ConnectionLoss,
+        })),
     }
 }

@@ -33,6 +33,7 @@ mod reaper;
 mod release;
 mod session;
 mod state;
+mod successor;
 mod tls;
 mod token;
 

@@ -107,6 +107,9 @@ pub(crate) struct Slot {
     /// The fast paths of this session's acquisitions on their way, sent together
     /// (`zk::batch`).
     pub fast_paths: Arc<super::batch::FastPaths>,
+    /// This session's waiters that a holder of the session may hand its lock to
+    /// (`zk::successor`).
+    pub successors: super::successor::Successors,
 }
 
 impl std::fmt::Debug for Slot {
@@ -522,8 +525,17 @@ impl ZkSession {
             recreating_fast_path: AtomicBool::new(true),
             versioned_takes: AtomicBool::new(true),
             fast_paths,
+            successors: super::successor::Successors::default(),
             reaper,
         }
+    }
+
+    /// How many acquisitions of the current session wait where a holder of the same session
+    /// can hand them its lock in one transaction (`docs/zookeeper-lock.md`, "Hand-over within a
+    /// session"): how a test or a benchmark knows that a hand-over can happen before it
+    /// releases.
+    pub fn waiting_for_hand_over(&self) -> usize {
+        self.live_slot().map_or(0, |slot| slot.successors.len())
     }
 
     /// Whether the current session is connected to a server (false while disconnected, after

@@ -3,7 +3,7 @@
 //! acquisition's first multi as `LockModel::carry` asks (`release_and_acquire`).
 
 use zkguard::zk::protocol::{
-    release_ops, Acquisition, Action, Code, Input, MultiError, Op, Outcome, Removal, Reply,
+    release_ops, Acquisition, Action, Awaits, Code, Input, MultiError, Op, Outcome, Removal, Reply,
     Request, Target,
 };
 
@@ -187,6 +187,10 @@ impl LockModel {
                     }
                     w.last_take = w.last_take.max(*zxid);
                 }
+                // A lock still held (queued while holding, and not handed over) goes first.
+                if let Some(old) = w.clients[c].holding.take() {
+                    self.release_alone(w, c, old);
+                }
                 let client = &mut w.clients[c];
                 let overtaken = client.overtook.iter().any(|(target, czxid)| {
                     w.zk.nodes.get(target).is_some_and(|n| n.czxid == *czxid)
@@ -217,6 +221,62 @@ impl LockModel {
         client.cycles_left = client.cycles_left.saturating_sub(1);
         client.now = Default::default();
         client.overtook.clear();
+    }
+
+    /// The end of a held lock: the end of its acquisition, unless the client's next one is
+    /// already under way (queued while it held).
+    pub(super) fn end_hold(&self, w: &mut World, c: usize) {
+        if w.clients[c].acq.is_some() {
+            let client = &mut w.clients[c];
+            client.cycles_left = client.cycles_left.saturating_sub(1);
+        } else {
+            self.end_acquisition(w, c);
+        }
+    }
+
+    /// `LockGuard::release` where the client's own acquisition waits at a hand-over point for
+    /// this lock (`zk::successor`): one multi of the release and the waiter's take, whose
+    /// answer is the take's. `false` when no acquisition of the client waits there.
+    pub(super) fn hand_over(&self, w: &mut World, c: usize, held: &Held) -> bool {
+        let client = &mut w.clients[c];
+        if !self.handover || !client.alive || !client.connected || held.version.is_none() {
+            return false;
+        }
+        let Some((acq, Wait::Watch)) = &mut client.acq else {
+            return false;
+        };
+        let Some((awaits, ops)) = acq.hand_over_point() else {
+            return false;
+        };
+        if awaits != Awaits::Mutex && awaits != Awaits::Node(held.node.clone()) {
+            return false;
+        }
+        acq.handed();
+        let attempt = acq.attempt().to_string();
+        // Claimed, the acquisition never reads its watch again (production keeps the watcher
+        // only until it fires).
+        w.zk.watches.remove(&client.session);
+        w.zk.fired.remove(&client.session);
+        let mut all = release_ops(&held.node, !held.alone, held.version);
+        let own = all.len();
+        all.extend(ops);
+        client.carrier = Some(Carrier {
+            held: held.clone(),
+            waiting: false,
+        });
+        client
+            .outbox
+            .push_back((Who::Acq, Via::Carried { own }, attempt, Request::Multi(all)));
+        self.set_wait(
+            w,
+            c,
+            Who::Acq,
+            Wait::Batch {
+                expected: 1,
+                got: Vec::new(),
+            },
+        );
+        true
     }
 
     /// Starts a removal beside whatever else the client runs.

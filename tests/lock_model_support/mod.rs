@@ -132,6 +132,9 @@ pub enum Move {
     Release(usize),
     /// `release_and_acquire`: the next acquisition's first multi carries the release.
     ReleaseAndAcquire(usize),
+    /// The client's next acquisition queues while it still holds its lock: a waiter of the
+    /// holder's own session, which the release may hand the lock to.
+    QueueWhileHolding(usize),
     Deadline(usize),
     Promote(usize),
     Reconnect(usize),
@@ -157,6 +160,10 @@ pub struct LockModel {
     pub acl_fallback: bool,
     /// Whether clients may go from lock to lock with `release_and_acquire`.
     pub carry: bool,
+    /// Whether a client's next acquisition may queue while it holds, and the release hand the
+    /// lock to it in one multi where the acquisition waits at a hand-over point
+    /// (`zk::successor`).
+    pub handover: bool,
     /// Whether an operator may delete the mutex (a fault).
     pub operator: bool,
     /// Whether a `sync` lets a lagging server catch up (`false`: a broken variant that reads
@@ -167,7 +174,9 @@ pub struct LockModel {
 
 impl LockModel {
     fn spec(&self, client: &Client, i: usize, carry: bool) -> Spec {
-        let cycle = self.clients[i].2 - client.cycles_left;
+        // An acquisition queued while the client holds is of the next cycle: attempt ids are
+        // unique, as production's random ones are.
+        let cycle = self.clients[i].2 - client.cycles_left + u8::from(client.holding.is_some());
         Spec {
             me: client.session,
             attempt: format!("c{i}.{cycle}"),
@@ -300,8 +309,11 @@ impl Model for LockModel {
             if let Some(held) = &c.holding {
                 moves.push(Move::Release(i));
                 // The lock carried only while held: a lost one is released first.
-                if self.carry && c.cycles_left > 1 && !held.lost {
+                if self.carry && c.cycles_left > 1 && !held.lost && c.acq.is_none() {
                     moves.push(Move::ReleaseAndAcquire(i));
+                }
+                if self.handover && c.cycles_left > 1 && !held.lost && c.acq.is_none() {
+                    moves.push(Move::QueueWhileHolding(i));
                 }
             }
             if c.has_deadline && c.acq.is_some() && !c.now.past_deadline {
@@ -371,9 +383,12 @@ impl Model for LockModel {
             }
             Move::Release(c) => {
                 let held = w.clients[c].holding.take()?;
-                self.end_acquisition(&mut w, c);
-                self.release_alone(&mut w, c, held);
+                self.end_hold(&mut w, c);
+                if !self.hand_over(&mut w, c, &held) {
+                    self.release_alone(&mut w, c, held);
+                }
             }
+            Move::QueueWhileHolding(c) => self.start(&mut w, c, None),
             Move::ReleaseAndAcquire(c) => {
                 let held = w.clients[c].holding.take()?;
                 self.end_acquisition(&mut w, c);

@@ -199,7 +199,7 @@ async fn a_lock_taken_alone_is_released_without_the_mark_and_its_waiter_reads_no
 
 /// A server of its own, so that no other test's requests are counted, and settings for it under
 /// the lock root tagged `tag`, with long sessions so that pings are rare.
-fn counted_server(tag: &str) -> (ZkServer, zkguard::config::ZkSettings) {
+pub(super) fn counted_server(tag: &str) -> (ZkServer, zkguard::config::ZkSettings) {
     let zk = zk_server();
     let mut settings = zk_settings(&zk.connect_string(), tag);
     settings.session_timeout = Duration::from_secs(30);

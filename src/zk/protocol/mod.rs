@@ -15,7 +15,7 @@ mod acquire;
 mod remove;
 mod types;
 
-pub use acquire::{Acquisition, Leftovers, Outcome, Spec};
+pub use acquire::{Acquisition, Awaits, Leftovers, Outcome, Spec};
 pub use remove::{child, is_ours, release_ops, Removal};
 pub use types::{
     Action, Code, Content, Fired, Input, Mode, MultiError, Now, Op, OpResult, Read, Reply, Request,
@@ -38,4 +38,7 @@ pub enum Flaw {
     /// A release deletes the mutex without checking that nobody took it since (the monitor's
     /// data version).
     ReleaseUnchecked,
+    /// A waiter of any class may be handed the lock by a holder of its session (only the
+    /// first class may: another contender may have queued ahead since its listing).
+    HandOverToAnyClass,
 }

@@ -11,6 +11,8 @@ mod queue;
 mod recover;
 mod take;
 
+pub use take::Awaits;
+
 use super::remove::Removal;
 use super::types::{
     Action, Code, Content, Fired, Input, Mode, MultiError, Now, Op, Reply, Request, Send, Target,
@@ -158,9 +160,11 @@ enum St {
     ReadConnect,
     WatchingAhead {
         was_second: bool,
+        ahead: String,
     },
     AwaitAhead {
         was_second: bool,
+        ahead: String,
     },
     WatchingMutex,
     AwaitMutex,
@@ -334,9 +338,9 @@ impl Acquisition {
                 other => self.fail(code_of(other), "reading the queue"),
             },
             (St::ReadConnect, Input::Connected) => self.read_queue(),
-            (St::WatchingAhead { was_second }, Input::Replies(r)) => match first(r) {
+            (St::WatchingAhead { was_second, ahead }, Input::Replies(r)) => match first(r) {
                 Reply::Data(Ok(_)) => {
-                    self.st = St::AwaitAhead { was_second };
+                    self.st = St::AwaitAhead { was_second, ahead };
                     Action::AwaitWatch
                 }
                 // Gone before it could be watched: as if woken by its deletion.
@@ -350,7 +354,7 @@ impl Acquisition {
                 }
                 other => self.fail(code_of(other), "watching the node ahead"),
             },
-            (St::AwaitAhead { was_second }, Input::Fired(fired)) => {
+            (St::AwaitAhead { was_second, .. }, Input::Fired(fired)) => {
                 // The node just ahead left. If it left as the holder (the hand-over mark), or
                 // it was the head at our listing, every node that was ahead of us is gone. A
                 // first-class node is then certainly first; any other verifies.
@@ -583,6 +587,7 @@ impl Acquisition {
         self.send(
             St::WatchingAhead {
                 was_second: pos == 1,
+                ahead: pred.clone(),
             },
             vec![Request::Watch(Target::Node(pred))],
         )

@@ -9,7 +9,63 @@ use super::super::Flaw;
 use super::{code_of_opt, Acquisition, St, Step, Yielded};
 use crate::zk::names::Queue;
 
+/// What a waiter waits for when a holder of its own session may hand it the lock
+/// ([`Acquisition::hand_over_point`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Awaits {
+    /// The release of the holder whose queue node this is (the head at the waiter's listing).
+    Node(String),
+    /// The mutex, the waiter being first in line.
+    Mutex,
+}
+
 impl Acquisition {
+    // ---------------------------------------------------------------- the hand-over
+
+    /// Whether a holder of this session may hand the lock to this waiter in the transaction
+    /// that releases it, and with what: the waiter's own take of the mutex (its create and
+    /// the monitor's `setData`), carried by the holder's release multi. Only while waiting
+    /// (after [`Action::AwaitWatch`]), for a waiter of the first class that is next for
+    /// certain once the holder goes: one whose node ahead at its listing is the holder's (a
+    /// node ahead of a first-class node is of the first class, and a first-class holder is the
+    /// head), or one first in line waiting for the mutex. Every node created since that listing
+    /// sorts after it (see `docs/zookeeper-lock.md`, "Handoff"), and the release multi applies
+    /// only while the holder still holds the mutex (the check of the monitor's version), so
+    /// priority across sessions holds without a read. `None` for any other waiter, which the
+    /// usual release wakes.
+    pub fn hand_over_point(&self) -> Option<(Awaits, Vec<Op>)> {
+        let any_class = self.spec.flaw == Some(Flaw::HandOverToAnyClass);
+        if self.spec.try_once || !self.versioned || !(self.sorts_first() || any_class) {
+            return None;
+        }
+        let node = self.node.clone()?;
+        let awaits = match &self.st {
+            St::AwaitAhead { ahead, .. } => Awaits::Node(ahead.clone()),
+            St::AwaitMutex => Awaits::Mutex,
+            _ => return None,
+        };
+        let ops = vec![
+            self.mutex_create(Content::Mutex { node }),
+            Op::SetData {
+                target: Target::Monitor,
+            },
+        ];
+        Some((awaits, ops))
+    }
+
+    /// The take of [`Acquisition::hand_over_point`] was sent in a holder's release multi:
+    /// the acquisition waits for its answer as for its own take (a multi reply; `NotCarried`
+    /// when the release's own part failed and nothing was applied). `false`, and nothing
+    /// changes, when it is not at a hand-over point.
+    pub fn handed(&mut self) -> bool {
+        if self.hand_over_point().is_none() {
+            return false;
+        }
+        self.in_flight = true;
+        self.st = St::Taking { verify: false };
+        true
+    }
+
     // ---------------------------------------------------------------- the mutex
 
     /// Creates the mutex, in a multi that also sets the monitor's data where the session may
@@ -36,6 +92,11 @@ impl Acquisition {
     }
 
     pub(super) fn on_take(&mut self, verify: bool, replies: Vec<Reply>) -> Action {
+        if let [Reply::Multi(Err(MultiError::NotCarried))] = replies.as_slice() {
+            // A hand-over whose release could not be applied: nothing was, not even the take.
+            self.in_flight = false;
+            return self.step(Step::Wait(Queue::default()));
+        }
         let mut replies = replies.into_iter();
         // The zxid and version of the take, or the error (`None`: refused because the session
         // may not write monitor nodes).
