@@ -346,6 +346,7 @@ impl LockGuard {
     /// request for the release and the next hold. `Err(self)` when no such waiter waits, or
     /// when this lock cannot be released with a check of the monitor's version (its mutex was
     /// deleted by someone else, or the session may not write monitor nodes).
+    #[allow(clippy::result_large_err)] // the guard itself comes back, to be released as usual
     fn hand_over(self) -> Result<Release, Self> {
         if self.version.is_none() || !self.is_held() {
             return Err(self);
