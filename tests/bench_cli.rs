@@ -149,6 +149,14 @@ fn zookeeper_json_has_every_figure_and_two_requests_per_cycle() {
         per_op >= 1.0,
         "requests per throughput cycle: {per_op}, expected at least 1"
     );
+    // Hand-offs within one session: one multi each (the holder's release carrying the next
+    // holder's take), a little more for pings over a short run.
+    let same = obj["same_session.requests_per_handoff"].as_f64().unwrap();
+    assert!(
+        (0.9..=1.2).contains(&same),
+        "requests per same-session hand-off: {same}, expected about 1"
+    );
+    assert!(obj["same_session.handoffs_per_sec"].as_f64().unwrap() > 0.0);
 }
 
 #[test]
@@ -183,6 +191,8 @@ fn elasticsearch_json_has_every_figure() {
         requests >= 2.0,
         "requests per uncontended cycle: {requests}"
     );
+    // The lease lock has no sessions to hand a lock over within.
+    assert!(obj["same_session.handoffs_per_sec"].is_null());
 }
 
 #[test]

@@ -486,12 +486,41 @@ fn print_table(report: &BenchReport, at: &str, local: bool) {
         ),
         ("server CPU per hand-off", report.server_cpu_ms_per_handoff),
         (
+            "server CPU per same-session hand-off",
+            report.same_session_server_cpu_ms_per_handoff,
+        ),
+        (
             "server CPU per throughput cycle",
             report.server_cpu_ms_per_op,
         ),
     ];
+    let same_session = [
+        (
+            "same-session hand-offs (1 session, 1 monitor)",
+            report
+                .same_session_handoffs_per_sec
+                .map(|r| format!("{r:.1} /s")),
+        ),
+        (
+            "  requests per same-session hand-off",
+            report
+                .same_session_requests_per_handoff
+                .map(|r| format!("{r:.2}")),
+        ),
+        (
+            "  client CPU per same-session hand-off",
+            report
+                .same_session_cpu_ms_per_handoff
+                .map(|ms| format!("{ms:.3} ms")),
+        ),
+    ];
     let rows: Vec<(String, String)> = rows
         .into_iter()
+        .chain(
+            same_session
+                .into_iter()
+                .filter_map(|(label, value)| Some((label.to_string(), value?))),
+        )
         .chain(
             server
                 .into_iter()

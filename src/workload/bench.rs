@@ -231,6 +231,14 @@ pub struct BenchReport {
     pub server_cpu_ms_per_handoff: Option<f64>,
     /// Server CPU time per throughput cycle, in milliseconds (with a server pid).
     pub server_cpu_ms_per_op: Option<f64>,
+    /// Same-session hand-offs per second (ZooKeeper: `workload::chain`).
+    pub same_session_handoffs_per_sec: Option<f64>,
+    /// Requests per same-session hand-off.
+    pub same_session_requests_per_handoff: Option<f64>,
+    /// Client CPU time per same-session hand-off, in milliseconds.
+    pub same_session_cpu_ms_per_handoff: Option<f64>,
+    /// Server CPU time per same-session hand-off, in milliseconds (with a server pid).
+    pub same_session_server_cpu_ms_per_handoff: Option<f64>,
 }
 
 fn round(value: f64, digits: i32) -> f64 {
@@ -272,6 +280,10 @@ impl BenchReport {
             "uncontended.server_cpu_ms_per_cycle": self.server_cpu_ms_per_cycle.map(|c| round(c, 4)),
             "contended.server_cpu_ms_per_handoff": self.server_cpu_ms_per_handoff.map(|c| round(c, 4)),
             "throughput.server_cpu_ms_per_op": self.server_cpu_ms_per_op.map(|c| round(c, 4)),
+            "same_session.handoffs_per_sec": self.same_session_handoffs_per_sec.map(|r| round(r, 1)),
+            "same_session.requests_per_handoff": self.same_session_requests_per_handoff.map(|r| round(r, 2)),
+            "same_session.cpu_ms_per_handoff": self.same_session_cpu_ms_per_handoff.map(|c| round(c, 4)),
+            "same_session.server_cpu_ms_per_handoff": self.same_session_server_cpu_ms_per_handoff.map(|c| round(c, 4)),
         })
     }
 }
@@ -737,11 +749,27 @@ async fn run_inner(
         )
         .await?;
         let op = meter.finish(plan.iterations).await;
-        Ok::<_, BenchError>((handoffs, handoff, ops, op))
+        // Hand-offs within one session (ZooKeeper only: the lease lock has no sessions).
+        let same = match &clients[0].zk {
+            Some(session) => Some(
+                super::chain::same_session_handoffs(
+                    session,
+                    &format!("{base}-same-session"),
+                    plan.iterations,
+                    timeout,
+                    &counter,
+                    &server,
+                )
+                .await
+                .map_err(BenchError::lock(Phase::Contended))?,
+            ),
+            None => None,
+        };
+        Ok::<_, BenchError>((handoffs, handoff, ops, op, same))
     }
     .await;
     clients.iter().for_each(Client::close);
-    let (handoffs, handoff, ops, op) = result?;
+    let (handoffs, handoff, ops, op, same) = result?;
     let (handoffs_per_sec, owner_changes_per_sec, ops_per_sec) = (
         handoffs.per_sec,
         handoffs.owner_changes_per_sec,
@@ -785,6 +813,10 @@ async fn run_inner(
         server_cpu_ms_per_cycle,
         server_cpu_ms_per_handoff: handoff.server_cpu_ms,
         server_cpu_ms_per_op: op.server_cpu_ms,
+        same_session_handoffs_per_sec: same.as_ref().map(|s| s.handoffs_per_sec),
+        same_session_requests_per_handoff: same.as_ref().and_then(|s| s.requests_per_handoff),
+        same_session_cpu_ms_per_handoff: same.as_ref().map(|s| s.cpu_ms_per_handoff),
+        same_session_server_cpu_ms_per_handoff: same.and_then(|s| s.server_cpu_ms_per_handoff),
     })
 }
 
@@ -827,6 +859,10 @@ mod tests {
             server_cpu_ms_per_cycle: None,
             server_cpu_ms_per_handoff: Some(0.333_33),
             server_cpu_ms_per_op: Some(0.2),
+            same_session_handoffs_per_sec: Some(900.04),
+            same_session_requests_per_handoff: Some(1.004),
+            same_session_cpu_ms_per_handoff: Some(0.05),
+            same_session_server_cpu_ms_per_handoff: None,
         };
         let j = r.to_json();
         assert_eq!(j["uncontended.p50_ms"], 1.2346);
@@ -840,5 +876,8 @@ mod tests {
         assert_eq!(j["throughput.cpu_ms_per_op"], 0.25);
         assert!(j["uncontended.server_cpu_ms_per_cycle"].is_null());
         assert_eq!(j["contended.server_cpu_ms_per_handoff"], 0.3333);
+        assert_eq!(j["same_session.handoffs_per_sec"], 900.0);
+        assert_eq!(j["same_session.requests_per_handoff"], 1.0);
+        assert!(j["same_session.server_cpu_ms_per_handoff"].is_null());
     }
 }

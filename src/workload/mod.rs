@@ -3,6 +3,7 @@
 //! the test kit, to start local servers), like any other program built on zkguard.
 
 pub mod bench;
+mod chain;
 pub mod demo;
 pub mod gateway_bench;
 pub(crate) mod measure;

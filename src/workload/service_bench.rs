@@ -537,13 +537,13 @@ async fn metrics_text(http: &reqwest::Client, base: &str) -> Result<String, Stri
         .map_err(|e| e.to_string())
 }
 
-async fn journal_empty(http: &reqwest::Client, base: &str) -> Result<bool, String> {
+pub(super) async fn journal_empty(http: &reqwest::Client, base: &str) -> Result<bool, String> {
     let text = metrics_text(http, base).await?;
     Ok(text.lines().any(|l| l == "zkguard_journal_depth 0"))
 }
 
 /// `zkguard_operations_total{lock_type="background",outcome="applied"}`.
-async fn background_applied(http: &reqwest::Client, base: &str) -> Result<u64, String> {
+pub(super) async fn background_applied(http: &reqwest::Client, base: &str) -> Result<u64, String> {
     let text = metrics_text(http, base).await?;
     Ok(text
         .lines()
