@@ -12,9 +12,10 @@ use tracing::{debug, info, instrument};
 use zookeeper_client::EventType;
 
 use super::acl::{acl_list, check_lock_root};
+use super::carried::{Joined, NextOps};
 use super::contender::{health_failure, wait_connected};
 use super::driver::{add_ops, lock_error, multi_reply, perform, root_depth, Contents};
-use super::guard::{keep_until_fired, Held, Joined, LockGuard, NextOps, WatchEvent};
+use super::guard::{keep_until_fired, Held, LockGuard, WatchEvent};
 use super::handover::After;
 use super::node::{attempt_id, now_ms, NodeData, Paths};
 use super::protocol::{

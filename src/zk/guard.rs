@@ -6,10 +6,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tracing::{debug, instrument, warn, Instrument};
-use zookeeper_client::{
-    Error as ZkError, EventType, MultiWriteError, MultiWriteResult, MultiWriter, WatchedEvent,
-};
+use zookeeper_client::{Error as ZkError, EventType, MultiWriteError, WatchedEvent};
 
+use super::carried::{Joined, NextOps, Retry};
 use super::driver;
 use super::map_zk;
 use super::node::Paths;
@@ -379,41 +378,6 @@ impl LockGuard {
     /// session, and the lock still held.
     pub(super) fn can_release_with(&self, slot: &Arc<Slot>) -> bool {
         Arc::ptr_eq(&self.slot, slot) && self.is_held()
-    }
-}
-
-/// Adds the next acquisition's operations to a release multi ([`LockGuard::release_with`]).
-pub(super) type NextOps =
-    Box<dyn for<'a> FnOnce(&mut MultiWriter<'a>) -> Result<(), ZkError> + Send>;
-
-/// What became of the next acquisition's operations in [`LockGuard::release_with`].
-pub(super) enum Joined {
-    /// Applied with the release: the results of the next acquisition's operations.
-    Applied(Vec<MultiWriteResult>),
-    /// Nothing was applied. When one of the next acquisition's operations failed: its index
-    /// among them, its error, and the release waiting for other operations to carry; otherwise
-    /// the release goes on its own.
-    NotApplied {
-        next_failed: Option<(usize, ZkError, Retry)>,
-    },
-    /// The answer was lost, or the request failed: the operations may have been applied.
-    Lost(ZkError),
-}
-
-/// A release whose multi failed on the next acquisition's part, waiting for other operations
-/// to carry ([`Retry::send`]); dropped, it goes on its own.
-pub(super) struct Retry(
-    tokio::sync::oneshot::Sender<(NextOps, tokio::sync::oneshot::Sender<Joined>)>,
-);
-
-impl Retry {
-    /// Has the release send `ops` with it in a new multi; the outcome comes through `joined`.
-    /// The request goes out once the release's task runs, not before this returns.
-    pub(super) fn send(self, ops: NextOps, joined: tokio::sync::oneshot::Sender<Joined>) {
-        if let Err((_, joined)) = self.0.send((ops, joined)) {
-            // The release task is gone (the runtime is shutting down).
-            let _ = joined.send(Joined::Lost(ZkError::ConnectionLoss));
-        }
     }
 }
 

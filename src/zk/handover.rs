@@ -4,8 +4,9 @@
 
 use zookeeper_client::{Error as ZkError, MultiWriteError, MultiWriteResult};
 
+use super::carried::{Joined, NextOps, Retry};
 use super::driver::multi_reply;
-use super::guard::{Joined, LockGuard, NextOps, Retry};
+use super::guard::LockGuard;
 use super::protocol::{MultiError, Reply};
 use crate::lock::Release;
 

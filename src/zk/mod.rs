@@ -17,6 +17,7 @@
 mod acl;
 mod acquire;
 mod batch;
+mod carried;
 mod confirm;
 mod contender;
 mod driver;

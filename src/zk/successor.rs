@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 use tokio::sync::{oneshot, Notify};
 
+use super::carried::{Joined, NextOps};
 use super::driver::add_ops;
-use super::guard::{Joined, NextOps};
 use super::node::Paths;
 use super::protocol::{Awaits, Op};
 
