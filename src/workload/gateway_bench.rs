@@ -298,6 +298,37 @@ async fn foreground(
     Ok(samples)
 }
 
+/// Sends `docs` documents in requests of `plan.bulk_size` from `plan.clients` concurrent
+/// senders: `send(from, to)` sends the documents `from..to` as one request.
+async fn in_requests<F, Fut>(plan: GatewayPlan, docs: u32, send: F) -> Result<(), String>
+where
+    F: Fn(u32, u32) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
+{
+    let requests: Vec<(u32, u32)> = (0..docs)
+        .step_by(plan.bulk_size as usize)
+        .map(|from| (from, (from + plan.bulk_size).min(docs)))
+        .collect();
+    let queue = std::sync::Arc::new(std::sync::Mutex::new(requests.into_iter()));
+    let mut tasks = Vec::new();
+    for _ in 0..plan.clients {
+        let (queue, send) = (queue.clone(), send.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+                let Some((from, to)) = next else {
+                    return Ok::<_, String>(());
+                };
+                send(from, to).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    Ok(())
+}
+
 /// `docs` documents in `_bulk` requests of `plan.bulk_size` from `plan.clients` senders.
 async fn bulk(
     http: &reqwest::Client,
@@ -306,62 +337,44 @@ async fn bulk(
     plan: GatewayPlan,
     docs: u32,
 ) -> Result<(), String> {
-    let requests: Vec<(u32, u32)> = (0..docs)
-        .step_by(plan.bulk_size as usize)
-        .map(|from| (from, (from + plan.bulk_size).min(docs)))
-        .collect();
-    let queue = std::sync::Arc::new(std::sync::Mutex::new(requests.into_iter()));
-    let mut tasks = Vec::new();
-    for _ in 0..plan.clients {
-        let (http, base, index, queue) = (
-            http.clone(),
-            base.to_string(),
-            index.to_string(),
-            queue.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
-                let Some((from, to)) = next else {
-                    return Ok::<_, String>(());
-                };
-                let mut body = String::with_capacity((to - from) as usize * 64);
-                for d in from..to {
-                    body.push_str(&format!(
-                        "{{\"index\":{{\"_index\":\"{index}\",\"_id\":\"{d}\"}}}}\n{{\"n\":{d},\"at\":{from}}}\n"
-                    ));
-                }
-                let r = http
-                    .post(format!("{base}/_bulk"))
-                    .header("content-type", "application/x-ndjson")
-                    .header("x-zkguard-lock-type", "background")
-                    .body(body)
-                    .send()
-                    .await
-                    .map_err(|e| format!("{base}: {e}"))?;
-                let status = r.status();
-                let answer: Value = r.json().await.unwrap_or_default();
-                if !status.is_success() || answer["errors"] != false {
-                    let first = answer["items"]
-                        .as_array()
-                        .and_then(|items| {
-                            items.iter().find(|i| {
-                                i.as_object()
-                                    .and_then(|o| o.values().next())
-                                    .is_some_and(|v| v.get("error").is_some())
-                            })
-                        })
-                        .cloned()
-                        .unwrap_or(answer);
-                    return Err(format!("{base} answered {status} to a _bulk: {first}"));
-                }
+    let (http, base, index) = (http.clone(), base.to_string(), index.to_string());
+    in_requests(plan, docs, move |from, to| {
+        let (http, base, index) = (http.clone(), base.clone(), index.clone());
+        async move {
+            let mut body = String::with_capacity((to - from) as usize * 64);
+            for d in from..to {
+                body.push_str(&format!(
+                    "{{\"index\":{{\"_index\":\"{index}\",\"_id\":\"{d}\"}}}}\n{{\"n\":{d},\"at\":{from}}}\n"
+                ));
             }
-        }));
-    }
-    for t in tasks {
-        t.await.map_err(|e| e.to_string())??;
-    }
-    Ok(())
+            let r = http
+                .post(format!("{base}/_bulk"))
+                .header("content-type", "application/x-ndjson")
+                .header("x-zkguard-lock-type", "background")
+                .body(body)
+                .send()
+                .await
+                .map_err(|e| format!("{base}: {e}"))?;
+            let status = r.status();
+            let answer: Value = r.json().await.unwrap_or_default();
+            if !status.is_success() || answer["errors"] != false {
+                let first = answer["items"]
+                    .as_array()
+                    .and_then(|items| {
+                        items.iter().find(|i| {
+                            i.as_object()
+                                .and_then(|o| o.values().next())
+                                .is_some_and(|v| v.get("error").is_some())
+                        })
+                    })
+                    .cloned()
+                    .unwrap_or(answer);
+                return Err(format!("{base} answered {status} to a _bulk: {first}"));
+            }
+            Ok(())
+        }
+    })
+    .await
 }
 
 /// `docs` documents as background operations of `POST /v1/bulk` requests of `plan.bulk_size`
@@ -374,49 +387,32 @@ async fn service_bulk(
     docs: u32,
 ) -> Result<(), String> {
     let applied_before = background_applied(http, base).await?;
-    let requests: Vec<(u32, u32)> = (0..docs)
-        .step_by(plan.bulk_size as usize)
-        .map(|from| (from, (from + plan.bulk_size).min(docs)))
-        .collect();
-    let queue = std::sync::Arc::new(std::sync::Mutex::new(requests.into_iter()));
-    let mut tasks = Vec::new();
-    for _ in 0..plan.clients {
-        let (http, base, index, queue) = (
-            http.clone(),
-            base.to_string(),
-            index.to_string(),
-            queue.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
-                let Some((from, to)) = next else {
-                    return Ok::<_, String>(());
-                };
-                let mut body = String::with_capacity((to - from) as usize * 80);
-                for d in from..to {
-                    body.push_str(&format!(
-                        "{{\"action\":\"index\",\"index\":\"{index}\",\"id\":\"{d}\",\"doc\":{{\"n\":{d},\"at\":{from}}}}}\n"
-                    ));
-                }
-                let r = http
-                    .post(format!("{base}/v1/bulk"))
-                    .header("content-type", "application/x-ndjson")
-                    .body(body)
-                    .send()
-                    .await
-                    .map_err(|e| format!("{base}/v1/bulk: {e}"))?;
-                let status = r.status();
-                if status != reqwest::StatusCode::ACCEPTED {
-                    let text = r.text().await.unwrap_or_default();
-                    return Err(format!("{base}/v1/bulk answered {status}: {text}"));
-                }
+    let (client, url, index) = (http.clone(), format!("{base}/v1/bulk"), index.to_string());
+    in_requests(plan, docs, move |from, to| {
+        let (http, url, index) = (client.clone(), url.clone(), index.clone());
+        async move {
+            let mut body = String::with_capacity((to - from) as usize * 80);
+            for d in from..to {
+                body.push_str(&format!(
+                    "{{\"action\":\"index\",\"index\":\"{index}\",\"id\":\"{d}\",\"doc\":{{\"n\":{d},\"at\":{from}}}}}\n"
+                ));
             }
-        }));
-    }
-    for t in tasks {
-        t.await.map_err(|e| e.to_string())??;
-    }
+            let r = http
+                .post(&url)
+                .header("content-type", "application/x-ndjson")
+                .body(body)
+                .send()
+                .await
+                .map_err(|e| format!("{url}: {e}"))?;
+            let status = r.status();
+            if status != reqwest::StatusCode::ACCEPTED {
+                let text = r.text().await.unwrap_or_default();
+                return Err(format!("{url} answered {status}: {text}"));
+            }
+            Ok(())
+        }
+    })
+    .await?;
     // Until every accepted operation is finished (the journal holds no unfinished one).
     while !journal_empty(http, base).await? {
         tokio::time::sleep(Duration::from_millis(5)).await;
