@@ -298,11 +298,22 @@ async fn foreground(
     Ok(samples)
 }
 
-/// Sends `docs` documents in requests of `plan.bulk_size` from `plan.clients` concurrent
-/// senders: `send(from, to)` sends the documents `from..to` as one request.
-async fn in_requests<F, Fut>(plan: GatewayPlan, docs: u32, send: F) -> Result<(), String>
+/// Sends `docs` documents to `url` in NDJSON requests of `plan.bulk_size` documents from
+/// `plan.clients` concurrent senders: `line(d, from)` is document `d`'s line(s) in the request
+/// that starts at `from`; `check` reads each answer. `lock_type` goes in the gate's
+/// `X-Zkguard-Lock-Type` header.
+async fn in_requests<L, C, Fut>(
+    http: &reqwest::Client,
+    url: String,
+    lock_type: Option<&'static str>,
+    plan: GatewayPlan,
+    docs: u32,
+    line: L,
+    check: C,
+) -> Result<(), String>
 where
-    F: Fn(u32, u32) -> Fut + Clone + Send + 'static,
+    L: Fn(u32, u32) -> String + Clone + Send + 'static,
+    C: Fn(reqwest::Response) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = Result<(), String>> + Send,
 {
     let requests: Vec<(u32, u32)> = (0..docs)
@@ -312,14 +323,32 @@ where
     let queue = std::sync::Arc::new(std::sync::Mutex::new(requests.into_iter()));
     let mut tasks = Vec::new();
     for _ in 0..plan.clients {
-        let (queue, send) = (queue.clone(), send.clone());
+        let (http, url, queue, line, check) = (
+            http.clone(),
+            url.clone(),
+            queue.clone(),
+            line.clone(),
+            check.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             loop {
                 let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
                 let Some((from, to)) = next else {
                     return Ok::<_, String>(());
                 };
-                send(from, to).await?;
+                let body: String = (from..to).map(|d| line(d, from)).collect();
+                let mut request = http
+                    .post(&url)
+                    .header("content-type", "application/x-ndjson");
+                if let Some(lock_type) = lock_type {
+                    request = request.header("x-zkguard-lock-type", lock_type);
+                }
+                let r = request
+                    .body(body)
+                    .send()
+                    .await
+                    .map_err(|e| format!("{url}: {e}"))?;
+                check(r).await?;
             }
         }));
     }
@@ -337,44 +366,37 @@ async fn bulk(
     plan: GatewayPlan,
     docs: u32,
 ) -> Result<(), String> {
-    let (http, base, index) = (http.clone(), base.to_string(), index.to_string());
-    in_requests(plan, docs, move |from, to| {
-        let (http, base, index) = (http.clone(), base.clone(), index.clone());
+    let index = index.to_string();
+    let line = move |d: u32, from: u32| {
+        format!(
+            "{{\"index\":{{\"_index\":\"{index}\",\"_id\":\"{d}\"}}}}\n{{\"n\":{d},\"at\":{from}}}\n"
+        )
+    };
+    let at = base.to_string();
+    let check = move |r: reqwest::Response| {
+        let at = at.clone();
         async move {
-            let mut body = String::with_capacity((to - from) as usize * 64);
-            for d in from..to {
-                body.push_str(&format!(
-                    "{{\"index\":{{\"_index\":\"{index}\",\"_id\":\"{d}\"}}}}\n{{\"n\":{d},\"at\":{from}}}\n"
-                ));
-            }
-            let r = http
-                .post(format!("{base}/_bulk"))
-                .header("content-type", "application/x-ndjson")
-                .header("x-zkguard-lock-type", "background")
-                .body(body)
-                .send()
-                .await
-                .map_err(|e| format!("{base}: {e}"))?;
             let status = r.status();
             let answer: Value = r.json().await.unwrap_or_default();
-            if !status.is_success() || answer["errors"] != false {
-                let first = answer["items"]
-                    .as_array()
-                    .and_then(|items| {
-                        items.iter().find(|i| {
-                            i.as_object()
-                                .and_then(|o| o.values().next())
-                                .is_some_and(|v| v.get("error").is_some())
-                        })
-                    })
-                    .cloned()
-                    .unwrap_or(answer);
-                return Err(format!("{base} answered {status} to a _bulk: {first}"));
+            if status.is_success() && answer["errors"] == false {
+                return Ok(());
             }
-            Ok(())
+            let first = answer["items"]
+                .as_array()
+                .and_then(|items| {
+                    items.iter().find(|i| {
+                        i.as_object()
+                            .and_then(|o| o.values().next())
+                            .is_some_and(|v| v.get("error").is_some())
+                    })
+                })
+                .cloned()
+                .unwrap_or(answer);
+            Err(format!("{at} answered {status} to a _bulk: {first}"))
         }
-    })
-    .await
+    };
+    let url = format!("{base}/_bulk");
+    in_requests(http, url, Some("background"), plan, docs, line, check).await
 }
 
 /// `docs` documents as background operations of `POST /v1/bulk` requests of `plan.bulk_size`
@@ -387,32 +409,22 @@ async fn service_bulk(
     docs: u32,
 ) -> Result<(), String> {
     let applied_before = background_applied(http, base).await?;
-    let (client, url, index) = (http.clone(), format!("{base}/v1/bulk"), index.to_string());
-    in_requests(plan, docs, move |from, to| {
-        let (http, url, index) = (client.clone(), url.clone(), index.clone());
-        async move {
-            let mut body = String::with_capacity((to - from) as usize * 80);
-            for d in from..to {
-                body.push_str(&format!(
-                    "{{\"action\":\"index\",\"index\":\"{index}\",\"id\":\"{d}\",\"doc\":{{\"n\":{d},\"at\":{from}}}}}\n"
-                ));
-            }
-            let r = http
-                .post(&url)
-                .header("content-type", "application/x-ndjson")
-                .body(body)
-                .send()
-                .await
-                .map_err(|e| format!("{url}: {e}"))?;
-            let status = r.status();
-            if status != reqwest::StatusCode::ACCEPTED {
-                let text = r.text().await.unwrap_or_default();
-                return Err(format!("{url} answered {status}: {text}"));
-            }
-            Ok(())
+    let index = index.to_string();
+    let line = move |d: u32, from: u32| {
+        format!(
+            "{{\"action\":\"index\",\"index\":\"{index}\",\"id\":\"{d}\",\"doc\":{{\"n\":{d},\"at\":{from}}}}}\n"
+        )
+    };
+    let check = |r: reqwest::Response| async move {
+        let status = r.status();
+        if status == reqwest::StatusCode::ACCEPTED {
+            return Ok(());
         }
-    })
-    .await?;
+        let text = r.text().await.unwrap_or_default();
+        Err(format!("/v1/bulk answered {status}: {text}"))
+    };
+    let url = format!("{base}/v1/bulk");
+    in_requests(http, url, None, plan, docs, line, check).await?;
     // Until every accepted operation is finished (the journal holds no unfinished one).
     while !journal_empty(http, base).await? {
         tokio::time::sleep(Duration::from_millis(5)).await;
