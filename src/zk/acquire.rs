@@ -14,13 +14,11 @@ use zookeeper_client::EventType;
 use super::acl::{acl_list, check_lock_root};
 use super::carried::{Joined, NextOps};
 use super::contender::{health_failure, wait_connected};
-use super::driver::{add_ops, lock_error, multi_reply, perform, root_depth, Contents};
+use super::driver::{add_ops, lock_error, perform, root_depth, Contents};
 use super::guard::{keep_until_fired, Held, LockGuard, WatchEvent};
 use super::handover::After;
 use super::node::{attempt_id, now_ms, NodeData, Paths};
-use super::protocol::{
-    Acquisition, Action, Fired, Input, MultiError, Now, Outcome, Reply, Request, Spec,
-};
+use super::protocol::{Acquisition, Action, Fired, Input, Now, Outcome, Reply, Request, Spec};
 use super::reaper::Reap;
 use super::session::{Slot, ZkSession};
 use super::successor::Waiter;
@@ -523,12 +521,8 @@ async fn perform_carried(
     } else {
         None
     };
-    let (committed, waiting) = sent.answer().await;
+    let (first, waiting) = sent.answer().await;
     *carrier = waiting;
-    let first = match committed {
-        Some(result) => multi_reply(result),
-        None => Reply::Multi(Err(MultiError::NotCarried)),
-    };
     let mut replies = vec![first];
     match rest {
         Some(rest) => replies.extend(rest.await.0),

@@ -350,7 +350,7 @@ impl LockGuard {
         if self.version.is_none() || !self.is_held() {
             return Err(self);
         }
-        let Some((monitor, node)) = self.node_path.rsplit_once('/') else {
+        let Some((monitor, node)) = self.monitor_and_node() else {
             return Err(self);
         };
         let (monitor, node) = (monitor.to_string(), node.to_string());
@@ -364,9 +364,13 @@ impl LockGuard {
 
     /// Whether a waiter of this session waits to be handed this lock (`zk::successor`).
     pub(super) fn has_successor(&self) -> bool {
-        self.node_path
-            .rsplit_once('/')
+        self.monitor_and_node()
             .is_some_and(|(monitor, node)| self.slot.successors.awaits(monitor, node))
+    }
+
+    /// The monitor's path and the name of this lock's queue node.
+    fn monitor_and_node(&self) -> Option<(&str, &str)> {
+        self.node_path.rsplit_once('/')
     }
 
     /// Whether `other` was acquired through the same session as this guard.

@@ -2,7 +2,7 @@
 //! release carries the acquisition's operations, and waits for other ones when the
 //! acquisition's part failed (a multi is atomic).
 
-use zookeeper_client::{Error as ZkError, MultiWriteError, MultiWriteResult};
+use zookeeper_client::{Error as ZkError, MultiWriteError};
 
 use super::carried::{Joined, NextOps, Retry};
 use super::driver::multi_reply;
@@ -74,59 +74,53 @@ pub(super) struct Sent<'r> {
 }
 
 impl<'r> Sent<'r> {
-    /// Answers as `MultiWriter::commit` would for the operations alone: their results, the
-    /// failure of one of them (nothing applied; then also the release, waiting for other
-    /// operations), or a lost answer. `None` when the release's own part failed: nothing was
-    /// applied, and the release went on its own.
-    pub(super) async fn answer(
-        self,
-    ) -> (
-        Option<Result<Vec<MultiWriteResult>, MultiWriteError>>,
-        Option<After<'r>>,
-    ) {
-        match self.rx.await {
-            Ok(Joined::Applied(results)) => (Some(Ok(results)), None),
-            Ok(Joined::NotApplied {
-                next_failed: Some((index, source, retry)),
-            }) => (
-                Some(Err(MultiWriteError::OperationFailed { index, source })),
-                Some(After {
-                    how: Carrier::Waiting(retry),
-                    release: self.release,
-                }),
-            ),
-            Ok(Joined::NotApplied { next_failed: None }) => (None, None),
-            Ok(Joined::Lost(source)) => {
-                (Some(Err(MultiWriteError::RequestFailed { source })), None)
-            }
-            // The release task ended without a word (the runtime is shutting down).
-            Err(_) => (
-                Some(Err(MultiWriteError::RequestFailed {
-                    source: ZkError::ConnectionLoss,
-                })),
-                None,
-            ),
-        }
+    /// Answers as the core takes the operations' own multi: their results, the failure of one
+    /// of them (nothing applied; then also the release, waiting for other operations), a lost
+    /// answer, or `NotCarried` when the release's own part failed (nothing was applied, and
+    /// the release went on its own).
+    pub(super) async fn answer(self) -> (Reply, Option<After<'r>>) {
+        let (reply, retry) = settle(self.rx.await);
+        let waiting = retry.map(|retry| After {
+            how: Carrier::Waiting(retry),
+            release: self.release,
+        });
+        (reply, waiting)
     }
 }
 
 /// The answer of a waiter's take that a holder of its session carried in its release multi
-/// (`zk::successor`), as the reply to the take's own multi: the results of the take, the
-/// failure of one of its operations (the release then goes on its own), `NotCarried` when the
-/// release's own part failed (nothing was applied), or a lost answer.
+/// (`zk::successor`), as [`Sent::answer`] gives it; when one of the take's operations failed,
+/// the release goes on its own.
 pub(super) async fn joined_reply(answer: tokio::sync::oneshot::Receiver<Joined>) -> Reply {
-    match answer.await {
-        Ok(Joined::Applied(results)) => multi_reply(Ok(results)),
+    settle(answer.await).0
+}
+
+/// What became of operations carried by a release, as the reply to their own multi, and the
+/// release waiting for other operations when one of them failed.
+fn settle(
+    joined: Result<Joined, tokio::sync::oneshot::error::RecvError>,
+) -> (Reply, Option<Retry>) {
+    match joined {
+        Ok(Joined::Applied(results)) => (multi_reply(Ok(results)), None),
         Ok(Joined::NotApplied {
             next_failed: Some((index, source, retry)),
-        }) => {
-            drop(retry);
-            multi_reply(Err(MultiWriteError::OperationFailed { index, source }))
+        }) => (
+            multi_reply(Err(MultiWriteError::OperationFailed { index, source })),
+            Some(retry),
+        ),
+        Ok(Joined::NotApplied { next_failed: None }) => {
+            (Reply::Multi(Err(MultiError::NotCarried)), None)
         }
-        Ok(Joined::NotApplied { next_failed: None }) => Reply::Multi(Err(MultiError::NotCarried)),
-        Ok(Joined::Lost(source)) => multi_reply(Err(MultiWriteError::RequestFailed { source })),
-        Err(_) => multi_reply(Err(MultiWriteError::RequestFailed {
-            source: ZkError::ConnectionLoss,
-        })),
+        Ok(Joined::Lost(source)) => (
+            multi_reply(Err(MultiWriteError::RequestFailed { source })),
+            None,
+        ),
+        // The release task ended without a word (the runtime is shutting down).
+        Err(_) => (
+            multi_reply(Err(MultiWriteError::RequestFailed {
+                source: ZkError::ConnectionLoss,
+            })),
+            None,
+        ),
     }
 }
