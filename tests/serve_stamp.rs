@@ -113,3 +113,85 @@ async fn documents_keep_a_bounded_stamp_and_opted_out_indices_none() {
     .await;
     assert_eq!(status, StatusCode::OK, "{v}");
 }
+
+/// The `zkguard` object is mapped as stored but not indexed before the first stamped write to
+/// an index: a new index is created with that mapping, an existing one gets it added, and an
+/// index that mapped the object dynamically already keeps its mapping and its writes go on.
+/// With `elastic.stamp.mapping=off`, the mappings are left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stamp_is_mapped_stored_not_indexed_before_the_first_write() {
+    let tag = uuid_tag();
+    let c = client();
+    let es = shared_es().url();
+    let mapping_of = |index: String| {
+        let c = c.clone();
+        let url = format!("{es}/{index}/_mapping");
+        async move {
+            let (status, v) = call(&c, Method::GET, &url, None).await;
+            assert_eq!(status, StatusCode::OK, "{url}: {v}");
+            v[index.as_str()]["mappings"]["properties"]["zkguard"].clone()
+        }
+    };
+    let stored = json!({"type": "object", "enabled": false});
+
+    // Outside zkguard: one index holding a plain document, one where a document with a
+    // `zkguard` object was written straight (mapped dynamically, searchable).
+    let existing = format!("mapexisting-{tag}");
+    let dynamic = format!("mapdynamic-{tag}");
+    for (index, doc) in [
+        (&existing, json!({"n": 1})),
+        (&dynamic, json!({"n": 1, "zkguard": {"op": "outside"}})),
+    ] {
+        let url = format!("{es}/{index}/_doc/0");
+        let (status, v) = call(&c, Method::PUT, &url, Some(doc.to_string())).await;
+        assert!(status.is_success(), "{url}: {v}");
+    }
+
+    let s = Env::new(&shared_zk().connect_string(), "stampmap").start("stampmap");
+    let fresh = format!("mapfresh-{tag}");
+    for index in [&fresh, &existing, &dynamic] {
+        for id in ["1", "2"] {
+            let (status, v) = put(
+                &c,
+                &s,
+                &format!("/v1/indices/{index}/docs/{id}"),
+                &json!({ "title": id }),
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK, "{index}: {v}");
+        }
+    }
+    assert_eq!(mapping_of(fresh.clone()).await, stored);
+    assert_eq!(mapping_of(existing.clone()).await, stored);
+    let kept = mapping_of(dynamic.clone()).await;
+    assert!(kept["properties"]["op"].is_object(), "{kept}");
+    let doc = es_doc(&c, &dynamic, "2").await;
+    assert!(doc["_source"]["zkguard"]["op"].is_string(), "{doc}");
+    // Not indexed: a search for the operation id finds nothing in a mapped index.
+    let op = es_doc(&c, &fresh, "1").await["_source"]["zkguard"]["op"].clone();
+    let url = format!("{es}/{fresh}/_search");
+    let (_, hits) = call(
+        &c,
+        Method::POST,
+        &url,
+        Some(json!({"query": {"term": {"zkguard.op": op}}}).to_string()),
+    )
+    .await;
+    assert_eq!(hits["hits"]["total"]["value"], 0, "{hits}");
+    drop(s);
+
+    let off = Env::new(&shared_zk().connect_string(), "stampmapoff")
+        .with("ZKGUARD_ELASTIC_STAMP_MAPPING", "off")
+        .start("stampmapoff");
+    let left = format!("mapoff-{tag}");
+    let (status, v) = put(
+        &c,
+        &off,
+        &format!("/v1/indices/{left}/docs/1"),
+        &json!({ "title": "t" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let dynamic_map = mapping_of(left).await;
+    assert!(dynamic_map["properties"]["op"].is_object(), "{dynamic_map}");
+}

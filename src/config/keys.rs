@@ -47,6 +47,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("elastic.retry.backoff.max", "5000", "largest retry delay (ms)"),
     ("elastic.stamp.window", "100", "operation ids each written document remembers in its zkguard object (1 to 1000, about 38 bytes each): a retry or replay is recognised as applied while fewer later operations wrote the document"),
     ("elastic.stamp.off", "", "indices whose documents get no zkguard object, comma-separated, a trailing * matches a prefix: still locked and fenced, but retries and replays of applied operations are applied again (the service's journal still recognises the ids it remembers) and tombstone deletes are refused"),
+    ("elastic.stamp.mapping", "auto", "auto: before zkguard's first stamped write to an index, it maps the zkguard object as stored but not indexed (PUT {index}/_mapping, or the index created with that mapping when it does not exist yet), so that the object costs no indexing and no search fields; off: the mappings are left to you"),
     ("elasticsearch.url", "http://localhost:9200", "comma-separated Elasticsearch URLs"),
     ("elasticsearch.username", "", "basic-auth user name (empty = no authentication)"),
     ("elasticsearch.password", "", "basic-auth password"),

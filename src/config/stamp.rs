@@ -15,11 +15,18 @@ pub struct StampSettings {
     pub window: usize,
     /// Indices whose documents carry no `zkguard` object.
     pub off: IndexPatterns,
+    /// Whether zkguard maps the `zkguard` object as stored but not indexed before its first
+    /// stamped write to an index (`elastic.stamp.mapping`: `auto`, or `off`).
+    pub map: bool,
 }
 
-/// `elastic.stamp.window` and `elastic.stamp.off` from their values; an error names the key and
-/// what it expects.
-pub(super) fn parse(window: &str, off: &str) -> Result<StampSettings, (&'static str, String)> {
+/// `elastic.stamp.window`, `elastic.stamp.off` and `elastic.stamp.mapping` from their values; an
+/// error names the key and what it expects.
+pub(super) fn parse(
+    window: &str,
+    off: &str,
+    mapping: &str,
+) -> Result<StampSettings, (&'static str, String)> {
     let expected = || {
         format!("a whole number from 1 to {MAX_STAMP_WINDOW} (each id costs about 38 bytes in every document)")
     };
@@ -28,7 +35,17 @@ pub(super) fn parse(window: &str, off: &str) -> Result<StampSettings, (&'static 
         _ => return Err(("elastic.stamp.window", expected())),
     };
     let off = IndexPatterns::parse(off).map_err(|e| ("elastic.stamp.off", e))?;
-    Ok(StampSettings { window, off })
+    let map = match mapping.trim() {
+        "auto" => true,
+        "off" => false,
+        other => {
+            return Err((
+                "elastic.stamp.mapping",
+                format!("`auto` (zkguard maps its object as stored but not indexed) or `off` (you map it), not `{other}`"),
+            ))
+        }
+    };
+    Ok(StampSettings { window, off, map })
 }
 
 #[cfg(test)]
@@ -37,18 +54,23 @@ mod tests {
 
     #[test]
     fn the_window_is_bounded_and_the_opt_out_parsed() {
-        let s = parse("3", "logs-*,plain").unwrap();
+        let s = parse("3", "logs-*,plain", "auto").unwrap();
+        assert!(s.map);
+        assert!(!parse("3", "", "off").unwrap().map);
+        let (key, e) = parse("3", "", "manual").unwrap_err();
+        assert_eq!(key, "elastic.stamp.mapping");
+        assert!(e.contains("`manual`"), "{e}");
         assert_eq!(s.window, 3);
         assert!(s.off.matches("logs-1") && s.off.matches("plain"));
         assert!(!s.off.matches("articles"));
-        let d = parse("100", "").unwrap();
+        let d = parse("100", "", "auto").unwrap();
         assert!(d.off.is_empty());
         for bad in ["0", "1001", "many"] {
-            let (key, e) = parse(bad, "").unwrap_err();
+            let (key, e) = parse(bad, "", "auto").unwrap_err();
             assert_eq!(key, "elastic.stamp.window");
             assert!(e.contains("1 to 1000"), "{e}");
         }
-        let (key, e) = parse("1", "lo*gs").unwrap_err();
+        let (key, e) = parse("1", "lo*gs", "auto").unwrap_err();
         assert_eq!(key, "elastic.stamp.off");
         assert!(e.contains("`lo*gs`"), "{e}");
     }

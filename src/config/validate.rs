@@ -276,6 +276,7 @@ impl Settings {
             stamp: stamp::parse(
                 r.get("elastic.stamp.window").0,
                 r.get("elastic.stamp.off").0,
+                r.get("elastic.stamp.mapping").0,
             )
             .map_err(|(key, expected)| r.err(key, expected))?,
             source: None,

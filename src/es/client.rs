@@ -18,7 +18,8 @@ use elasticsearch::http::transport::{
     MultiNodeConnectionPool, SingleNodeConnectionPool, TransportBuilder,
 };
 use elasticsearch::indices::{
-    IndicesCreate, IndicesCreateParts, IndicesRefresh, IndicesRefreshParts,
+    IndicesCreate, IndicesCreateParts, IndicesPutMapping, IndicesPutMappingParts, IndicesRefresh,
+    IndicesRefreshParts,
 };
 use elasticsearch::params::OpType;
 use elasticsearch::{
@@ -635,6 +636,28 @@ impl DocStore for EsStore {
         match status {
             200..=299 => Ok(()),
             400 if error_type(&answer).is_some_and(|t| t.contains("already_exists")) => Ok(()),
+            _ => Err(error_for_status(status, &answer, index, "")),
+        }
+    }
+
+    async fn put_mapping(&self, index: &str, properties: &Value) -> Result<bool, EsError> {
+        let what = format!("put the mapping of {index}");
+        let indices = [index];
+        let body = json!({ "properties": properties });
+        let response = self
+            .send(&what, || {
+                IndicesPutMapping::<()>::new(
+                    self.client.transport(),
+                    IndicesPutMappingParts::Index(&indices),
+                )
+                .body(&body)
+                .send()
+            })
+            .await?;
+        let (status, answer) = read(response, self, &what).await?;
+        match status {
+            200..=299 => Ok(true),
+            404 if error_type(&answer) == Some("index_not_found_exception") => Ok(false),
             _ => Err(error_for_status(status, &answer, index, "")),
         }
     }

@@ -75,11 +75,18 @@ pub enum StoreCall<'a> {
         /// Index.
         index: &'a str,
     },
+    /// [`DocStore::put_mapping`].
+    PutMapping {
+        /// Index.
+        index: &'a str,
+        /// The properties added.
+        properties: &'a Value,
+    },
 }
 
 impl StoreCall<'_> {
     /// The name of the [`DocStore`] method: `get`, `mget`, `index`, `delete`, `search`, `bulk`,
-    /// `ensure_index` or `refresh` (a label for metrics and logs).
+    /// `ensure_index`, `refresh` or `put_mapping` (a label for metrics and logs).
     pub fn method(&self) -> &'static str {
         match self {
             Self::Get { .. } => "get",
@@ -90,6 +97,7 @@ impl StoreCall<'_> {
             Self::Bulk { .. } => "bulk",
             Self::EnsureIndex { .. } => "ensure_index",
             Self::Refresh { .. } => "refresh",
+            Self::PutMapping { .. } => "put_mapping",
         }
     }
 }
@@ -291,6 +299,11 @@ impl<H: StoreHook> DocStore for HookedStore<H> {
     async fn refresh(&self, index: &str) -> Result<(), EsError> {
         let call = StoreCall::Refresh { index };
         self.around(call, self.inner.refresh(index)).await
+    }
+    async fn put_mapping(&self, index: &str, properties: &Value) -> Result<bool, EsError> {
+        let call = StoreCall::PutMapping { index, properties };
+        self.around(call, self.inner.put_mapping(index, properties))
+            .await
     }
 }
 

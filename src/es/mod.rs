@@ -259,6 +259,15 @@ pub trait DocStore: Send + Sync + 'static {
     /// [`EsError`] for transport and server failures.
     async fn ensure_index(&self, index: &str, mappings: &Value) -> Result<(), EsError>;
 
+    /// Adds `properties` to the mappings of an existing index (`PUT {index}/_mapping`);
+    /// `Ok(false)` when the index does not exist. Putting a mapping the index has already is a
+    /// success; one it has in another form is an error.
+    ///
+    /// # Errors
+    /// [`EsError`] for transport and server failures, and for a mapping Elasticsearch refuses
+    /// (a field mapped otherwise already).
+    async fn put_mapping(&self, index: &str, properties: &Value) -> Result<bool, EsError>;
+
     /// Makes recent writes visible to search.
     ///
     /// # Errors

@@ -410,6 +410,15 @@ impl Batcher {
                     }
                 })
                 .collect();
+            let mut mapped: Vec<&str> = Vec::new();
+            for a in &actions {
+                if let BulkAction::Index { index, .. } = a {
+                    if !mapped.contains(&index.as_str()) {
+                        mapped.push(index);
+                        self.writer.map_stamp(index).await;
+                    }
+                }
+            }
             // A check before the writes are handed to the bulk writer; it checks again just
             // before its request goes out, since they may wait there behind another lane's.
             if !guard.is_held() {

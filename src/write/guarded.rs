@@ -61,6 +61,7 @@ use crate::write::ops::{
     apply_change, strip_meta, with_stamp, ApplyError, Change, DeleteMode, OpError, OpKind,
     Operation, Stamp, DEFAULT_OPS_WINDOW,
 };
+use crate::write::stamp_mapping::StampMapping;
 use crate::write::stamping::IndexPatterns;
 
 /// Errors of guarded writes.
@@ -236,6 +237,7 @@ pub struct GuardedWriter {
     refresh: Refresh,
     ops_window: usize,
     unstamped: Arc<IndexPatterns>,
+    mapping: Arc<StampMapping>,
     timeout: Option<Duration>,
     marks: Option<Arc<dyn crate::write::marks::MarkResolver>>,
 }
@@ -247,6 +249,7 @@ impl std::fmt::Debug for GuardedWriter {
             .field("refresh", &self.refresh)
             .field("ops_window", &self.ops_window)
             .field("unstamped", &self.unstamped.as_slice())
+            .field("maps_stamp", &self.mapping.is_on())
             .field("timeout", &self.timeout)
             .finish()
     }
@@ -262,6 +265,7 @@ impl GuardedWriter {
             refresh: Refresh::No,
             ops_window: DEFAULT_OPS_WINDOW,
             unstamped: Arc::new(IndexPatterns::default()),
+            mapping: Arc::new(StampMapping::new(true)),
             timeout: None,
             marks: None,
         }
@@ -318,10 +322,28 @@ impl GuardedWriter {
         self
     }
 
-    /// Applies `elastic.stamp.window` and `elastic.stamp.off`.
+    /// Whether the writer maps the `zkguard` object as stored but not indexed before its first
+    /// stamped write to an index (default: it does; see `elastic.stamp.mapping` in
+    /// docs/fencing.md). Off, the mappings are left to the index's owner.
+    pub fn with_stamp_mapping(mut self, on: bool) -> Self {
+        self.mapping = Arc::new(StampMapping::new(on));
+        self
+    }
+
+    /// Applies `elastic.stamp.window`, `elastic.stamp.off` and `elastic.stamp.mapping`.
     pub fn with_stamp_settings(self, settings: &crate::config::StampSettings) -> Self {
         self.with_ops_window(settings.window)
             .without_stamp(settings.off.clone())
+            .with_stamp_mapping(settings.map)
+    }
+
+    /// Settles the mapping of the `zkguard` object in `index` before a stamped write to it
+    /// (once per index and writer, shared by the writer's clones); nothing for an index whose
+    /// documents get no object.
+    pub(crate) async fn map_stamp(&self, index: &str) {
+        if self.stamps(index) {
+            self.mapping.ensure(self.store.as_ref(), index).await;
+        }
     }
 
     /// Whether documents of `index` carry the `zkguard` object.
@@ -464,6 +486,7 @@ impl GuardedWriter {
             Plan::Send(BulkAction::Index {
                 source, condition, ..
             }) => {
+                self.map_stamp(index).await;
                 self.ensure_held(guard, op)?;
                 let sent = self
                     .store

@@ -15,7 +15,8 @@
 //!   [`replay`](deadletter::replay);
 //! - [`marks`]: what a writer does with a document transaction's mark found under its lock;
 //! - [`stamping`]: the `zkguard` object written documents carry, its size, and the indices
-//!   that opt out of it.
+//!   that opt out of it; the object's mapping (`stamp_mapping`) is put before the first
+//!   stamped write to an index.
 //!
 //! `docs/architecture.md` shows how a guarded write flows through these and the lock and
 //! document-store layers; `docs/fencing.md` explains the fencing.
@@ -26,4 +27,5 @@ pub mod deadletter;
 pub mod guarded;
 pub mod marks;
 pub mod ops;
+mod stamp_mapping;
 pub mod stamping;
