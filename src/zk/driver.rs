@@ -334,8 +334,24 @@ pub(super) async fn perform(
 pub(super) async fn run_removal(
     client: &Client,
     paths: &Paths,
-    mut removal: Removal,
+    removal: Removal,
 ) -> (Result<(), ZkError>, bool) {
+    let alone: Option<fn(Vec<Op>) -> std::future::Ready<Reply>> = None;
+    run_removal_via(client, paths, removal, alone).await
+}
+
+/// [`run_removal`], its first request sent by `first_multi` when it is a multi (a release
+/// that goes with the session's other releases of the moment: `zk::release_batch`).
+pub(super) async fn run_removal_via<F, Fut>(
+    client: &Client,
+    paths: &Paths,
+    mut removal: Removal,
+    mut first_multi: Option<F>,
+) -> (Result<(), ZkError>, bool)
+where
+    F: FnOnce(Vec<Op>) -> Fut,
+    Fut: Future<Output = Reply>,
+{
     let mut backoff = crate::Backoff::new(
         std::time::Duration::from_millis(20),
         std::time::Duration::from_secs(1),
@@ -344,7 +360,12 @@ pub(super) async fn run_removal(
     loop {
         action = match action {
             Action::Send(send) => {
-                let (replies, _) = perform(client, paths, None, &send.requests).await;
+                let replies = match (first_multi.take(), send.requests.as_slice()) {
+                    (Some(send_multi), [Request::Multi(ops)]) => {
+                        vec![send_multi(ops.clone()).await]
+                    }
+                    _ => perform(client, paths, None, &send.requests).await.0,
+                };
                 removal.handle(Input::Replies(replies))
             }
             Action::Backoff => {

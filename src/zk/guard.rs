@@ -449,6 +449,7 @@ impl Releasing {
     async fn run(self) -> Result<(), LockError> {
         let result = release_held(
             &self.slot.client,
+            &self.slot.releases,
             &self.node,
             self.mutex.as_deref(),
             &self.attempt,

@@ -32,6 +32,7 @@ pub mod protocol;
 mod protocol;
 mod reaper;
 mod release;
+mod release_batch;
 mod session;
 mod state;
 mod successor;

@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tracing::debug;
 use zookeeper_client::{Client, Error as ZkError, MultiWriter};
 
-use super::driver::{add_op, run_removal};
+use super::driver::{add_op, run_removal, run_removal_via};
 use super::node::{child_name, Paths};
 use super::protocol::{release_ops, Removal};
+use super::release_batch::Releases;
 
 /// The monitor's paths, from the path of one of its children.
 fn paths_of(child: &str) -> Paths {
@@ -36,8 +37,12 @@ fn parts(queue_node: Option<&str>, mutex: Option<&str>) -> Option<(Paths, Option
 /// [`add_release`]), the multi applies only if nobody took the mutex since: a holder whose
 /// mutex was deleted by someone else, unseen, and taken by the next in line, leaves the new
 /// holder's mutex alone and gets `Err(NoNode)`.
+///
+/// The multi goes with the session's other releases of the moment (`releases`, see
+/// `zk::release_batch`); what follows a failure or a lost answer goes alone.
 pub(crate) async fn release_held(
     client: &Client,
+    releases: &std::sync::Arc<Releases>,
     queue_node: &str,
     mutex: Option<&str>,
     attempt: &str,
@@ -54,7 +59,8 @@ pub(crate) async fn release_held(
         marked,
         version,
     );
-    let (result, mark_refused) = run_removal(client, &paths, removal).await;
+    let together = |ops| releases.send(&paths, ops);
+    let (result, mark_refused) = run_removal_via(client, &paths, removal, Some(together)).await;
     if let (true, Some(mark)) = (mark_refused, mark) {
         debug!("zookeeper.acl does not let this session write its queue nodes: releasing without the hand-over mark");
         mark.store(false, Ordering::Relaxed);

@@ -107,6 +107,8 @@ pub(crate) struct Slot {
     /// The fast paths of this session's acquisitions on their way, sent together
     /// (`zk::batch`).
     pub fast_paths: Arc<super::batch::FastPaths>,
+    /// The session's releases going together (`zk::release_batch`).
+    pub releases: Arc<super::release_batch::Releases>,
     /// This session's waiters that a holder of the session may hand its lock to
     /// (`zk::successor`).
     pub successors: super::successor::Successors,
@@ -513,6 +515,7 @@ impl ZkSession {
         let reaper = super::reaper::spawn(client.clone());
         let confirmation = Confirmation::start(&client, attempted, grace);
         let fast_paths = super::batch::FastPaths::new(client.clone(), reaper.clone());
+        let releases = super::release_batch::Releases::new(client.clone());
         Slot {
             client,
             session_id,
@@ -525,6 +528,7 @@ impl ZkSession {
             recreating_fast_path: AtomicBool::new(true),
             versioned_takes: AtomicBool::new(true),
             fast_paths,
+            releases,
             successors: super::successor::Successors::default(),
             reaper,
         }

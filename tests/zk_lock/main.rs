@@ -5,6 +5,7 @@
 mod common;
 
 // The tests by topic; the helpers several of them use stay here.
+mod bulk_release;
 mod handover;
 mod loss;
 mod requests;
