@@ -183,7 +183,7 @@ struct Inner {
     /// lazily).
     queued_order: VecDeque<(Uuid, Instant)>,
     queued: usize,
-    finished_order: VecDeque<Uuid>,
+    finished_order: FinishedOrder,
     appended: usize,
     /// Journaled bytes of each queued operation (its share of its line).
     sizes: HashMap<Uuid, u64>,
@@ -312,7 +312,7 @@ impl Journal {
         // the start.
         let opened = Instant::now();
         let mut queued_order = VecDeque::new();
-        let mut finished_order = VecDeque::new();
+        let mut finished_order = FinishedOrder::default();
         // Lines that cannot be read: the last one may be a write cut short by a crash, any
         // other is damage.
         let mut unreadable: Vec<(usize, String)> = Vec::new();
@@ -840,12 +840,12 @@ impl Journal {
     /// Forgets the oldest outcomes beyond [`KEEP_FINISHED`].
     fn trim(&self, inner: &mut Inner) {
         while inner.finished_order.len() > KEEP_FINISHED {
-            if let Some(old) = inner.finished_order.pop_front() {
-                if inner
-                    .entries
-                    .get(&old)
-                    .is_some_and(|e| e.finished.is_some())
-                    && !inner.finished_order.contains(&old)
+            if let Some((old, last)) = inner.finished_order.pop_front() {
+                if last
+                    && inner
+                        .entries
+                        .get(&old)
+                        .is_some_and(|e| e.finished.is_some())
                 {
                     inner.entries.remove(&old);
                 }
@@ -876,5 +876,7 @@ mod uuid_str {
 }
 
 mod compact;
+mod finished;
+use finished::FinishedOrder;
 #[cfg(test)]
 mod tests;
