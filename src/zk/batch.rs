@@ -262,11 +262,21 @@ async fn drain(fp: &Arc<FastPaths>) {
 
 /// Up to [`MAX_GROUPS`] pending groups, at most one per monitor, in the order they came.
 fn take_batch(pending: &mut Vec<Group>) -> Vec<Group> {
+    take_per_monitor(pending, MAX_GROUPS, |g| &g.paths.monitor)
+}
+
+/// Up to `max` of `pending`, at most one per monitor (`monitor_of`), in the order they came;
+/// the rest stay pending (shared with `zk::release_batch`).
+pub(super) fn take_per_monitor<G>(
+    pending: &mut Vec<G>,
+    max: usize,
+    monitor_of: impl Fn(&G) -> &String,
+) -> Vec<G> {
     let mut monitors = HashSet::new();
     let mut batch = Vec::new();
     let mut rest = Vec::new();
     for group in pending.drain(..) {
-        if batch.len() < MAX_GROUPS && monitors.insert(group.paths.monitor.clone()) {
+        if batch.len() < max && monitors.insert(monitor_of(&group).clone()) {
             batch.push(group);
         } else {
             rest.push(group);

@@ -21,13 +21,13 @@
 //! lost answer is every release's: each deletes carefully on its own, by attempt id, which is
 //! what a lost answer of its own multi leads to.
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex as StdMutex};
 
 use tokio::sync::oneshot;
 use tracing::debug;
 use zookeeper_client::Client;
 
+use super::batch::take_per_monitor;
 use super::driver::{add_ops, code, multi_reply};
 use super::node::Paths;
 use super::protocol::{Code, MultiError, Op, OpResult, Reply};
@@ -135,18 +135,7 @@ async fn drain(releases: &Arc<Releases>) {
 
 /// Up to [`MAX_GROUPS`] pending groups, at most one per monitor, in the order they came.
 fn take_batch(pending: &mut Vec<Group>) -> Vec<Group> {
-    let mut monitors = HashSet::new();
-    let mut batch = Vec::new();
-    let mut rest = Vec::new();
-    for group in pending.drain(..) {
-        if batch.len() < MAX_GROUPS && monitors.insert(group.paths.monitor.clone()) {
-            batch.push(group);
-        } else {
-            rest.push(group);
-        }
-    }
-    *pending = rest;
-    batch
+    take_per_monitor(pending, MAX_GROUPS, |g| &g.paths.monitor)
 }
 
 /// Sends `batch` as one multi; a group whose own part failed gets that failure and leaves, the
