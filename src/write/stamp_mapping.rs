@@ -74,7 +74,10 @@ impl StampMapping {
         }
         let cell = {
             let mut indices = self.indices.lock().unwrap_or_else(|p| p.into_inner());
-            indices.entry(index.to_string()).or_default().clone()
+            match indices.get(index) {
+                Some(cell) => cell.clone(),
+                None => indices.entry(index.to_string()).or_default().clone(),
+            }
         };
         if let Some(done) = cell.get() {
             return Some(*done);

@@ -80,40 +80,58 @@ impl Releases {
     /// task of its own, `lock::Release`, so it is not dropped in practice).
     pub(super) async fn send(self: &Arc<Self>, paths: &Paths, ops: Vec<Op>) -> Reply {
         let (tx, rx) = oneshot::channel();
-        let alone = {
+        let ops = {
             let mut state = self.state();
-            let alone = state.senders < MAX_SENDERS;
-            if alone {
+            if state.senders < MAX_SENDERS {
                 state.senders += 1;
+                Some(ops)
             } else {
                 state.pending.push(Group {
                     paths: paths.clone(),
-                    ops: ops.clone(),
+                    ops,
                     reply: tx,
                 });
+                None
             }
-            alone
         };
-        if !alone {
+        let Some(ops) = ops else {
             return rx.await.unwrap_or_else(|_| {
                 Reply::Multi(Err(MultiError::Request(Code::Lost(
                     "the session's release sender stopped".into(),
                 ))))
             });
-        }
+        };
         // Sent at this future's first poll, as a release alone is (`LockGuard::release` sends
         // it before it returns); then this sender's place goes to the releases that came
-        // meanwhile.
-        let reply = {
-            let mut multi = self.client.new_multi_writer();
-            match add_ops(&mut multi, paths, &ops, &[]) {
-                Ok(()) => multi_reply(multi.commit().await),
-                Err(e) => Reply::Multi(Err(MultiError::Request(code(&e)))),
+        // meanwhile, if any.
+        let reply = commit(&self.client, [(paths, ops.as_slice())]).await;
+        let more = {
+            let mut state = self.state();
+            if state.pending.is_empty() {
+                state.senders -= 1;
             }
+            !state.pending.is_empty()
         };
-        let releases = self.clone();
-        tokio::spawn(async move { drain(&releases).await });
+        if more {
+            let releases = self.clone();
+            tokio::spawn(async move { drain(&releases).await });
+        }
         reply
+    }
+}
+
+/// One multi of the release operations of `parts`, in order.
+async fn commit<'a>(
+    client: &Client,
+    parts: impl IntoIterator<Item = (&'a Paths, &'a [Op])>,
+) -> Reply {
+    let mut multi = client.new_multi_writer();
+    let added = parts
+        .into_iter()
+        .try_for_each(|(paths, ops)| add_ops(&mut multi, paths, ops, &[]));
+    match added {
+        Ok(()) => multi_reply(multi.commit().await),
+        Err(e) => Reply::Multi(Err(MultiError::Request(code(&e)))),
     }
 }
 
@@ -142,16 +160,7 @@ fn take_batch(pending: &mut Vec<Group>) -> Vec<Group> {
 /// others go again, until the multi is applied or fails as a whole.
 async fn send_batch(client: &Client, mut batch: Vec<Group>) {
     while !batch.is_empty() {
-        let result = {
-            let mut multi = client.new_multi_writer();
-            let added = batch
-                .iter()
-                .try_for_each(|g| add_ops(&mut multi, &g.paths, &g.ops, &[]));
-            match added {
-                Ok(()) => multi_reply(multi.commit().await),
-                Err(e) => Reply::Multi(Err(MultiError::Request(code(&e)))),
-            }
-        };
+        let result = commit(client, batch.iter().map(|g| (&g.paths, g.ops.as_slice()))).await;
         match result {
             Reply::Multi(Ok(results)) => {
                 if batch.len() > 1 {
