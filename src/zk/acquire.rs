@@ -284,6 +284,7 @@ async fn acquire_with(
     let mut backoff = crate::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
     let mut action = contender.core.start(now());
     loop {
+        tracing::trace!(?action, "acquisition step");
         let input = match action {
             Action::Send(send) => {
                 data.attempt = contender.core.attempt().to_string();
@@ -384,6 +385,7 @@ async fn acquire_with(
             }
             Action::Done => break,
         };
+        tracing::trace!(?input, "acquisition input");
         action = contender.core.handle(input, now());
         contender.note_session_flags();
     }
@@ -399,7 +401,7 @@ async fn acquire_with(
         }) => {
             let token = super::token::from_zxid(zxid as u64);
             slot.set_contended(&paths.mutex, others_seen);
-            info!(node = %node, token, waited_ms = started.elapsed().as_millis() as u64, "lock acquired");
+            info!(node = %node, token, others_seen, waited_ms = started.elapsed().as_millis() as u64, "lock acquired");
             let attempt = contender.core.attempt().to_string();
             Ok(LockGuard::start(
                 slot.clone(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use zkguard::zk::TOKEN_BASE;
 use zkguard::{LockType, ZkBlockingWriteLock};
 
-use crate::common::proxy::{ZkProxy, OP_GET_CHILDREN2};
+use crate::common::proxy::{ZkProxy, OP_GET_CHILDREN2, OP_GET_DATA};
 use crate::common::{children, eventually, init_tracing, queued, session, zk_server, zk_settings};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,12 +53,23 @@ async fn a_foreground_contender_queued_between_a_background_ones_read_and_take_g
             .lock_with_timeout()
             .await
             .unwrap();
+        let sent_before = bg_proxy.requests().len();
         let lock = background();
         let waiter = tokio::spawn(async move { lock.lock_with_timeout().await.unwrap() });
+        // Released only once the waiter watches the holder's node: its queue read, answered
+        // before that watch went out, saw the holder. (Released as soon as its node shows, the
+        // read could reach the server after the release, and the waiter met no contention.)
         eventually(
             Duration::from_secs(10),
-            "the background contender queued",
-            a_nodes("B-", 1),
+            "the background contender read the queue and watched the holder",
+            || {
+                let sent: Vec<i32> = bg_proxy.requests()[sent_before..].to_vec();
+                async move {
+                    sent.iter()
+                        .position(|&op| op == OP_GET_CHILDREN2)
+                        .is_some_and(|read| sent[read..].contains(&OP_GET_DATA))
+                }
+            },
         )
         .await;
         held.unlock().await.unwrap();
