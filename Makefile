@@ -1,15 +1,19 @@
-.PHONY: openapi reference demo test torture bench bench-service bench-gateway bench-txn bench-scale bench-memory deps check
+.PHONY: openapi reference demo test test-docker torture bench bench-service bench-gateway bench-txn bench-scale bench-memory deps check
 
 # The main job: installs ZooKeeper and osmem-server if missing, starts them on free loopback
 # ports, runs the demo and stops them.
 demo: deps
 	cargo run --release --features testkit --bin zkguard -- demo
 
-# The whole test suite against real servers started by the test harness, compiled once with every
-# feature (the Docker-backed test skips at run time when no Docker daemon answers; the second line
-# reuses the same build and shows why it skipped).
+# The whole test suite against real servers started by the test harness, compiled once. The
+# Docker-backed test is `make test-docker`: its dependencies (Testcontainers, bollard, tonic) cost
+# a sixth of a clean build's compile time, for a test that needs a Docker daemon.
 test: deps
-	cargo test --features docker
+	cargo test
+
+# Guarded writes against real Elasticsearch 8 and ZooKeeper 3.9 images, with a Docker daemon
+# (without one, every test says why it skipped and passes).
+test-docker: deps
 	cargo test --features docker --test docker_guarded -- --nocapture
 
 # The lock's fault-injection history test (tests/lock_history.rs) for as long as asked:
@@ -19,8 +23,8 @@ test: deps
 # `make test` runs the same tests for about 40 seconds each, the walks for 10 seconds.
 DURATION ?= 600
 torture: deps
-	ZKGUARD_TORTURE_SECS=$(DURATION) cargo test --release --features docker --test lock_history -- --nocapture
-	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release --features docker --test lock_model random_walks -- --nocapture
+	ZKGUARD_TORTURE_SECS=$(DURATION) cargo test --release --test lock_history -- --nocapture
+	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release --test lock_model random_walks -- --nocapture
 
 # Benchmarks zkguard against Apache Curator and kazoo on one local ZooKeeper.
 bench: deps
