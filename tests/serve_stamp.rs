@@ -178,6 +178,22 @@ async fn the_stamp_is_mapped_stored_not_indexed_before_the_first_write() {
     )
     .await;
     assert_eq!(hits["hits"]["total"]["value"], 0, "{hits}");
+    // A document transaction's writes map it too, before the first one to an index.
+    let txn_index = format!("maptxn-{tag}");
+    let body = json!({
+        "id": format!("maptxn-{tag}"),
+        "operations": [{"action": "index", "index": txn_index, "id": "a", "doc": {"v": 1}}],
+    });
+    let (status, out) = call(
+        &c,
+        Method::POST,
+        &s.url("/v1/transactions"),
+        Some(body.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["state"], "committed", "{out}");
+    assert_eq!(mapping_of(txn_index).await, stored);
     drop(s);
 
     let off = Env::new(&shared_zk().connect_string(), "stampmapoff")

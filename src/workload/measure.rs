@@ -43,10 +43,22 @@ impl RequestCounter {
         }
     }
 
-    /// Requests per cycle between two readings.
-    pub(super) fn per_cycle(before: Option<u64>, after: Option<u64>, cycles: u32) -> Option<f64> {
+    /// Requests per cycle between two readings. The server counts the `mntr` request of each
+    /// reading too: that of the second one falls between them and is not the cycles'.
+    pub(super) fn per_cycle(
+        &self,
+        before: Option<u64>,
+        after: Option<u64>,
+        cycles: u32,
+    ) -> Option<f64> {
+        let own = match self {
+            Self::Mntr(_) => 1,
+            Self::Store(_) => 0,
+        };
         match (before, after) {
-            (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / f64::from(cycles)),
+            (Some(b), Some(a)) => {
+                Some(a.saturating_sub(b).saturating_sub(own) as f64 / f64::from(cycles))
+            }
             _ => None,
         }
     }
@@ -189,7 +201,8 @@ impl<'a> PhaseMeter<'a> {
     pub(super) async fn finish(self, cycles: u32) -> PhaseCost {
         let cpu_ms = cpu_ms_per(self.cpu, cpu_time(), cycles);
         let server_cpu_ms = ServerCpu::per(self.server_cpu, self.server.read(), cycles);
-        let requests = RequestCounter::per_cycle(self.requests, self.counter.read().await, cycles);
+        let after = self.counter.read().await;
+        let requests = self.counter.per_cycle(self.requests, after, cycles);
         PhaseCost {
             cpu_ms,
             server_cpu_ms,

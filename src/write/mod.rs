@@ -27,5 +27,5 @@ pub mod deadletter;
 pub mod guarded;
 pub mod marks;
 pub mod ops;
-mod stamp_mapping;
+pub(crate) mod stamp_mapping;
 pub mod stamping;

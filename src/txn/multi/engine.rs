@@ -15,6 +15,7 @@ use crate::config::TxnSettings;
 use crate::es::{BulkAction, Doc, DocMeta, DocStore, EsError, Refresh, WriteCondition};
 use crate::lock::{Guard, LockError, LockRequest, LockService, LockType};
 use crate::txn::{now_rfc3339, RetryPolicy};
+use crate::write::stamp_mapping::StampMapping;
 
 /// Runs document transactions over a lock service and an Elasticsearch store; cheap to share
 /// behind an `Arc`.
@@ -27,6 +28,9 @@ pub struct Transactions {
     pub(super) refresh: Refresh,
     pub(super) stamp_window: usize,
     unstamped: crate::write::stamping::IndexPatterns,
+    /// The `zkguard` object's mapping, put before the first write to each index
+    /// (`elastic.stamp.mapping`), as guarded writes do.
+    mapping: Arc<StampMapping>,
     hook: Option<Arc<dyn MultiHook>>,
     ready: OnceCell<()>,
 }
@@ -101,6 +105,7 @@ impl Transactions {
             refresh: Refresh::No,
             stamp_window: crate::write::ops::DEFAULT_OPS_WINDOW,
             unstamped: Default::default(),
+            mapping: Arc::new(StampMapping::new(true)),
             hook: None,
             ready: OnceCell::new(),
         }
@@ -138,6 +143,7 @@ impl Transactions {
     pub fn with_stamp_settings(mut self, settings: &crate::config::StampSettings) -> Self {
         self.stamp_window = settings.window;
         self.unstamped = settings.off.clone();
+        self.mapping = Arc::new(StampMapping::new(settings.map));
         self
     }
 
@@ -340,6 +346,10 @@ impl Transactions {
                     }
                 })
                 .collect();
+            // Every index written is stamped (`validate`): its object mapped first, once.
+            for index in order[from..to].iter().map(|&i| &record.operations[i].index) {
+                self.mapping.ensure(self.store.as_ref(), index).await;
+            }
             if let Some(lost) = held.lost() {
                 return Err(self.fenced(&id, lost));
             }
