@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use zkguard::config::Settings;
 
+use super::measure::RequestCounter;
 use super::service_bench::{
     background_applied, jit_cpu_time, journal_empty, latencies, start_served, MAX_WARMUP_RUNS,
 };
@@ -64,6 +65,10 @@ pub struct GatewayReport {
     pub service_bulk: f64,
     /// Unmeasured warm-up rounds of the gate.
     pub warmup_runs: u32,
+    /// ZooKeeper requests per document of the gate's bulk, when counted (`mntr`).
+    pub gate_bulk_zk: Option<f64>,
+    /// ZooKeeper requests per document of the service's bulk, when counted (`mntr`).
+    pub service_bulk_zk: Option<f64>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -103,6 +108,8 @@ impl GatewayReport {
             "straight_bulk_docs_per_sec": self.straight_bulk.round(),
             "gateway_bulk_docs_per_sec": self.gate_bulk.round(),
             "service_bulk_docs_per_sec": self.service_bulk.round(),
+            "gateway_bulk_zk_requests_per_doc": self.gate_bulk_zk.map(|r| (r * 100.0).round() / 100.0),
+            "service_bulk_zk_requests_per_doc": self.service_bulk_zk.map(|r| (r * 100.0).round() / 100.0),
             "service_over_straight_bulk": (self.service_bulk_ratio() * 100.0).round() / 100.0,
             "gateway_over_straight_fg_p50": (self.fg_ratio() * 100.0).round() / 100.0,
             "gateway_over_straight_bulk": (self.bulk_ratio() * 100.0).round() / 100.0,
@@ -120,6 +127,7 @@ impl GatewayReport {
              {:<28} {:>12.2} {:>12.2}\n\
              {:<28} {:>12.0} {:>12.0}\n\
              {:<28} {:>12} {:>12.0}  (background, POST /v1/bulk, until applied)\n\
+             {:<28} {:>12} {:>12}  (gate bulk / service bulk)\n\
              ({} unmeasured warm-up rounds of the gate)\n\
              \n\
              foreground p50 through the gate: {:.2}x straight (goal: at most 1.5x)\n\
@@ -146,6 +154,9 @@ impl GatewayReport {
             "service bulk documents/s",
             "",
             self.service_bulk,
+            "ZooKeeper requests per doc",
+            self.gate_bulk_zk.map_or("-".into(), |r| format!("{r:.2}")),
+            self.service_bulk_zk.map_or("-".into(), |r| format!("{r:.2}")),
             self.warmup_runs,
             self.fg_ratio(),
             self.bulk_ratio(),
@@ -228,19 +239,34 @@ pub async fn run(settings: Settings, plan: GatewayPlan) -> Result<GatewayReport,
     .await?;
     let mut fg = [Vec::new(), Vec::new()];
     let mut docs_per_sec = [0.0f64; 3];
+    // The ZooKeeper requests of the gate's and the service's bulk rounds (straight: none).
+    let counter = RequestCounter::new(&settings, None);
+    let mut zk: [Option<f64>; 2] = [Some(0.0), Some(0.0)];
+    let mut count = |k: usize, before: Option<u64>, after: Option<u64>, docs: u32| {
+        zk[k] = zk[k]
+            .zip(counter.per_cycle(before, after, docs))
+            .map(|(sum, r)| sum + r / f64::from(ROUNDS));
+    };
     for _ in 0..ROUNDS {
         for (k, t) in targets.iter().enumerate() {
             fg[k].extend(foreground(&http, t, &index, plan, plan.saves).await?);
         }
         for (k, t) in targets.iter().enumerate() {
+            let before = counter.read().await;
             let started = Instant::now();
             bulk(&http, t, &bulk_index, plan, plan.bulk_docs).await?;
             docs_per_sec[k] += f64::from(plan.bulk_docs) / started.elapsed().as_secs_f64();
+            if k == 1 {
+                count(0, before, counter.read().await, plan.bulk_docs);
+            }
         }
+        let before = counter.read().await;
         let started = Instant::now();
         service_bulk(&http, &served.base, &bulk_index, plan, plan.bulk_docs).await?;
         docs_per_sec[2] += f64::from(plan.bulk_docs) / started.elapsed().as_secs_f64();
+        count(1, before, counter.read().await, plan.bulk_docs);
     }
+    let [gate_bulk_zk, service_bulk_zk] = zk;
     drop(served);
     let [straight_fg, gate_fg] = fg;
     Ok(GatewayReport {
@@ -251,6 +277,8 @@ pub async fn run(settings: Settings, plan: GatewayPlan) -> Result<GatewayReport,
         gate_bulk: docs_per_sec[1] / f64::from(ROUNDS),
         service_bulk: docs_per_sec[2] / f64::from(ROUNDS),
         warmup_runs,
+        gate_bulk_zk,
+        service_bulk_zk,
     })
 }
 
