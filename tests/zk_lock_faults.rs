@@ -9,7 +9,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::proxy::{
-    ZkProxy, CONNECTED, OP_CREATE2, OP_GET_CHILDREN2, OP_GET_DATA, OP_MULTI, OP_PING, OP_SYNC,
+    ZkProxy, CONNECTED, OP_CREATE2, OP_GET_CHILDREN2, OP_GET_DATA, OP_MULTI, OP_PING,
+    OP_REMOVE_WATCHES, OP_SYNC,
 };
 use common::*;
 use zkguard::testkit::ZkServer;
@@ -703,4 +704,55 @@ async fn monitors_reaped_since_the_session_saw_them_are_read_again_not_failed_on
         "64 acquisitions of reaped monitors went in {multis} multis"
     );
     locks.release_all(held).await.await.unwrap();
+}
+
+/// A lock released while its holder's read of the mutex (which sets the mutex watch, once the
+/// lock was held for `MUTEX_WATCH_AFTER`) is on its way: the watch that read sets is kept until
+/// the release's deletion fires it. Dropped with the read, the client removed it with a request
+/// of its own (seen in a full suite run: a release of twelve locks sent a multi and a
+/// `removeWatches`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_while_the_mutex_watch_is_being_set_sends_no_request_to_remove_it() {
+    init_tracing();
+    let zk = shared();
+    let proxy = ZkProxy::start(&zk.connect_string());
+    let settings = zk_settings(&proxy.connect_string(), "watchrace");
+    let s = session(&settings).await;
+    let g = ZkBlockingWriteLock::new("holder", &s, "w")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    // The holder's read of its mutex reaches the server; its answer is held.
+    proxy.hold_after(OP_GET_DATA);
+    eventually(
+        zkguard::zk::MUTEX_WATCH_AFTER + Duration::from_secs(5),
+        "the holder's read of its mutex sent, its answer held",
+        || async { proxy.holds() == 1 },
+    )
+    .await;
+    let before = proxy.requests().len();
+    let release = tokio::spawn(async move { g.unlock().await });
+    eventually(Duration::from_secs(5), "the release multi sent", || async {
+        proxy.requests()[before..].contains(&OP_MULTI)
+    })
+    .await;
+    proxy.release_held();
+    release.await.unwrap().unwrap();
+    // The session's next request comes after anything the answers above made it send.
+    let again = ZkBlockingWriteLock::new("again", &s, "w2")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    again.unlock().await.unwrap();
+    let sent: Vec<i32> = proxy.requests()[before..]
+        .iter()
+        .copied()
+        .filter(|&op| op != OP_PING && op < 100)
+        .collect();
+    assert!(
+        !sent.contains(&OP_REMOVE_WATCHES),
+        "a request removed the mutex watch: {sent:?}"
+    );
 }

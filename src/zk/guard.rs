@@ -619,10 +619,20 @@ async fn watch_held(
                 return mutex;
             }
             debug!("checking the mutex node");
+            let reading = slot.client.get_and_watch_data(mutex_path);
+            tokio::pin!(reading);
             let read = tokio::select! {
                 biased;
-                _ = &mut stop => return mutex,
-                r = slot.client.get_and_watch_data(mutex_path) => Some(r),
+                // Released while the read is on its way: its answer comes within a round trip,
+                // and the watch it sets is kept until the release's deletion fires it (dropped
+                // with the read, the client would send a request to remove it).
+                _ = &mut stop => {
+                    return match tokio::time::timeout(KEEP_FIRED_WATCH, reading).await {
+                        Ok(Ok((_, _, watcher))) => Some(Box::pin(watcher.changed())),
+                        _ => mutex,
+                    };
+                }
+                r = &mut reading => Some(r),
                 // Connection trouble, or the grace ran out: decided above, and the mutex is
                 // read once connected.
                 _ = health.changed() => None,

@@ -20,6 +20,7 @@ pub const OP_GET_CHILDREN: i32 = 8;
 pub const OP_SYNC: i32 = 9;
 pub const OP_PING: i32 = 11;
 pub const OP_GET_CHILDREN2: i32 = 12;
+pub const OP_REMOVE_WATCHES: i32 = 18;
 /// In [`ZkProxy::requests`]: a new connection starts here.
 pub const CONNECTED: i32 = i32::MIN;
 
