@@ -286,6 +286,23 @@ pub(super) fn take_per_monitor<G>(
     batch
 }
 
+/// Which part of a multi made of parts of `lens` operations, in order, holds operation `index`
+/// (the one ZooKeeper names as failed), and the index of that part's first operation; `None`
+/// past the end (shared with `zk::release_batch`).
+pub(super) fn failed_part(
+    lens: impl IntoIterator<Item = usize>,
+    index: usize,
+) -> Option<(usize, usize)> {
+    let mut offset = 0;
+    for (at, len) in lens.into_iter().enumerate() {
+        if index < offset + len {
+            return Some((at, offset));
+        }
+        offset += len;
+    }
+    None
+}
+
 /// Sends `batch` as one multi; a group whose own part failed gets that failure and leaves, the
 /// others go again, until the multi is applied or fails as a whole.
 async fn send_batch(fp: &Arc<FastPaths>, mut batch: Vec<Group>) {
@@ -326,16 +343,8 @@ async fn send_batch(fp: &Arc<FastPaths>, mut batch: Vec<Group>) {
             Reply::Multi(Err(MultiError::Failed { index, code })) => {
                 // The failed operation's group: its guess about the monitor corrected, or its
                 // failure, at its own index.
-                let mut offset = 0;
-                let at = batch.iter().position(|g| {
-                    let len = g.sent().0.len();
-                    let inside = index < offset + len;
-                    if !inside {
-                        offset += len;
-                    }
-                    inside
-                });
-                let Some(at) = at else {
+                let Some((at, offset)) = failed_part(batch.iter().map(|g| g.sent().0.len()), index)
+                else {
                     let detail = format!(
                         "a multi of {sent} fast paths failed at operation {index}, past its end"
                     );

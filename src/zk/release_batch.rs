@@ -27,7 +27,7 @@ use tokio::sync::oneshot;
 use tracing::debug;
 use zookeeper_client::Client;
 
-use super::batch::take_per_monitor;
+use super::batch::{failed_part, take_per_monitor};
 use super::driver::{add_ops, code, multi_reply};
 use super::node::Paths;
 use super::protocol::{Code, MultiError, Op, OpResult, Reply};
@@ -173,15 +173,8 @@ async fn send_batch(client: &Client, mut batch: Vec<Group>) {
                 }
             }
             Reply::Multi(Err(MultiError::Failed { index, code })) => {
-                let mut offset = 0;
-                let at = batch.iter().position(|g| {
-                    let inside = index < offset + g.ops.len();
-                    if !inside {
-                        offset += g.ops.len();
-                    }
-                    inside
-                });
-                let Some(at) = at else {
+                let Some((at, offset)) = failed_part(batch.iter().map(|g| g.ops.len()), index)
+                else {
                     let detail = format!(
                         "a multi of {} releases failed at operation {index}, past its end",
                         batch.len()
