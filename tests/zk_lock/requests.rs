@@ -177,6 +177,15 @@ async fn a_lock_taken_alone_is_released_without_the_mark_and_its_waiter_reads_no
         || async { watched(&zk, &holder_node) && queue_nodes().await.len() == 2 },
     )
     .await;
+    // The holder reads and watches its mutex once it has held it for MUTEX_WATCH_AFTER: done
+    // before the count starts (otherwise that read may fall inside it).
+    let mutex = format!("{monitor}/privateLock");
+    eventually(
+        zkguard::zk::MUTEX_WATCH_AFTER + Duration::from_secs(5),
+        "the holder watches its mutex",
+        || async { watched(&zk, &mutex) },
+    )
+    .await;
     let (_, _, seen) = admin.get_and_watch_data(&holder_node).await.unwrap();
     let before = zk.packets_received().unwrap();
     held.unlock().await.unwrap();
