@@ -373,6 +373,9 @@ pub struct LockRequest {
     pub info: String,
     /// Overrides the lock type's configured timeout; zero means try once.
     pub timeout: Option<Duration>,
+    /// Overrides how long the lock is held before its holder watches it for a loss that only
+    /// a request can show (see [`LockRequest::with_loss_watch_after`]).
+    pub loss_watch_after: Option<Duration>,
 }
 
 impl LockRequest {
@@ -383,6 +386,7 @@ impl LockRequest {
             lock_type: LockType::Foreground,
             info: info.into(),
             timeout: None,
+            loss_watch_after: None,
         }
     }
 
@@ -397,6 +401,20 @@ impl LockRequest {
     /// fails at once with [`LockError::Timeout`], leaving nothing queued behind.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// How long the lock is held before its holder starts watching it for a loss that only a
+    /// request can show: on ZooKeeper, the deletion of its `privateLock` node by someone else
+    /// (an operator's forced unlock), which costs a read that sets a watch. The default is
+    /// [`crate::zk::MUTEX_WATCH_AFTER`] (100 ms); awaiting [`Guard::lost`] starts the watch at once.
+    /// Session expiry and a disconnection longer than the grace are seen at once either way.
+    ///
+    /// A holder whose every write is fenced by the lock's token (a batch of background writes)
+    /// can wait longer: a write sent after such a loss is refused by fencing once the next
+    /// holder has written. The Elasticsearch lease lock ignores it (it renews its lease anyway).
+    pub fn with_loss_watch_after(mut self, after: Duration) -> Self {
+        self.loss_watch_after = Some(after);
         self
     }
 }

@@ -57,11 +57,11 @@ mod write_routes;
 use state::{AppState, Backend};
 
 /// Background operations in flight (the executor's concurrency).
-pub const BACKGROUND_IN_FLIGHT: usize = 256;
+pub const BACKGROUND_IN_FLIGHT: usize = 1024;
 /// Background operations of one monitor applied under one lock acquisition, at most.
 pub const BACKGROUND_PER_LOCK: usize = 32;
 /// Writes in one `_bulk` request, at most.
-pub const BACKGROUND_PER_BULK: usize = 256;
+pub const BACKGROUND_PER_BULK: usize = 512;
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -163,6 +163,8 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
+pub use super::batch::BATCH_LOSS_WATCH_AFTER;
+
 /// How many times writing a dead letter is tried, with the executor's backoff between the
 /// tries, before the operation is reported lost.
 pub const PARK_TRIES: u32 = 5;

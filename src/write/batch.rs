@@ -38,6 +38,16 @@ use crate::lock::{Guard, LockRequest};
 use crate::write::guarded::{fenced_or, GuardedError, GuardedWriter, Plan, Written};
 use crate::write::ops::Operation;
 
+/// How long a lock taken for a batch of fenced writes (a lane of
+/// [`super::background::BackgroundExecutorBuilder::batch_by_monitor`], a batch of the gate's `_bulk`) is held
+/// before its holder watches it for a forced unlock ([`crate::LockRequest::with_loss_watch_after`]).
+/// Such a hold lasts a read and a shared `_bulk` request, often more than the 100 ms after which
+/// a single write's lock is watched, and every write in it carries the lock's token, so a write
+/// sent after an operator removed the lock is refused once the next holder has written. Watching
+/// each of them would cost ZooKeeper a read, a watch and its event per lock: with
+/// 1,024 operations in flight, about one request per document.
+pub const BATCH_LOSS_WATCH_AFTER: Duration = Duration::from_secs(2);
+
 /// What a failed release of a lane's lock means to the lane (logged at `warn`).
 const RELEASE_FAILED: &str = "releasing the lock after a batch of writes failed";
 
@@ -226,8 +236,9 @@ impl Batcher {
         held: Option<Box<dyn Guard>>,
     ) -> (Vec<Queued>, Option<Box<dyn Guard>>) {
         let first = &batch[0].op;
-        let mut request =
-            LockRequest::new(monitor.to_string(), first.info.clone()).with_type(first.lock_type);
+        let mut request = LockRequest::new(monitor.to_string(), first.info.clone())
+            .with_type(first.lock_type)
+            .with_loss_watch_after(BATCH_LOSS_WATCH_AFTER);
         if let Some(t) = self.writer.lock_timeout() {
             request = request.with_timeout(t);
         }

@@ -10,7 +10,7 @@
 //! [`MAX_GROUPS`] monitors. A few concurrent acquisitions wait for nothing.
 //!
 //! Before a multi of several fast paths, the monitors this session did not see lately are
-//! read, pipelined (reads are not transactions): a monitor with nodes is busy, and its
+//! read in one multi of reads (not a transaction): a monitor with nodes is busy, and its
 //! acquisition is told so at once, as if its multi had failed, and queues; a monitor that does
 //! not exist goes in the multi created fresh (the fast path without its delete: the monitor
 //! node, the queue node, the mutex, the monitor's data), which is what the acquisition would do
@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
-use zookeeper_client::Client;
+use zookeeper_client::{Client, MultiReadResult};
 
 use super::driver::{add_ops, code, multi_reply};
 use super::node::Paths;
@@ -376,7 +376,7 @@ async fn send_batch(fp: &Arc<FastPaths>, mut batch: Vec<Group>) {
     }
 }
 
-/// Reads the monitors of `batch` (`all`, or those this session did not see lately), pipelined:
+/// Reads the monitors of `batch` (`all`, or those this session did not see lately), in one request:
 /// a busy one's acquisition is told at once (it queues), an absent one goes fresh (the multi
 /// creates it), an empty one with its fast path as asked.
 async fn survey(fp: &FastPaths, batch: &mut Vec<Group>, all: bool) {
@@ -386,12 +386,36 @@ async fn survey(fp: &FastPaths, batch: &mut Vec<Group>, all: bool) {
     if read.is_empty() {
         return;
     }
-    // Every read is sent before the first answer is awaited.
-    let reads: Vec<_> = read
-        .iter()
-        .map(|&i| fp.client.list_children(&batch[i].paths.monitor))
-        .collect();
-    let listed = futures::future::join_all(reads).await;
+    // One request for all of them (a multi of reads, ZooKeeper 3.6+: each read answers on its
+    // own, a missing monitor with its own NoNode), not one per monitor.
+    let listed: Vec<Result<Vec<String>, zookeeper_client::Error>> = {
+        let mut reader = fp.client.new_multi_reader();
+        let added = read
+            .iter()
+            .try_for_each(|&i| reader.add_get_children(&batch[i].paths.monitor));
+        let answer = match added {
+            Ok(()) => reader.commit().await,
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok(results) if results.len() == read.len() => results
+                .into_iter()
+                .map(|r| match r {
+                    MultiReadResult::Children { children } => Ok(children),
+                    MultiReadResult::Error { err } => Err(err),
+                    _ => Err(zookeeper_client::Error::UnexpectedError(
+                        "a read of children answered with something else".into(),
+                    )),
+                })
+                .collect(),
+            // Not answered (or answered wrongly): every monitor unknown, as it is.
+            Ok(_) => return,
+            Err(e) => {
+                debug!(error = %e, monitors = read.len(), "reading the monitors of a batch failed; they go as they are");
+                return;
+            }
+        }
+    };
     let mut busy = Vec::new();
     let mut existing = Vec::new();
     let mut absent = Vec::new();

@@ -90,9 +90,12 @@ impl LockGuard {
         let holding = Holding::new(slot.clone());
         let span = tracing::info_span!("zk_lock_held", monitor = %request.monitor, token);
         debug!(node = %node, "watching the held lock");
-        tokio::spawn(
-            watch_for_loss(slot, paths.mutex, attempt, loss, stop_rx, holding).instrument(span),
-        );
+        let held = Watched {
+            mutex_path: paths.mutex,
+            attempt,
+            watch_after: request.loss_watch_after.unwrap_or(MUTEX_WATCH_AFTER),
+        };
+        tokio::spawn(watch_for_loss(slot, held, loss, stop_rx, holding).instrument(span));
         guard
     }
 
@@ -547,26 +550,34 @@ impl Drop for Holding {
 /// `holding` counts the lock as held by its session until the watch ends.
 pub(super) async fn watch_for_loss(
     slot: Arc<Slot>,
-    mutex_path: String,
-    attempt: String,
+    held: Watched,
     loss: LossSignal,
     stop: tokio::sync::oneshot::Receiver<()>,
     holding: Holding,
 ) {
-    let keep = watch_held(&slot, &mutex_path, &attempt, &loss, stop).await;
+    let keep = watch_held(&slot, &held, &loss, stop).await;
     // Released or lost: the session need not be confirmed for this lock any more.
     drop(holding);
     keep_until_fired(keep).await;
 }
 
+/// What [`watch_for_loss`] watches: the lock's mutex node, the attempt it carries, and when
+/// the holder starts watching it ([`MUTEX_WATCH_AFTER`], or the request's
+/// [`LockRequest::with_loss_watch_after`]).
+pub(super) struct Watched {
+    pub(super) mutex_path: String,
+    pub(super) attempt: String,
+    pub(super) watch_after: Duration,
+}
+
 /// The loop of [`watch_for_loss`]; returns the mutex watch to keep after a release.
 async fn watch_held(
     slot: &Slot,
-    mutex_path: &str,
-    attempt: &str,
+    held: &Watched,
     loss: &LossSignal,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) -> Option<MutexEvent> {
+    let (mutex_path, attempt) = (held.mutex_path.as_str(), held.attempt.as_str());
     let released = |stop: &mut tokio::sync::oneshot::Receiver<()>| {
         !matches!(
             stop.try_recv(),
@@ -574,7 +585,7 @@ async fn watch_held(
         )
     };
     let mut health = slot.health_watch();
-    let watch_at = tokio::time::Instant::now() + MUTEX_WATCH_AFTER;
+    let watch_at = tokio::time::Instant::now() + held.watch_after;
     // The mutex watch, once armed.
     let mut mutex: Option<MutexEvent> = None;
     let mut armed = false;

@@ -21,6 +21,7 @@ pub const OP_SYNC: i32 = 9;
 pub const OP_PING: i32 = 11;
 pub const OP_GET_CHILDREN2: i32 = 12;
 pub const OP_REMOVE_WATCHES: i32 = 18;
+pub const OP_MULTI_READ: i32 = 22;
 /// In [`ZkProxy::requests`]: a new connection starts here.
 pub const CONNECTED: i32 = i32::MIN;
 

@@ -18,7 +18,7 @@ use super::children::{signal, ChildEnv, ChildSpec};
 use super::history::{Class, Ev, FaultKind, Outcome, Recorder, Target};
 use crate::common::proxy::{
     ZkProxy, OP_CREATE, OP_CREATE2, OP_DELETE, OP_GET_CHILDREN, OP_GET_CHILDREN2, OP_GET_DATA,
-    OP_MULTI, OP_SYNC,
+    OP_MULTI, OP_MULTI_READ, OP_SYNC,
 };
 
 /// The ZooKeeper of a run.
@@ -265,12 +265,13 @@ impl FaultCtx<'_> {
                 OP_GET_DATA,
                 OP_GET_CHILDREN,
                 OP_GET_CHILDREN2,
+                OP_MULTI_READ,
                 OP_SYNC,
             ]
             .get(if attempt == 3 {
                 0
             } else {
-                rng.gen_range(0..10)
+                rng.gen_range(0..11)
             })
             .unwrap();
             let (cuts, connections) = (proxy.cuts(), proxy.connections());
@@ -527,6 +528,7 @@ fn op_name(op: i32) -> &'static str {
         OP_GET_DATA => "getData",
         OP_GET_CHILDREN => "getChildren",
         OP_GET_CHILDREN2 => "getChildren2",
+        OP_MULTI_READ => "multiRead",
         OP_SYNC => "sync",
         _ => "another request",
     }

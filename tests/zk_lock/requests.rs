@@ -449,3 +449,50 @@ async fn going_from_lock_to_lock_takes_one_request_per_cycle_and_waits_where_the
     release.await.unwrap();
     next.expect("L2 once free").unlock().await.unwrap();
 }
+
+/// A lock asked for with a later loss watch (`LockRequest::with_loss_watch_after`, as the
+/// lanes of background writes and the gate's `_bulk` batches do) does not read and watch its
+/// mutex once held for `MUTEX_WATCH_AFTER`: a lock of the same session taken after it with the
+/// default watches first. Awaiting `lost()` still starts its watch at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_asked_to_watch_later_does_not_watch_its_mutex_after_the_default_delay() {
+    use zkguard::{LockRequest, LockService, ZkLockService};
+    let (zk, settings) = counted_server("watchafter");
+    let locks = ZkLockService::new(session(&settings).await);
+    let late = locks
+        .acquire(
+            LockRequest::new("batch", "fenced batch")
+                .with_type(LockType::Background)
+                .with_loss_watch_after(Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap();
+    let soon = locks
+        .acquire(LockRequest::new("single", "one write"))
+        .await
+        .unwrap();
+    let mutex = |monitor: &str| format!("{}/{monitor}/privateLock", settings.lock_root);
+    eventually(
+        zkguard::zk::MUTEX_WATCH_AFTER + Duration::from_secs(5),
+        "the lock taken with the default delay watches its mutex",
+        || async { watched(&zk, &mutex("single")) },
+    )
+    .await;
+    // Held longer than `soon`: with the default delay, its read would have gone first, on the
+    // same connection, and its watch would be set by now.
+    assert!(
+        !watched(&zk, &mutex("batch")),
+        "the lock asked to watch later watches its mutex after the default delay"
+    );
+    // Someone waits for its loss: the watch starts at once.
+    tokio::select! {
+        reason = late.lost() => panic!("the lock was lost: {reason:?}"),
+        () = eventually(
+            Duration::from_secs(5),
+            "the lock watches its mutex once its loss is awaited",
+            || async { watched(&zk, &mutex("batch")) },
+        ) => {}
+    }
+    late.release().await.await.unwrap();
+    soon.release().await.await.unwrap();
+}

@@ -406,7 +406,8 @@ async fn guarded(
             ),
         )
         .with_type(group.lock_type)
-        .with_timeout(group.wait);
+        .with_timeout(group.wait)
+        .with_loss_watch_after(zkguard::write::background::BATCH_LOSS_WATCH_AFTER);
         let locks = locks.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
