@@ -426,26 +426,23 @@ async fn locks_released_together_go_in_one_multi() {
     let locks = ZkLockService::new(session(&settings).await);
     // Held past MUTEX_WATCH_AFTER on a slow machine, a lock would read its mutex to watch it,
     // maybe inside the count: these watch later, so only the release is counted.
-    let request = |i: usize, info: &str| {
-        LockRequest::new(format!("doc-{i}"), info).with_loss_watch_after(Duration::from_secs(3600))
+    let request = |i: usize| {
+        LockRequest::new(format!("doc-{i}"), "together")
+            .with_loss_watch_after(Duration::from_secs(3600))
     };
     let mut held = Vec::new();
     for i in 0..12 {
-        held.push(locks.acquire(request(i, "together")).await.unwrap());
+        held.push(locks.acquire(request(i)).await.unwrap());
     }
     let before = proxy.requests().len();
     locks.release_all(held).await.await.unwrap();
-    let sent: Vec<i32> = proxy.requests()[before..]
-        .iter()
-        .copied()
-        .filter(|&op| op != OP_PING && op < 100)
-        .collect();
+    let sent: Vec<i32> = proxy.sent_since(before);
     assert_eq!(sent, [OP_MULTI], "one multi released the twelve locks");
     // Taken again and released together without waiting: the same session's next requests,
     // try-once acquisitions, go out behind the release and find every monitor free.
     let mut held = Vec::new();
     for i in 0..12 {
-        held.push(locks.acquire(request(i, "together")).await.unwrap());
+        held.push(locks.acquire(request(i)).await.unwrap());
     }
     let release = locks.release_all(held).await;
     for i in 0..12 {
@@ -548,11 +545,7 @@ async fn acquisitions_asked_for_together_share_multis_and_a_busy_monitor_queues_
         let guard = task.await.unwrap().unwrap();
         held.insert(guard.monitor().to_string(), guard);
     }
-    let sent: Vec<i32> = proxy.requests()[before..]
-        .iter()
-        .copied()
-        .filter(|&op| op != OP_PING && op < 100)
-        .collect();
+    let sent: Vec<i32> = proxy.sent_since(before);
     let multis = sent.iter().filter(|&&op| op == OP_MULTI).count();
     assert!(
         multis <= 12,
@@ -752,11 +745,7 @@ async fn a_release_while_the_mutex_watch_is_being_set_sends_no_request_to_remove
         .await
         .unwrap();
     again.unlock().await.unwrap();
-    let sent: Vec<i32> = proxy.requests()[before..]
-        .iter()
-        .copied()
-        .filter(|&op| op != OP_PING && op < 100)
-        .collect();
+    let sent: Vec<i32> = proxy.sent_since(before);
     assert!(
         !sent.contains(&OP_REMOVE_WATCHES),
         "a request removed the mutex watch: {sent:?}"

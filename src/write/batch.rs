@@ -41,8 +41,8 @@ use crate::write::ops::Operation;
 /// How long a lock taken for a batch of fenced writes (a lane of
 /// [`super::background::BackgroundExecutorBuilder::batch_by_monitor`], a batch of the gate's `_bulk`) is held
 /// before its holder watches it for a forced unlock ([`crate::LockRequest::with_loss_watch_after`]).
-/// Such a hold lasts a read and a shared `_bulk` request, often more than the 100 ms after which
-/// a single write's lock is watched, and every write in it carries the lock's token, so a write
+/// Such a hold lasts a read and a shared `_bulk` request, often more than the
+/// [`crate::zk::MUTEX_WATCH_AFTER`] after which a single write's lock is watched, and every write in it carries the lock's token, so a write
 /// sent after an operator removed the lock is refused once the next holder has written. Watching
 /// each of them would cost ZooKeeper a read, a watch and its event per lock: with
 /// 1,024 operations in flight, about one request per document.

@@ -408,10 +408,11 @@ async fn survey(fp: &FastPaths, batch: &mut Vec<Group>, all: bool) {
                     )),
                 })
                 .collect(),
-            // Not answered (or answered wrongly): every monitor unknown, as it is.
-            Ok(_) => return,
-            Err(e) => {
-                debug!(error = %e, monitors = read.len(), "reading the monitors of a batch failed; they go as they are");
+            // Not answered, or answered for other reads: every monitor unknown, as it is.
+            answer => {
+                let error =
+                    answer.map_or_else(|e| e.to_string(), |r| format!("{} answers", r.len()));
+                debug!(%error, monitors = read.len(), "reading the monitors of a batch failed; they go as they are");
                 return;
             }
         }

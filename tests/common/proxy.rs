@@ -143,6 +143,17 @@ impl ZkProxy {
         self.state.requests.lock().unwrap().clone()
     }
 
+    /// The opcodes of the requests relayed from position `from` of [`ZkProxy::requests`] on,
+    /// without pings and session requests (authentication, watches set again: opcodes from 100
+    /// on); [`CONNECTED`] marks stay.
+    pub fn sent_since(&self, from: usize) -> Vec<i32> {
+        self.state.requests.lock().unwrap()[from..]
+            .iter()
+            .copied()
+            .filter(|&op| op != OP_PING && op < 100)
+            .collect()
+    }
+
     /// How many connections were relayed so far.
     pub fn connections(&self) -> usize {
         self.state.connections.load(Ordering::Acquire)
