@@ -563,6 +563,8 @@ async fn an_operation_the_sink_refuses_is_lost_not_rejected() {
 struct CallCounts {
     calls: std::sync::Mutex<HashMap<&'static str, usize>>,
     bulk_writes: std::sync::atomic::AtomicUsize,
+    /// The writes of each bulk request.
+    bulk_sizes: std::sync::Mutex<Vec<usize>>,
 }
 
 impl CallCounts {
@@ -577,6 +579,7 @@ impl zkguard::es::StoreHook for CallCounts {
         *self.calls.lock().unwrap().entry(call.method()).or_default() += 1;
         if let zkguard::es::StoreCall::Bulk { actions, .. } = call {
             self.bulk_writes.fetch_add(actions.len(), Ordering::Relaxed);
+            self.bulk_sizes.lock().unwrap().push(actions.len());
         }
         Ok(())
     }
@@ -694,6 +697,59 @@ async fn batched_by_monitor_applies_each_operation_once_in_shared_bulk_requests(
         ),
         (OPS as u64 + 2, 1, 0, 0),
         "{stats:?}"
+    );
+}
+
+/// Large documents: the lanes' writes go in shared `_bulk` requests of at most
+/// `BULK_MAX_BYTES` (about), not in one request of every lane that is ready: 8 documents of
+/// 2.5 MiB on 8 monitors, submitted at once, travel in requests of at most three, and every one
+/// is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_bulk_requests_stop_at_their_size_in_bytes() {
+    const DOCS: usize = 8;
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let es = store(&settings);
+    let index = format!("big-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    let counted = Arc::new(zkguard::es::HookedStore::new(
+        es.clone(),
+        CallCounts::default(),
+    ));
+    let sink: Arc<dyn DeadLetterSink> = Arc::new(FileSink::new(&settings.retry.file_path));
+    let exec = BackgroundExecutor::builder(GuardedWriter::new(l, counted.clone()), sink)
+        .retry(&settings.retry)
+        .concurrency(DOCS)
+        .batch_by_monitor(4, 1024)
+        .build();
+    let text = "x".repeat(5 * 512 * 1024);
+    let mut handles = Vec::new();
+    for d in 0..DOCS {
+        let doc = json!({"d": d, "text": text});
+        let op = Operation::index(format!("{index}:{d}"), &index, d.to_string(), doc);
+        handles.push(exec.submit(op).await);
+    }
+    for h in handles {
+        assert!(matches!(h.await.unwrap().unwrap(), Outcome::Applied { .. }));
+    }
+    for d in 0..DOCS {
+        assert_eq!(source(es.as_ref(), &index, &d.to_string()).await["d"], d);
+    }
+    let calls = counted.hook();
+    let largest = *calls.bulk_sizes.lock().unwrap().iter().max().unwrap();
+    assert!(
+        largest <= 3,
+        "a _bulk request carried {largest} documents of 2.5 MiB"
+    );
+    assert!(
+        largest * 5 * 512 * 1024 <= zkguard::write::background::BULK_MAX_BYTES,
+        "{largest} documents fit in BULK_MAX_BYTES"
+    );
+    assert!(
+        calls.of("bulk") >= DOCS / 3,
+        "{} _bulk requests",
+        calls.of("bulk")
     );
 }
 

@@ -57,11 +57,11 @@ mod write_routes;
 use state::{AppState, Backend};
 
 /// Background operations in flight (the executor's concurrency).
-pub const BACKGROUND_IN_FLIGHT: usize = 1024;
+pub const BACKGROUND_IN_FLIGHT: usize = 2048;
 /// Background operations of one monitor applied under one lock acquisition, at most.
 pub const BACKGROUND_PER_LOCK: usize = 32;
 /// Writes in one `_bulk` request, at most.
-pub const BACKGROUND_PER_BULK: usize = 512;
+pub const BACKGROUND_PER_BULK: usize = 1024;
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -163,7 +163,7 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-pub use super::batch::BATCH_LOSS_WATCH_AFTER;
+pub use super::batch::{BATCH_LOSS_WATCH_AFTER, BULK_MAX_BYTES};
 
 /// How many times writing a dead letter is tried, with the executor's backoff between the
 /// tries, before the operation is reported lost.

@@ -48,6 +48,13 @@ use crate::write::ops::Operation;
 /// 1,024 operations in flight, about one request per document.
 pub const BATCH_LOSS_WATCH_AFTER: Duration = Duration::from_secs(2);
 
+/// Bytes of one shared `_bulk` request, at most, about (the sources as JSON and each item's
+/// action line): at the start of Elasticsearch's advice for bulk requests (5 to 15 MB), far
+/// below its `http.max_content_length` (100 MB). A request stops taking lanes' writes at this
+/// size or at its count of items, whichever comes first; one lane's writes are never split, so a
+/// lane whose writes are larger than this goes alone.
+pub const BULK_MAX_BYTES: usize = 8 * 1024 * 1024;
+
 /// What a failed release of a lane's lock means to the lane (logged at `warn`).
 const RELEASE_FAILED: &str = "releasing the lock after a batch of writes failed";
 
@@ -68,6 +75,8 @@ struct Queued {
 /// reader), and where their results go, one per item, in order.
 struct Job<T, R> {
     items: Vec<T>,
+    /// About how many bytes the items take in a request (writes; zero for reads).
+    bytes: usize,
     /// The lock the items are written under (writes only): checked again just before the
     /// request goes out. Dropped before `done` answers, so that the lane gets its lock back.
     held: Option<Arc<Box<dyn Guard>>>,
@@ -509,20 +518,26 @@ impl Batcher {
             let (tx, rx) = mpsc::unbounded_channel();
             let (store, refresh) = (self.writer.store().clone(), self.writer.refresh());
             let stages = self.stages.clone();
-            tokio::spawn(group_commit(rx, self.max_bulk, "_bulk", move |actions| {
-                let (store, stages) = (store.clone(), stages.clone());
-                async move {
-                    let started = Instant::now();
-                    let answer = store.bulk(&actions, refresh).await;
-                    add(&stages.writes, 1);
-                    add(&stages.written, actions.len() as u64);
-                    add(&stages.write_us, micros(started.elapsed()));
-                    answer
-                }
-            }));
+            tokio::spawn(group_commit(
+                rx,
+                (self.max_bulk, BULK_MAX_BYTES),
+                "_bulk",
+                move |actions| {
+                    let (store, stages) = (store.clone(), stages.clone());
+                    async move {
+                        let started = Instant::now();
+                        let answer = store.bulk(&actions, refresh).await;
+                        add(&stages.writes, 1);
+                        add(&stages.written, actions.len() as u64);
+                        add(&stages.write_us, micros(started.elapsed()));
+                        answer
+                    }
+                },
+            ));
             tx
         });
-        submit(tx, actions, Some(held), "the bulk writer").await
+        let bytes = actions.iter().map(request_bytes).sum();
+        submit(tx, (actions, bytes), Some(held), "the bulk writer").await
     }
 
     /// Hands `targets` to the reader and waits for the documents, in order.
@@ -534,19 +549,24 @@ impl Batcher {
             let (tx, rx) = mpsc::unbounded_channel();
             let store = self.writer.store().clone();
             let stages = self.stages.clone();
-            tokio::spawn(group_commit(rx, self.max_bulk, "_mget", move |targets| {
-                let (store, stages) = (store.clone(), stages.clone());
-                async move {
-                    let started = Instant::now();
-                    let answer = store.mget(&targets).await;
-                    add(&stages.reads, 1);
-                    add(&stages.read_us, micros(started.elapsed()));
-                    answer
-                }
-            }));
+            tokio::spawn(group_commit(
+                rx,
+                (self.max_bulk, usize::MAX),
+                "_mget",
+                move |targets| {
+                    let (store, stages) = (store.clone(), stages.clone());
+                    async move {
+                        let started = Instant::now();
+                        let answer = store.mget(&targets).await;
+                        add(&stages.reads, 1);
+                        add(&stages.read_us, micros(started.elapsed()));
+                        answer
+                    }
+                },
+            ));
             tx
         });
-        submit(tx, targets, None, "the reader").await
+        submit(tx, (targets, 0), None, "the reader").await
     }
 }
 
@@ -563,13 +583,19 @@ pub(crate) async fn answer(queued: Result<oneshot::Receiver<Attempt>, GuardedErr
 /// ([`group_commit`] answers a job only from a request that answered every item).
 async fn submit<T, R>(
     tx: &mpsc::UnboundedSender<Job<T, R>>,
-    items: Vec<T>,
+    (items, bytes): (Vec<T>, usize),
     held: Option<Arc<Box<dyn Guard>>>,
     who: &str,
 ) -> Result<Vec<R>, EsError> {
     let (done, rx) = oneshot::channel();
     let gone = || EsError::Protocol(format!("{who} stopped before answering"));
-    tx.send(Job { items, held, done }).map_err(|_| gone())?;
+    tx.send(Job {
+        items,
+        bytes,
+        held,
+        done,
+    })
+    .map_err(|_| gone())?;
     rx.await.map_err(|_| gone())?
 }
 
@@ -584,27 +610,41 @@ struct DocState {
 }
 
 /// Sends the lanes' items (writes, or reads) in grouped requests: everything handed in while
-/// the previous request was under way goes in the next one (up to `max` items), so one request
+/// the previous request was under way goes in the next one (up to `max`: items, and bytes of
+/// writes; a job that would pass either waits for the next request), so one request
 /// carries the items of many lanes; each lane gets its own items' results. Just before a
 /// request goes out, the lock of each lane's writes is checked again: a lane whose lock was
 /// lost while its writes waited is answered [`NOT_SENT`] and its writes stay out. Ends when the
 /// executor is dropped.
 async fn group_commit<T, R, F, Fut>(
     mut rx: mpsc::UnboundedReceiver<Job<T, R>>,
-    max: usize,
+    (max, max_bytes): (usize, usize),
     what: &'static str,
     mut call: F,
 ) where
     F: FnMut(Vec<T>) -> Fut,
     Fut: std::future::Future<Output = Result<Vec<R>, EsError>>,
 {
-    while let Some(first) = rx.recv().await {
-        let mut count = first.items.len();
+    let mut carried = None;
+    loop {
+        let first = match carried.take() {
+            Some(job) => job,
+            None => match rx.recv().await {
+                Some(job) => job,
+                None => break,
+            },
+        };
+        let (mut count, mut bytes) = (first.items.len(), first.bytes);
         let mut jobs = vec![first];
-        while count < max {
+        while count < max && bytes < max_bytes {
             match rx.try_recv() {
+                Ok(job) if count + job.items.len() > max || bytes + job.bytes > max_bytes => {
+                    carried = Some(job);
+                    break;
+                }
                 Ok(job) => {
                     count += job.items.len();
+                    bytes += job.bytes;
                     jobs.push(job);
                 }
                 Err(_) => break,
@@ -616,6 +656,7 @@ async fn group_commit<T, R, F, Fut>(
             items: mine,
             held,
             done,
+            ..
         } in jobs
         {
             if held.is_some_and(|g| !g.is_held()) {
@@ -653,5 +694,112 @@ async fn group_commit<T, R, F, Fut>(
                 }
             }
         }
+    }
+}
+
+/// About how many bytes `action` takes in a `_bulk` request: its source as JSON, its index, id
+/// and the rest of its action line.
+fn request_bytes(action: &BulkAction) -> usize {
+    /// Counts what is written to it.
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    /// The action line's keys, version and punctuation, about.
+    const ACTION_LINE: usize = 96;
+    match action {
+        BulkAction::Index {
+            index, id, source, ..
+        } => {
+            let mut n = Count(0);
+            // Writing to a counter cannot fail, and a `Value` always serializes.
+            let _ = serde_json::to_writer(&mut n, source);
+            ACTION_LINE + index.len() + id.len() + n.0 + 1
+        }
+        BulkAction::Delete { index, id, .. } => ACTION_LINE + index.len() + id.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Queues jobs of `(items, bytes)` and runs [`group_commit`] over them with `max`: the items
+    /// of each request sent, and what each job was answered.
+    async fn grouped(
+        jobs: &[(Vec<u32>, usize)],
+        max: (usize, usize),
+    ) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut answers = Vec::new();
+        for (items, bytes) in jobs {
+            let (done, answer) = oneshot::channel();
+            tx.send(Job {
+                items: items.clone(),
+                bytes: *bytes,
+                held: None,
+                done,
+            })
+            .unwrap();
+            answers.push(answer);
+        }
+        drop(tx);
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let log = sent.clone();
+        group_commit(rx, max, "test", move |items: Vec<u32>| {
+            log.lock().unwrap().push(items.clone());
+            async move { Ok::<_, EsError>(items) }
+        })
+        .await;
+        let mut answered = Vec::new();
+        for a in answers {
+            answered.push(a.await.unwrap().unwrap());
+        }
+        let sent = sent.lock().unwrap().clone();
+        (sent, answered)
+    }
+
+    #[tokio::test]
+    async fn a_request_stops_taking_jobs_at_its_bytes_and_the_next_one_takes_them() {
+        const MIB: usize = 1024 * 1024;
+        let jobs = [
+            (vec![1, 2], 5 * MIB),
+            (vec![3, 4], 5 * MIB),
+            (vec![5], 1024),
+            (vec![6], 20 * MIB),
+        ];
+        let (sent, answered) = grouped(&jobs, (512, BULK_MAX_BYTES)).await;
+        assert_eq!(sent, vec![vec![1, 2], vec![3, 4, 5], vec![6]]);
+        assert_eq!(answered, vec![vec![1, 2], vec![3, 4], vec![5], vec![6]]);
+    }
+
+    #[tokio::test]
+    async fn a_request_stops_taking_jobs_at_its_count_of_items() {
+        let jobs = [(vec![1, 2], 0), (vec![3, 4], 0), (vec![5], 0)];
+        let (sent, answered) = grouped(&jobs, (3, usize::MAX)).await;
+        assert_eq!(sent, vec![vec![1, 2], vec![3, 4, 5]]);
+        assert_eq!(answered, vec![vec![1, 2], vec![3, 4], vec![5]]);
+    }
+
+    #[test]
+    fn a_writes_request_bytes_count_its_source() {
+        let small = BulkAction::Delete {
+            index: "i".into(),
+            id: "1".into(),
+            condition: crate::es::WriteCondition::Always,
+        };
+        let big = BulkAction::Index {
+            index: "i".into(),
+            id: "1".into(),
+            source: serde_json::json!({ "text": "x".repeat(10_000) }),
+            condition: crate::es::WriteCondition::Always,
+        };
+        assert!(request_bytes(&big) > 10_000 + request_bytes(&small));
     }
 }
