@@ -5,11 +5,13 @@
 demo: deps
 	cargo run --release --features testkit --bin zkguard -- demo
 
-# The whole test suite against real servers started by the test harness, compiled once. The
-# Docker-backed test is `make test-docker`: its dependencies (Testcontainers, bollard, tonic) cost
-# a sixth of a clean build's compile time, for a test that needs a Docker daemon.
+# The whole test suite against real servers started by the test harness, compiled once and run
+# two test binaries at a time (scripts/run-tests.py; ZKGUARD_TEST_JOBS=1 runs them one after
+# another, as `cargo test` does). The Docker-backed test is `make test-docker`: its dependencies
+# (Testcontainers, bollard, tonic) cost a sixth of a clean build's compile time, for a test that
+# needs a Docker daemon.
 test: deps
-	cargo test
+	python3 scripts/run-tests.py
 
 # Guarded writes against real Elasticsearch 8 and ZooKeeper 3.9 images, with a Docker daemon
 # (without one, every test says why it skipped and passes).

@@ -698,8 +698,11 @@ async fn monitors_reaped_since_the_session_saw_them_are_read_again_not_failed_on
         .iter()
         .filter(|&&op| op == OP_MULTI)
         .count();
+    // How many multis depends on how the acquisitions meet the multis in flight (up to four
+    // at a time), which the machine's load moves (at most 12 alone, 16 beside another test
+    // binary); one failed multi per reaped monitor would be 64 or more.
     assert!(
-        multis <= 12,
+        multis <= 32,
         "64 acquisitions of reaped monitors went in {multis} multis"
     );
     locks.release_all(held).await.await.unwrap();
