@@ -15,17 +15,35 @@ fn cpu(pid: u32) -> f64 {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let (addr, pid, cycles): (&str, u32, u32) = (&args[1], args[2].parse().unwrap(), args[3].parse().unwrap());
+    let (addr, pid, cycles): (&str, u32, u32) =
+        (&args[1], args[2].parse().unwrap(), args[3].parse().unwrap());
     let c = zk::Client::connect(addr).await.unwrap();
-    let _ = c.create("/m", b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await;
+    let _ = c
+        .create(
+            "/m",
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await;
     for watchers in [0usize, 4, 8, 0, 4, 8] {
         let events = Arc::new(AtomicU64::new(0));
         let mut sessions = Vec::new();
         for _ in 0..watchers {
             let s = zk::Client::connect(addr).await.unwrap();
-            let mut w = s.watch("/m", zk::AddWatchMode::PersistentRecursive).await.unwrap();
+            let mut w = s
+                .watch("/m", zk::AddWatchMode::PersistentRecursive)
+                .await
+                .unwrap();
             let e = events.clone();
-            tokio::spawn(async move { loop { let ev = w.changed().await; if ev.event_type == zk::EventType::Session { break; } e.fetch_add(1, Ordering::Relaxed); } });
+            tokio::spawn(async move {
+                loop {
+                    let ev = w.changed().await;
+                    if ev.event_type == zk::EventType::Session {
+                        break;
+                    }
+                    e.fetch_add(1, Ordering::Relaxed);
+                }
+            });
             sessions.push(s);
         }
         let eph = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
@@ -41,7 +59,10 @@ async fn main() {
             m.add_delete(&node, None).unwrap();
             m.add_create("/m/A-", b"x", &eph).unwrap();
             let r = m.commit().await.unwrap();
-            node = match &r[2] { zk::MultiWriteResult::Create { path, .. } => path.clone(), other => panic!("{other:?}") };
+            node = match &r[2] {
+                zk::MultiWriteResult::Create { path, .. } => path.clone(),
+                other => panic!("{other:?}"),
+            };
             // successor's privateLock create, and its later delete
             c.create("/m/privateLock", b"", &plain).await.unwrap();
             c.delete("/m/privateLock", None).await.unwrap();
