@@ -12,7 +12,8 @@
 //!
 //! Properties: at most one holder with a live session at any state; fencing tokens (the
 //! zxids of the takes) strictly increase in holding order; a background contender's take does
-//! not become a hold while a foreground node queued before the take is still there; a live
+//! not become a hold while a foreground node queued before the take is still there, nor any
+//! take while a waiter whose node sorts before the taker's is still there; a live
 //! holder whose mutex nobody deleted owns the mutex it
 //! took and its queue node (so inspection never calls it stray); nothing is left under the
 //! monitor once every client finished; every client finishes (no waiter stuck while nobody
@@ -121,6 +122,49 @@ fn going_from_lock_to_lock_with_the_release_carried_holds_every_property() {
     );
 }
 
+/// Foreground clients going from lock to lock with `release_and_acquire`: a new queue node
+/// created in the release's multi watches the node two sequence numbers before it, without
+/// listing the queue, where that node was created before the released lock's take; beside
+/// them a background client, and a fault.
+#[test]
+fn the_node_ahead_found_without_a_listing_holds_every_property() {
+    exhaustive(
+        "2 foreground clients x 2 cycles, release_and_acquire, 1 fault",
+        LockModel {
+            carry: true,
+            ..model(vec![(true, false, 2), (true, false, 2)], 1)
+        },
+    );
+    exhaustive(
+        "3 clients x 2+1+1 cycles, release_and_acquire",
+        LockModel {
+            carry: true,
+            ..model(
+                vec![(true, false, 2), (true, false, 1), (false, false, 1)],
+                0,
+            )
+        },
+    );
+}
+
+/// The node two sequence numbers before a new queue node trusted as the node ahead without
+/// its creation-order check: another foreground contender's node, created between the two
+/// after the released lock's take, is overtaken.
+#[test]
+fn a_node_ahead_guessed_without_its_creation_order_is_caught() {
+    counterexample(
+        LockModel {
+            carry: true,
+            flaw: Some(Flaw::GuessUnordered),
+            ..model(
+                vec![(true, false, 2), (true, false, 1), (true, false, 1)],
+                0,
+            )
+        },
+        &["no waiter is overtaken by a contender queued behind it"],
+    );
+}
+
 /// An operator deletes `privateLock` under a holder that does not see it: the next in line
 /// takes the lock (the old holder's writes are fenced), and the old holder's release, checked
 /// against the monitor's data version, leaves the new holder's mutex alone.
@@ -186,6 +230,7 @@ fn random_walks_on_larger_configurations_hold_every_property() {
     let model = LockModel {
         promotion: true,
         handover: true,
+        carry: true,
         ..model(
             vec![
                 (true, true, 2),

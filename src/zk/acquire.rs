@@ -252,6 +252,7 @@ async fn acquire_with(
         // the mutex in it; skipped on a monitor that was busy lately.
         contended_before: slot.contended(&paths.mutex) && !try_once,
         carry: carried.is_some(),
+        carried_take: carried.as_ref().and_then(|p| p.take_zxid_on(&paths.mutex)),
         root_depth: root_depth(&settings.lock_root),
         recreate: slot.recreating_fast_path.load(Ordering::Relaxed),
         versioned: slot.versioned_takes.load(Ordering::Relaxed),

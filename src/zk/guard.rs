@@ -376,6 +376,17 @@ impl LockGuard {
         self.node_path.rsplit_once('/')
     }
 
+    /// The zxid that created this lock's `privateLock` under `mutex_path`, when this is a lock
+    /// of that monitor and its token says so exactly: its take set the monitor's data in the
+    /// same transaction (or read the mutex), which every take does where the session may write
+    /// monitor nodes. `None` otherwise.
+    pub(super) fn take_zxid_on(&self, mutex_path: &str) -> Option<i64> {
+        let zxid = self.token.checked_sub(super::token::TOKEN_BASE)?;
+        (self.mutex_path == mutex_path && self.version.is_some())
+            .then(|| i64::try_from(zxid).ok())
+            .flatten()
+    }
+
     /// Whether `other` was acquired through the same session as this guard.
     pub(super) fn same_session(&self, other: &LockGuard) -> bool {
         Arc::ptr_eq(&self.slot, &other.slot)

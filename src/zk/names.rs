@@ -35,6 +35,13 @@ impl QueueNode {
         })
     }
 
+    /// The name a node of the same class would have if it had been created two sequence
+    /// numbers before this one (`A-0000000010` for `A-0000000012`); `None` below 2.
+    pub fn two_before(&self) -> Option<String> {
+        let sequence = self.sequence.checked_sub(2)?;
+        Some(format!("{}-{sequence:010}", self.prefix))
+    }
+
     /// Queue order: prefix first, then sequence.
     pub fn order(&self, other: &Self) -> Ordering {
         self.prefix
@@ -93,6 +100,13 @@ mod tests {
         assert!(QueueNode::parse("-0000000001").is_none());
         // Sequence overflow past 10 digits (ZooKeeper prints a negative int then; 11 digits here).
         assert_eq!(QueueNode::parse("B-00000000012").unwrap().sequence, 12);
+    }
+
+    #[test]
+    fn two_before_keeps_the_class_and_the_width() {
+        let n = QueueNode::parse("B-0000000012").unwrap();
+        assert_eq!(n.two_before().as_deref(), Some("B-0000000010"));
+        assert_eq!(QueueNode::parse("A-0000000001").unwrap().two_before(), None);
     }
 
     #[test]

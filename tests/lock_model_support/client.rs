@@ -198,6 +198,11 @@ impl LockModel {
                 if acq.prefix() == BACKGROUND && overtaken {
                     w.broken_priority = true;
                 }
+                if client.ahead_at_take.iter().any(|(target, czxid)| {
+                    w.zk.nodes.get(target).is_some_and(|n| n.czxid == *czxid)
+                }) {
+                    w.broken_queue_order = true;
+                }
                 client.holding = Some(Held {
                     zxid: *zxid,
                     node: node.clone(),
@@ -221,6 +226,7 @@ impl LockModel {
         client.cycles_left = client.cycles_left.saturating_sub(1);
         client.now = Default::default();
         client.overtook.clear();
+        client.ahead_at_take.clear();
     }
 
     /// The end of a held lock: the end of its acquisition, unless the client's next one is
@@ -415,6 +421,7 @@ impl LockModel {
         if takes && who == Who::Acq {
             // The foreground nodes queued when the take is applied: none of them may still be
             // there when the take becomes a hold (a background take verifies the queue).
+            w.clients[c].ahead_at_take = waiters_ahead(w, c);
             w.clients[c].overtook = w
                 .zk
                 .nodes
@@ -504,4 +511,36 @@ fn fail_reply(reply: &Reply, code: Code) -> Reply {
         Reply::Data(_) => Reply::Data(Err(code)),
         Reply::Synced(_) | Reply::Skipped => Reply::Synced(Err(code)),
     }
+}
+
+/// The nodes of other acquisitions still waiting that sort before client `c`'s acquisition's
+/// node (before any node of its class it is about to create, when it has none yet).
+fn waiters_ahead(w: &World, c: usize) -> Vec<(Target, i64)> {
+    let Some((acq, _)) = &w.clients[c].acq else {
+        return Vec::new();
+    };
+    let key = |name: &str| {
+        let (prefix, seq) = name.rsplit_once('-')?;
+        Some((prefix.to_string(), seq.parse::<u64>().ok()?))
+    };
+    let mine = acq.node().and_then(key);
+    let waiting: Vec<&str> = w
+        .clients
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != c)
+        .filter_map(|(_, other)| other.acq.as_ref().and_then(|(a, _)| a.node()))
+        .collect();
+    w.zk.nodes
+        .iter()
+        .filter(|(target, _)| match target {
+            Target::Node(name) if waiting.contains(&name.as_str()) => match (key(name), &mine) {
+                (Some(theirs), Some(mine)) => theirs < *mine,
+                (Some((prefix, _)), None) => prefix.as_str() <= acq.prefix(),
+                (None, _) => false,
+            },
+            _ => false,
+        })
+        .map(|(target, node)| (target.clone(), node.czxid))
+        .collect()
 }

@@ -97,6 +97,9 @@ pub struct Client {
     /// The foreground nodes (and their creation zxids) queued when its current take of the
     /// mutex was applied: none may still exist when the take becomes a hold.
     pub overtook: Vec<(Target, i64)>,
+    /// The waiters' nodes (and their creation zxids) that sorted before its node when its
+    /// current take was applied: none may still exist when the take becomes a hold.
+    pub ahead_at_take: Vec<(Target, i64)>,
     pub has_deadline: bool,
     /// After a lost answer, the server the client reconnected to may lag behind the leader:
     /// its reads show this state (as of before the lost requests) until a `sync` or a write
@@ -117,6 +120,7 @@ pub struct World {
     /// Properties broken by a transition (checked by `always` properties).
     pub broken_order: bool,
     pub broken_priority: bool,
+    pub broken_queue_order: bool,
 }
 
 /// A move of the explorer.
@@ -173,7 +177,7 @@ pub struct LockModel {
 }
 
 impl LockModel {
-    fn spec(&self, client: &Client, i: usize, carry: bool) -> Spec {
+    fn spec(&self, client: &Client, i: usize, carried: Option<&Held>) -> Spec {
         // An acquisition queued while the client holds is of the next cycle: attempt ids are
         // unique, as production's random ones are.
         let cycle = self.clients[i].2 - client.cycles_left + u8::from(client.holding.is_some());
@@ -191,7 +195,9 @@ impl LockModel {
             background: BACKGROUND.into(),
             try_once: false,
             contended_before: false,
-            carry,
+            carry: carried.is_some(),
+            // As `LockGuard::take_zxid_on`: a take that set the monitor's data.
+            carried_take: carried.filter(|h| h.version.is_some()).map(|h| h.zxid),
             root_depth: 1,
             recreate: !self.acl_fallback,
             versioned: !self.acl_fallback,
@@ -200,7 +206,7 @@ impl LockModel {
     }
 
     fn start(&self, w: &mut World, c: usize, carrier: Option<Held>) {
-        let spec = self.spec(&w.clients[c], c, carrier.is_some());
+        let spec = self.spec(&w.clients[c], c, carrier.as_ref());
         w.clients[c].carrier = carrier.map(|held| Carrier {
             held,
             waiting: false,
@@ -279,6 +285,7 @@ impl Model for LockModel {
                 cycles_left: cycles,
                 now: Now::default(),
                 overtook: Vec::new(),
+                ahead_at_take: Vec::new(),
                 has_deadline,
                 lagging: None,
             })
@@ -291,6 +298,7 @@ impl Model for LockModel {
             deleted_takes: Vec::new(),
             broken_order: false,
             broken_priority: false,
+            broken_queue_order: false,
         }]
     }
 
@@ -499,6 +507,10 @@ impl Model for LockModel {
             Property::always(
                 "foreground is not overtaken by background",
                 |_, w: &World| !w.broken_priority,
+            ),
+            Property::always(
+                "no waiter is overtaken by a contender queued behind it",
+                |_, w: &World| !w.broken_queue_order,
             ),
             Property::always("a live holder is never stray", |_, w: &World| {
                 holders(w).all(|(c, held)| {

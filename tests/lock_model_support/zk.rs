@@ -2,8 +2,11 @@
 //! node and one monitor below it; persistent, container, ephemeral and sequential nodes; data
 //! versions and the zxids of a stat; a `multi` applied all or nothing under one zxid; one-shot
 //! data watches; sessions whose end deletes their ephemeral nodes in one transaction; container
-//! nodes reaped once emptied. Sequence numbers come from the parent's child version, which every
-//! create and delete of a child moves (so names repeat once a monitor is recreated).
+//! nodes reaped once emptied. Sequence numbers come from a counter of the parent that every
+//! creation of a child moves, a deletion not (as ZooKeeper 3.8.0 does, which
+//! `zk_lock::requests::sequence_numbers_count_the_creations_of_children` checks; the child
+//! version, which a deletion moves too, is a separate count), so names repeat once a monitor
+//! is recreated.
 //!
 //! Answers follow ZooKeeper 3.8.0 where 3.8 releases differ: a create inside a multi answers an
 //! invalid stat (ZOOKEEPER-4026), a `setData` inside a multi a valid one.
@@ -22,6 +25,8 @@ pub struct Node {
     pub container: bool,
     pub version: i32,
     pub cversion: i32,
+    /// Children created so far: the next sequence number.
+    pub created: i32,
     pub czxid: i64,
     pub mzxid: i64,
     pub pzxid: i64,
@@ -69,6 +74,7 @@ impl Zk {
                 container: false,
                 version: 0,
                 cversion: 0,
+                created: 0,
                 czxid: 1,
                 mzxid: 1,
                 pzxid: 1,
@@ -140,7 +146,7 @@ impl Zk {
                 }
                 let target = match (target, mode) {
                     (Target::Node(prefix), Mode::EphemeralSequential) => {
-                        let seq = parent_node.as_ref().map_or(0, |p| p.cversion);
+                        let seq = parent_node.as_ref().map_or(0, |p| p.created);
                         Target::Node(format!("{prefix}-{seq:010}"))
                     }
                     (target, _) => target.clone(),
@@ -160,6 +166,7 @@ impl Zk {
                     container: *mode == Mode::Container,
                     version: 0,
                     cversion: 0,
+                    created: 0,
                     czxid: zxid,
                     mzxid: zxid,
                     pzxid: zxid,
@@ -167,6 +174,7 @@ impl Zk {
                 self.nodes.insert(target.clone(), node);
                 if let Some(p) = up.and_then(|p| self.nodes.get_mut(&p)) {
                     p.cversion += 1;
+                    p.created += 1;
                     p.pzxid = zxid;
                 }
                 Ok(OpResult::Create {
@@ -281,7 +289,10 @@ impl Zk {
             Request::Watch(target) => {
                 let read = self.read(target);
                 if read.is_ok() {
+                    // The driver keeps one watcher: a new one replaces the old, whose event,
+                    // fired or not, is never heard.
                     self.watches.insert(session, target.clone());
+                    self.fired.remove(&session);
                 }
                 Reply::Data(read)
             }

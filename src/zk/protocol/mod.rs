@@ -41,4 +41,8 @@ pub enum Flaw {
     /// A waiter of any class may be handed the lock by a holder of its session (only the
     /// first class may: another contender may have queued ahead since its listing).
     HandOverToAnyClass,
+    /// A queue node created in a release's multi trusts the node two sequence numbers before
+    /// it as the node just ahead without checking that it was created before the released
+    /// lock's take (another contender's node may sit between them).
+    GuessUnordered,
 }

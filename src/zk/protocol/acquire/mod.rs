@@ -7,6 +7,7 @@
 //!
 //! See `docs/zookeeper-lock.md` for the recipe and its arguments.
 
+mod guess;
 mod queue;
 mod recover;
 mod take;
@@ -41,6 +42,12 @@ pub struct Spec {
     pub contended_before: bool,
     /// A lock of this session is to be released in this acquisition's first multi.
     pub carry: bool,
+    /// The zxid that created the `privateLock` of the lock released in this acquisition's
+    /// first multi, when it is a lock of the same monitor and that zxid is exactly its mutex's
+    /// creation (a take that set the monitor's data, or read the mutex's `czxid`). The new
+    /// queue node then finds the node just ahead of it without reading the queue (see
+    /// `docs/zookeeper-lock.md`, "The node ahead without a listing"). `None` otherwise.
+    pub carried_take: Option<i64>,
     /// How many nodes the lock root has, from the top (`/zkguard/locks`: 2).
     pub root_depth: usize,
     /// The session may delete and recreate monitor nodes (the fast path's multi).
@@ -161,6 +168,12 @@ enum St {
     WatchingAhead {
         was_second: bool,
         ahead: String,
+    },
+    /// Watching the node that the sequence numbers say is just ahead, if it was created
+    /// before `before` (the zxid of the take of the lock released in the same multi).
+    WatchingGuess {
+        ahead: String,
+        before: i64,
     },
     AwaitAhead {
         was_second: bool,
@@ -354,6 +367,9 @@ impl Acquisition {
                 }
                 other => self.fail(code_of(other), "watching the node ahead"),
             },
+            (St::WatchingGuess { ahead, before }, Input::Replies(r)) => {
+                self.on_guess(ahead, before, first(r))
+            }
             (St::AwaitAhead { was_second, .. }, Input::Fired(fired)) => {
                 // The node just ahead left. If it left as the holder (the hand-over mark), or
                 // it was the head at our listing, every node that was ahead of us is gone. A
@@ -647,6 +663,7 @@ mod tests {
             try_once: false,
             contended_before: false,
             carry: false,
+            carried_take: None,
             root_depth: 2,
             recreate: true,
             versioned: true,

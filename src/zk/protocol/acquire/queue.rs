@@ -25,10 +25,7 @@ impl Acquisition {
         if self.spec.contended_before && !self.spec.try_once {
             if self.carrier {
                 self.in_flight = true;
-                let requests = vec![
-                    Request::Multi(vec![self.new_node()]),
-                    Request::GetChildren(Target::Monitor),
-                ];
+                let requests = self.carried_create();
                 return self.send_carried(St::After, requests, true);
             }
             return self.plain_create(Mode2::First);
@@ -103,10 +100,7 @@ impl Acquisition {
                 if carried {
                     // The queue node goes with the release still waiting.
                     self.in_flight = true;
-                    let requests = vec![
-                        Request::Multi(vec![self.new_node()]),
-                        Request::GetChildren(Target::Monitor),
-                    ];
+                    let requests = self.carried_create();
                     return self.send_carried(St::After, requests, true);
                 }
                 self.plain_create(Mode2::First)
@@ -300,12 +294,16 @@ impl Acquisition {
                     ));
                 };
                 self.in_flight = false;
+                let name = name.clone();
                 self.node = Some(name.clone());
-                let queue = match replies.next() {
-                    Some(Reply::Children(Ok((children, _)))) => Queue::from_children(&children),
-                    _ => Queue::default(),
-                };
-                self.step(Step::Wait(queue))
+                match replies.next() {
+                    Some(Reply::Children(Ok((children, _)))) => {
+                        self.step(Step::Wait(Queue::from_children(&children)))
+                    }
+                    Some(_) => self.step(Step::Wait(Queue::default())),
+                    // No read was sent behind the multi: the node ahead is found without one.
+                    None => self.guess_ahead(&name),
+                }
             }
             // Nothing was created. `NoNode`: the monitor node is gone.
             Err(MultiError::Failed { code, .. }) => {
