@@ -6,6 +6,7 @@ use zkguard::zk::protocol::{
     release_ops, Acquisition, Action, Awaits, Code, Input, MultiError, Op, Outcome, Removal, Reply,
     Request, Target,
 };
+use zkguard::zk::QueueNode;
 
 use super::{Carrier, Client, Held, LockModel, Via, Wait, Who, World, BACKGROUND, FOREGROUND};
 
@@ -519,11 +520,7 @@ fn waiters_ahead(w: &World, c: usize) -> Vec<(Target, i64)> {
     let Some((acq, _)) = &w.clients[c].acq else {
         return Vec::new();
     };
-    let key = |name: &str| {
-        let (prefix, seq) = name.rsplit_once('-')?;
-        Some((prefix.to_string(), seq.parse::<u64>().ok()?))
-    };
-    let mine = acq.node().and_then(key);
+    let mine = acq.node().and_then(QueueNode::parse);
     let waiting: Vec<&str> = w
         .clients
         .iter()
@@ -534,11 +531,13 @@ fn waiters_ahead(w: &World, c: usize) -> Vec<(Target, i64)> {
     w.zk.nodes
         .iter()
         .filter(|(target, _)| match target {
-            Target::Node(name) if waiting.contains(&name.as_str()) => match (key(name), &mine) {
-                (Some(theirs), Some(mine)) => theirs < *mine,
-                (Some((prefix, _)), None) => prefix.as_str() <= acq.prefix(),
-                (None, _) => false,
-            },
+            Target::Node(name) if waiting.contains(&name.as_str()) => {
+                match (QueueNode::parse(name), &mine) {
+                    (Some(theirs), Some(mine)) => theirs.order(mine).is_lt(),
+                    (Some(theirs), None) => theirs.prefix.as_str() <= acq.prefix(),
+                    (None, _) => false,
+                }
+            }
             _ => false,
         })
         .map(|(target, node)| (target.clone(), node.czxid))
