@@ -5,7 +5,7 @@
 //!
 //! ZooKeeper names a sequential child after the monitor's counter, which every creation of a
 //! child moves, in the order of the creations (3.8 moves it on creations only; were deletions
-//! to move it too, the test below would fail more often, never pass wrongly). Let our new node
+//! to move it too, the check below would fail more often, never pass wrongly). Let our new node
 //! be `P-n`. If `P-(n-2)` exists and was created before our take of the mutex (zxid `before`,
 //! the creation of our `privateLock`), then our `privateLock`, created between the two, took
 //! the one value between them: no other node was created in between. `P-(n-2)` is then the
