@@ -10,6 +10,7 @@
 #   - the `openssl` command, with which the TLS tests make a throwaway CA and certificates;
 #   - Chromium and chromedriver (Debian packages `chromium`, `chromium-driver`) and Selenium
 #     (PyPI), the headless browser of the tests of the pages the service serves (/docs, /ui);
+#   - stress-ng (Debian package `stress-ng`), the CPU load beside `make test-busy`;
 #   - promtool (Debian package `prometheus`), which checks and unit-tests the alerting rules under
 #     deploy/prometheus (tests/deploy_monitoring.rs); the Prometheus server the package also
 #     installs is stopped and disabled right after the install;
@@ -96,6 +97,8 @@ apt_component "openssl" openssl
 # A headless browser for the tests of the pages the service serves (tests/openapi.rs: /docs;
 # tests/serve_ui.rs: /ui, driven through chromedriver by Selenium, installed below).
 apt_component "chromium" chromium chromium-driver
+# Two CPU-burning workers beside the whole suite (`make test-busy`).
+apt_component "stress-ng" stress-ng
 # promtool, for the tests of the dashboard and the alerting rules (tests/deploy_monitoring.rs).
 # Debian ships it in the `prometheus` package, whose postinst enables and starts a Prometheus
 # server (on :9090) through systemd or its init script (unless a policy-rc.d forbids it, as in
