@@ -606,6 +606,10 @@ async fn an_alias_locks_its_write_index_and_guarded_writes_need_a_token_when_tok
     );
 }
 
+/// A `_bulk` to refuse: query string, body after a valid first item, and Elasticsearch's
+/// answer (`None`: the cluster's).
+type Case = (&'static str, &'static str, Option<(u16, &'static str)>);
+
 /// What a refused request answered: its status and `error.type`.
 fn refusal(status: StatusCode, v: &Value) -> (u16, String) {
     (
@@ -630,7 +634,7 @@ async fn a_bulk_elasticsearch_refuses_whole_is_refused_whole_and_nothing_is_lock
     // gate answers what the cluster answers (an Elasticsearch-compatible server, strict as
     // Elasticsearch here); `Some`: Elasticsearch 9's answer, from its BulkRequestParser.
     let first = "{\"index\":{\"_index\":\"{i}\",\"_id\":\"first\"}}\n{\"n\":1}\n";
-    let cases: Vec<(&str, &str, Option<(u16, &str)>)> = vec![
+    let cases: Vec<Case> = vec![
         ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"r\",\"_routing\":\"x\"}}\n{\"n\":1}\n", None),
         ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"t\",\"_type\":\"_doc\"}}\n{\"n\":1}\n", None),
         ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"v\",\"_version\":3}}\n{\"n\":1}\n", None),

@@ -43,6 +43,18 @@ struct Line {
     get: Option<Value>,
 }
 
+/// Whether the cluster's `answer` to fenced line `action`, sent with a pipeline, names another
+/// index, id or version than the line: the pipeline moved the write off its lock or token.
+fn moved_by_pipeline(action: &Value, answer: &Value) -> bool {
+    let Some(sent) = action.as_object().and_then(|o| o.values().next()) else {
+        return false;
+    };
+    sent.get("pipeline").is_some()
+        && (sent["_index"] != answer["_index"]
+            || sent["_id"] != answer["_id"]
+            || sent["version"] != answer["_version"])
+}
+
 /// Puts on a fenced index line what the item asks of ingest and mapping (`pipeline`,
 /// `list_executed_pipelines`, `dynamic_templates`), for the cluster to apply as it would have.
 fn with_ingest(action: &mut Value, it: &Item, templates: bool) {
@@ -778,6 +790,12 @@ async fn flush(
                 );
                 o.insert("status".into(), json!(if created { 201 } else { 200 }));
             }
+        }
+        if ok && moved_by_pipeline(&l.action, &inner) {
+            tracing::warn!(
+                sent = %l.action, answer = %inner,
+                "an ingest pipeline changed the _index, _id or _version of a fenced write of the gate: the document was written outside the lock it was fenced with; keep pipelines from setting these"
+            );
         }
         if let (Some(source), true) = (&l.get, ok) {
             inner["get"] = json!({
