@@ -605,3 +605,293 @@ async fn an_alias_locks_its_write_index_and_guarded_writes_need_a_token_when_tok
         "nothing was written"
     );
 }
+
+/// A `_bulk` to refuse: query string, body after a valid first item, and Elasticsearch's
+/// answer (`None`: the cluster's).
+type Case = (&'static str, &'static str, Option<(u16, &'static str)>);
+
+/// What a refused request answered: its status and `error.type`.
+fn refusal(status: StatusCode, v: &Value) -> (u16, String) {
+    (
+        status.as_u16(),
+        v["error"]["type"].as_str().unwrap_or("(none)").to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bulk_elasticsearch_refuses_whole_is_refused_whole_and_nothing_is_locked_or_written() {
+    let env = gate_env(&shared_zk().connect_string(), "strict", shared_es().url());
+    let s = env.start("a");
+    let g = gate(&s);
+    let es = shared_es().url().trim_end_matches('/').to_string();
+    let c = client();
+    let tag = uuid_tag();
+    let (guarded, plain) = (
+        format!("gate-strict-{tag}"),
+        format!("gate-strict-es-{tag}"),
+    );
+    // Each body starts with an item the gate would write; `{i}` is the index. `None`: the
+    // gate answers what the cluster answers (an Elasticsearch-compatible server, strict as
+    // Elasticsearch here); `Some`: Elasticsearch 9's answer, from its BulkRequestParser.
+    let first = "{\"index\":{\"_index\":\"{i}\",\"_id\":\"first\"}}\n{\"n\":1}\n";
+    let cases: Vec<Case> = vec![
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"r\",\"_routing\":\"x\"}}\n{\"n\":1}\n", None),
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"t\",\"_type\":\"_doc\"}}\n{\"n\":1}\n", None),
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"v\",\"_version\":3}}\n{\"n\":1}\n", None),
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_idd\":\"x\"}}\n{\"n\":1}\n", None),
+        ("", "{\"delete\":{\"_index\":\"{i}\",\"_id\":\"\"}}\n", None),
+        ("", "{\"update\":{\"_index\":\"{i}\",\"_id\":\"\"}}\n{\"doc\":{}}\n", None),
+        ("", "{\"upsert\":{\"_index\":\"{i}\",\"_id\":\"u\"}}\n{\"n\":1}\n", None),
+        ("", "{\"index\":null}\n{\"n\":1}\n", None),
+        ("", "[1]\n{\"n\":1}\n", None),
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"a\",\"routing\":[\"x\"]}}\n{\"n\":1}\n", None),
+        ("", "{\"update\":{\"_index\":\"{i}\",\"_id\":\"first\",\"version\":2}}\n{\"doc\":{}}\n", None),
+        ("", "{\"update\":{\"_index\":\"{i}\",\"_id\":\"first\"}}\n{\"doc\":{},\"dco\":1}\n", None),
+        ("", "{\"update\":{\"_index\":\"{i}\",\"_id\":\"first\"}}\n{\"detect_noop\":false}\n", None),
+        ("", "{\"create\":{\"_index\":\"{i}\",\"_id\":\"c\",\"if_seq_no\":0,\"if_primary_term\":1}}\n{\"n\":1}\n", None),
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"s\",\"if_seq_no\":\"x\",\"if_primary_term\":1}}\n{\"n\":1}\n", None),
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"s\",\"if_seq_no\":-5,\"if_primary_term\":1}}\n{\"n\":1}\n", None),
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"w\",\"version_type\":\"newest\"}}\n{\"n\":1}\n", None),
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"p\",\"pipeline\":\"\"}}\n{\"n\":1}\n", None),
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"nl\"}}\n{\"n\":1}", None),
+        ("?refresh=true&pipline=x", "", None),
+        ("?refresh=soon", "", None),
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"m\"}\n{\"n\":1}\n", Some((400, "x_content_parse_exception"))),
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"k\"},\"delete\":{}}\n{\"n\":1}\n", Some((400, "illegal_argument_exception"))),
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"d\",\"_id\":\"e\"}}\n{\"n\":1}\n", Some((400, "x_content_parse_exception"))),
+        ("", "{\"update\":{\"_index\":\"{i}\",\"_id\":\"first\",\"require_data_stream\":true}}\n{\"doc\":{}}\n", Some((400, "illegal_argument_exception"))),
+        ("", "{\"index\":{\"_index\":\"{i}\",\"_id\":\"l\",\"list_executed_pipelines\":\"yes\"}}\n{\"n\":1}\n", Some((400, "illegal_argument_exception"))),
+    ];
+    for (query, rest, expected) in cases {
+        let body = |i: &str| format!("{first}{rest}").replace("{i}", i);
+        let (st, h, v) = send(
+            &c,
+            Method::POST,
+            &format!("{g}/_bulk{query}"),
+            Some(&body(&guarded)),
+            &[],
+        )
+        .await;
+        let got = refusal(st, &v);
+        let want = match expected {
+            Some((status, kind)) => (status, kind.to_string()),
+            None => {
+                let (st, _, v) = send(
+                    &c,
+                    Method::POST,
+                    &format!("{es}/_bulk{query}"),
+                    Some(&body(&plain)),
+                    &[],
+                )
+                .await;
+                refusal(st, &v)
+            }
+        };
+        assert_eq!(got, want, "{query} {rest}: the gate answered {v}");
+        assert!(h.get("x-elastic-product").is_some(), "{v}");
+    }
+    // Nothing was written (the guarded index was not even created) and no lock was asked for.
+    let (st, v) = call(&c, Method::GET, &format!("{es}/{guarded}/_doc/first"), None).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{v}");
+    let m = scrape(&c, &s).await;
+    let asked: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("zkguard_lock_acquisitions_total"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(asked, 0.0, "no lock was taken: {m:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bulk_write_conditions_are_read_as_elasticsearch_reads_them_in_plain_and_atomic_bulks() {
+    let env = gate_env(&shared_zk().connect_string(), "cond", shared_es().url()).with(
+        "ZKGUARD_TXN_LOG_INDEX",
+        &format!("gate-cond-log-{}", uuid_tag()),
+    );
+    let s = env.start("a");
+    let index = format!("gate-cond-{}", uuid_tag());
+    let out = python_script(
+        "tests/gateway_support/bulk_conditions.py",
+        "opensearch",
+        &gate(&s),
+        &index,
+    )
+    .await;
+    let conflict = |action: &str| json!({"status": 200, "items": [[action, 409, "version_conflict_engine_exception"]]});
+    let expected = json!([
+        conflict("index"),
+        {"status": 400, "type": "action_request_validation_exception"},
+        conflict("create"),
+    ]);
+    assert_eq!(out["plain"], expected, "{out}");
+    assert_eq!(out["atomic"], expected, "{out}");
+    assert_eq!(
+        out["final"],
+        json!({"v": 2}),
+        "the newer document stays: {out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn guarded_bulk_items_keep_their_pipeline_require_alias_and_source() {
+    let env = gate_env(&shared_zk().connect_string(), "keys", shared_es().url()).with(
+        "ZKGUARD_TXN_LOG_INDEX",
+        &format!("gate-keys-log-{}", uuid_tag()),
+    );
+    let s = env.start("a");
+    let g = gate(&s);
+    let es = shared_es().url().trim_end_matches('/').to_string();
+    let c = client();
+    let tag = uuid_tag();
+    let index = format!("gate-keys-{tag}");
+    let bulk = |query: &str, body: String| {
+        let (c, url) = (c.clone(), format!("{g}/_bulk{query}"));
+        async move {
+            let (st, _, v) = send(&c, Method::POST, &url, Some(&body), &[]).await;
+            assert_eq!(st, StatusCode::OK, "{v}");
+            v["items"][0]
+                .as_object()
+                .unwrap()
+                .values()
+                .next()
+                .unwrap()
+                .clone()
+        }
+    };
+    // A pipeline goes with the fenced write: the cluster (which has none) refuses the item
+    // instead of the document being written without it.
+    for (query, meta) in [
+        (
+            "",
+            json!({"_index": index, "_id": "p1", "pipeline": "zkguard-no-such-pipeline"}),
+        ),
+        (
+            "?pipeline=zkguard-no-such-pipeline",
+            json!({"_index": index, "_id": "p2"}),
+        ),
+    ] {
+        let item = bulk(query, format!("{}\n{{\"n\":1}}\n", json!({"index": meta}))).await;
+        assert_eq!(item["status"], 400, "{item}");
+        assert!(
+            item["error"]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("zkguard-no-such-pipeline"),
+            "{item}"
+        );
+    }
+    let (st, v) = call(&c, Method::GET, &format!("{es}/{index}/_doc/p1"), None).await;
+    assert_ne!(st, StatusCode::OK, "written without its pipeline: {v}");
+
+    // require_alias: a name that is not an alias fails the item as in Elasticsearch, and no
+    // index is created; through an alias the item is written to its write index.
+    let missing = format!("gate-keys-missing-{tag}");
+    let item = bulk(
+        "",
+        format!(
+            "{}\n{{\"n\":1}}\n",
+            json!({"index": {"_index": missing, "_id": "a", "require_alias": true}})
+        ),
+    )
+    .await;
+    assert_eq!(item["status"], 404, "{item}");
+    assert_eq!(item["error"]["type"], "index_not_found_exception", "{item}");
+    let (st, _) = call(&c, Method::HEAD, &format!("{es}/{missing}"), None).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "require_alias created the index");
+    let alias = format!("gate-keys-alias-{tag}");
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{alias}-000001"),
+        Some(&json!({"aliases": {&alias: {"is_write_index": true}}}).to_string()),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let item = bulk(
+        "?require_alias=true",
+        format!(
+            "{}\n{{\"n\":1}}\n",
+            json!({"index": {"_index": alias, "_id": "a"}})
+        ),
+    )
+    .await;
+    assert_eq!(item["status"], 201, "{item}");
+    assert_eq!(item["_index"], format!("{alias}-000001"), "{item}");
+
+    // An update's `_source` (action line or URL) answers `get`, as Elasticsearch does.
+    let item = bulk(
+        "",
+        format!(
+            "{}\n{{\"n\":1,\"m\":1}}\n",
+            json!({"index": {"_index": index, "_id": "u"}})
+        ),
+    )
+    .await;
+    assert_eq!(item["status"], 201, "{item}");
+    for (query, meta, source) in [
+        (
+            "",
+            json!({"_index": index, "_id": "u", "_source": true}),
+            json!({"n": 2, "m": 1}),
+        ),
+        (
+            "",
+            json!({"_index": index, "_id": "u", "_source": {"includes": ["n"]}}),
+            json!({"n": 3}),
+        ),
+        (
+            "?_source_excludes=n",
+            json!({"_index": index, "_id": "u"}),
+            json!({"m": 1}),
+        ),
+    ] {
+        let n = source.get("n").cloned().unwrap_or(json!(4));
+        let item = bulk(
+            query,
+            format!(
+                "{}\n{}\n",
+                json!({"update": meta}),
+                json!({"doc": {"n": n}})
+            ),
+        )
+        .await;
+        assert_eq!(item["status"], 200, "{item}");
+        assert_eq!(item["get"]["_source"], source, "{query} {meta}: {item}");
+        assert_eq!(item["get"]["found"], true, "{item}");
+    }
+
+    // An empty `_id` fails its item (as in Elasticsearch), before any lock.
+    let item = bulk(
+        "",
+        format!(
+            "{}\n{{\"n\":1}}\n",
+            json!({"index": {"_index": index, "_id": ""}})
+        ),
+    )
+    .await;
+    assert_eq!(item["status"], 400, "{item}");
+    assert_eq!(
+        item["error"]["type"], "illegal_argument_exception",
+        "{item}"
+    );
+
+    // An atomic _bulk cannot carry a pipeline: refused whole, naming it.
+    let body = format!(
+        "{}\n{{\"n\":1}}\n",
+        json!({"index": {"_index": index, "_id": "t", "pipeline": "x"}})
+    );
+    let (st, _, v) = send(
+        &c,
+        Method::POST,
+        &format!("{g}/_bulk"),
+        Some(&body),
+        &[("x-zkguard-atomic", "true")],
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        v["error"]["reason"].as_str().unwrap().contains("pipeline"),
+        "{v}"
+    );
+}

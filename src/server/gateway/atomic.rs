@@ -10,7 +10,8 @@ use axum::response::Response;
 use serde_json::{json, Value};
 use zkguard::txn::multi::{Decision, Expect, Outcome, TxnOp, TxnRequest};
 
-use super::bulk::{parse, Item};
+use super::bulk::{answered, is_alias, not_an_alias, read};
+use super::bulk_parse::{BulkParams, Item};
 use super::gate::Gateway;
 use super::merge::filter_path;
 use super::reply::{Dress, GateError};
@@ -47,6 +48,47 @@ fn refused(n: usize, item: &Item, why: &str) -> GateError {
     ))
 }
 
+/// The refusal of a URL parameter a transaction cannot honour.
+fn unsupported_params(bp: &BulkParams) -> Result<(), GateError> {
+    for (k, v) in &bp.forward {
+        let honoured = k == "include_source_on_error" || (k == "refresh" && v == "false");
+        if !honoured {
+            return Err(GateError::refused(format!(
+                "zkguard: an atomic _bulk refuses the parameter [{k}]: a transaction writes its documents itself, in several requests, and cannot carry it; drop it (refresh the index afterwards if needed)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The refusal of what item `n` asks that a transaction cannot do, or Elasticsearch's own
+/// failure of the item (which would fail the transaction).
+async fn unsupported_keys(gate: &Gateway, n: usize, item: &Item) -> Result<(), GateError> {
+    if let Some(e) = &item.failed {
+        return Err(e.clone());
+    }
+    let key = if item.pipeline.is_some() {
+        Some("pipeline")
+    } else if item.list_executed_pipelines {
+        Some("list_executed_pipelines")
+    } else if item.require_data_stream {
+        Some("require_data_stream")
+    } else if item.dynamic_templates.is_some() {
+        Some("dynamic_templates")
+    } else if item.fetch.as_ref().is_some_and(|f| f.fetch) {
+        Some("_source")
+    } else {
+        None
+    };
+    if let Some(key) = key {
+        return Err(refused(n, item, &format!("[{key}] cannot be applied in a transaction, which writes the documents itself (an ingest pipeline could also change what the transaction recorded); drop it, or send the item in a plain _bulk")));
+    }
+    if item.require_alias && !is_alias(gate, &item.index).await? {
+        return Err(not_an_alias(&item.index));
+    }
+    Ok(())
+}
+
 /// The transaction of the items, or why the request is refused as a whole.
 async fn transaction(
     gate: &Gateway,
@@ -58,6 +100,7 @@ async fn transaction(
     let mut lock_type = None;
     let mut wait = None;
     for (n, item) in items.iter_mut().enumerate() {
+        unsupported_keys(gate, n, item).await?;
         if is_multi_target(&item.index) {
             return Err(refused(n, item, "it names several indices or a pattern"));
         }
@@ -219,10 +262,13 @@ pub async fn run(
         metrics.gate("bulk_atomic", "refused");
         dress.error(&e)
     };
-    let mut items = match parse(&body, default_index.as_deref()) {
-        Ok(items) => items,
+    let (bp, mut items) = match read(default_index.as_deref(), &params, &body) {
+        Ok(read) => read,
         Err(e) => return refuse(e),
     };
+    if let Err(e) = unsupported_params(&bp) {
+        return refuse(e);
+    }
     let request = match transaction(gate, headers, &mut items).await {
         Ok(r) => r,
         Err(e) => return refuse(e),
@@ -252,7 +298,7 @@ pub async fn run(
         "errors": outcome.state == Decision::RolledBack,
         "items": out,
     });
-    if let Some((_, f)) = params.iter().find(|(k, _)| k == "filter_path") {
+    if let Some(f) = &bp.filter_path {
         answer = filter_path(answer, f);
     }
     metrics.gate(
@@ -262,5 +308,5 @@ pub async fn run(
             Decision::RolledBack => "conflict",
         },
     );
-    dress.json(StatusCode::OK, &answer)
+    answered(dress, &bp, &answer)
 }

@@ -13,30 +13,15 @@ use tokio::sync::mpsc;
 use zkguard::{Guard, LockRequest, LockType};
 
 use super::backend::Answer;
+use super::bulk_parse::{filter_source, BulkParams, Item};
 use super::gate::{lock_failed, lock_lost, Gateway};
 use super::merge::filter_path;
 use super::reply::{Dress, GateError};
 use super::route::{is_multi_target, DocOp};
-use super::single::{apply_update, parse_update, Current, UpdateBody, UpdateOutcome};
+use super::single::{apply_update, parse_update, Current, UpdateOutcome};
 
 /// How long a batch of held locks waits for more to come in before it is written.
 const GATHER_GAP: Duration = Duration::from_millis(1);
-
-/// One item of the request.
-#[derive(Debug)]
-pub(super) struct Item {
-    pub(super) op: DocOp,
-    pub(super) index: String,
-    pub(super) id: Option<String>,
-    pub(super) routing: Option<String>,
-    pub(super) if_match: Option<(i64, i64)>,
-    /// Whether the action names a `version` or `version_type` (refused on guarded indices).
-    pub(super) versioned: bool,
-    /// The action line and the source line, as sent (for items passed through).
-    raw: Vec<Bytes>,
-    pub(super) source: Option<Bytes>,
-    update: Option<UpdateBody>,
-}
 
 /// A group of items under one monitor.
 struct Group {
@@ -54,6 +39,34 @@ struct Line {
     action: Value,
     source: Option<Vec<u8>>,
     created: Option<bool>,
+    /// An update's new source as its answer's `get` shows it (`_source` asked for).
+    get: Option<Value>,
+}
+
+/// Whether the cluster's `answer` to fenced line `action`, sent with a pipeline, names another
+/// index, id or version than the line: the pipeline moved the write off its lock or token.
+fn moved_by_pipeline(action: &Value, answer: &Value) -> bool {
+    let Some(sent) = action.as_object().and_then(|o| o.values().next()) else {
+        return false;
+    };
+    sent.get("pipeline").is_some()
+        && (sent["_index"] != answer["_index"]
+            || sent["_id"] != answer["_id"]
+            || sent["version"] != answer["_version"])
+}
+
+/// Puts on a fenced index line what the item asks of ingest and mapping (`pipeline`,
+/// `list_executed_pipelines`, `dynamic_templates`), for the cluster to apply as it would have.
+fn with_ingest(action: &mut Value, it: &Item, templates: bool) {
+    if let Some(p) = &it.pipeline {
+        action["pipeline"] = json!(p);
+    }
+    if it.list_executed_pipelines {
+        action["list_executed_pipelines"] = json!(true);
+    }
+    if let (true, Some(t)) = (templates, &it.dynamic_templates) {
+        action["dynamic_templates"] = t.clone();
+    }
 }
 
 fn bad(reason: impl Into<String>) -> GateError {
@@ -62,98 +75,6 @@ fn bad(reason: impl Into<String>) -> GateError {
         "illegal_argument_exception",
         reason,
     )
-}
-
-/// Splits the NDJSON body into items.
-pub(super) fn parse(body: &Bytes, default_index: Option<&str>) -> Result<Vec<Item>, GateError> {
-    let mut lines = Vec::new();
-    let mut start = 0;
-    for (i, b) in body.iter().enumerate() {
-        if *b == b'\n' {
-            lines.push(body.slice(start..i));
-            start = i + 1;
-        }
-    }
-    if start < body.len() {
-        lines.push(body.slice(start..));
-    }
-    let mut lines = lines
-        .into_iter()
-        .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
-        .enumerate()
-        .peekable();
-    let mut items = Vec::new();
-    while let Some((n, line)) = lines.next() {
-        let action: Value = serde_json::from_slice(&line).map_err(|e| {
-            bad(format!(
-                "Malformed action/metadata line [{}], expected a JSON object: {e}",
-                n + 1
-            ))
-        })?;
-        let Some((name, meta)) = action.as_object().and_then(|o| o.iter().next()) else {
-            return Err(bad(format!(
-                "Malformed action/metadata line [{}], expected one of index, create, update, delete",
-                n + 1
-            )));
-        };
-        let op = match name.as_str() {
-            "index" => DocOp::Index,
-            "create" => DocOp::Create,
-            "update" => DocOp::Update,
-            "delete" => DocOp::Delete,
-            other => {
-                return Err(bad(format!(
-                    "Malformed action/metadata line [{}], expected one of index, create, update, delete but found [{other}]",
-                    n + 1
-                )))
-            }
-        };
-        let index = meta["_index"]
-            .as_str()
-            .map(str::to_string)
-            .or_else(|| default_index.map(str::to_string))
-            .ok_or_else(|| {
-                GateError::new(
-                    StatusCode::BAD_REQUEST,
-                    "action_request_validation_exception",
-                    format!("Validation Failed: 1: index is missing (line [{}]);", n + 1),
-                )
-            })?;
-        let text = |k: &str| match &meta[k] {
-            Value::String(s) => Some(s.clone()),
-            Value::Number(n) => Some(n.to_string()),
-            _ => None,
-        };
-        let mut raw = vec![line.clone()];
-        let source = if op == DocOp::Delete {
-            None
-        } else {
-            let (_, s) = lines.next().ok_or_else(|| {
-                bad(format!(
-                    "the {name} action on line [{}] has no source line after it",
-                    n + 1
-                ))
-            })?;
-            raw.push(s.clone());
-            Some(s)
-        };
-        let if_match = match (meta["if_seq_no"].as_i64(), meta["if_primary_term"].as_i64()) {
-            (Some(s), Some(t)) => Some((s, t)),
-            _ => None,
-        };
-        items.push(Item {
-            op,
-            index,
-            id: text("_id"),
-            routing: text("routing"),
-            if_match,
-            versioned: meta.get("version").is_some() || meta.get("version_type").is_some(),
-            raw,
-            source,
-            update: None,
-        });
-    }
-    Ok(items)
 }
 
 fn item_error(op: DocOp, index: &str, id: Option<&str>, e: &GateError) -> Value {
@@ -171,8 +92,8 @@ pub async fn run(
 ) -> Response {
     let started = Instant::now();
     let metrics = gate.state.metrics.clone();
-    let mut items = match parse(&body, default_index.as_deref()) {
-        Ok(items) => items,
+    let (bp, mut items) = match read(default_index.as_deref(), &params, &body) {
+        Ok(read) => read,
         Err(e) => {
             metrics.gate("bulk", "refused");
             return dress.error(&e);
@@ -183,8 +104,13 @@ pub async fn run(
     let mut groups: Vec<Group> = Vec::new();
     let mut by_monitor: HashMap<String, usize> = HashMap::new();
     let mut concrete_of: HashMap<String, Result<String, GateError>> = HashMap::new();
+    let mut alias_of: HashMap<String, Result<bool, GateError>> = HashMap::new();
     for (n, item) in items.iter_mut().enumerate() {
         let refuse = |e: GateError| Some(item_error(item.op, &item.index, item.id.as_deref(), &e));
+        if let Some(e) = &item.failed {
+            answers[n] = refuse(e.clone());
+            continue;
+        }
         if is_multi_target(&item.index) {
             if gate.guards_any(&item.index) {
                 answers[n] = refuse(bad(format!("zkguard: a document write to [{}] is refused: it names several indices or a pattern; write to one index (or alias)", item.index)));
@@ -205,6 +131,10 @@ pub async fn run(
             answers[n] = refuse(bad("zkguard: [version] and [version_type] are refused on a guarded index: the document's version is the fencing token of the writer's lock; drop them (use if_seq_no and if_primary_term for optimistic concurrency)"));
             continue;
         }
+        if item.require_data_stream {
+            answers[n] = refuse(bad(REQUIRE_DATA_STREAM_REFUSED));
+            continue;
+        }
         let Some(id) = item.id.clone() else {
             if matches!(item.op, DocOp::Index | DocOp::Create) {
                 // A new document with an id Elasticsearch picks: nobody else can be writing it.
@@ -220,14 +150,27 @@ pub async fn run(
             continue;
         };
         if item.op == DocOp::Update {
-            let meta_source = serde_json::from_slice::<Value>(&item.raw[0])
-                .ok()
-                .and_then(|a| a["update"]["_source"].as_bool())
-                == Some(true);
-            match parse_update(item.source.as_deref().unwrap_or_default(), meta_source) {
+            match parse_update(item.source.as_deref().unwrap_or_default(), false) {
                 Ok(u) => item.update = Some(u),
                 Err(e) => {
                     answers[n] = refuse(e);
+                    continue;
+                }
+            }
+        }
+        if item.require_alias {
+            if !alias_of.contains_key(&item.index) {
+                let a = is_alias(gate, &item.index).await;
+                alias_of.insert(item.index.clone(), a);
+            }
+            match &alias_of[&item.index] {
+                Ok(true) => {}
+                Ok(false) => {
+                    answers[n] = refuse(not_an_alias(&item.index));
+                    continue;
+                }
+                Err(e) => {
+                    answers[n] = refuse(e.clone());
                     continue;
                 }
             }
@@ -280,7 +223,7 @@ pub async fn run(
         }
         pass_items(gate, &items, &passed, default_index.as_deref(), &params).await
     };
-    let guarded_run = guarded(gate, &items, &groups, &params);
+    let guarded_run = guarded(gate, &items, &groups, &bp.forward);
     let (pass_answers, guarded_answers) = futures::join!(pass_run, guarded_run);
     for (n, a) in pass_answers.into_iter().chain(guarded_answers) {
         answers[n] = Some(a);
@@ -299,20 +242,79 @@ pub async fn run(
         "errors": errors,
         "items": items_out,
     });
-    if let Some((_, f)) = params.iter().find(|(k, _)| k == "filter_path") {
+    if let Some(f) = &bp.filter_path {
         answer = filter_path(answer, f);
     }
     metrics.gate("bulk", "guarded");
-    dress.json(StatusCode::OK, &answer)
+    answered(dress, &bp, &answer)
 }
 
-/// The query parameters a `_bulk` sent by the gate takes from the caller's.
+/// The request's URL parameters and items, read as Elasticsearch reads them.
+///
+/// # Errors
+/// What Elasticsearch refuses as a whole (see [`super::bulk_parse`]).
+pub(super) fn read(
+    default_index: Option<&str>,
+    params: &[(String, String)],
+    body: &Bytes,
+) -> Result<(BulkParams, Vec<Item>), GateError> {
+    let path = match default_index {
+        Some(i) => format!("/{i}/_bulk"),
+        None => "/_bulk".to_string(),
+    };
+    let bp = super::bulk_parse::params(&path, params)?;
+    let items = super::bulk_parse::parse(body, default_index, &bp)?;
+    Ok((bp, items))
+}
+
+/// The `_bulk` answer `answer`, indented when the caller asked for `pretty`.
+pub(super) fn answered(dress: &Dress, bp: &BulkParams, answer: &Value) -> Response {
+    if bp.pretty {
+        let body = serde_json::to_vec_pretty(answer).unwrap_or_default();
+        dress.bytes(StatusCode::OK, body)
+    } else {
+        dress.json(StatusCode::OK, answer)
+    }
+}
+
+/// Why a guarded item with `require_data_stream` is refused.
+const REQUIRE_DATA_STREAM_REFUSED: &str = "zkguard: [require_data_stream] is refused on a guarded write by id: the gate writes a data stream's documents by id to its backing index under their lock, where the flag cannot be checked; drop it, or let Elasticsearch pick the id (auto-id writes pass through with it)";
+
+/// Whether `target` is an alias (the check of `require_alias`).
+pub(super) async fn is_alias(gate: &Gateway, target: &str) -> Result<bool, GateError> {
+    let path = format!("/_alias/{}", super::gate::encode(target));
+    let answer = gate
+        .cluster
+        .own(Method::GET, &path, "application/json", None)
+        .await
+        .map_err(super::gate::unavailable)?;
+    if !answer.status.is_success() {
+        return Ok(false);
+    }
+    let body = answer.json();
+    Ok(body.as_object().is_some_and(|o| {
+        !o.contains_key(target) && o.values().any(|v| v["aliases"].get(target).is_some())
+    }))
+}
+
+/// Elasticsearch's failure of an item with `require_alias` whose target is not an alias.
+pub(super) fn not_an_alias(target: &str) -> GateError {
+    let mut e = GateError::new(
+        StatusCode::NOT_FOUND,
+        "index_not_found_exception",
+        format!("no such index [{target}] and [require_alias] request flag is [true] and [{target}] is not an alias"),
+    );
+    e.extra = json!({"index": target, "index_uuid": "_na_"});
+    e
+}
+
+/// A query string of `params`. Items passed through get all of the caller's (checked)
+/// parameters but the answer's own (`filter_path`, `pretty`, applied by the gate); the gate's
+/// fenced `_bulk` gets [`BulkParams::forward`], its items carrying the rest on their lines.
 fn forwarded(params: &[(String, String)], pass: bool) -> String {
     let mut q = url::form_urlencoded::Serializer::new(String::new());
     for (k, v) in params {
-        let keep = matches!(k.as_str(), "refresh" | "timeout" | "wait_for_active_shards")
-            || (pass && matches!(k.as_str(), "pipeline" | "routing" | "require_alias"));
-        if keep {
+        if !(pass && matches!(k.as_str(), "filter_path" | "pretty")) {
             q.append_pair(k, v);
         }
     }
@@ -359,24 +361,48 @@ async fn pass_items(
                 metrics.gate_item(items[n].op.name(), "failed");
                 (
                     n,
-                    item_error(items[n].op, &items[n].index, items[n].id.as_deref(), &e),
+                    e.item(items[n].op, &items[n].index, items[n].id.as_deref()),
                 )
             })
             .collect(),
     }
 }
 
-/// The `key` array of a successful answer of the cluster to the gate's own request, or the 503
-/// that names `what` failed and how.
-fn listed(answer: Result<Answer, String>, key: &str, what: &str) -> Result<Vec<Value>, GateError> {
+/// Why an answer of the cluster to one of the gate's own requests has no items.
+#[derive(Debug, Clone)]
+enum Failure {
+    /// The cluster refused the request (4xx): its status and `error`, given to every item.
+    Refused(u16, Value),
+    /// The cluster failed or was not reached: the gate's 503.
+    Gate(GateError),
+}
+
+impl Failure {
+    /// The answer of item `op` on `index`/`id` that failed so.
+    fn item(&self, op: DocOp, index: &str, id: Option<&str>) -> Value {
+        match self {
+            Failure::Refused(status, error) => {
+                json!({op.name(): {"_index": index, "_id": id, "status": status, "error": error}})
+            }
+            Failure::Gate(e) => item_error(op, index, id, e),
+        }
+    }
+}
+
+/// The `key` array of a successful answer of the cluster to the gate's own request, the
+/// cluster's refusal of it, or the 503 that names `what` failed and how.
+fn listed(answer: Result<Answer, String>, key: &str, what: &str) -> Result<Vec<Value>, Failure> {
     match answer {
         Ok(a) if a.status.is_success() => Ok(a.json()[key].as_array().cloned().unwrap_or_default()),
-        Ok(a) => Err(super::gate::unavailable(format!(
+        Ok(a) if a.status.is_client_error() && a.json()["error"].is_object() => Err(
+            Failure::Refused(a.status.as_u16(), a.json()["error"].clone()),
+        ),
+        Ok(a) => Err(Failure::Gate(super::gate::unavailable(format!(
             "{what} was {}: {}",
             a.status,
             String::from_utf8_lossy(&a.body)
-        ))),
-        Err(e) => Err(super::gate::unavailable(e)),
+        )))),
+        Err(e) => Err(Failure::Gate(super::gate::unavailable(e))),
     }
 }
 
@@ -540,7 +566,7 @@ async fn flush(
                     for &n in &groups[*g].items {
                         let it = &items[n];
                         metrics.gate_item(it.op.name(), "failed");
-                        out.push((n, item_error(it.op, &it.index, it.id.as_deref(), &e)));
+                        out.push((n, e.item(it.op, &it.index, it.id.as_deref())));
                     }
                 }
                 return out;
@@ -629,12 +655,14 @@ async fn flush(
                             parsed(&it.source).map_or(Known::Unknown, |v| Known::Written(Some(v))),
                         );
                     }
+                    with_ingest(&mut action, it, true);
                     group_lines.push(Line {
                         item: n,
                         lock_type: groups[*g].lock_type,
                         action: json!({"index": action}),
                         source: it.source.as_ref().map(|b| b.to_vec()),
                         created: None,
+                        get: None,
                     });
                 }
                 DocOp::Delete => {
@@ -647,6 +675,7 @@ async fn flush(
                         action: json!({"delete": action}),
                         source: None,
                         created: None,
+                        get: None,
                     });
                 }
                 DocOp::Update => {
@@ -667,14 +696,29 @@ async fn flush(
                                 _ => (token as i64, -1, -1),
                             };
                             metrics.gate_item("update", "guarded");
-                            out.push((n, json!({"update": {
+                            let mut inner = json!({
                                 "_index": it.index, "_id": id, "_version": version, "result": "noop",
                                 "_shards": {"total": 0, "successful": 0, "failed": 0},
                                 "_seq_no": seq, "_primary_term": term, "status": 200,
-                            }})));
+                            });
+                            if let (Some(f), Some(s)) =
+                                (it.fetch.as_ref().filter(|f| f.fetch), &stored)
+                            {
+                                inner["get"] = json!({"_seq_no": seq, "_primary_term": term, "found": true, "_source": filter_source(s, f)});
+                            }
+                            out.push((n, json!({ "update": inner })));
                         }
                         Ok(UpdateOutcome::Write { source, created }) => {
                             let bytes = serde_json::to_vec(&source).unwrap_or_default();
+                            let get = it
+                                .fetch
+                                .as_ref()
+                                .filter(|f| f.fetch)
+                                .map(|f| filter_source(&source, f));
+                            // Elasticsearch runs an update's pipeline on its `upsert` document only.
+                            if created && update.upsert.is_some() && !update.doc_as_upsert {
+                                with_ingest(&mut action, it, false);
+                            }
                             known.insert(key, Known::Written(Some(source)));
                             group_lines.push(Line {
                                 item: n,
@@ -682,6 +726,7 @@ async fn flush(
                                 action: json!({"index": action}),
                                 source: Some(bytes),
                                 created: Some(created),
+                                get,
                             });
                         }
                     }
@@ -722,7 +767,7 @@ async fn flush(
             for l in &lines {
                 let it = &items[l.item];
                 metrics.gate_item(it.op.name(), "failed");
-                out.push((l.item, item_error(it.op, &it.index, it.id.as_deref(), &e)));
+                out.push((l.item, e.item(it.op, &it.index, it.id.as_deref())));
             }
             return out;
         }
@@ -745,6 +790,18 @@ async fn flush(
                 );
                 o.insert("status".into(), json!(if created { 201 } else { 200 }));
             }
+        }
+        if ok && moved_by_pipeline(&l.action, &inner) {
+            tracing::warn!(
+                sent = %l.action, answer = %inner,
+                "an ingest pipeline changed the _index, _id or _version of a fenced write of the gate: the document was written outside the lock it was fenced with; keep pipelines from setting these"
+            );
+        }
+        if let (Some(source), true) = (&l.get, ok) {
+            inner["get"] = json!({
+                "_seq_no": inner["_seq_no"], "_primary_term": inner["_primary_term"],
+                "found": true, "_source": source,
+            });
         }
         if status == 409 {
             metrics.fenced_write(l.lock_type);

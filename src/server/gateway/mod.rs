@@ -13,6 +13,7 @@
 mod atomic;
 mod backend;
 mod bulk;
+mod bulk_parse;
 mod gate;
 mod handler;
 mod merge;
