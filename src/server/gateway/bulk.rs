@@ -135,7 +135,7 @@ pub(super) fn parse(body: &Bytes, default_index: Option<&str>) -> Result<Vec<Ite
                 ))
             })?;
             raw.push(s.clone());
-            Some(s)
+            Some(super::meta::client_source(&s))
         };
         let if_match = match (meta["if_seq_no"].as_i64(), meta["if_primary_term"].as_i64()) {
             (Some(s), Some(t)) => Some((s, t)),
