@@ -191,24 +191,38 @@ async fn the_gate_applies_an_atomic_bulk_all_or_nothing_with_official_clients() 
 /// Starts `zkguard txn apply` of `{"v": "after"}` on `docs` as transaction `id`, and kills it
 /// (SIGKILL) once it says it paused at `point`.
 fn kill_after(env: &Env, log: &str, ix: &str, docs: &[&str], id: &str, point: &str) {
-    let ops: String = docs
+    let ops: Vec<Value> = docs
         .iter()
-        .map(|d| {
-            json!({"action": "update", "index": ix, "id": d, "doc": {"v": "after"}}).to_string()
-                + "\n"
-        })
+        .map(|d| json!({"action": "update", "index": ix, "id": d, "doc": {"v": "after"}}))
         .collect();
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), ops).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_zkguard"))
-        .args(["txn", "apply", "--id", id, "--pause-after", point, "--file"])
-        .arg(file.path())
+    kill_after_ops(env, log, &ops, id, point);
+}
+
+/// `zkguard txn ARGS` against the service's ZooKeeper, cluster and log index.
+fn txn_command(env: &Env, log: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_zkguard"));
+    command
+        .arg("txn")
+        .args(args)
         .env_remove("ZKGUARD_CONFIG")
         .env("ZKGUARD_ZOOKEEPER_SERVERS", &env.zk)
         .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &env.root)
         .env("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000")
         .env("ZKGUARD_ELASTICSEARCH_URL", &env.es)
         .env("ZKGUARD_TXN_LOG_INDEX", log)
+        .env("ZKGUARD_TXN_RECOVERY_AFTER", "0");
+    command
+}
+
+/// Starts `zkguard txn apply` of `ops` as transaction `id`, and kills it (SIGKILL) once it
+/// says it paused at `point`.
+fn kill_after_ops(env: &Env, log: &str, ops: &[Value], id: &str, point: &str) {
+    let ops: String = ops.iter().map(|op| op.to_string() + "\n").collect();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), ops).unwrap();
+    let mut child = txn_command(env, log, &["apply", "--id", id, "--pause-after", point])
+        .arg("--file")
+        .arg(file.path())
         .stdin(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -295,6 +309,189 @@ async fn single_writers_never_build_on_a_stopped_transaction() {
     );
     let (_, t) = call(&c, Method::GET, &s.url("/v1/transactions/stopped"), None).await;
     assert_eq!(t["state"], "rolling-back", "{t}");
+}
+
+/// One recovery pass (`zkguard txn recover --once`) over the service's log.
+fn recover_once(env: &Env, log: &str) {
+    let out = txn_command(env, log, &["recover", "--once", "--lock-wait", "30s"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// A document's stored source, straight from the cluster, with its `zkguard` object.
+async fn raw_source(c: &reqwest::Client, ix: &str, id: &str) -> Value {
+    es_doc(c, ix, id).await["_source"].clone()
+}
+
+/// An `_update` through the gate: status and answer.
+async fn gate_update(
+    c: &reqwest::Client,
+    s: &Service,
+    ix: &str,
+    id: &str,
+    doc: Value,
+) -> (StatusCode, Value) {
+    let url = format!("{}/{ix}/_update/{id}", gate(s));
+    let (status, _, v) = send(
+        c,
+        Method::POST,
+        &url,
+        Some(&json!({"doc": doc}).to_string()),
+        &[],
+    )
+    .await;
+    (status, v)
+}
+
+/// A `_bulk` of one update through the gate: the item's answer.
+async fn gate_bulk_update(
+    c: &reqwest::Client,
+    s: &Service,
+    ix: &str,
+    id: &str,
+    doc: Value,
+) -> Value {
+    let body = format!(
+        "{}\n{}\n",
+        json!({"update": {"_index": ix, "_id": id}}),
+        json!({"doc": doc})
+    );
+    let (status, _, v) = send(
+        c,
+        Method::POST,
+        &format!("{}/_bulk", gate(s)),
+        Some(&body),
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    v["items"][0]["update"].clone()
+}
+
+/// A read-modify-write client: reads the document straight from the cluster (its `zkguard`
+/// object included), sets `field` and sends it all back through the gate with a `PUT`.
+async fn gate_put_as_read(c: &reqwest::Client, s: &Service, ix: &str, id: &str, field: &str) {
+    let mut doc = raw_source(c, ix, id).await;
+    assert!(
+        doc["zkguard"]["txn"].is_string(),
+        "read with the mark: {doc}"
+    );
+    doc[field] = json!(field);
+    let url = format!("{}/{ix}/_doc/{id}", gate(s));
+    let (status, _, v) = send(c, Method::PUT, &url, Some(&doc.to_string()), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+}
+
+/// A service that recovers only when told (`zkguard txn recover`), its log and a fresh index
+/// of documents `ids` seeded as `{"v": "before"}` through `/v1`.
+async fn stopped_txn_world(tag: &str, ids: &[&str]) -> (Env, String, Service, String) {
+    let log = format!("{tag}-log-{}", uuid_tag());
+    let env = gate_env(&shared_zk().connect_string(), tag, shared_es().url())
+        .with("ZKGUARD_TXN_LOG_INDEX", &log)
+        .with("ZKGUARD_TXN_RECOVERY_AFTER", "600000");
+    let s = env.start(tag);
+    let ix = format!("{tag}-{}", uuid_tag());
+    for id in ids {
+        let (status, v) = put(
+            &client(),
+            &s,
+            &format!("/v1/indices/{ix}/docs/{id}"),
+            &json!({"v": "before"}),
+        )
+        .await;
+        assert!(status.is_success(), "{v}");
+    }
+    (env, log, s, ix)
+}
+
+/// A transaction committed, its coordinator killed before it cleared its marks. Writes
+/// acknowledged afterwards (the gate's `_update`, a `_bulk` update, a `PUT` of the document as
+/// read with its `zkguard` object, a `/v1` merge patch) are what the documents hold once
+/// recovery has finished the transaction; `_update` of the document it deleted answers 404
+/// as Elasticsearch does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_after_a_committed_stopped_transaction_survive_its_recovery() {
+    let docs = ["u", "b", "p", "v", "d"];
+    let (env, log, s, ix) = stopped_txn_world("txn-late", &docs).await;
+    let c = client();
+    let mut ops: Vec<Value> = docs[..4]
+        .iter()
+        .map(|d| json!({"action": "update", "index": ix, "id": d, "doc": {"v": "after"}}))
+        .collect();
+    ops.push(json!({"action": "delete", "index": ix, "id": "d"}));
+    kill_after_ops(&env, &log, &ops, "late", "committed");
+    assert_eq!(raw_source(&c, &ix, "u").await["zkguard"]["txn"], "late");
+
+    let (status, v) = gate_update(&c, &s, &ix, "u", json!({"w": "update"})).await;
+    assert_eq!(
+        (status, v["result"].as_str()),
+        (StatusCode::OK, Some("updated")),
+        "{v}"
+    );
+    let item = gate_bulk_update(&c, &s, &ix, "b", json!({"w": "bulk"})).await;
+    assert_eq!(item["status"], 200, "{item}");
+    gate_put_as_read(&c, &s, &ix, "p", "put").await;
+    let (status, v) = call(
+        &c,
+        Method::PATCH,
+        &s.url(&format!("/v1/indices/{ix}/docs/v")),
+        Some(json!({"w": "patch"}).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, v) = gate_update(&c, &s, &ix, "d", json!({"w": "update"})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    assert_eq!(v["error"]["type"], "document_missing_exception", "{v}");
+
+    recover_once(&env, &log);
+    let (_, t) = call(&c, Method::GET, &s.url("/v1/transactions/late"), None).await;
+    assert_eq!(t["state"], "finished", "{t}");
+    for (id, want) in [
+        ("u", json!({"v": "after", "w": "update"})),
+        ("b", json!({"v": "after", "w": "bulk"})),
+        ("p", json!({"v": "after", "put": "put"})),
+        ("v", json!({"v": "after", "w": "patch"})),
+    ] {
+        assert_eq!(source(&c, &ix, id).await, Some(want), "{id}");
+        let raw = raw_source(&c, &ix, id).await;
+        assert!(
+            raw["zkguard"].get("txn").is_none(),
+            "{id} still marked: {raw}"
+        );
+    }
+    assert_eq!(source(&c, &ix, "d").await, None);
+}
+
+/// A transaction stopped before its commit (its coordinator killed): a client's `PUT` of the
+/// document as read (the uncommitted write, its mark included) is acknowledged, and neither a
+/// later `_update` or `_bulk` update nor the transaction's recovery gives the document its
+/// before-image back over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_of_a_marked_document_survives_the_rollback_of_its_transaction() {
+    let docs = ["q", "r", "s"];
+    let (env, log, s, ix) = stopped_txn_world("txn-undo", &docs).await;
+    let c = client();
+    kill_after(&env, &log, &ix, &docs, "undone", "applied:3");
+
+    gate_put_as_read(&c, &s, &ix, "q", "put").await;
+    let (status, v) = gate_update(&c, &s, &ix, "q", json!({"x": "update"})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    gate_put_as_read(&c, &s, &ix, "r", "put").await;
+    let item = gate_bulk_update(&c, &s, &ix, "r", json!({"x": "bulk"})).await;
+    assert_eq!(item["status"], 200, "{item}");
+
+    recover_once(&env, &log);
+    let (_, t) = call(&c, Method::GET, &s.url("/v1/transactions/undone"), None).await;
+    assert_eq!(t["state"], "rolled-back", "{t}");
+    for (id, x) in [("q", "update"), ("r", "bulk")] {
+        assert_eq!(
+            source(&c, &ix, id).await,
+            Some(json!({"v": "after", "put": "put", "x": x})),
+            "{id}"
+        );
+    }
+    assert_eq!(source(&c, &ix, "s").await, Some(json!({"v": "before"})));
 }
 
 /// A coordinator killed half-way (SIGKILL after writing one of its three documents) is

@@ -504,6 +504,82 @@ async fn a_transaction_never_builds_on_an_undecided_write() {
     assert_eq!(env.source("y").await, None);
 }
 
+/// Stops a transaction (in this process) once the log says it is committed.
+struct StopAtCommit;
+
+#[async_trait::async_trait]
+impl zkguard::txn::multi::MultiHook for StopAtCommit {
+    async fn stop_at(&self, _id: &str, point: zkguard::txn::multi::Point) -> bool {
+        point == zkguard::txn::multi::Point::Committed
+    }
+}
+
+/// A later write straight to the cluster of `id` as read, its `zkguard` object (the mark)
+/// included, with `w` set: a writer that bypasses zkguard, as a read-modify-write client of
+/// the cluster does (Elasticsearch's own versioning: the version moves by one).
+async fn copy_with_mark(env: &Env, id: &str, w: &str) {
+    let mut doc = env.doc(id).await.expect("the marked document").source;
+    assert!(doc["zkguard"]["txn"].is_string(), "{doc}");
+    doc["w"] = json!(w);
+    env.store
+        .index(
+            &env.index,
+            id,
+            &doc,
+            zkguard::es::WriteCondition::Always,
+            zkguard::es::Refresh::No,
+        )
+        .await
+        .unwrap();
+}
+
+/// Recovery finishes or undoes only the transaction's own marked writes: a document written
+/// after it (its mark copied along, by a writer that bypasses zkguard) keeps that write, in a
+/// committed transaction as in an undone one, and loses the copied mark only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_leaves_a_later_write_that_copied_the_mark() {
+    let env = Env::new("copied").await;
+    env.seed(&[("a", json!({"v": "0"})), ("b", json!({"v": "0"}))])
+        .await;
+    let txns = env.transactions().await;
+    let ops = |id: &str| {
+        ["a", "b"]
+            .map(|d| TxnOp::update(&env.index, d, json!({"v": id})))
+            .to_vec()
+    };
+    let stop_commit = env.transactions().await.with_hook(Arc::new(StopAtCommit));
+    let e = stop_commit
+        .apply(TxnRequest::new(ops("t1")).with_id("t1"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, MultiError::Interrupted { .. }), "{e}");
+    copy_with_mark(&env, "a", "later").await;
+    let state = txns.recover("t1", Duration::from_secs(10)).await.unwrap();
+    assert_eq!(state, Some(MultiState::Finished));
+    assert_eq!(
+        env.source("a").await,
+        Some(json!({"v": "t1", "w": "later"}))
+    );
+    assert_eq!(env.source("b").await, Some(json!({"v": "t1"})));
+
+    let stop_first = env.transactions().await.with_hook(Arc::new(StopAfterFirst));
+    let e = stop_first
+        .apply(TxnRequest::new(ops("t2")).with_id("t2"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, MultiError::Interrupted { .. }), "{e}");
+    copy_with_mark(&env, "a", "again").await;
+    let state = txns.recover("t2", Duration::from_secs(10)).await.unwrap();
+    assert_eq!(state, Some(MultiState::RolledBack));
+    assert_eq!(
+        env.source("a").await,
+        Some(json!({"v": "t2", "w": "again"}))
+    );
+    assert_eq!(env.source("b").await, Some(json!({"v": "t1"})));
+    let a = env.doc("a").await.unwrap().source;
+    assert!(a["zkguard"].get("txn").is_none(), "{a}");
+}
+
 /// `zkguard txn apply` and `zkguard txn show` through the binary: exit statuses and JSON.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_applies_shows_and_names_bad_input() {

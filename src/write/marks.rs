@@ -3,8 +3,12 @@
 //! A live transaction holds its documents' locks until it has cleared its marks, so a writer
 //! that holds a document's lock and finds a mark there knows that transaction's coordinator is
 //! gone. Before building on the document (a merge, an increment, a create's existence check),
-//! it has the transaction decided for that document: a committed transaction's write stands, an
-//! undecided one's is undone. Whole-document writes replace the marked write anyway.
+//! it has the transaction decided for that document: a committed transaction is finished there
+//! (its after-image written unmarked, a deleted document deleted), an undecided one's write is
+//! undone. The writer's own write never carries the mark on: a mark left on a document (a
+//! later writer's copy of it, or one of a transaction already final) is dropped by it, so that
+//! no recovery takes the writer's document for the transaction's write. Whole-document writes
+//! replace the marked write anyway.
 
 use async_trait::async_trait;
 

@@ -922,8 +922,10 @@ pub fn parse(
                 .map_or_else(|| s.clone(), |t| s.slice(..t.len()));
             if op == DocOp::Update {
                 update = update_of(n, &s)?;
+                Some(s)
+            } else {
+                Some(super::meta::client_source(&s))
             }
-            Some(s)
         };
         let index = meta
             .index

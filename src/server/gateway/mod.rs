@@ -17,6 +17,7 @@ mod bulk_parse;
 mod gate;
 mod handler;
 mod merge;
+mod meta;
 mod reply;
 mod route;
 mod single;

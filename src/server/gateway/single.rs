@@ -147,6 +147,7 @@ pub fn parse_update(body: &[u8], source_param: bool) -> Result<UpdateBody, GateE
             "the update body must be a JSON object with `doc`",
         ));
     };
+    super::meta::strip_update(&mut map);
     if map.contains_key("script") || map.contains_key("scripted_upsert") {
         return Err(GateError::refused(
             "zkguard: scripted updates are refused on a guarded index: a script runs inside Elasticsearch, where the write cannot carry the lock's fencing token; send a partial `doc` (or read, change and index the whole document) instead",
@@ -318,7 +319,7 @@ pub async fn settled(
     if rewritten {
         return read(gate, concrete, id, rest).await;
     }
-    Ok(current)
+    Ok(current.map(super::meta::unmarked))
 }
 
 /// A guarded single-document write, answered as Elasticsearch answers it.
@@ -465,7 +466,11 @@ async fn under_lock(
     check_if_match(concrete, id, if_match, current.as_ref()).map_err(|e| ("conflict", e))?;
     let doc_path = format!("/{}/_doc/{}", encode(concrete), encode(id));
     let (method, payload, created) = match op {
-        DocOp::Index => (Method::PUT, Some(body.to_vec()), None),
+        DocOp::Index => (
+            Method::PUT,
+            Some(super::meta::client_source(&body).to_vec()),
+            None,
+        ),
         DocOp::Create => {
             if let Some(c) = &current {
                 return Err((
@@ -480,7 +485,11 @@ async fn under_lock(
                     ),
                 ));
             }
-            (Method::PUT, Some(body.to_vec()), None)
+            (
+                Method::PUT,
+                Some(super::meta::client_source(&body).to_vec()),
+                None,
+            )
         }
         DocOp::Delete => (Method::DELETE, None, None),
         DocOp::Update => {

@@ -697,9 +697,13 @@ pub(super) fn clear_action(
     }
 }
 
-/// Whether a document read now is the marked write of `record`.
+/// Whether a document read now is the marked write of `record`: it carries the mark, and as
+/// the transaction's own write ([`super::record::is_own_write`]), not as a copy a later writer
+/// made.
 pub(super) fn is_marked(doc: Option<&Doc>, record: &TxnRecord) -> bool {
-    doc.is_some_and(|d| marked_by(&d.source, &record.transaction_id))
+    doc.is_some_and(|d| {
+        marked_by(&d.source, &record.transaction_id) && super::record::is_own_write(d)
+    })
 }
 
 /// The condition "unchanged since read at `meta`".

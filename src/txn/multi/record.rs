@@ -247,6 +247,29 @@ pub(super) fn marked_by(source: &Value, id: &str) -> bool {
     Stamp::of(source).is_some_and(|s| s.txn.as_deref() == Some(id))
 }
 
+/// Whether `doc`, which carries a transaction's mark, is as a zkguard transaction step wrote it
+/// (the coordinator's marked write, or a fencing rewrite of it by another transaction's
+/// recovery): each of those writes the stamp's `token` as the document's external version. A
+/// later write that copied the `zkguard` object along with the document (a client that read
+/// it straight from the cluster and wrote it back, by any path) carries the version of its own
+/// writer instead: its mark is not the transaction's write, and finishing or undoing the
+/// transaction must not rewrite it. A document read without its version (`-1`) counts as the
+/// transaction's.
+pub(super) fn is_own_write(doc: &Doc) -> bool {
+    doc.meta.version < 0
+        || Stamp::of(&doc.source)
+            .is_some_and(|s| i64::try_from(s.token).is_ok_and(|t| t == doc.meta.version))
+}
+
+/// `source` without the mark of transaction `id` (anything else as it is).
+pub(super) fn without_mark(source: Value, id: &str) -> Value {
+    let Some(mut stamp) = Stamp::of(&source).filter(|s| s.txn.as_deref() == Some(id)) else {
+        return source;
+    };
+    stamp.txn = None;
+    crate::write::ops::with_stamp(source, &stamp)
+}
+
 /// The source of a document without zkguard's object.
 pub(super) fn user_source(source: &Value) -> Value {
     strip_meta(source)

@@ -9,7 +9,7 @@ use tracing::{info, warn, Instrument};
 
 use super::engine::{canonical, clear_action, if_match, is_marked, store_err, Held, Locking};
 use super::plan::{after_image, op_id, rewritten, stamped};
-use super::record::{user_source, TxnRecord};
+use super::record::{user_source, without_mark, TxnRecord};
 use super::{MultiError, MultiState, Transactions};
 use crate::es::{BulkAction, WriteCondition};
 use crate::lock::LockType;
@@ -206,7 +206,10 @@ impl Transactions {
                 writes.push(BulkAction::Index {
                     index: op.index.clone(),
                     id: op.id.clone(),
-                    source: rewritten(&doc.source, token),
+                    // A copy of this transaction's mark on a later write loses it here, so
+                    // that the rewrite (whose version matches its stamp) is never taken for
+                    // the transaction's own write.
+                    source: without_mark(rewritten(&doc.source, token), &id),
                     condition: WriteCondition::ExternalGte(token),
                 });
             }
@@ -253,7 +256,7 @@ impl Transactions {
         Ok(())
     }
 
-    async fn write_all(
+    pub(super) async fn write_all(
         &self,
         id: &str,
         writes: &[BulkAction],

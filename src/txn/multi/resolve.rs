@@ -1,14 +1,16 @@
 //! A document found under its lock with another transaction's mark: that transaction's
 //! coordinator is gone (a live one holds the document's lock until its marks are cleared), so the
-//! transaction is decided before the document is used: a committed one's write stands, an
-//! undecided one is rolled back on this document at once (its other documents are left to its
-//! own recovery).
+//! transaction is decided before the document is used: a committed one is finished on this
+//! document (its after-image written unmarked), an undecided one is rolled back on this document
+//! at once (its other documents are left to its own recovery). A mark that is not the
+//! transaction's own write (a later writer copied the `zkguard` object along with the document:
+//! see [`super::record::is_own_write`]) decides nothing: the writer drops it.
 
 use tracing::info;
 
-use super::engine::{store_err, Held};
-use super::plan::{op_id, rewritten, stamped};
-use super::record::user_source;
+use super::engine::{clear_action, store_err, Held};
+use super::plan::{after_image, op_id, rewritten, stamped};
+use super::record::{is_own_write, user_source, TxnRecord};
 use super::{MultiError, MultiState, Transactions, TxnOp};
 use crate::es::{Doc, WriteCondition};
 use crate::txn::now_rfc3339;
@@ -46,8 +48,10 @@ impl Transactions {
         Ok(docs)
     }
 
-    /// Rolls transaction `other` back on `doc` (of `op`) when it is not committed; `true` when
-    /// the document was written.
+    /// Decides transaction `other` on `doc` (of `op`), which carries its mark: finishes it there
+    /// when it is committed, rolls it back there when it is not; `true` when the document was
+    /// written. Nothing is done for a mark that is not the transaction's own write, or whose
+    /// transaction is final or unknown: the caller writes the document without it.
     async fn undo_if_undecided(
         &self,
         other: &str,
@@ -59,8 +63,13 @@ impl Transactions {
             // No record: the mark cannot be told apart from data; leave it.
             return Ok(false);
         };
+        if !is_own_write(doc) {
+            info!(txn = %other, index = %op.index, id = %op.id, "a copy of a transaction's mark on a later write; it is dropped by this write");
+            return Ok(false);
+        }
         match record.state {
-            MultiState::Committed | MultiState::Finished => return Ok(false),
+            MultiState::Finished | MultiState::RolledBack => return Ok(false),
+            MultiState::Committed => return self.finish_one(&record, op, token).await,
             MultiState::Pending => {
                 record.state = MultiState::RollingBack;
                 record.reason = Some(format!(
@@ -70,7 +79,7 @@ impl Transactions {
                 record.modified = now_rfc3339();
                 record.meta = self.log_cas(&record).await?;
             }
-            MultiState::RollingBack | MultiState::RolledBack => {}
+            MultiState::RollingBack => {}
         }
         let Some(i) = record
             .operations
@@ -108,6 +117,36 @@ impl Transactions {
         Ok(true)
     }
 
+    /// Finishes committed `record` on the document of `op`: its after-image, unmarked, written
+    /// with `token` (a delete's tombstone is deleted); `false` when the record does not list
+    /// the document (nothing to finish: the caller writes it without the mark).
+    async fn finish_one(
+        &self,
+        record: &TxnRecord,
+        op: &TxnOp,
+        token: u64,
+    ) -> Result<bool, MultiError> {
+        let id = &record.transaction_id;
+        let Some(i) = record
+            .operations
+            .iter()
+            .position(|o| o.index == op.index && o.id == op.id)
+        else {
+            return Ok(false);
+        };
+        let before = record.participants.get(i).and_then(|p| p.before.as_ref());
+        let after =
+            after_image(&record.operations[i], before).map_err(|reason| MultiError::Corrupt {
+                index: self.settings.log_index.clone(),
+                id: id.clone(),
+                reason: format!("a committed operation cannot be applied again: {reason}"),
+            })?;
+        info!(txn = %id, index = %op.index, id = %op.id, "finishing a committed transaction's write found under the lock");
+        let action = clear_action(self.stamp_window, record, i, &after, token);
+        self.write_all(id, &[action], "finishing").await?;
+        Ok(true)
+    }
+
     async fn write_one(
         &self,
         op: &TxnOp,
@@ -132,8 +171,11 @@ impl Transactions {
 
 #[async_trait::async_trait]
 impl crate::write::marks::MarkResolver for Transactions {
-    /// Decides transaction `txn` on `index/id`: nothing to do when it is committed; otherwise
-    /// it is moved to `rolling-back` and the document gets its logged before-image back.
+    /// Decides transaction `txn` on `index/id`: when it is committed the document gets its
+    /// after-image unmarked (a deleted one is deleted); otherwise the transaction is moved to
+    /// `rolling-back` and the document gets its logged before-image back. A mark that is a
+    /// later writer's copy, or of a final or unknown transaction, is left to the caller, which
+    /// writes without it.
     async fn resolve(
         &self,
         txn: &str,
