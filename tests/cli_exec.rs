@@ -161,6 +161,34 @@ fn unreachable_zookeeper_exits_69() {
     );
 }
 
+/// `--timeout` bounds connecting too: with ZooKeeper down, `exec --timeout 1s` fails by the
+/// timeout plus `DEADLINE_OVERRUN` (exit 69, naming the servers), however many connection
+/// attempts `zookeeper.connection.retry` allows.
+#[test]
+fn unreachable_zookeeper_fails_by_the_timeout() {
+    let port = zkguard::testkit::free_port().unwrap();
+    let started = std::time::Instant::now();
+    let o = zkguard(&format!("127.0.0.1:{port}"), "/x")
+        .env("ZKGUARD_ZOOKEEPER_CONNECTION_RETRY", "30")
+        .env("ZKGUARD_ZOOKEEPER_CONNECTION_DELAY", "1000")
+        .args(["exec", "--monitor", "m", "--timeout", "1s", "--", "true"])
+        .output()
+        .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("127.0.0.1:{port}")),
+        "{}",
+        stderr(&o)
+    );
+    let bound = Duration::from_secs(1) + zkguard::zk::DEADLINE_OVERRUN;
+    assert!(
+        waited < bound + Duration::from_secs(2),
+        "failed after {waited:?}, past the timeout and its overrun ({bound:?}): {}",
+        stderr(&o)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_timeout_exits_75_and_locks_shows_holder_and_queue() {
     let zk = shared();

@@ -754,3 +754,90 @@ async fn a_release_while_the_mutex_watch_is_being_set_sends_no_request_to_remove
         "a request removed the mutex watch: {sent:?}"
     );
 }
+
+/// A waiter's take of the mutex is applied by the server, and its answer is held. The caller
+/// gets its error by the deadline plus `DEADLINE_OVERRUN` (it used to wait for the answer, then
+/// for the reconnection, and took the lock long after its deadline). Once the answers flow
+/// again, the session's reaper removes what the abandoned attempt made, the mutex included:
+/// another contender takes the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_whose_answer_is_withheld_ends_by_the_deadline_and_leaves_no_ghost() {
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let mut settings = zk_settings(&proxy.connect_string(), "withheld-take");
+    // The client notices a silent connection after 2/5 of this: long after the deadline.
+    settings.session_timeout = Duration::from_secs(40);
+    let mut direct_settings = settings.clone();
+    direct_settings.servers = direct.clone();
+    let monitor = format!("{}/W1", settings.lock_root);
+
+    let sh = session(&direct_settings).await;
+    let holder = ZkBlockingWriteLock::new("h", &sh, "W1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    let sc = session(&settings).await;
+    let timeout = Duration::from_secs(5);
+    let contender = ZkBlockingWriteLock::new("c", &sc, "W1")
+        .unwrap()
+        .with_timeout(timeout);
+    let started = std::time::Instant::now();
+    let waiting = tokio::spawn(async move {
+        let result = contender.lock_with_timeout().await;
+        (result, started.elapsed())
+    });
+    let head = format!("{monitor}/A-0000000000");
+    eventually(
+        Duration::from_secs(10),
+        "the contender watches the holder's node",
+        || async { queued(&direct, &monitor, "A-").await == 2 && watched(zk, &head) },
+    )
+    .await;
+    // The holder leaves; the contender's take (a multi) is applied, its answer held.
+    proxy.hold_after(OP_MULTI);
+    holder.unlock().await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the take applied, its answer held",
+        || async {
+            proxy.holds() == 1
+                && children(&direct, &monitor)
+                    .await
+                    .contains(&"privateLock".to_string())
+        },
+    )
+    .await;
+    let (result, waited) = waiting.await.unwrap();
+    let err = result.expect_err("the take's answer never came: the lock is not the caller's");
+    assert!(
+        matches!(err, zkguard::LockError::ConnectionLoss { .. }),
+        "{err}"
+    );
+    let bound = timeout + zkguard::zk::DEADLINE_OVERRUN;
+    assert!(
+        waited < bound + Duration::from_secs(1),
+        "ended after {waited:?}, past the deadline and its overrun ({bound:?}): {err}"
+    );
+
+    // The answers flow again: the reaper finds the mutex and the queue node by attempt id (the
+    // contender's session lives on, so nothing else would remove them).
+    proxy.release_held();
+    eventually(
+        Duration::from_secs(20),
+        "the abandoned attempt's nodes are removed",
+        || async { children(&direct, &monitor).await.is_empty() },
+    )
+    .await;
+    let next = ZkBlockingWriteLock::new("next", &sh, "W1")
+        .unwrap()
+        .with_timeout(Duration::from_secs(10))
+        .lock_with_timeout()
+        .await
+        .expect("no ghost mutex blocks the monitor");
+    next.unlock().await.unwrap();
+    // The contender's session lived throughout: its nodes went by the reaper, not with it.
+    drop(sc);
+}

@@ -72,11 +72,19 @@ pub fn parse_cli_duration(s: &str) -> Result<Duration, String> {
 /// and the main thread ends only with the process.
 pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
     zkguard::lock::validate_monitor(&args.monitor).map_err(|e| CliError::new(EX_USAGE, e))?;
-    let service = super::lock_service(&settings).await?;
-    let mut request = LockRequest::new(&args.monitor, &args.info).with_type(args.lock_type);
-    if let Some(t) = args.timeout {
-        request = request.with_timeout(t);
-    }
+    // The timeout covers connecting too: with ZooKeeper down, exec fails by the timeout plus
+    // `DEADLINE_OVERRUN`, as an acquisition does.
+    let started = std::time::Instant::now();
+    let wait = args
+        .timeout
+        .unwrap_or_else(|| settings.zookeeper.timeout(args.lock_type));
+    let service = match started.checked_add(wait.saturating_add(zkguard::zk::DEADLINE_OVERRUN)) {
+        Some(limit) => super::lock_service_by(&settings, limit, wait).await?,
+        None => super::lock_service(&settings).await?,
+    };
+    let request = LockRequest::new(&args.monitor, &args.info)
+        .with_type(args.lock_type)
+        .with_timeout(wait.saturating_sub(started.elapsed()));
     let asked = std::time::Instant::now();
     let guard = match service.acquire(request).await {
         Ok(guard) => guard,

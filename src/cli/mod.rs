@@ -18,4 +18,4 @@ pub use crate::exit::{
     print_error_json, CliError, EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE,
     EX_USAGE,
 };
-pub use setup::{init_tracing, lock_service};
+pub use setup::{init_tracing, lock_service, lock_service_by};

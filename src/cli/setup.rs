@@ -53,3 +53,24 @@ pub async fn lock_service(
         }
     }
 }
+
+/// [`lock_service`], with its ZooKeeper session connected by `limit` (`zkguard exec`, whose
+/// `--timeout` of `wait` covers connecting): past it, a connection loss naming the servers.
+pub async fn lock_service_by(
+    settings: &Settings,
+    limit: std::time::Instant,
+    wait: std::time::Duration,
+) -> Result<std::sync::Arc<dyn zkguard::LockService>, CliError> {
+    match tokio::time::timeout_at(limit.into(), lock_service(settings)).await {
+        Ok(service) => service,
+        Err(_) => Err(zkguard::LockError::ConnectionLoss {
+            context: format!("connecting to ZooKeeper at {}", settings.zookeeper.servers),
+            detail: format!(
+                "no session within the timeout ({}ms) and {}ms more; check zookeeper.servers and that ZooKeeper is running",
+                wait.as_millis(),
+                zkguard::zk::DEADLINE_OVERRUN.as_millis()
+            ),
+        }
+        .into()),
+    }
+}

@@ -28,6 +28,14 @@ use crate::lock::{
     LockType, Release,
 };
 
+/// How long an acquisition may run past its deadline: the time it has to give up in order
+/// (read what stands in the way, remove its queue node) once the deadline passed. Whatever the
+/// session is doing (disconnected, a request without an answer, a new session being connected),
+/// an acquisition returns by its deadline plus this; what it may have left on the server is
+/// removed by the session's reaper once ZooKeeper answers again (see `docs/zookeeper-lock.md`,
+/// "Deadlines").
+pub const DEADLINE_OVERRUN: Duration = Duration::from_secs(1);
+
 /// A lock on one monitor object, in the shape of the design's `ZkBlockingWriteLock`.
 ///
 /// ```no_run
@@ -80,13 +88,18 @@ impl ZkBlockingWriteLock {
     }
 
     /// Queues for the lock and waits until it is held or the timeout passes. A zero timeout
-    /// ([`Duration::ZERO`]) tries once, as [`ZkBlockingWriteLock::try_lock`].
+    /// ([`Duration::ZERO`]) tries once, as [`ZkBlockingWriteLock::try_lock`]. It returns by
+    /// the deadline plus [`DEADLINE_OVERRUN`], whatever ZooKeeper does.
     ///
     /// # Errors
     /// - [`LockError::Timeout`] (the design's `InstanceLockException`): not acquired in time;
     ///   the queue node was removed before this returns. The error names what stood in the way
     ///   when the wait ended (the holder, a stray mutex node or the contenders queued ahead).
-    /// - [`LockError::SessionExpired`], [`LockError::ConnectionLoss`]: ZooKeeper trouble.
+    /// - [`LockError::SessionExpired`], [`LockError::ConnectionLoss`]: ZooKeeper trouble. A
+    ///   session still disconnected at the deadline, or a ZooKeeper that has not answered by
+    ///   the deadline plus [`DEADLINE_OVERRUN`], is a connection loss; whatever the attempt may
+    ///   have made (a queue node, the mutex) is removed by the session once ZooKeeper answers
+    ///   again.
     ///
     /// # Cancellation safety
     /// Cancel-safe: dropping the future removes the queue node (and the mutex node, if it was
@@ -185,6 +198,10 @@ impl Handover {
     }
 }
 
+/// Acquires `request` by its deadline plus [`DEADLINE_OVERRUN`], whatever the session does: an
+/// acquisition still running then (a request without an answer, a session still connecting) is
+/// dropped, which hands what it may have made to the session's reaper ([`Contender`]'s drop),
+/// and fails with a connection loss.
 #[instrument(name = "zk_lock", skip_all, fields(monitor = %request.monitor, lock_type = %request.lock_type))]
 async fn acquire_with(
     session: &ZkSession,
@@ -192,12 +209,43 @@ async fn acquire_with(
     handover: &mut Handover,
 ) -> Result<LockGuard, LockError> {
     validate_monitor(&request.monitor)?;
-    let settings = session.settings();
     let timeout = request
         .timeout
-        .unwrap_or_else(|| settings.timeout(request.lock_type));
-    let try_once = timeout.is_zero();
+        .unwrap_or_else(|| session.settings().timeout(request.lock_type));
     let started = Instant::now();
+    let deadline = started + timeout;
+    let monitor = request.monitor.clone();
+    let acquisition = acquire_by(session, request, handover, started, timeout);
+    let Some(limit) = deadline.checked_add(DEADLINE_OVERRUN) else {
+        return acquisition.await;
+    };
+    match tokio::time::timeout_at(limit.into(), acquisition).await {
+        Ok(result) => result,
+        Err(_) => {
+            debug!("no answer from ZooKeeper by the deadline; the session's reaper removes what the attempt made");
+            Err(LockError::ConnectionLoss {
+                context: format!("acquiring the lock on `{monitor}`"),
+                detail: format!(
+                    "ZooKeeper did not answer within the timeout ({}ms) and {}ms more to give up; whatever the attempt made is removed once it answers again; check that ZooKeeper is running and reachable",
+                    timeout.as_millis(),
+                    DEADLINE_OVERRUN.as_millis()
+                ),
+            })
+        }
+    }
+}
+
+/// The acquisition of [`acquire_with`]: queue, wait, take, or give up `timeout` after
+/// `started`.
+async fn acquire_by(
+    session: &ZkSession,
+    request: LockRequest,
+    handover: &mut Handover,
+    started: Instant,
+    timeout: Duration,
+) -> Result<LockGuard, LockError> {
+    let settings = session.settings();
+    let try_once = timeout.is_zero();
     let deadline = started + timeout;
     let slot = session.slot().await?;
     let paths = Paths::new(
@@ -366,14 +414,9 @@ async fn acquire_with(
                     None => input,
                 }
             }
-            Action::AwaitConnected { until_deadline } => {
-                let limit = if until_deadline {
-                    deadline
-                } else {
-                    Instant::now() + Duration::from_secs(3600)
-                };
+            Action::AwaitConnected => {
                 debug!("connection loss; waiting to reconnect");
-                wait_connected(&slot, limit).await?;
+                wait_connected(&slot, deadline).await?;
                 Input::Connected
             }
             Action::Backoff => {

@@ -231,53 +231,132 @@ pub enum StrayOutcome {
     },
 }
 
+/// The name of the node `clear_stray` keeps in a monitor while it works (with a random
+/// suffix): not a queue node's name (no `-<digits>`), so contenders and listings ignore it.
+const CLEAR_STRAY_PIN: &str = "clearStray.";
+
+/// How many times [`clear_stray`] inspects again when the monitor changed under it.
+const CLEAR_STRAY_ROUNDS: usize = 5;
+
 /// Removes the `privateLock` of `monitor` if it is stray (see [`MonitorState::stray`]); never
-/// touches a live holder's mutex. The delete is conditional on the version inspected, after the
-/// node was read again and found to be the same node (same creation zxid).
+/// touches a live holder's mutex, even one that took the lock while the stray one was being
+/// inspected.
+///
+/// It first pins the monitor node with an ephemeral child of its own, so that the monitor is not
+/// deleted and created again meanwhile (the fast path does so with an empty monitor); reads the
+/// monitor's data version; then inspects the mutex and the queue. The delete is one multi that
+/// checks the monitor's data version read before the inspection, deletes the mutex of the
+/// version inspected and the pin: every take of the mutex sets the monitor's data in its own
+/// transaction, so a holder that took the lock since the inspection makes the multi fail (the
+/// mutex is then inspected again, and reported as the live holder's). A take by a session that
+/// may not write monitor nodes (see `docs/zookeeper-lock.md`, "ACLs of lock nodes") does not
+/// set it and is not seen.
 ///
 /// # Errors
-/// [`LockError::InvalidMonitor`]; connection and session errors.
+/// [`LockError::InvalidMonitor`]; connection and session errors; a backend error when the
+/// monitor kept changing under it.
 ///
 /// # Cancellation safety
-/// A dropped call may or may not have removed the stray node.
+/// A dropped call may or may not have removed the stray node; its pin goes with the session.
 #[tracing::instrument(name = "zk_clear_stray", skip(session))]
 pub async fn clear_stray(session: &ZkSession, monitor: &str) -> Result<StrayOutcome, LockError> {
     crate::lock::validate_monitor(monitor)?;
     let slot = session.slot().await?;
     let client = &slot.client;
     let path = format!("{}/{monitor}", session.settings().lock_root);
-    let mutex_path = format!("{path}/{MUTEX_NODE}");
-    let view = read_monitor(client, &path)
-        .await
-        .map_err(|e| map_zk(e, "reading the lock"))?;
-    let Some(view) = view else {
-        return Ok(StrayOutcome::NoMutex);
-    };
-    let stat = match &view.mutex {
-        MutexView::Free => return Ok(StrayOutcome::NoMutex),
-        MutexView::Held { data, .. } => {
-            return Ok(StrayOutcome::LiveHolder {
-                owner: data.as_ref().map(|d| d.owner.clone()),
-                node: view.holder().map(|h| h.node.name.clone()),
-            })
+    let pin = format!("{path}/{CLEAR_STRAY_PIN}{}", uuid::Uuid::new_v4().simple());
+    let acl = super::acl::acl_list(&session.settings().acl);
+    let options =
+        zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::new(&acl));
+    match client.create(&pin, &[], &options).await {
+        Ok(_) => {}
+        // No monitor node: no mutex either.
+        Err(ZkError::NoNode) => return Ok(StrayOutcome::NoMutex),
+        Err(e) => {
+            return Err(map_zk(
+                e,
+                "pinning the monitor node to clear its stray mutex",
+            ))
         }
-        MutexView::Stray { stat } => *stat,
-    };
-    match client.delete(&mutex_path, Some(stat.version)).await {
-        Ok(()) => {
-            let session =
-                (stat.ephemeral_owner != 0).then(|| format!("{:#x}", stat.ephemeral_owner));
-            tracing::warn!(path = %mutex_path, ?session, "removed a stray mutex node");
-            Ok(StrayOutcome::Removed { session })
-        }
-        // Changed since it was inspected: whatever is there now was not inspected.
-        Err(ZkError::NoNode) => Ok(StrayOutcome::NoMutex),
-        Err(ZkError::BadVersion) => Err(LockError::Backend {
-            context: format!("clearing the stray mutex of `{monitor}`"),
-            detail: "the node changed while it was inspected; run the command again".into(),
-        }),
-        Err(e) => Err(map_zk(e, "removing the stray mutex")),
     }
+    let outcome = clear_pinned(client, &path, &pin, monitor).await;
+    if !matches!(outcome, Ok(StrayOutcome::Removed { .. })) {
+        // The multi that removes the stray mutex takes the pin with it; otherwise it goes here
+        // (or with the session).
+        let _ = client.delete(&pin, None).await;
+    }
+    outcome
+}
+
+/// [`clear_stray`] once the monitor at `path` is pinned by the node `pin`.
+async fn clear_pinned(
+    client: &Client,
+    path: &str,
+    pin: &str,
+    monitor: &str,
+) -> Result<StrayOutcome, LockError> {
+    let mutex_path = format!("{path}/{MUTEX_NODE}");
+    for _ in 0..CLEAR_STRAY_ROUNDS {
+        // Before the inspection: a take after this read changes it.
+        let Some(monitor_stat) = client
+            .check_stat(path)
+            .await
+            .map_err(|e| map_zk(e, "reading the monitor node"))?
+        else {
+            return Ok(StrayOutcome::NoMutex);
+        };
+        let view = read_monitor(client, path)
+            .await
+            .map_err(|e| map_zk(e, "reading the lock"))?;
+        let Some(view) = view else {
+            return Ok(StrayOutcome::NoMutex);
+        };
+        let stat = match &view.mutex {
+            MutexView::Free => return Ok(StrayOutcome::NoMutex),
+            MutexView::Held { data, .. } => {
+                return Ok(StrayOutcome::LiveHolder {
+                    owner: data.as_ref().map(|d| d.owner.clone()),
+                    node: view.holder().map(|h| h.node.name.clone()),
+                })
+            }
+            MutexView::Stray { stat } => *stat,
+        };
+        let mut multi = client.new_multi_writer();
+        let added = multi
+            .add_check_version(path, monitor_stat.version)
+            .and_then(|()| multi.add_delete(&mutex_path, Some(stat.version)))
+            .and_then(|()| multi.add_delete(pin, None));
+        added.map_err(|e| map_zk(e, "removing the stray mutex"))?;
+        match multi.commit().await {
+            Ok(_) => {
+                let session =
+                    (stat.ephemeral_owner != 0).then(|| format!("{:#x}", stat.ephemeral_owner));
+                tracing::warn!(path = %mutex_path, ?session, "removed a stray mutex node");
+                return Ok(StrayOutcome::Removed { session });
+            }
+            // Gone since it was inspected: whatever is there now was not inspected.
+            Err(zookeeper_client::MultiWriteError::OperationFailed {
+                index: 1,
+                source: ZkError::NoNode,
+            }) => return Ok(StrayOutcome::NoMutex),
+            // Taken since the inspection (the monitor's version moved), or the mutex changed:
+            // inspect again.
+            Err(zookeeper_client::MultiWriteError::OperationFailed {
+                index: 0 | 1,
+                source: ZkError::BadVersion,
+            }) => tracing::debug!("the lock changed while it was inspected; inspecting again"),
+            Err(zookeeper_client::MultiWriteError::OperationFailed { source, .. })
+            | Err(zookeeper_client::MultiWriteError::RequestFailed { source }) => {
+                return Err(map_zk(source, "removing the stray mutex"))
+            }
+        }
+    }
+    Err(LockError::Backend {
+        context: format!("clearing the stray mutex of `{monitor}`"),
+        detail: format!(
+            "the lock changed each of the {CLEAR_STRAY_ROUNDS} times it was inspected; run the command again"
+        ),
+    })
 }
 
 fn age(ctime_ms: i64) -> u64 {

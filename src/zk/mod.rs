@@ -39,7 +39,7 @@ mod successor;
 mod tls;
 mod token;
 
-pub use acquire::{ZkBlockingWriteLock, ZkLockService};
+pub use acquire::{ZkBlockingWriteLock, ZkLockService, DEADLINE_OVERRUN};
 pub use guard::{LockGuard, MUTEX_WATCH_AFTER};
 pub use inspect::{
     clear_stray, list_locks, list_locks_page, watch_monitor, Contender, LocksPage, MonitorState,

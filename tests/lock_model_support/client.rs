@@ -85,16 +85,16 @@ impl LockModel {
                     return;
                 }
                 Action::AwaitWatch => Input::Ended,
-                Action::AwaitConnected { .. } if w.clients[c].connected => Input::Connected,
+                Action::AwaitConnected if w.clients[c].connected => Input::Connected,
                 Action::Backoff if w.clients[c].connected || !w.clients[c].alive => Input::Woke,
-                Action::AwaitConnected { .. } if !w.clients[c].alive => {
+                Action::AwaitConnected if !w.clients[c].alive => {
                     // The driver's wait ends with the session: the acquisition fails; its
                     // nodes went with the session.
                     w.clients[c].acq = None;
                     self.end_acquisition(w, c);
                     return;
                 }
-                Action::AwaitConnected { .. } => {
+                Action::AwaitConnected => {
                     self.set_wait(w, c, who, Wait::Connect);
                     return;
                 }

@@ -357,3 +357,39 @@ async fn a_requeueing_release_cut_after_the_server_applied_it_leaves_no_ghost() 
     })
     .await;
 }
+
+/// With ZooKeeper stopped, an acquisition ends by its deadline plus
+/// [`zkguard::zk::DEADLINE_OVERRUN`] with a connection error. Its requests wait in the
+/// disconnected session, which the client keeps trying to reconnect for 7/5 of the session
+/// timeout: the acquisition does not wait for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_zookeeper_stopped_an_acquisition_ends_by_its_deadline() {
+    init_tracing();
+    let zk = zk_server();
+    let mut settings = zk_settings(&zk.connect_string(), "stopped");
+    settings.session_timeout = Duration::from_secs(10);
+    let s = session(&settings).await;
+    zk.stop();
+    eventually(
+        Duration::from_secs(10),
+        "the session sees the server gone",
+        || async { !s.is_connected() },
+    )
+    .await;
+    let timeout = Duration::from_secs(1);
+    let lock = ZkBlockingWriteLock::new("w", &s, "D1")
+        .unwrap()
+        .with_timeout(timeout);
+    let started = std::time::Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(60), lock.lock_with_timeout())
+        .await
+        .expect("the acquisition ends");
+    let waited = started.elapsed();
+    let err = result.expect_err("nothing to acquire with ZooKeeper stopped");
+    assert!(matches!(err, LockError::ConnectionLoss { .. }), "{err}");
+    let bound = timeout + zkguard::zk::DEADLINE_OVERRUN;
+    assert!(
+        waited < bound + Duration::from_secs(1),
+        "ended after {waited:?}, past the deadline and its overrun ({bound:?}): {err}"
+    );
+}

@@ -315,3 +315,72 @@ async fn an_acl_without_write_permission_still_hands_the_lock_over() {
         g2.unlock().await.unwrap();
     }
 }
+
+/// A live holder that takes the mutex between `clear_stray`'s inspection of a stray one and its
+/// delete keeps it. The stray node goes and the holder takes the lock while the answer to the
+/// inspection's last read (the mutex read again, found to be the same node) is held; the delete
+/// that follows would find a `privateLock` of version 0 as the stray one was. Every take sets
+/// the monitor's data: the delete is one multi that checks the monitor's version read before
+/// the inspection, and the clear reports the live holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_takes_the_mutex_while_a_stray_one_is_cleared_keeps_it() {
+    init_tracing();
+    let zk = shared();
+    let servers = zk.connect_string();
+    let proxy = ZkProxy::start(&servers);
+    let settings = zk_settings(&servers, "stray-race");
+    let mut via_proxy = settings.clone();
+    via_proxy.servers = proxy.connect_string();
+    // Long enough that the client does not give up on the held answers.
+    via_proxy.session_timeout = Duration::from_secs(40);
+    let monitor = format!("{}/R1", settings.lock_root);
+    let mutex = format!("{monitor}/privateLock");
+    let admin = zookeeper_client::Client::connect(&servers).await.unwrap();
+    create_path(&admin, &monitor).await;
+    admin
+        .create(
+            &mutex,
+            b"{}",
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+
+    let clearer = session(&via_proxy).await;
+    // The inspection reads the mutex, the queue, and the mutex again: the answer to the second
+    // read of the mutex (and all after it) is held.
+    proxy.hold_after_skipping(common::proxy::OP_GET_DATA, 1);
+    let clearing = tokio::spawn(async move { clear_stray(&clearer, "R1").await });
+    eventually(
+        Duration::from_secs(10),
+        "the inspection's last read answered and held",
+        || async { proxy.holds() == 1 },
+    )
+    .await;
+    // Meanwhile the stray node goes and a live holder takes the lock.
+    admin.delete(&mutex, None).await.unwrap();
+    let hs = session(&settings).await;
+    let holder = ZkBlockingWriteLock::new("holder", &hs, "R1")
+        .unwrap()
+        .with_timeout(Duration::from_secs(10))
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    proxy.release_held();
+    let outcome = clearing.await.unwrap().unwrap();
+    assert!(
+        matches!(outcome, StrayOutcome::LiveHolder { .. }),
+        "a holder that took the lock since the inspection is live: {outcome:?}"
+    );
+    let (_, stat) = admin
+        .get_data(&mutex)
+        .await
+        .expect("the live holder's mutex is still there");
+    assert_eq!(Some(stat.ephemeral_owner), hs.session_id());
+    assert!(holder.is_held());
+    holder.unlock().await.unwrap();
+    assert!(
+        children(&servers, &monitor).await.is_empty(),
+        "nothing left"
+    );
+}

@@ -198,6 +198,11 @@ impl Removal {
         self
     }
 
+    /// What it deletes: the queue node (its name), and whether the mutex.
+    pub fn targets(&self) -> (Option<&str>, bool) {
+        (self.node.as_deref(), self.mutex)
+    }
+
     /// The outcome, once [`Action::Done`] was returned.
     pub fn outcome(&self) -> Option<&Result<(), Code>> {
         self.outcome.as_ref()

@@ -242,12 +242,10 @@ pub enum Action {
     /// ([`Input::Woke`]: the deadline, or a starving background waiter's promotion) or for the
     /// session to end ([`Input::Ended`]).
     AwaitWatch,
-    /// Wait until connected ([`Input::Connected`]); `until_deadline`: give up with a
-    /// connection loss at the deadline, else wait as long as the session lives.
-    AwaitConnected {
-        /// Whether the deadline ends the wait.
-        until_deadline: bool,
-    },
+    /// Wait until connected ([`Input::Connected`]); the driver gives up with a connection loss
+    /// at the deadline (the core's nodes, and what a request in doubt may have made, go to the
+    /// session's reaper).
+    AwaitConnected,
     /// Wait a little (a retry after a connection loss), then [`Input::Woke`].
     Backoff,
     /// Find out what stands in the way (for the timeout's error), then [`Input::Described`].

@@ -66,9 +66,7 @@ impl Acquisition {
             // queue changed. The queue says who is ahead (a watch left on the node is
             // replaced by the next one, or fires unheard).
             Reply::Data(Ok(_) | Err(Code::NoNode)) => self.step(Step::Wait(Queue::default())),
-            Reply::Data(Err(code)) if code.is_lost() => {
-                self.await_connected(St::LookAgainConnect, true)
-            }
+            Reply::Data(Err(code)) if code.is_lost() => self.await_connected(St::LookAgainConnect),
             other => self.fail(code_of(other), "watching the node ahead"),
         }
     }

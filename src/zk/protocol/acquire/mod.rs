@@ -302,6 +302,17 @@ impl Acquisition {
 
     /// What the session's reaper must remove if the acquisition goes away now.
     pub fn leftovers(&self) -> Option<Leftovers> {
+        if let St::GivingUp { removal } = &self.st {
+            // Giving up: what the removal under way deletes is the acquisition's until it is
+            // done (an acquisition abandoned at its deadline's overrun may be here).
+            let (node, mutex) = removal.targets();
+            return (node.is_some() || mutex).then(|| Leftovers {
+                node: node.map(str::to_string),
+                holds_mutex: mutex,
+                search: None,
+                attempt: self.attempt.clone(),
+            });
+        }
         (self.armed && (self.node.is_some() || self.holds_mutex || self.in_flight)).then(|| {
             Leftovers {
                 node: self.node.clone(),
@@ -346,7 +357,7 @@ impl Acquisition {
                 }
                 Reply::Children(Err(Code::NoNode)) => self.on_queue(Queue::default()),
                 Reply::Children(Err(code)) if code.is_lost() => {
-                    self.await_connected(St::ReadConnect, true)
+                    self.await_connected(St::ReadConnect)
                 }
                 other => self.fail(code_of(other), "reading the queue"),
             },
@@ -363,7 +374,7 @@ impl Acquisition {
                 }
                 Reply::Data(Err(Code::NoNode)) => self.step(Step::Wait(Queue::default())),
                 Reply::Data(Err(code)) if code.is_lost() => {
-                    self.await_connected(St::LookAgainConnect, true)
+                    self.await_connected(St::LookAgainConnect)
                 }
                 other => self.fail(code_of(other), "watching the node ahead"),
             },
@@ -403,7 +414,7 @@ impl Acquisition {
                     self.take(verify)
                 }
                 Reply::Data(Err(code)) if code.is_lost() => {
-                    self.await_connected(St::LookAgainConnect, true)
+                    self.await_connected(St::LookAgainConnect)
                 }
                 other => self.fail(code_of(other), "watching the mutex node"),
             },
@@ -492,9 +503,9 @@ impl Acquisition {
         self.finish(Outcome::Failed { code, context })
     }
 
-    fn await_connected(&mut self, next: St, until_deadline: bool) -> Action {
+    fn await_connected(&mut self, next: St) -> Action {
         self.st = next;
-        Action::AwaitConnected { until_deadline }
+        Action::AwaitConnected
     }
 
     fn send_carried(&mut self, st: St, requests: Vec<Request>, carry: bool) -> Action {

@@ -263,7 +263,7 @@ impl Acquisition {
                     Mode2::Again => match code {
                         Code::NoNode => self.ensure(Mode2::Again),
                         code if code.is_lost() => {
-                            self.await_connected(St::RecConnect(Mode2::Again), true)
+                            self.await_connected(St::RecConnect(Mode2::Again))
                         }
                         code => self.fail(code, "queueing for the lock again"),
                     },
@@ -323,7 +323,7 @@ impl Acquisition {
     pub(super) fn queue_error(&mut self, code: Code) -> Action {
         match code {
             Code::NoNode => self.ensure(Mode2::First),
-            code if code.is_lost() => self.await_connected(St::RecConnect(Mode2::First), true),
+            code if code.is_lost() => self.await_connected(St::RecConnect(Mode2::First)),
             code => self.fail(code, "queueing for the lock"),
         }
     }

@@ -113,7 +113,7 @@ impl Acquisition {
         context: &'static str,
     ) -> Action {
         if mode == Mode2::First && code.is_lost() {
-            return self.await_connected(St::RecConnect(mode), true);
+            return self.await_connected(St::RecConnect(mode));
         }
         self.fail(code, context)
     }

@@ -165,8 +165,10 @@ impl Acquisition {
                 Some(_) => self.step(Step::Wait(Queue::default())),
             },
             Err(code) if code.is_lost() => {
-                // Did our create happen? Read the mutex and compare the attempt id.
-                self.await_connected(St::TakeConnect, false)
+                // Did our create happen? Read the mutex and compare the attempt id once
+                // connected. Still disconnected at the deadline, the acquisition gives up with
+                // the take in doubt (`in_flight`): the reaper searches for it by attempt id.
+                self.await_connected(St::TakeConnect)
             }
             Err(code) => self.fail(code, "taking the mutex"),
         }
