@@ -24,8 +24,8 @@ use super::session::{Slot, ZkSession};
 use super::successor::Waiter;
 use crate::config::ZkAcl;
 use crate::lock::{
-    release_then_acquire, validate_monitor, Blocker, Guard, LockError, LockRequest, LockService,
-    LockType, Release,
+    release_then_acquire, validate_info, validate_monitor, Blocker, Guard, LockError, LockRequest,
+    LockService, LockType, Release,
 };
 
 /// A lock on one monitor object, in the shape of the design's `ZkBlockingWriteLock`.
@@ -53,7 +53,8 @@ impl ZkBlockingWriteLock {
     ///
     /// # Errors
     /// [`LockError::InvalidMonitor`] when the name cannot be a znode (see
-    /// [`crate::lock::validate_monitor`]).
+    /// [`crate::lock::validate_monitor`]); [`LockError::InfoTooLong`] when `lock_info` is longer
+    /// than [`crate::lock::MAX_INFO_LEN`].
     pub fn new(
         lock_info: impl Into<String>,
         zk: &ZkSession,
@@ -61,6 +62,7 @@ impl ZkBlockingWriteLock {
     ) -> Result<Self, LockError> {
         let request = LockRequest::new(monitor_object, lock_info);
         validate_monitor(&request.monitor)?;
+        validate_info(&request.info)?;
         Ok(Self {
             session: zk.clone(),
             request,
@@ -87,6 +89,8 @@ impl ZkBlockingWriteLock {
     ///   the queue node was removed before this returns. The error names what stood in the way
     ///   when the wait ended (the holder, a stray mutex node or the contenders queued ahead).
     /// - [`LockError::SessionExpired`], [`LockError::ConnectionLoss`]: ZooKeeper trouble.
+    /// - [`LockError::Backend`] when its requests could not fit `zookeeper.max.request.bytes`
+    ///   (nothing is sent then).
     ///
     /// # Cancellation safety
     /// Cancel-safe: dropping the future removes the queue node (and the mutex node, if it was
@@ -192,6 +196,7 @@ async fn acquire_with(
     handover: &mut Handover,
 ) -> Result<LockGuard, LockError> {
     validate_monitor(&request.monitor)?;
+    validate_info(&request.info)?;
     let settings = session.settings();
     let timeout = request
         .timeout
@@ -226,6 +231,10 @@ async fn acquire_with(
         node: None,
         promoted: false,
     };
+    // Each request fits `zookeeper.max.request.bytes`, or none is sent.
+    let data_len = super::node::encode(&data).len();
+    slot.limit
+        .check_acquisition(&settings.lock_root, paths.acl(), data_len)?;
     let promote_at = match (request.lock_type, settings.background_max_wait) {
         (LockType::Background, Some(wait)) => Some(started + wait),
         _ => None,
