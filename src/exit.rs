@@ -155,7 +155,7 @@ impl From<LockError> for CliError {
     fn from(e: LockError) -> Self {
         let code = match &e {
             LockError::Timeout { .. } => EX_TEMPFAIL,
-            LockError::InvalidMonitor { .. } => EX_USAGE,
+            LockError::InvalidMonitor { .. } | LockError::InfoTooLong { .. } => EX_USAGE,
             LockError::MissingChroot { .. } | LockError::LockRootAcl { .. } => EX_CONFIG,
             _ => EX_UNAVAILABLE,
         };

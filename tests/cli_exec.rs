@@ -113,6 +113,23 @@ fn bad_usage_bad_monitor_bad_config() {
         "{}",
         stderr(&o)
     );
+    // A lock info over 1024 bytes: usage error naming the option and the limit; 1024 is taken.
+    let long = "i".repeat(1025);
+    let o = zkguard(&zk.connect_string(), &r)
+        .args(["exec", "--monitor", "m", "--info", &long, "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("--info") && err.contains("1025 bytes") && err.contains("1024"),
+        "{err}"
+    );
+    let o = zkguard(&zk.connect_string(), &r)
+        .args(["exec", "--monitor", "m", "--info", &long[1..], "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     // A wrong value in the properties file names key, value and file.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.properties");

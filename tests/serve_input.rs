@@ -1,5 +1,6 @@
 //! Input `zkguard serve` refuses up front with a clear 400, on the foreground and the background
-//! path alike: ids Elasticsearch cannot address (`.`, `..`), and a query parameter given twice.
+//! path alike: ids Elasticsearch cannot address (`.`, `..`), and a query parameter given twice;
+//! an explicit lock's info longer than 1 KiB.
 
 mod common;
 mod serve_support;
@@ -77,6 +78,49 @@ async fn dot_ids_and_repeated_parameters_are_refused_on_both_paths() {
     )
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "nothing was written");
+}
+
+/// An explicit lock's `info` is at most 1024 bytes, on both forms of `POST /v1/locks`: longer
+/// is refused with 400 `bad_parameter` naming the limit, and nothing is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_info_over_1_kib_is_refused() {
+    let env = Env::new(&shared_zk().connect_string(), "input-info");
+    let s = env.start("input-info");
+    let c = client();
+    let long = "i".repeat(1025);
+    for route in [
+        "/v1/locks/info-m".to_string(),
+        format!("/v1/locks?index=info-{}&id=1", uuid_tag()),
+    ] {
+        let sep = if route.contains('?') { '&' } else { '?' };
+        let url = s.url(&format!("{route}{sep}ttl=30s&info={long}"));
+        let (status, v) = call(&c, Method::POST, &url, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{route}: {v}");
+        assert_eq!(v["error"], "bad_parameter", "{v}");
+        let message = v["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("info: ")
+                && message.contains("1025 bytes")
+                && message.contains("1024"),
+            "{v}"
+        );
+        // 1024 bytes are taken.
+        let url = s.url(&format!("{route}{sep}ttl=30s&info={}", &long[1..]));
+        let (status, lock) = call(&c, Method::POST, &url, None).await;
+        assert_eq!(status, StatusCode::OK, "{route}: {lock}");
+        let monitor: String =
+            url::form_urlencoded::byte_serialize(lock["monitor"].as_str().unwrap().as_bytes())
+                .collect();
+        let url = s.url(&format!(
+            "/v1/locks/{monitor}/{}",
+            lock["lock_id"].as_str().unwrap()
+        ));
+        let (status, v) = call(&c, Method::DELETE, &url, None).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+    }
+    let (status, v) = call(&c, Method::GET, &s.url("/v1/locks"), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert!(!v.to_string().contains("iiii"), "no lock is held: {v}");
 }
 
 /// zkguard's own indices (transactions, dead letters, the lease lock) and system indices (a

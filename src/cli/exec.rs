@@ -43,7 +43,7 @@ pub struct ExecArgs {
     /// from the configuration of the lock type.
     #[arg(long, value_name = "DURATION", value_parser = parse_cli_duration)]
     pub timeout: Option<Duration>,
-    /// Short description of the work, stored in the lock nodes.
+    /// Short description of the work, stored in the lock nodes (at most 1024 bytes).
     #[arg(long, value_name = "TEXT", default_value = "zkguard exec")]
     pub info: String,
     /// How long CMD gets to exit after SIGTERM (lock lost or zkguard interrupted) before SIGKILL.
@@ -72,6 +72,8 @@ pub fn parse_cli_duration(s: &str) -> Result<Duration, String> {
 /// and the main thread ends only with the process.
 pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
     zkguard::lock::validate_monitor(&args.monitor).map_err(|e| CliError::new(EX_USAGE, e))?;
+    zkguard::lock::validate_info(&args.info)
+        .map_err(|e| CliError::new(EX_USAGE, format!("--info: {e}")))?;
     // The timeout covers connecting too: with ZooKeeper down, exec fails by the timeout plus
     // `DEADLINE_OVERRUN`, as an acquisition does.
     let started = std::time::Instant::now();

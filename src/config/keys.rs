@@ -42,6 +42,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("zookeeper.tls.cert", "", "PEM client certificate chain, for servers that require client certificates (with zookeeper.tls.key)"),
     ("zookeeper.tls.key", "", "PEM private key of zookeeper.tls.cert"),
     ("zookeeper.acl", "", "ACL of every node zkguard creates: open, creator or scheme:id:perms,...; empty = creator when authenticated, open otherwise"),
+    ("zookeeper.max.request.bytes", "524288", "largest request zkguard sends to ZooKeeper (bytes, at least 16384): multis of many acquisitions or releases are cut to fit; keep it well under the servers' jute.maxbuffer (1 MiB by default), which closes the connection of a larger request"),
     ("elastic.request.retry.count", "3", "attempts of a background operation before it is parked as a dead letter"),
     ("elastic.retry.backoff.initial", "100", "first retry delay of a background operation (ms); doubles each attempt, with jitter"),
     ("elastic.retry.backoff.max", "5000", "largest retry delay (ms)"),

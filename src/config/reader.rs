@@ -59,6 +59,15 @@ impl Reader<'_> {
         }
     }
 
+    /// A number of bytes, at least `min`.
+    pub(super) fn bytes_min(&self, key: &str, min: usize) -> Result<usize, ConfigError> {
+        let (v, _) = self.get(key);
+        match v.trim().parse::<usize>() {
+            Ok(n) if n >= min => Ok(n),
+            _ => Err(self.err(key, format!("a number of bytes of at least {min}"))),
+        }
+    }
+
     pub(super) fn duration(&self, key: &str) -> Result<Duration, ConfigError> {
         let (v, _) = self.get(key);
         let d = parse_duration(v).ok_or_else(|| {

@@ -66,6 +66,11 @@ pub struct ZkSettings {
     pub acl: ZkAcl,
     /// TLS to the servers (`None`: plain TCP).
     pub tls: Option<ZkTls>,
+    /// The largest request zkguard sends to ZooKeeper, in bytes (`zookeeper.max.request.bytes`):
+    /// the multis that carry many acquisitions' fast paths or many releases are cut to fit, and
+    /// an acquisition whose own requests could not fit is refused. Keep it under the servers'
+    /// `jute.maxbuffer`, beyond which ZooKeeper closes the connection.
+    pub max_request_bytes: usize,
 }
 
 impl ZkSettings {

@@ -13,6 +13,9 @@ use super::settings::{
 };
 use super::{gateway, grace, stamp, state, ConfigError};
 
+/// The smallest `zookeeper.max.request.bytes`: an acquisition with the longest lock info fits in it.
+pub(crate) const MIN_REQUEST_BYTES: usize = 16 * 1024;
+
 impl Settings {
     pub(super) fn from_raw(
         raw: &HashMap<String, (String, String)>,
@@ -39,6 +42,7 @@ impl Settings {
             acl: r.zk_acl(auth.is_some())?,
             auth,
             tls: r.zk_tls()?,
+            max_request_bytes: r.bytes_min("zookeeper.max.request.bytes", MIN_REQUEST_BYTES)?,
         };
         if let Some(grace) = zookeeper.loss_grace {
             let timeout = zookeeper.session_timeout;

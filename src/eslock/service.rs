@@ -16,7 +16,7 @@ use super::record::{EsLockStatus, LockRecord, LockState, WaiterRecord, KIND_LOCK
 use super::state::{es_error, host_name, Config, Inner};
 use crate::config::Settings;
 use crate::es::{DocStore, EsError};
-use crate::lock::{validate_monitor, Guard, LockError, LockRequest, LockService};
+use crate::lock::{validate_info, validate_monitor, Guard, LockError, LockRequest, LockService};
 
 /// The longest explicit owner id, in bytes.
 pub const MAX_OWNER_LEN: usize = 256;
@@ -279,7 +279,8 @@ impl EsLockService {
     /// timeout tries once, see [`EsLockService::try_lock`]).
     ///
     /// # Errors
-    /// [`LockError::InvalidMonitor`] for a bad name; [`LockError::Timeout`] when another holder
+    /// [`LockError::InvalidMonitor`] for a bad name, [`LockError::InfoTooLong`] for a lock info
+    /// over [`crate::lock::MAX_INFO_LEN`]; [`LockError::Timeout`] when another holder
     /// kept the lock (or, for a background request, foreground waiters kept coming) until the
     /// timeout; [`LockError::ConnectionLoss`] when Elasticsearch was unreachable at the end of
     /// the wait; [`LockError::Backend`] when the lock index holds foreign documents or rejects
@@ -341,6 +342,7 @@ impl EsLockService {
         explicit_owner: bool,
     ) -> Result<EsLockGuard, LockError> {
         validate_monitor(&request.monitor)?;
+        validate_info(&request.info)?;
         let timeout = request
             .timeout
             .unwrap_or_else(|| self.inner.cfg.timeout(request.lock_type));

@@ -273,6 +273,14 @@ pub enum LockError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The lock info is longer than [`MAX_INFO_LEN`] (see [`validate_info`]).
+    #[error("lock info of {len} bytes is too long: the limit is {limit} bytes (UTF-8), since it is stored in the lock's nodes; shorten it to a short description of the work, e.g. \"Save Content\"")]
+    InfoTooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit, [`MAX_INFO_LEN`].
+        limit: usize,
+    },
     /// `must_release` found nothing held.
     #[error("release of `{monitor}`: nothing was held by this owner")]
     NotHeld {
@@ -346,6 +354,27 @@ impl LockError {
     }
 }
 
+/// The longest lock info ([`LockRequest::info`]), in bytes of UTF-8.
+///
+/// The info is stored in the lock's nodes: on ZooKeeper in the queue node and in the mutex node
+/// of every acquisition, which go to the servers together with up to hundreds of other
+/// acquisitions in one multi (a request that ZooKeeper refuses beyond its `jute.maxbuffer`).
+pub const MAX_INFO_LEN: usize = 1024;
+
+/// Checks a lock info: at most [`MAX_INFO_LEN`] bytes.
+///
+/// # Errors
+/// [`LockError::InfoTooLong`] naming its length and the limit.
+pub fn validate_info(info: &str) -> Result<(), LockError> {
+    if info.len() > MAX_INFO_LEN {
+        return Err(LockError::InfoTooLong {
+            len: info.len(),
+            limit: MAX_INFO_LEN,
+        });
+    }
+    Ok(())
+}
+
 /// What to lock: a monitor object, a lock type, descriptive info and an optional timeout override.
 ///
 /// # Examples
@@ -369,7 +398,8 @@ pub struct LockRequest {
     pub monitor: String,
     /// Foreground or background.
     pub lock_type: LockType,
-    /// Short description of the work ("Save Content").
+    /// Short description of the work ("Save Content"), at most [`MAX_INFO_LEN`] bytes: a longer
+    /// one is refused when the lock is asked for ([`LockError::InfoTooLong`]).
     pub info: String,
     /// Overrides the lock type's configured timeout; zero means try once.
     pub timeout: Option<Duration>,

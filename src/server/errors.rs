@@ -89,9 +89,8 @@ pub fn from_guarded(e: GuardedError) -> ApiError {
         GuardedError::Lock(LockError::Timeout { .. }) => {
             ApiError::new(StatusCode::LOCKED, "lock_timeout", message).retry_after(1)
         }
-        GuardedError::Lock(LockError::InvalidMonitor { .. }) | GuardedError::Invalid(_) => {
-            ApiError::bad("invalid_operation", message)
-        }
+        GuardedError::Lock(LockError::InvalidMonitor { .. } | LockError::InfoTooLong { .. })
+        | GuardedError::Invalid(_) => ApiError::bad("invalid_operation", message),
         GuardedError::Lock(_) => ApiError::unavailable("lock_unavailable", message),
         GuardedError::LockLost { .. } => ApiError::unavailable("lock_lost", message),
         GuardedError::Fenced { .. } => ApiError::new(StatusCode::CONFLICT, "fenced", message),

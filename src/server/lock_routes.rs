@@ -86,7 +86,11 @@ fn parse_lock_params(
                 }
                 p.ttl = Some(t)
             }
-            "info" => p.info = Some(value.into_owned()),
+            "info" => {
+                zkguard::lock::validate_info(&value)
+                    .map_err(|e| ApiError::bad("bad_parameter", format!("info: {e}")))?;
+                p.info = Some(value.into_owned())
+            }
             "index" => p.index = Some(value.into_owned()),
             "id" => p.id = Some(value.into_owned()),
             _ => unreachable!("every known parameter is handled"),

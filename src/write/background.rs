@@ -525,7 +525,7 @@ fn never_applicable(e: &GuardedError) -> bool {
         e,
         GuardedError::Invalid(_)
             | GuardedError::WrongGuard { .. }
-            | GuardedError::Lock(LockError::InvalidMonitor { .. })
+            | GuardedError::Lock(LockError::InvalidMonitor { .. } | LockError::InfoTooLong { .. })
     )
 }
 

@@ -156,7 +156,9 @@ impl GuardedError {
         match self {
             Self::Invalid(_) => "invalid",
             Self::Lock(LockError::Timeout { .. }) => "lock_timeout",
-            Self::Lock(LockError::InvalidMonitor { .. }) => "invalid",
+            Self::Lock(LockError::InvalidMonitor { .. } | LockError::InfoTooLong { .. }) => {
+                "invalid"
+            }
             Self::Lock(_) => "lock_unavailable",
             Self::LockLost { .. } => "lock_lost",
             Self::Fenced { .. } => "fenced",

@@ -24,8 +24,8 @@ use super::session::{Slot, ZkSession};
 use super::successor::Waiter;
 use crate::config::ZkAcl;
 use crate::lock::{
-    release_then_acquire, validate_monitor, Blocker, Guard, LockError, LockRequest, LockService,
-    LockType, Release,
+    release_then_acquire, validate_info, validate_monitor, Blocker, Guard, LockError, LockRequest,
+    LockService, LockType, Release,
 };
 
 /// How long an acquisition may run past its deadline: the time it has to give up in order
@@ -61,7 +61,8 @@ impl ZkBlockingWriteLock {
     ///
     /// # Errors
     /// [`LockError::InvalidMonitor`] when the name cannot be a znode (see
-    /// [`crate::lock::validate_monitor`]).
+    /// [`crate::lock::validate_monitor`]); [`LockError::InfoTooLong`] when `lock_info` is longer
+    /// than [`crate::lock::MAX_INFO_LEN`].
     pub fn new(
         lock_info: impl Into<String>,
         zk: &ZkSession,
@@ -69,6 +70,7 @@ impl ZkBlockingWriteLock {
     ) -> Result<Self, LockError> {
         let request = LockRequest::new(monitor_object, lock_info);
         validate_monitor(&request.monitor)?;
+        validate_info(&request.info)?;
         Ok(Self {
             session: zk.clone(),
             request,
@@ -100,6 +102,8 @@ impl ZkBlockingWriteLock {
     ///   the deadline plus [`DEADLINE_OVERRUN`], is a connection loss; whatever the attempt may
     ///   have made (a queue node, the mutex) is removed by the session once ZooKeeper answers
     ///   again.
+    /// - [`LockError::Backend`] when its requests could not fit `zookeeper.max.request.bytes`
+    ///   (nothing is sent then).
     ///
     /// # Cancellation safety
     /// Cancel-safe: dropping the future removes the queue node (and the mutex node, if it was
@@ -209,6 +213,7 @@ async fn acquire_with(
     handover: &mut Handover,
 ) -> Result<LockGuard, LockError> {
     validate_monitor(&request.monitor)?;
+    validate_info(&request.info)?;
     let timeout = request
         .timeout
         .unwrap_or_else(|| session.settings().timeout(request.lock_type));
@@ -274,6 +279,10 @@ async fn acquire_by(
         node: None,
         promoted: false,
     };
+    // Each request fits `zookeeper.max.request.bytes`, or none is sent.
+    let data_len = super::node::encode(&data).len();
+    slot.limit
+        .check_acquisition(&settings.lock_root, paths.acl(), data_len)?;
     let promote_at = match (request.lock_type, settings.background_max_wait) {
         (LockType::Background, Some(wait)) => Some(started + wait),
         _ => None,

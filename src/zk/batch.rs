@@ -28,6 +28,11 @@
 //! acquisitions of one monitor never share a multi (the second would fail on the first's
 //! nodes), so every acquisition sees exactly what its own fast path would have seen alone.
 //!
+//! A multi holds fast paths up to `zookeeper.max.request.bytes` of operations (`zk::request_size`):
+//! ZooKeeper closes the connection of a request beyond its `jute.maxbuffer`, and every request
+//! in flight on it would be lost. A fast path too large to go alone is refused, not sent (an
+//! acquisition checks that its own requests fit before it sends any).
+//!
 //! The locks taken by one multi share its zxid, hence their fencing token: tokens are unique
 //! per monitor and grow with the order of its holds, which is what fencing needs (see
 //! `docs/zookeeper-lock.md`, "Bulk acquisition").
@@ -43,9 +48,11 @@ use super::driver::{add_ops, code, multi_reply};
 use super::node::Paths;
 use super::protocol::{Code, MultiError, Op, OpResult, Reply, Target};
 use super::reaper::Reap;
+use super::request_size::Limit;
 
 /// The most acquisitions whose fast paths share one multi (five operations each, two of them
-/// creates carrying the contender's data: about 1 KiB, far below ZooKeeper's 1 MiB requests).
+/// creates carrying the contender's data); fewer when their bytes reach the session's
+/// [`Limit`].
 pub(super) const MAX_GROUPS: usize = 128;
 
 /// One acquisition's fast path, waiting to go.
@@ -55,6 +62,9 @@ struct Group {
     bytes: Vec<Vec<u8>>,
     attempt: String,
     reply: oneshot::Sender<Reply>,
+    /// The bytes of its operations in a multi (with the monitor's delete: sent fresh, it takes
+    /// fewer).
+    size: usize,
     /// Sent without its first operation, the monitor's delete: the monitor is believed absent,
     /// and the multi creates it.
     fresh: bool,
@@ -158,15 +168,23 @@ pub(crate) struct FastPaths {
     client: Client,
     /// The session's reaper (`zk::reaper`).
     reaper: mpsc::UnboundedSender<Reap>,
+    /// The size limit of the session's requests.
+    limit: Limit,
 }
 
 impl FastPaths {
-    /// The fast paths of the session of `client`, whose reaper takes `reaper`'s jobs.
-    pub(super) fn new(client: Client, reaper: mpsc::UnboundedSender<Reap>) -> Arc<Self> {
+    /// The fast paths of the session of `client`, whose reaper takes `reaper`'s jobs, in
+    /// multis within `limit`.
+    pub(super) fn new(
+        client: Client,
+        reaper: mpsc::UnboundedSender<Reap>,
+        limit: Limit,
+    ) -> Arc<Self> {
         Arc::new(Self {
             state: StdMutex::new(State::default()),
             client,
             reaper,
+            limit,
         })
     }
 
@@ -200,7 +218,8 @@ impl FastPaths {
 
     /// Sends the fast path `ops` of the acquisition of `paths` (attempt `attempt`, data
     /// `bytes` per operation) with the others asked for meanwhile, and returns its reply as if
-    /// it had gone alone.
+    /// it had gone alone. One that does not fit a request of its own (see [`Limit`]) is
+    /// refused, not sent.
     ///
     /// # Cancellation safety
     /// Cancel-safe: a fast path whose acquisition went away before its answer came is searched
@@ -213,6 +232,11 @@ impl FastPaths {
         bytes: Vec<Vec<u8>>,
         attempt: &str,
     ) -> Reply {
+        let size = self.limit.ops(paths, &ops, &bytes);
+        if !self.limit.fits(size) {
+            let detail = self.limit.too_large("the acquisition's fast path", size);
+            return Reply::Multi(Err(MultiError::Request(Code::Other(detail))));
+        }
         let (tx, rx) = oneshot::channel();
         let group = Group {
             paths: paths.clone(),
@@ -220,6 +244,7 @@ impl FastPaths {
             bytes,
             attempt: attempt.to_string(),
             reply: tx,
+            size,
             fresh: false,
             corrected: 0,
         };
@@ -249,7 +274,7 @@ async fn drain(fp: &Arc<FastPaths>) {
     loop {
         let batch = {
             let mut state = fp.state.lock().expect("fast paths lock");
-            let batch = take_batch(&mut state.pending);
+            let batch = take_batch(&mut state.pending, fp.limit.budget());
             if batch.is_empty() {
                 state.senders -= 1;
                 return;
@@ -260,23 +285,30 @@ async fn drain(fp: &Arc<FastPaths>) {
     }
 }
 
-/// Up to [`MAX_GROUPS`] pending groups, at most one per monitor, in the order they came.
-fn take_batch(pending: &mut Vec<Group>) -> Vec<Group> {
-    take_per_monitor(pending, MAX_GROUPS, |g| &g.paths.monitor)
+/// Up to [`MAX_GROUPS`] pending groups of `budget` bytes in all, at most one per monitor, in
+/// the order they came.
+fn take_batch(pending: &mut Vec<Group>, budget: usize) -> Vec<Group> {
+    take_per_monitor(pending, MAX_GROUPS, budget, |g| (&g.paths.monitor, g.size))
 }
 
-/// Up to `max` of `pending`, at most one per monitor (`monitor_of`), in the order they came;
-/// the rest stay pending (shared with `zk::release_batch`).
+/// Up to `max` of `pending` whose sizes add up to at most `budget` bytes (the first one taken
+/// whatever its size), at most one per monitor (`part_of` gives a group's monitor and size), in
+/// the order they came; the rest stay pending (shared with `zk::release_batch`).
 pub(super) fn take_per_monitor<G>(
     pending: &mut Vec<G>,
     max: usize,
-    monitor_of: impl Fn(&G) -> &String,
+    budget: usize,
+    part_of: impl Fn(&G) -> (&String, usize),
 ) -> Vec<G> {
     let mut monitors = HashSet::new();
     let mut batch = Vec::new();
     let mut rest = Vec::new();
+    let mut used = 0;
     for group in pending.drain(..) {
-        if batch.len() < max && monitors.insert(monitor_of(&group).clone()) {
+        let (monitor, size) = part_of(&group);
+        let fits = batch.is_empty() || used + size <= budget;
+        if batch.len() < max && fits && monitors.insert(monitor.clone()) {
+            used += size;
             batch.push(group);
         } else {
             rest.push(group);
@@ -387,7 +419,9 @@ async fn survey(fp: &FastPaths, batch: &mut Vec<Group>, all: bool) {
         return;
     }
     // One request for all of them (a multi of reads, ZooKeeper 3.6+: each read answers on its
-    // own, a missing monitor with its own NoNode), not one per monitor.
+    // own, a missing monitor with its own NoNode), not one per monitor. It is smaller than the
+    // multi of their fast paths, which fits the session's limit: each fast path has several
+    // operations on its monitor's path, each larger than a read of it.
     let listed: Vec<Result<Vec<String>, zookeeper_client::Error>> = {
         let mut reader = fp.client.new_multi_reader();
         let added = read
@@ -470,5 +504,39 @@ fn deliver(fp: &FastPaths, group: Group, reply: Reply) {
             search: Some((group.paths.monitor.clone(), group.attempt.clone())),
             attempt: group.attempt,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::take_per_monitor;
+
+    #[test]
+    fn a_batch_takes_parts_up_to_the_budget_one_per_monitor_in_order() {
+        let mut pending: Vec<(String, usize)> = [
+            ("a", 40),
+            ("b", 40),
+            ("a", 10),
+            ("c", 30),
+            ("d", 20),
+            ("e", 300),
+        ]
+        .into_iter()
+        .map(|(m, size)| (m.to_string(), size))
+        .collect();
+        let mut take = |max| {
+            take_per_monitor(&mut pending, max, 100, |g| (&g.0, g.1))
+                .into_iter()
+                .map(|(m, _)| m)
+                .collect::<Vec<_>>()
+        };
+        // `a` again waits for the next batch, as `c`, which would pass the budget, and `e`.
+        assert_eq!(take(128), ["a", "b", "d"]);
+        assert_eq!(take(1), ["a"]);
+        assert_eq!(take(128), ["c"]);
+        // A part larger than the budget goes alone (one that could not fit a request of its
+        // own was refused before it was queued).
+        assert_eq!(take(128), ["e"]);
+        assert!(take(128).is_empty());
     }
 }

@@ -176,7 +176,7 @@ fn create_mode(mode: Mode) -> CreateMode {
 }
 
 /// A sequential node is created as `<prefix>-` under the monitor.
-fn create_path(monitor: &str, target: &Target, mode: Mode) -> String {
+pub(super) fn create_path(monitor: &str, target: &Target, mode: Mode) -> String {
     match (target, mode) {
         (Target::Node(prefix), Mode::EphemeralSequential) => format!("{monitor}/{prefix}-"),
         (target, _) => path_of(monitor, target),

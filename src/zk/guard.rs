@@ -281,12 +281,13 @@ impl LockGuard {
     }
 
     /// Releases `guards` (all of one session) together: the release multis of those still
-    /// holding their mutex in one multi per 256, sent before this returns; the others on their
+    /// holding their mutex in one multi per 256 (fewer when their bytes reach the session's
+    /// `zookeeper.max.request.bytes`), sent before this returns; the others on their
     /// own. When a multi's release cannot be applied (a lock lost meanwhile), nothing of it is,
     /// and each of its locks is released on its own; after a lost answer, each deletes
     /// carefully. Resolves to the first error, the others released all the same.
     pub(super) fn release_together(guards: Vec<LockGuard>) -> Release {
-        /// Releases in one multi at most (about 300 bytes each, far below jute.maxbuffer).
+        /// Releases in one multi at most (about 300 bytes each).
         const PER_MULTI: usize = 256;
         // A lock that a waiter of this session is next for goes to it in one transaction.
         let (handed, guards): (Vec<LockGuard>, Vec<LockGuard>) =
@@ -303,9 +304,20 @@ impl LockGuard {
         let (together, alone): (Vec<Releasing>, Vec<Releasing>) =
             releasing.into_iter().partition(|r| r.mutex.is_some());
         let mut chunks: Vec<Vec<Releasing>> = Vec::new();
-        let mut together = together.into_iter().peekable();
-        while together.peek().is_some() {
-            chunks.push(together.by_ref().take(PER_MULTI).collect());
+        let mut used = 0;
+        for r in together {
+            let limit = r.slot.limit;
+            let size = limit.release(&r.node);
+            match chunks.last_mut() {
+                Some(chunk) if chunk.len() < PER_MULTI && limit.fits(used + size) => {
+                    used += size;
+                    chunk.push(r);
+                }
+                _ => {
+                    used = size;
+                    chunks.push(vec![r]);
+                }
+            }
         }
         let work = async move {
             let outcomes = futures::future::join_all(

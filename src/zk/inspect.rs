@@ -8,7 +8,7 @@ use zookeeper_client::{Client, Error as ZkError, Stat};
 use super::names::{Queue, QueueNode, MUTEX_NODE};
 use super::node::NodeData;
 use super::{map_zk, ZkSession};
-use crate::lock::{Blocker, LockError};
+use crate::lock::{Blocker, LockError, MAX_MONITOR_LEN};
 
 /// One contender of a monitor, as seen in ZooKeeper.
 #[derive(Debug, Clone, Serialize)]
@@ -467,7 +467,8 @@ pub struct LocksPage {
     pub monitors: Vec<MonitorState>,
 }
 
-/// Monitors whose children are read in one multi-read request by [`list_locks_page`].
+/// Monitors whose children are read in one multi-read request by [`list_locks_page`] (fewer
+/// when their paths would pass `zookeeper.max.request.bytes`).
 const CENSUS_BATCH: usize = 500;
 
 /// Monitors read in full at once (pipelined on the session's connection).
@@ -504,7 +505,8 @@ pub async fn list_locks_page(
     names.retain(|m| m.contains(filter));
     names.sort();
     let (mut busy, mut held, mut queued) = (Vec::new(), 0, 0);
-    for batch in names.chunks(CENSUS_BATCH) {
+    let per_request = CENSUS_BATCH.min(slot.limit.reads(root.len() + 1 + MAX_MONITOR_LEN));
+    for batch in names.chunks(per_request) {
         let mut reader = client.new_multi_reader();
         for m in batch {
             reader

@@ -33,6 +33,7 @@ mod protocol;
 mod reaper;
 mod release;
 mod release_batch;
+mod request_size;
 mod session;
 mod state;
 mod successor;

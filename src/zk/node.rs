@@ -69,6 +69,10 @@ impl Paths {
             acl,
         }
     }
+    /// The ACL of every node created.
+    pub(super) fn acl(&self) -> &[Acl] {
+        &self.acl
+    }
     /// Options that create a node of `mode` with the configured ACL.
     pub(super) fn create(&self, mode: CreateMode) -> CreateOptions<'_> {
         mode.with_acls(Acls::new(&self.acl))

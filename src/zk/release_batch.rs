@@ -31,9 +31,10 @@ use super::batch::{failed_part, take_per_monitor};
 use super::driver::{add_ops, code, multi_reply};
 use super::node::Paths;
 use super::protocol::{Code, MultiError, Op, OpResult, Reply};
+use super::request_size::Limit;
 
-/// The most releases that share one multi (four operations each, no data: far below
-/// ZooKeeper's 1 MiB requests).
+/// The most releases that share one multi (four operations each, no data); fewer when their
+/// bytes reach the session's [`Limit`] (`zk::request_size`).
 const MAX_GROUPS: usize = 128;
 
 /// The most release multis a session has on their way at once; releases asked for meanwhile
@@ -45,6 +46,8 @@ struct Group {
     paths: Paths,
     ops: Vec<Op>,
     reply: oneshot::Sender<Reply>,
+    /// The bytes of its operations in a multi.
+    size: usize,
 }
 
 #[derive(Default)]
@@ -57,14 +60,17 @@ struct State {
 pub(crate) struct Releases {
     state: StdMutex<State>,
     client: Client,
+    /// The size limit of the session's requests.
+    limit: Limit,
 }
 
 impl Releases {
-    /// The releases of the session of `client`.
-    pub(super) fn new(client: Client) -> Arc<Self> {
+    /// The releases of the session of `client`, in multis within `limit`.
+    pub(super) fn new(client: Client, limit: Limit) -> Arc<Self> {
         Arc::new(Self {
             state: StdMutex::new(State::default()),
             client,
+            limit,
         })
     }
 
@@ -73,12 +79,18 @@ impl Releases {
     }
 
     /// Sends the release multi `ops` on the monitor of `paths` with the others asked for
-    /// meanwhile, and returns its reply as if it had gone alone.
+    /// meanwhile, and returns its reply as if it had gone alone. One that does not fit a
+    /// request of its own (see [`Limit`]) is refused, not sent.
     ///
     /// # Cancellation safety
     /// The multi goes whether or not the caller waits for its answer (a release is run by a
     /// task of its own, `lock::Release`, so it is not dropped in practice).
     pub(super) async fn send(self: &Arc<Self>, paths: &Paths, ops: Vec<Op>) -> Reply {
+        let size = self.limit.ops(paths, &ops, &[]);
+        if !self.limit.fits(size) {
+            let detail = self.limit.too_large("the release", size);
+            return Reply::Multi(Err(MultiError::Request(Code::Other(detail))));
+        }
         let (tx, rx) = oneshot::channel();
         let ops = {
             let mut state = self.state();
@@ -90,6 +102,7 @@ impl Releases {
                     paths: paths.clone(),
                     ops,
                     reply: tx,
+                    size,
                 });
                 None
             }
@@ -140,7 +153,7 @@ async fn drain(releases: &Arc<Releases>) {
     loop {
         let batch = {
             let mut state = releases.state();
-            let batch = take_batch(&mut state.pending);
+            let batch = take_batch(&mut state.pending, releases.limit.budget());
             if batch.is_empty() {
                 state.senders -= 1;
                 return;
@@ -151,9 +164,10 @@ async fn drain(releases: &Arc<Releases>) {
     }
 }
 
-/// Up to [`MAX_GROUPS`] pending groups, at most one per monitor, in the order they came.
-fn take_batch(pending: &mut Vec<Group>) -> Vec<Group> {
-    take_per_monitor(pending, MAX_GROUPS, |g| &g.paths.monitor)
+/// Up to [`MAX_GROUPS`] pending groups of `budget` bytes in all, at most one per monitor, in
+/// the order they came.
+fn take_batch(pending: &mut Vec<Group>, budget: usize) -> Vec<Group> {
+    take_per_monitor(pending, MAX_GROUPS, budget, |g| (&g.paths.monitor, g.size))
 }
 
 /// Sends `batch` as one multi; a group whose own part failed gets that failure and leaves, the

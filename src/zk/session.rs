@@ -109,6 +109,8 @@ pub(crate) struct Slot {
     pub fast_paths: Arc<super::batch::FastPaths>,
     /// The session's releases going together (`zk::release_batch`).
     pub releases: Arc<super::release_batch::Releases>,
+    /// The size limit of the session's requests (`zookeeper.max.request.bytes`).
+    pub limit: super::request_size::Limit,
     /// This session's waiters that a holder of the session may hand its lock to
     /// (`zk::successor`).
     pub successors: super::successor::Successors,
@@ -514,8 +516,9 @@ impl ZkSession {
         });
         let reaper = super::reaper::spawn(client.clone());
         let confirmation = Confirmation::start(&client, attempted, grace);
-        let fast_paths = super::batch::FastPaths::new(client.clone(), reaper.clone());
-        let releases = super::release_batch::Releases::new(client.clone());
+        let limit = super::request_size::Limit::of(&client, settings.max_request_bytes);
+        let fast_paths = super::batch::FastPaths::new(client.clone(), reaper.clone(), limit);
+        let releases = super::release_batch::Releases::new(client.clone(), limit);
         Slot {
             client,
             session_id,
@@ -529,6 +532,7 @@ impl ZkSession {
             versioned_takes: AtomicBool::new(true),
             fast_paths,
             releases,
+            limit,
             successors: super::successor::Successors::default(),
             reaper,
         }

@@ -8,6 +8,7 @@ mod common;
 mod bulk_release;
 mod handover;
 mod loss;
+mod request_size;
 mod requests;
 mod scenarios;
 mod try_and_stray;

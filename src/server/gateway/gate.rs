@@ -226,7 +226,9 @@ pub fn lock_error(e: &LockError) -> GateError {
             format!("zkguard: {e}; nothing was written, send the request again"),
         )
         .retry_after(1),
-        LockError::InvalidMonitor { .. } => GateError::refused(format!("zkguard: {e}")),
+        LockError::InvalidMonitor { .. } | LockError::InfoTooLong { .. } => {
+            GateError::refused(format!("zkguard: {e}"))
+        }
         _ => GateError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "zkguard_lock_unavailable_exception",

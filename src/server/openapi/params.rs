@@ -141,7 +141,7 @@ pub struct LockQuery {
     /// The lease (default `server.lock.ttl`, at most `server.lock.ttl.max`).
     #[param(example = "30s")]
     pub ttl: Option<String>,
-    /// Shown by `zkguard locks`.
+    /// Shown by `zkguard locks`; at most 1024 bytes (UTF-8), longer is refused (400 `bad_parameter`).
     pub info: Option<String>,
 }
 
