@@ -16,6 +16,7 @@ mod bulk;
 mod gate;
 mod handler;
 mod merge;
+mod params;
 mod reply;
 mod route;
 mod single;
