@@ -607,21 +607,25 @@ async fn an_alias_locks_its_write_index_and_guarded_writes_need_a_token_when_tok
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_single_document_routes_take_what_elasticsearch_takes_through_opensearch_py() {
+async fn the_single_document_routes_take_what_elasticsearch_takes_through_the_python_clients() {
     // `_update` body fields and the URL parameters of index, create, update and delete, as
-    // opensearch-py sends them: honoured with Elasticsearch's effect and answer shape, or
-    // refused with its status and error type, nothing written.
-    let env = gate_env(&shared_zk().connect_string(), "single", shared_es().url());
-    let s = env.start("a");
-    let index = format!("gate-single-{}", uuid_tag());
-    let summary = python_script(
-        "tests/gateway_support/single.py",
-        "opensearch",
-        &gate(&s),
-        &index,
-    )
-    .await;
-    assert!(summary["checks"].as_u64().unwrap() >= 24, "{summary}");
+    // opensearch-py and elasticsearch-py 8 send them: honoured with Elasticsearch's effect and
+    // answer shape, or refused with its status and error type, nothing written.
+    let front = Front::start_with(shared_es().url(), &["--plain-media-types"]);
+    for (name, es, checks) in [
+        ("opensearch", shared_es().url().to_string(), 24),
+        ("elasticsearch", front.url.clone(), 9),
+    ] {
+        let env = gate_env(&shared_zk().connect_string(), name, &es);
+        let s = env.start("a");
+        let index = format!("gate-single-{name}-{}", uuid_tag());
+        let summary =
+            python_script("tests/gateway_support/single.py", name, &gate(&s), &index).await;
+        assert!(
+            summary["checks"].as_u64().unwrap() >= checks,
+            "{name}: {summary}"
+        );
+    }
 }
 
 /// One request of [`guarded_single_writes_answer_as_the_cluster_answers`]: method, path and

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Drive the gate's single-document routes with opensearch-py, unmodified.
+"""Drive the gate's single-document routes with an official client, unmodified.
 
-    python3 single.py opensearch --url GATEWAY_URL --index INDEX
+    python3 single.py {opensearch|elasticsearch} --url GATEWAY_URL --index INDEX
 
 Checks that `_update`, index, create and delete through the gate take the
 body fields and URL parameters Elasticsearch takes, with the same effect and
@@ -16,6 +16,7 @@ import sys
 
 FAILURES = []
 CHECKS = [0]
+CLIENT = ["opensearch"]
 
 
 def show(obj):
@@ -30,6 +31,13 @@ def check(what, ok, got):
 
 def call(fn, *args, **kwargs):
     """(status, body) of a client call: the answer, or the HTTP error's."""
+    if CLIENT[0] == "elasticsearch":
+        import elasticsearch
+
+        try:
+            return 200, fn(*args, **kwargs).body
+        except elasticsearch.ApiError as e:
+            return e.meta.status, e.body
     import opensearchpy
 
     try:
@@ -145,16 +153,56 @@ def scenario(es, index):
     check("nothing created by a refused create", not es.exists(index=index, id="c1"), "exists")
 
 
+def scenario_elasticsearch(es, index):
+    """The same through elasticsearch-py 8, with its own keyword arguments."""
+    alias = index + "-alias"
+    es.indices.create(index=index, aliases={alias: {"is_write_index": True}})
+    es.index(index=index, id="d", document={"a": 1, "b": {"c": 2, "d": 3}, "e": 4}, refresh=True)
+    error_is(
+        "update with an unknown body field",
+        call(es.update, index=index, id="u1", body={"dac": {"n": 1}, "upsert": {"n": 0}}),
+        400, "x_content_parse_exception", "unknown field [dac]",
+    )
+    check("nothing upserted by a refused update", not es.exists(index=index, id="u1"), "exists")
+    _, r = call(es.update, index=index, id="d", doc={"a": 2}, refresh=True)
+    check("update refresh=true answers forced_refresh", r.get("forced_refresh") is True, r)
+    _, r = call(es.update, index=index, id="d", doc={"a": 3}, source_includes=["b"], source_excludes=["b.d"])
+    check("update source_includes/source_excludes", r.get("get", {}).get("_source") == {"b": {"c": 2}}, r)
+    _, r = call(es.update, index=index, id="d", doc={"a": 4}, source=["a", "e"])
+    check("update source (the body's _source)", r.get("get", {}).get("_source") == {"a": 4, "e": 4}, r)
+    _, r = call(es.update, index=alias, id="d", doc={"r": 1}, require_alias=True)
+    check("update require_alias through the alias", r.get("result") == "updated", r)
+    error_is(
+        "update require_alias on the index",
+        call(es.update, index=index, id="d", doc={"r": 2}, require_alias=True),
+        404, "index_not_found_exception", "is not an alias",
+    )
+    _, r = call(es.index, index=index, id="f", document={"x": 1}, filter_path="result")
+    check("index filter_path", r == {"result": "created"}, r)
+    error_is(
+        "update if_seq_no on a missing document",
+        call(es.update, index=index, id="missing", doc={"a": 1}, if_seq_no=5, if_primary_term=1),
+        404, "document_missing_exception",
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("client", choices=["opensearch"])
+    ap.add_argument("client", choices=["opensearch", "elasticsearch"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--index", required=True)
     args = ap.parse_args()
-    import opensearchpy
+    CLIENT[0] = args.client
+    if args.client == "elasticsearch":
+        import elasticsearch
 
-    es = opensearchpy.OpenSearch([args.url], timeout=60, max_retries=0)
-    scenario(es, args.index)
+        es = elasticsearch.Elasticsearch(args.url, request_timeout=60, max_retries=0)
+        scenario_elasticsearch(es, args.index)
+    else:
+        import opensearchpy
+
+        es = opensearchpy.OpenSearch([args.url], timeout=60, max_retries=0)
+        scenario(es, args.index)
     if FAILURES:
         print("single.py: %d of %d checks failed:" % (len(FAILURES), CHECKS[0]))
         for f in FAILURES:
