@@ -435,7 +435,7 @@ pub fn check(
                 })?
             }
             "source" => c.body = Some(v.clone()),
-            "source_content_type" => json_media_type(v)?,
+            "source_content_type" if op == DocOp::Update => json_media_type(v)?,
             _ => {}
         }
         let forwarded = FORWARD.contains(&k.as_str())
