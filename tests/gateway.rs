@@ -895,3 +895,261 @@ async fn guarded_bulk_items_keep_their_pipeline_require_alias_and_source() {
         "{v}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_single_document_routes_take_what_elasticsearch_takes_through_the_python_clients() {
+    // `_update` body fields and the URL parameters of index, create, update and delete, as
+    // opensearch-py and elasticsearch-py 8 send them: honoured with Elasticsearch's effect and
+    // answer shape, or refused with its status and error type, nothing written.
+    let front = Front::start_with(shared_es().url(), &["--plain-media-types"]);
+    for (name, es, checks) in [
+        ("opensearch", shared_es().url().to_string(), 24),
+        ("elasticsearch", front.url.clone(), 9),
+    ] {
+        let env = gate_env(&shared_zk().connect_string(), name, &es);
+        let s = env.start("a");
+        let index = format!("gate-single-{name}-{}", uuid_tag());
+        let summary =
+            python_script("tests/gateway_support/single.py", name, &gate(&s), &index).await;
+        assert!(
+            summary["checks"].as_u64().unwrap() >= checks,
+            "{name}: {summary}"
+        );
+    }
+}
+
+/// One request of [`guarded_single_writes_answer_as_the_cluster_answers`]: method, path and
+/// query after `/{index}` (`{index}` is the index's name), body.
+type Twin = (Method, &'static str, Option<&'static str>);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn guarded_single_writes_answer_as_the_cluster_answers() {
+    // The same requests to a guarded index through the gate and to a twin index straight at
+    // the cluster (osmem-server answers as Elasticsearch does): the same status and error
+    // type, and on success the same `result`, `forced_refresh` and `get`.
+    let env = gate_env(&shared_zk().connect_string(), "twin", shared_es().url());
+    let s = env.start("a");
+    let g = gate(&s);
+    let es = shared_es().url().trim_end_matches('/').to_string();
+    let c = client();
+    let tag = uuid_tag();
+    let (guarded, plain) = (format!("gate-twin-{tag}"), format!("plain-twin-{tag}"));
+    for (base, index) in [(&g, &guarded), (&es, &plain)] {
+        let (st, _, v) = send(
+            &c,
+            Method::PUT,
+            &format!("{base}/{index}/_doc/1?refresh=true"),
+            Some(r#"{"a":1,"b":{"c":2,"d":3}}"#),
+            &[],
+        )
+        .await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+    }
+    let cases: Vec<Twin> = vec![
+        // _update: the body as UpdateRequest's parser and validation take it.
+        (
+            Method::POST,
+            "/_update/1",
+            Some(r#"{"dac":{"a":2},"upsert":{"a":0}}"#),
+        ),
+        (Method::POST, "/_update/1", Some(r#"{"doc":"x"}"#)),
+        (
+            Method::POST,
+            "/_update/1",
+            Some(r#"{"doc":{},"detect_noop":"x"}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1",
+            Some(r#"{"doc_as_upsert":true}"#),
+        ),
+        (Method::POST, "/_update/1", None),
+        (Method::POST, "/_update/nope", Some(r#"{"upsert":{"a":1}}"#)),
+        (
+            Method::POST,
+            "/_update/nope",
+            Some(r#"{"doc":{"a":1},"upsert":{"a":1},"if_seq_no":1}"#),
+        ),
+        (Method::POST, "/_update/nope", Some(r#"{"doc":{"a":1}}"#)),
+        (
+            Method::POST,
+            "/_update/nope?if_seq_no=1&if_primary_term=1",
+            Some(r#"{"doc":{"a":1}}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1?if_seq_no=999&if_primary_term=1",
+            Some(r#"{"doc":{"a":5}}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1?if_seq_no=1",
+            Some(r#"{"doc":{"a":5}}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1?if_seq_no=-5&if_primary_term=1",
+            Some(r#"{"doc":{}}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1?retry_on_conflict=2&if_seq_no=1&if_primary_term=1",
+            Some(r#"{"doc":{}}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1?retry_on_conflict=x",
+            Some(r#"{"doc":{}}"#),
+        ),
+        (Method::POST, "/_update/1?version=3", Some(r#"{"doc":{}}"#)),
+        (Method::POST, "/_update/1?pipeline=x", Some(r#"{"doc":{}}"#)),
+        (
+            Method::POST,
+            "/_update/1?op_type=create",
+            Some(r#"{"doc":{}}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1?refresh=bogus",
+            Some(r#"{"doc":{}}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1?require_alias=yes",
+            Some(r#"{"doc":{}}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1?require_alias=true",
+            Some(r#"{"doc":{}}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1?refresh=true&_source_includes=a",
+            Some(r#"{"doc":{"b":{"c":4}}}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1?_source=false",
+            Some(r#"{"doc":{"e":3},"_source":"b"}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1?_source_excludes=b.c",
+            Some(r#"{"doc":{"e":3}}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1",
+            Some(r#"{"doc":{"e":3},"_source":{"includes":["b.*"],"excludes":["b.d"]}}"#),
+        ),
+        (
+            Method::POST,
+            "/_update/1?filter_path=result,get._source.e&_source=true",
+            Some(r#"{"doc":{"e":4}}"#),
+        ),
+        // index and create.
+        (Method::PUT, "/_doc/1?foo=1", Some(r#"{"a":1}"#)),
+        (Method::PUT, "/_doc/1?op_type=bogus", Some(r#"{"a":1}"#)),
+        (Method::PUT, "/_doc/1?if_seq_no=1", Some(r#"{"a":1}"#)),
+        (
+            Method::PUT,
+            "/_doc/1?if_seq_no=999&if_primary_term=1",
+            Some(r#"{"a":1}"#),
+        ),
+        (Method::PUT, "/_doc/1?refresh=bogus", Some(r#"{"a":1}"#)),
+        (
+            Method::PUT,
+            "/_doc/1?require_alias=true",
+            Some(r#"{"a":1}"#),
+        ),
+        (
+            Method::PUT,
+            "/_doc/1?retry_on_conflict=1",
+            Some(r#"{"a":1}"#),
+        ),
+        (Method::PUT, "/_doc/1?_source=a", Some(r#"{"a":1}"#)),
+        (
+            Method::PUT,
+            "/_doc/1?filter_path=result",
+            Some(r#"{"a":1,"b":{"c":2,"d":3}}"#),
+        ),
+        (Method::PUT, "/_create/1", Some(r#"{"a":1}"#)),
+        (Method::PUT, "/_create/1", None),
+        (Method::PUT, "/_doc/1?pipeline=p", Some(r#"{"a":1}"#)),
+        (
+            Method::PUT,
+            "/_doc/1?include_source_on_error=false",
+            Some(r#"{"a":1}"#),
+        ),
+        (Method::PUT, "/_doc/1?op_type=CREATE", Some(r#"{"a":1}"#)),
+        (
+            Method::PUT,
+            "/_doc/s1?source=%7B%22a%22%3A1%7D&source_content_type=application%2Fjson",
+            None,
+        ),
+        (
+            Method::PUT,
+            "/_create/1?filter_path=error.type",
+            Some(r#"{"a":1}"#),
+        ),
+        (
+            Method::PUT,
+            "/_create/n2?if_seq_no=1&if_primary_term=1",
+            Some(r#"{"a":1}"#),
+        ),
+        (
+            Method::PUT,
+            "/_doc/n2?op_type=create&if_seq_no=1&if_primary_term=1",
+            Some(r#"{"a":1}"#),
+        ),
+        (Method::PUT, "/_create/n2?op_type=index", Some(r#"{"a":1}"#)),
+        (Method::PUT, "/_create/n2?lang=x", Some(r#"{"a":1}"#)),
+        // delete.
+        (
+            Method::DELETE,
+            "/_doc/nope?if_seq_no=1&if_primary_term=1",
+            None,
+        ),
+        (Method::DELETE, "/_doc/1?foo=1", None),
+        (Method::DELETE, "/_doc/1?pipeline=x", None),
+        (Method::DELETE, "/_doc/1?refresh=bogus", None),
+        (Method::DELETE, "/_doc/nope", None),
+    ];
+    let mut differ = Vec::new();
+    for (method, rest, body) in &cases {
+        let mut answers = Vec::new();
+        for (base, index) in [(&g, &guarded), (&es, &plain)] {
+            let url = format!("{base}/{index}{rest}");
+            let (st, _, v) = send(&c, method.clone(), &url, *body, &[]).await;
+            let mut seen = json!({
+                "status": st.as_u16(),
+                "type": v["error"]["type"],
+                "result": v["result"],
+                "forced_refresh": v["forced_refresh"],
+                "get": v["get"]["_source"],
+            });
+            if rest.contains("filter_path") {
+                // Elasticsearch filters answers, never errors.
+                seen["whole"] = if st.is_success() {
+                    v.clone()
+                } else {
+                    json!(v.as_object().map(|o| o.keys().collect::<Vec<_>>()))
+                };
+            }
+            answers.push(seen);
+        }
+        if answers[0] != answers[1] {
+            differ.push(format!(
+                "{method} {rest}: gate {} cluster {}",
+                answers[0], answers[1]
+            ));
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "{} differ:\n{}",
+        differ.len(),
+        differ.join("\n")
+    );
+}

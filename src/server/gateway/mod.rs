@@ -18,6 +18,7 @@ mod gate;
 mod handler;
 mod merge;
 mod meta;
+mod params;
 mod reply;
 mod route;
 mod single;

@@ -86,7 +86,9 @@ pub fn params(query: Option<&str>) -> Vec<(String, String)> {
 pub fn classify(method: &Method, path: &str, params: &[(String, String)]) -> Route {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let write = matches!(*method, Method::PUT | Method::POST);
-    let op_type_create = params.iter().any(|(k, v)| k == "op_type" && v == "create");
+    let op_type_create = params
+        .iter()
+        .any(|(k, v)| k == "op_type" && v.eq_ignore_ascii_case("create"));
     match segments.as_slice() {
         ["_bulk"] if write => Route::Bulk { index: None },
         ["_reindex"] if *method == Method::POST => Route::Reindex,
@@ -160,6 +162,11 @@ mod tests {
         assert_eq!(
             route(Method::PUT, "/a/_doc/1", "op_type=create&refresh=true"),
             doc(DocOp::Create, "a", "1")
+        );
+        assert_eq!(
+            route(Method::PUT, "/a/_doc/1", "op_type=CREATE"),
+            doc(DocOp::Create, "a", "1"),
+            "op_type is read in any case, as Elasticsearch reads it"
         );
         assert_eq!(
             route(Method::PUT, "/a/_create/1", ""),

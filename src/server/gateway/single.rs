@@ -14,6 +14,7 @@ use crate::server::hub::{Happened, Kind};
 
 use super::gate::{encode, lock_failed, lock_lost, unavailable, Gateway, LockPlan, TOKEN_ANSWER};
 use super::merge::merge;
+use super::params::{cas_errors, check, validation, Checked, Shape, SourceFilter};
 use super::reply::{Dress, GateError};
 use super::route::DocOp;
 
@@ -45,53 +46,6 @@ impl Current {
 /// `if_seq_no` and `if_primary_term`, when given.
 pub type IfMatch = Option<(i64, i64)>;
 
-/// The parameters a guarded write takes from the caller, checked: what must be refused is.
-///
-/// # Errors
-/// A client-supplied `version`/`version_type`; an `if_seq_no` without `if_primary_term` (or
-/// the other way round), or one that is not a number.
-pub fn check_params(
-    params: &[(String, String)],
-) -> Result<(IfMatch, Vec<(String, String)>), GateError> {
-    let mut seq = None;
-    let mut term = None;
-    let mut rest = Vec::new();
-    for (k, v) in params {
-        match k.as_str() {
-            "version" | "version_type" => {
-                return Err(GateError::refused(format!(
-                    "zkguard: [{k}] is refused on a guarded index: the document's version is the fencing token of the writer's lock; drop {k} (use if_seq_no and if_primary_term for optimistic concurrency)"
-                )))
-            }
-            "if_seq_no" => seq = Some(number(k, v)?),
-            "if_primary_term" => term = Some(number(k, v)?),
-            "op_type" | "retry_on_conflict" | "_source" | "_source_includes"
-            | "_source_excludes" | "lang" | "filter_path" | "pretty" | "human" => {}
-            _ => rest.push((k.clone(), v.clone())),
-        }
-    }
-    let if_match = match (seq, term) {
-        (Some(s), Some(t)) => Some((s, t)),
-        (None, None) => None,
-        _ => {
-            return Err(GateError::new(
-                StatusCode::BAD_REQUEST,
-                "action_request_validation_exception",
-                "Validation Failed: 1: if_seq_no and if_primary_term must be given together;",
-            ))
-        }
-    };
-    Ok((if_match, rest))
-}
-
-fn number(key: &str, value: &str) -> Result<i64, GateError> {
-    value.parse().map_err(|_| {
-        GateError::refused(format!(
-            "Failed to parse [{key}]: [{value}] is not a number"
-        ))
-    })
-}
-
 /// The 409 of an `if_seq_no`/`if_primary_term` that does not match `current`.
 pub fn check_if_match(
     index: &str,
@@ -114,8 +68,8 @@ pub fn check_if_match(
     }
 }
 
-/// What an `_update` body asks for.
-#[derive(Debug, Clone, Default)]
+/// What an `_update` body asks for: the fields of Elasticsearch's `UpdateRequest` parser.
+#[derive(Debug, Clone)]
 pub struct UpdateBody {
     /// `doc`.
     pub doc: Option<Map<String, Value>>,
@@ -125,54 +79,175 @@ pub struct UpdateBody {
     pub doc_as_upsert: bool,
     /// `detect_noop` (default true).
     pub detect_noop: bool,
-    /// `_source` (true: the answer carries the new source under `get`).
-    pub source: bool,
+    /// What the answer returns under `get`: the URL's `_source` parameters, or the body's
+    /// `_source` (which wins, as in Elasticsearch); `None`: no `get`.
+    pub source: Option<SourceFilter>,
+    /// `if_seq_no` given in the body.
+    pub if_seq_no: Option<i64>,
+    /// `if_primary_term` given in the body.
+    pub if_primary_term: Option<i64>,
+    /// Whether a `script` was given (refused).
+    pub script: bool,
 }
 
-/// Parses an `_update` body (or a `_bulk` update's source line).
+impl Default for UpdateBody {
+    fn default() -> Self {
+        Self {
+            doc: None,
+            upsert: None,
+            doc_as_upsert: false,
+            detect_noop: true,
+            source: None,
+            if_seq_no: None,
+            if_primary_term: None,
+            script: false,
+        }
+    }
+}
+
+/// Parses and validates an `_update` body (or a `_bulk` update's source line);
+/// `source_param`: the answer returns the whole new source under `get`.
 ///
 /// # Errors
-/// A script (refused: it cannot carry a fencing token), neither `doc` nor `upsert`, or a body
-/// that is not a JSON object.
+/// See [`parse_update_with`] and [`validate_update`].
 pub fn parse_update(body: &[u8], source_param: bool) -> Result<UpdateBody, GateError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        GateError::new(
-            StatusCode::BAD_REQUEST,
-            "x_content_parse_exception",
-            format!("the update body is not JSON: {e}"),
-        )
-    })?;
+    let update = parse_update_with(body, source_param.then(SourceFilter::all))?;
+    validate_update(&update, update.if_seq_no, update.if_primary_term, 0)?;
+    Ok(update)
+}
+
+/// 400 `x_content_parse_exception`, as Elasticsearch's parser of `_update` bodies words it.
+fn parse_error(reason: impl Into<String>) -> GateError {
+    GateError::new(
+        StatusCode::BAD_REQUEST,
+        "x_content_parse_exception",
+        reason.into(),
+    )
+}
+
+/// The token type Elasticsearch names for a JSON value.
+fn token(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "VALUE_NULL",
+        Value::Bool(_) => "VALUE_BOOLEAN",
+        Value::Number(_) => "VALUE_NUMBER",
+        Value::String(_) => "VALUE_STRING",
+        Value::Array(_) => "START_ARRAY",
+        Value::Object(_) => "START_OBJECT",
+    }
+}
+
+/// Reads an `_update` body as strictly as Elasticsearch's `UpdateRequest` parser: `doc`,
+/// `upsert`, `doc_as_upsert`, `detect_noop`, `scripted_upsert`, `script`, `_source`,
+/// `if_seq_no`, `if_primary_term`, nothing else. `url_source`: the URL's `_source`
+/// parameters. An empty body is an empty object (Elasticsearch's validation then answers).
+///
+/// # Errors
+/// 400 `x_content_parse_exception` for a body that is not a JSON object, an unknown field or a
+/// field of the wrong type; 400 `illegal_argument_exception` for a script (it cannot carry a
+/// fencing token).
+pub fn parse_update_with(
+    body: &[u8],
+    url_source: Option<SourceFilter>,
+) -> Result<UpdateBody, GateError> {
+    let value: Value = if body.iter().all(u8::is_ascii_whitespace) {
+        Value::Object(Map::new())
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| parse_error(format!("the update body is not JSON: {e}")))?
+    };
     let Value::Object(mut map) = value else {
-        return Err(GateError::refused(
-            "the update body must be a JSON object with `doc`",
-        ));
+        return Err(parse_error(format!(
+            "[UpdateRequest] Expected START_OBJECT but was: {}",
+            token(&value)
+        )));
     };
     super::meta::strip_update(&mut map);
-    if map.contains_key("script") || map.contains_key("scripted_upsert") {
+    let mut u = UpdateBody {
+        source: url_source,
+        ..UpdateBody::default()
+    };
+    for (key, v) in map {
+        let object = |v: Value| match v {
+            Value::Object(m) => Ok(m),
+            other => Err(parse_error(format!(
+                "[UpdateRequest] {key} doesn't support values of type: {}",
+                token(&other)
+            ))),
+        };
+        let flag = |v: &Value| match v {
+            Value::Bool(b) => Ok(*b),
+            Value::String(s) if s == "true" || s == "false" => Ok(s == "true"),
+            _ => Err(parse_error(format!(
+                "[UpdateRequest] failed to parse field [{key}]"
+            ))),
+        };
+        let long = |v: &Value| {
+            v.as_i64().ok_or_else(|| {
+                parse_error(format!("[UpdateRequest] failed to parse field [{key}]"))
+            })
+        };
+        match key.as_str() {
+            "doc" => u.doc = Some(object(v)?),
+            "upsert" => u.upsert = Some(Value::Object(object(v)?)),
+            "doc_as_upsert" => u.doc_as_upsert = flag(&v)?,
+            "detect_noop" => u.detect_noop = flag(&v)?,
+            "scripted_upsert" => {
+                flag(&v)?;
+            }
+            "script" => u.script = true,
+            "_source" => u.source = Some(SourceFilter::from_body(&v)?),
+            "if_seq_no" => u.if_seq_no = Some(long(&v)?),
+            "if_primary_term" => u.if_primary_term = Some(long(&v)?),
+            _ => {
+                return Err(parse_error(format!(
+                    "[UpdateRequest] unknown field [{key}]"
+                )))
+            }
+        }
+    }
+    if u.script {
         return Err(GateError::refused(
             "zkguard: scripted updates are refused on a guarded index: a script runs inside Elasticsearch, where the write cannot carry the lock's fencing token; send a partial `doc` (or read, change and index the whole document) instead",
         ));
     }
-    let doc = match map.remove("doc") {
-        Some(Value::Object(d)) => Some(d),
-        Some(_) => return Err(GateError::refused("`doc` must be a JSON object")),
-        None => None,
-    };
-    let upsert = map.remove("upsert");
-    if doc.is_none() && upsert.is_none() {
-        return Err(GateError::new(
-            StatusCode::BAD_REQUEST,
-            "action_request_validation_exception",
-            "Validation Failed: 1: script or doc is missing;",
-        ));
+    Ok(u)
+}
+
+/// Elasticsearch's validation of an update request (`UpdateRequest.validate`), with the
+/// `if_seq_no`/`if_primary_term` and `retry_on_conflict` it carries.
+///
+/// # Errors
+/// 400 `action_request_validation_exception` listing every failure, as Elasticsearch does.
+pub fn validate_update(
+    u: &UpdateBody,
+    if_seq_no: Option<i64>,
+    if_primary_term: Option<i64>,
+    retry_on_conflict: i64,
+) -> Result<(), GateError> {
+    let mut errors = cas_errors(if_seq_no, if_primary_term);
+    if if_seq_no.is_some() {
+        if retry_on_conflict > 0 {
+            errors.push("compare and write operations can not be retried".into());
+        }
+        if u.doc_as_upsert {
+            errors.push("compare and write operations can not be used with upsert".into());
+        }
+        if u.upsert.is_some() {
+            errors.push("upsert requests don't support `if_seq_no` and `if_primary_term`".into());
+        }
     }
-    Ok(UpdateBody {
-        doc,
-        upsert,
-        doc_as_upsert: map.remove("doc_as_upsert").and_then(|v| v.as_bool()) == Some(true),
-        detect_noop: map.remove("detect_noop").and_then(|v| v.as_bool()) != Some(false),
-        source: source_param || map.get("_source").and_then(Value::as_bool) == Some(true),
-    })
+    if u.doc.is_none() {
+        errors.push("script or doc is missing".into());
+        if u.doc_as_upsert {
+            errors.push("doc must be specified if doc_as_upsert is enabled".into());
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(validation(&errors))
+    }
 }
 
 /// What an update does to the stored document.
@@ -322,6 +397,106 @@ pub async fn settled(
     Ok(current.map(super::meta::unmarked))
 }
 
+/// A guarded single-document write as asked, checked before anything is locked.
+struct Asked {
+    op: DocOp,
+    checked: Checked,
+    if_match: IfMatch,
+    update: Option<UpdateBody>,
+    body: Bytes,
+}
+
+/// Checks a guarded write's parameters and body as Elasticsearch's handler and validation do,
+/// before anything is locked or written.
+fn prepare(
+    op: DocOp,
+    index: &str,
+    id: &str,
+    params: &[(String, String)],
+    body: Bytes,
+) -> Result<Asked, GateError> {
+    let checked = check(op, index, id, params)?;
+    // `source` stands in for an absent body on `_update` only: Elasticsearch's update handler
+    // reads the body or `source`, its index handler the body alone.
+    let body = match &checked.body {
+        Some(b) if body.is_empty() && op == DocOp::Update => Bytes::from(b.clone().into_bytes()),
+        _ => body,
+    };
+    let (mut seq, mut term) = (checked.if_seq_no, checked.if_primary_term);
+    let update = match op {
+        DocOp::Update => {
+            let u = parse_update_with(&body, checked.source.clone())?;
+            seq = u.if_seq_no.or(seq);
+            term = u.if_primary_term.or(term);
+            validate_update(&u, seq, term, checked.retry_on_conflict)?;
+            Some(u)
+        }
+        DocOp::Index | DocOp::Create if body.iter().all(u8::is_ascii_whitespace) => {
+            return Err(GateError::new(
+                StatusCode::BAD_REQUEST,
+                "parse_exception",
+                "request body is required",
+            ))
+        }
+        _ => None,
+    };
+    Ok(Asked {
+        op,
+        checked,
+        if_match: seq.zip(term),
+        update,
+        body,
+    })
+}
+
+/// `require_alias` and `require_data_stream`, checked on the target as given (the fenced
+/// write goes to the concrete index, so they are not passed on).
+///
+/// # Errors
+/// Elasticsearch's 404s: `index_not_found_exception` when `target` is not an alias,
+/// `resource_not_found_exception` when it is not a data stream; 503 when the cluster cannot
+/// be asked.
+async fn check_target(gate: &Gateway, target: &str, checked: &Checked) -> Result<(), GateError> {
+    let ask = |path: String| async move {
+        gate.cluster
+            .own(Method::GET, &path, "application/json", None)
+            .await
+            .map_err(unavailable)
+    };
+    if checked.require_alias {
+        let answer = ask(format!("/_alias/{}", encode(target))).await?;
+        let body = answer.json();
+        let alias = answer.status.is_success()
+            && body
+                .as_object()
+                .is_some_and(|o| !o.is_empty() && !o.contains_key(target));
+        if !alias {
+            let mut e = GateError::new(
+                StatusCode::NOT_FOUND,
+                "index_not_found_exception",
+                format!("no such index [{target}] and [require_alias] request flag is [true] and [{target}] is not an alias"),
+            );
+            e.extra = json!({"resource.type": "index_or_alias", "resource.id": target, "index_uuid": "_na_", "index": target});
+            return Err(e);
+        }
+    }
+    if checked.require_data_stream {
+        let answer = ask(format!("/_data_stream/{}", encode(target))).await?;
+        let stream = answer.status.is_success()
+            && answer.json()["data_streams"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|s| s["name"] == target));
+        if !stream {
+            return Err(GateError::new(
+                StatusCode::NOT_FOUND,
+                "resource_not_found_exception",
+                format!("[require_data_stream] request flag is [true] and [{target}] is not a data stream"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A guarded single-document write, answered as Elasticsearch answers it.
 #[allow(clippy::too_many_arguments)]
 pub async fn write(
@@ -335,6 +510,7 @@ pub async fn write(
     body: Bytes,
 ) -> Response {
     let metrics = gate.state.metrics.clone();
+    let shape = Shape::of(&params);
     let span = tracing::info_span!("gateway_write", op = op.name(), index, id);
     let outcome = async {
         let Ok(_permit) = gate.state.permits.clone().try_acquire_owned() else {
@@ -351,16 +527,10 @@ pub async fn write(
                 .retry_after(1),
             ));
         };
-        let (if_match, rest) = check_params(&params).map_err(|e| ("refused", e))?;
-        let update = match op {
-            DocOp::Update => {
-                let source_param = params
-                    .iter()
-                    .any(|(k, v)| k == "_source" && (v == "true" || v.is_empty()));
-                Some(parse_update(&body, source_param).map_err(|e| ("refused", e))?)
-            }
-            _ => None,
-        };
+        let asked = prepare(op, index, id, &params, body).map_err(|e| ("refused", e))?;
+        check_target(gate, index, &asked.checked)
+            .await
+            .map_err(|e| ("refused", e))?;
         let concrete = gate.concrete(index).await.map_err(|e| ("failed", e))?;
         let plan: LockPlan = gate.lock_plan(headers, &concrete).map_err(|e| ("refused", e))?;
         let monitor = plan
@@ -381,19 +551,7 @@ pub async fn write(
         let waited = started.elapsed();
         let acquired = Instant::now();
         let token = guard.fencing_token();
-        let result = under_lock(
-            gate,
-            guard.as_ref(),
-            op,
-            &concrete,
-            id,
-            if_match,
-            &rest,
-            update.as_ref(),
-            body,
-            dress,
-        )
-        .await;
+        let result = under_lock(gate, guard.as_ref(), &asked, &concrete, id, &shape, dress).await;
         metrics.lock_used(plan.lock_type.as_str(), waited, acquired.elapsed());
         if let Ok(answer) = &result {
             if answer.status().is_success() {
@@ -432,27 +590,77 @@ pub async fn write(
                     label
                 },
             );
-            dress.error(&e)
+            shape.error(dress, &e)
         }
     }
 }
 
+/// The `get` of an `_update` answer: `source` filtered as `filter` asks, when it asks.
+fn get_part(
+    filter: Option<&SourceFilter>,
+    seq_no: &Value,
+    term: &Value,
+    source: &Value,
+) -> Option<Value> {
+    let f = filter.filter(|f| f.fetch)?;
+    Some(
+        json!({"_seq_no": seq_no, "_primary_term": term, "found": true, "_source": f.apply(source)}),
+    )
+}
+
+/// The noop answer of an update that changes nothing in `c`.
+fn noop(concrete: &str, id: &str, c: &Current, update: &UpdateBody) -> Value {
+    let mut answer = json!({
+        "_index": concrete, "_id": id, "_version": c.version, "result": "noop",
+        "_shards": {"total": 0, "successful": 0, "failed": 0},
+        "_seq_no": c.seq_no, "_primary_term": c.primary_term,
+    });
+    if let Some(get) = get_part(
+        update.source.as_ref(),
+        &json!(c.seq_no),
+        &json!(c.primary_term),
+        &c.source,
+    ) {
+        answer["get"] = get;
+    }
+    answer
+}
+
+/// The `_update` answer of the fenced index `written` that stored `source`.
+fn updated(written: &Value, created: bool, source: &Value, update: &UpdateBody) -> Value {
+    let mut reply = json!({
+        "_index": written["_index"], "_id": written["_id"], "_version": written["_version"],
+        "result": if created { "created" } else { "updated" },
+        "_shards": written["_shards"], "_seq_no": written["_seq_no"],
+        "_primary_term": written["_primary_term"],
+    });
+    if written["forced_refresh"] == true {
+        reply["forced_refresh"] = json!(true);
+    }
+    if let Some(get) = get_part(
+        update.source.as_ref(),
+        &written["_seq_no"],
+        &written["_primary_term"],
+        source,
+    ) {
+        reply["get"] = get;
+    }
+    reply
+}
+
 /// The write under the held lock.
-#[allow(clippy::too_many_arguments)]
 async fn under_lock(
     gate: &Gateway,
     guard: &dyn Guard,
-    op: DocOp,
+    asked: &Asked,
     concrete: &str,
     id: &str,
-    if_match: IfMatch,
-    rest: &[(String, String)],
-    update: Option<&UpdateBody>,
-    body: Bytes,
+    shape: &Shape,
     dress: &Dress,
 ) -> Result<Response, (&'static str, GateError)> {
     let token = guard.fencing_token();
-    let needs_read = if_match.is_some() || matches!(op, DocOp::Create | DocOp::Update);
+    let (op, rest) = (asked.op, &asked.checked.forward);
+    let needs_read = asked.if_match.is_some() || matches!(op, DocOp::Create | DocOp::Update);
     let current = if needs_read {
         let found = read(gate, concrete, id, rest)
             .await
@@ -463,14 +671,15 @@ async fn under_lock(
     } else {
         None
     };
-    check_if_match(concrete, id, if_match, current.as_ref()).map_err(|e| ("conflict", e))?;
+    // An update of a missing document is answered 404 `document_missing_exception` (below),
+    // whatever its `if_seq_no`, as Elasticsearch answers it.
+    if !(op == DocOp::Update && current.is_none()) {
+        check_if_match(concrete, id, asked.if_match, current.as_ref())
+            .map_err(|e| ("conflict", e))?;
+    }
     let doc_path = format!("/{}/_doc/{}", encode(concrete), encode(id));
     let (method, payload, created) = match op {
-        DocOp::Index => (
-            Method::PUT,
-            Some(super::meta::client_source(&body).to_vec()),
-            None,
-        ),
+        DocOp::Index => (Method::PUT, Some(super::meta::client_source(&asked.body).to_vec()), None),
         DocOp::Create => {
             if let Some(c) = &current {
                 return Err((
@@ -485,29 +694,17 @@ async fn under_lock(
                     ),
                 ));
             }
-            (
-                Method::PUT,
-                Some(super::meta::client_source(&body).to_vec()),
-                None,
-            )
+            (Method::PUT, Some(super::meta::client_source(&asked.body).to_vec()), None)
         }
         DocOp::Delete => (Method::DELETE, None, None),
         DocOp::Update => {
-            let update = update.expect("an update carries its body");
+            let update = asked.update.as_ref().expect("an update carries its body");
             match apply_update(concrete, id, update, current.as_ref().map(|c| &c.source))
                 .map_err(|e| ("failed", e))?
             {
                 UpdateOutcome::Noop => {
                     let c = current.as_ref().expect("a noop has a stored document");
-                    let mut answer = json!({
-                        "_index": concrete, "_id": id, "_version": c.version, "result": "noop",
-                        "_shards": {"total": 0, "successful": 0, "failed": 0},
-                        "_seq_no": c.seq_no, "_primary_term": c.primary_term,
-                    });
-                    if update.source {
-                        answer["get"] = json!({"_seq_no": c.seq_no, "_primary_term": c.primary_term, "found": true, "_source": c.source});
-                    }
-                    return Ok(dress.json(StatusCode::OK, &answer));
+                    return Ok(shape.json(dress, StatusCode::OK, &noop(concrete, id, c, update)));
                 }
                 UpdateOutcome::Write { source, created } => (
                     Method::PUT,
@@ -533,23 +730,17 @@ async fn under_lock(
             "the gate's write was fenced: the document holds a newer version"
         );
     }
-    let Some((created, source)) = created.filter(|_| answer.status.is_success()) else {
+    let (Some((created, source)), Some(update)) = (
+        created.filter(|_| answer.status.is_success()),
+        asked.update.as_ref(),
+    ) else {
         return Ok(dress.bytes(answer.status, answer.body.to_vec()));
     };
-    let written = answer.json();
-    let mut reply = json!({
-        "_index": written["_index"], "_id": written["_id"], "_version": written["_version"],
-        "result": if created { "created" } else { "updated" },
-        "_shards": written["_shards"], "_seq_no": written["_seq_no"],
-        "_primary_term": written["_primary_term"],
-    });
-    if update.is_some_and(|u| u.source) {
-        reply["get"] = json!({"_seq_no": written["_seq_no"], "_primary_term": written["_primary_term"], "found": true, "_source": source});
-    }
     let status = if created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok(dress.json(status, &reply))
+    let reply = updated(&answer.json(), created, &source, update);
+    Ok(shape.json(dress, status, &reply))
 }
