@@ -461,3 +461,71 @@ fn a_monitor_name_outside_the_bmp_is_refused_up_front() {
     let err = one_line(&o, 64);
     assert!(err.contains("U+1F600"), "{err}");
 }
+
+/// Every key of the shipped `conf/zkguard.properties` (six of them the prefix of another, as
+/// `server.lock.ttl` of `server.lock.ttl.max`) followed by `extra` lines: the last value wins.
+fn shipped_properties_and(extra: &str) -> tempfile::NamedTempFile {
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/conf/zkguard.properties"
+    ))
+    .unwrap();
+    let f = tempfile::Builder::new()
+        .suffix(".properties")
+        .tempfile()
+        .unwrap();
+    std::fs::write(f.path(), format!("{shipped}\n{extra}")).unwrap();
+    f
+}
+
+/// Each run of `zkguard` has its own hash seeds: the verdict on a file must not depend on them.
+#[test]
+fn every_key_of_the_file_is_read_as_written_on_every_run() {
+    let run = |f: &tempfile::NamedTempFile, args: &[&str]| {
+        zkguard(&closed_port())
+            .arg("--config")
+            .arg(f.path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let bad = shipped_properties_and("server.lock.ttl=banana\n");
+    let unknown = shipped_properties_and("zookeeper.servers.extra=h:1\n");
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "pw\n").unwrap();
+    let ttl = shipped_properties_and(&format!(
+        "server.lock.ttl=45000\nelasticsearch.username=u\nelasticsearch.password.file={}\n",
+        password.display()
+    ));
+    for round in 0..8 {
+        let err = one_line(&run(&bad, &["config", "check"]), 78);
+        assert!(
+            err.contains("`banana` for `server.lock.ttl`"),
+            "{round}: {err}"
+        );
+        let err = one_line(&run(&unknown, &["config", "check"]), 78);
+        assert!(
+            err.contains("unknown key `zookeeper.servers.extra`"),
+            "{round}: {err}"
+        );
+        let o = run(&ttl, &["config", "show", "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{round}: {}", stderr(&o));
+        let shown: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+        let value = |key: &str| {
+            let v = shown.iter().find(|v| v["key"] == key).unwrap();
+            (v["value"].clone(), v["source"].clone())
+        };
+        assert_eq!(
+            value("server.lock.ttl"),
+            ("45000".into(), "file".into()),
+            "{round}"
+        );
+        let file = password.display().to_string();
+        assert_eq!(
+            value("elasticsearch.password.file"),
+            (file.into(), "file".into()),
+            "{round}"
+        );
+    }
+}

@@ -2,8 +2,10 @@
 //!
 //! zkguard reads Java `.properties` files (the format of the original design's
 //! `elasticsearch-details.properties`): `key=value`, `key: value` or `key value`, `#`/`!` comments,
-//! `\uXXXX` escapes and `\` line continuations. Every key has a default (see [`KEYS`]); a file
-//! overrides the defaults and an environment variable overrides the file.
+//! `\uXXXX` escapes and `\` line continuations. Keys are flat names (`server.lock.ttl` and
+//! `server.lock.ttl.max` are two keys); a key given twice takes its last value. Every key has a
+//! default (see [`KEYS`]); a file overrides the defaults and an environment variable overrides the
+//! file.
 //!
 //! # Environment overrides
 //! The variable for a key is `ZKGUARD_` followed by the key in upper case with every `.` replaced by

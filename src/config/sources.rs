@@ -6,8 +6,6 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use config::{Config, Format, Map, Value, ValueKind};
-
 use super::keys::{KEYS, OWNED_NAMESPACES};
 use super::secrets::{masked_value, shown_value, world_readable_secrets};
 use super::settings::Settings;
@@ -23,31 +21,19 @@ impl Default for Settings {
     }
 }
 
-/// The `config` format for Java properties files, backed by `java-properties`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PropertiesFormat;
-
-impl Format for PropertiesFormat {
-    fn parse(
-        &self,
-        uri: Option<&String>,
-        text: &str,
-    ) -> Result<Map<String, Value>, Box<dyn std::error::Error + Send + Sync>> {
-        let mut map = Map::new();
-        let mut iter =
-            java_properties::PropertiesIter::new_with_encoding(text.as_bytes(), encoding_rs::UTF_8);
-        iter.read_into(|k, v| {
-            // Keys are stored flat: dotted property names are not nested tables.
-            map.insert(k.trim().to_string(), Value::new(uri, ValueKind::String(v)));
+/// The `key`/value pairs of a properties file in file order (a repeated key appears each time;
+/// the last one wins, as in Java). Keys are flat names: `server.lock.ttl` and
+/// `server.lock.ttl.max` are two keys, neither nested in the other.
+fn read_properties(path: &Path) -> Result<Vec<(String, String)>, ConfigError> {
+    let text = read_config_file(path)?;
+    let mut pairs = Vec::new();
+    java_properties::PropertiesIter::new_with_encoding(text.as_bytes(), encoding_rs::UTF_8)
+        .read_into(|k, v| pairs.push((k.trim().to_string(), v)))
+        .map_err(|e| ConfigError::File {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
         })?;
-        Ok(map)
-    }
-}
-
-impl config::FileStoredFormat for PropertiesFormat {
-    fn file_extensions(&self) -> &'static [&'static str] {
-        &["properties"]
-    }
+    Ok(pairs)
 }
 
 /// The prefix of zkguard's environment variables.
@@ -300,7 +286,7 @@ fn refuse_backend_switch(
     })
 }
 
-fn raw_values(
+pub(super) fn raw_values(
     path: Option<&Path>,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<HashMap<String, (String, String)>, ConfigError> {
@@ -309,23 +295,8 @@ fn raw_values(
         .map(|(k, v, _)| (k.to_string(), (v.to_string(), "defaults".to_string())))
         .collect();
     if let Some(path) = path {
-        let text = read_config_file(path)?;
-        let file = config::File::from_str(&text, PropertiesFormat);
-        let cfg = Config::builder()
-            .add_source(file)
-            .build()
-            .map_err(|e| ConfigError::File {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            })?;
-        let table: Map<String, Value> = cfg.try_deserialize().map_err(|e| ConfigError::File {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
         let origin = path.display().to_string();
-        let mut flat = Vec::new();
-        flatten(String::new(), table, &mut flat);
-        for (key, value) in flat {
+        for (key, value) in read_properties(path)? {
             if !raw.contains_key(&key) {
                 if OWNED_NAMESPACES.iter().any(|ns| key.starts_with(ns)) {
                     return Err(ConfigError::UnknownKey {
@@ -337,11 +308,7 @@ fn raw_values(
                 tracing::debug!(%key, "ignoring a key outside zkguard's namespaces");
                 continue;
             }
-            let text = value.into_string().map_err(|e| ConfigError::File {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            })?;
-            raw.insert(key, (text.trim().to_string(), origin.clone()));
+            raw.insert(key, (value.trim().to_string(), origin.clone()));
         }
     }
     for (key, _, _) in KEYS {
@@ -357,21 +324,6 @@ fn raw_values(
         }
     }
     Ok(raw)
-}
-
-/// `config` nests dotted keys into tables; zkguard's keys are flat property names again.
-fn flatten(prefix: String, table: Map<String, Value>, out: &mut Vec<(String, Value)>) {
-    for (k, v) in table {
-        let key = if prefix.is_empty() {
-            k
-        } else {
-            format!("{prefix}.{k}")
-        };
-        match v.kind {
-            ValueKind::Table(t) => flatten(key, t, out),
-            _ => out.push((key, v)),
-        }
-    }
 }
 
 /// The "did you mean" hint of an unknown `ZKGUARD_` variable: the closest key's variable.
