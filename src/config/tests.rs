@@ -93,6 +93,49 @@ fn equal_prefixes_are_rejected() {
     );
 }
 
+/// Queue order is the byte order of the two prefixes: a foreground prefix that does not sort
+/// first would make background contenders the first class.
+#[test]
+fn a_foreground_prefix_must_sort_before_the_background_one() {
+    let prefixes = |fg: &str, bg: &str| {
+        write(&format!(
+            "zookeeper.foreground.lock.prefix={fg}\nzookeeper.background.lock.prefix={bg}\n"
+        ))
+    };
+    for (fg, bg) in [
+        ("fg", "bg"),
+        ("foreground", "background"),
+        ("a", "B"),
+        ("B", "A"),
+    ] {
+        let f = prefixes(fg, bg);
+        let err = Settings::load_with_env(Some(f.path()), |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("zookeeper.foreground.lock.prefix={fg}")),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("zookeeper.background.lock.prefix={bg}")),
+            "{err}"
+        );
+        assert!(err.contains("sorts before"), "{err}");
+    }
+    // One prefix beginning with the other is fine: queue nodes are `<prefix>-<sequence>` and
+    // prefixes have no dash, so `A-...` and `AA-...` parse apart (see `zk::names`).
+    for (fg, bg) in [("A", "B"), ("A", "AA"), ("F", "b"), ("fg1", "fg2")] {
+        let s = Settings::load_with_env(Some(prefixes(fg, bg).path()), |_| None).unwrap();
+        assert_eq!(
+            (
+                s.zookeeper.foreground_prefix.as_str(),
+                s.zookeeper.background_prefix.as_str()
+            ),
+            (fg, bg)
+        );
+    }
+}
+
 fn load_env(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
     Settings::load_with_vars(
         None,
