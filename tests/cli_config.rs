@@ -247,34 +247,49 @@ fn durations_beyond_seven_days_are_refused() {
     );
 }
 
-/// `zkguard exec` tells its command which backend held the lock in `ZKGUARD_LOCK_BACKEND`, the
-/// variable that also overrides `lock.backend`: a zkguard run inside the command, with a
-/// configuration file naming the other backend, must not switch backends silently (the two do
-/// not exclude each other). A disagreeing override is refused, naming both and the way out.
+/// `ZKGUARD_LOCK_BACKEND` overrides `lock.backend`, but one that disagrees with the file is
+/// refused rather than switching backends silently (the two do not exclude each other), naming
+/// both and the way out. Only when it equals `ZKGUARD_EXEC_LOCK_BACKEND`, so that it is what
+/// `zkguard exec` exported for its command (deprecated), does the file's backend stand.
 #[test]
 fn a_backend_variable_that_disagrees_with_the_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("zkguard.properties");
-    // `zkguard config check` with the file holding `content`, under ZKGUARD_LOCK_BACKEND=zookeeper.
-    let check = |content: &str| {
+    // `zkguard config check` with the file holding `content`, under ZKGUARD_LOCK_BACKEND=zookeeper
+    // and ZKGUARD_EXEC_LOCK_BACKEND=`held`.
+    let run = |content: &str, held: Option<&str>, args: &[&str]| {
         std::fs::write(&file, content).unwrap();
-        zkguard(&closed_port())
-            .env("ZKGUARD_LOCK_BACKEND", "zookeeper")
-            .arg("--config")
-            .arg(&file)
-            .args(["config", "check"])
-            .output()
-            .unwrap()
+        let mut c = zkguard(&closed_port());
+        c.env("ZKGUARD_LOCK_BACKEND", "zookeeper");
+        if let Some(held) = held {
+            c.env("ZKGUARD_EXEC_LOCK_BACKEND", held);
+        }
+        c.arg("--config").arg(&file).args(args).output().unwrap()
     };
-    let err = one_line(&check("lock.backend=elasticsearch\n"), 78);
-    assert!(err.contains("ZKGUARD_LOCK_BACKEND=zookeeper"), "{err}");
-    assert!(err.contains("lock.backend=elasticsearch"), "{err}");
-    assert!(err.contains("zkguard exec"), "{err}");
+    let check = |content: &str, held: Option<&str>| run(content, held, &["config", "check"]);
+    for held in [None, Some("elasticsearch")] {
+        let err = one_line(&check("lock.backend=elasticsearch\n", held), 78);
+        assert!(err.contains("ZKGUARD_LOCK_BACKEND=zookeeper"), "{err}");
+        assert!(err.contains("lock.backend=elasticsearch"), "{err}");
+        assert!(err.contains("unset ZKGUARD_LOCK_BACKEND"), "{err}");
+    }
     // Agreeing, or with no file setting, the variable is an override as any other.
     for content in ["lock.backend=zookeeper\n", "\n"] {
-        let o = check(content);
+        let o = check(content, None);
         assert_eq!(o.status.code(), Some(0), "{content}: {}", stderr(&o));
     }
+    // What `zkguard exec` exported: the file's backend stands, without a warning.
+    let o = run(
+        "lock.backend=elasticsearch\n",
+        Some("zookeeper"),
+        &["config", "show", "--json"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "");
+    let shown: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let backend = shown.iter().find(|v| v["key"] == "lock.backend").unwrap();
+    assert_eq!(backend["value"], "elasticsearch", "{backend}");
+    assert_eq!(backend["source"], "file", "{backend}");
 }
 
 #[test]

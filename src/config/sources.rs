@@ -39,6 +39,10 @@ fn read_properties(path: &Path) -> Result<Vec<(String, String)>, ConfigError> {
 /// The prefix of zkguard's environment variables.
 const ENV_PREFIX: &str = "ZKGUARD_";
 
+/// What `zkguard exec` tells its command: the backend of the lock it holds for it (not an
+/// override of `lock.backend`, unlike the deprecated `ZKGUARD_LOCK_BACKEND` it also sets).
+pub(crate) const EXEC_BACKEND_VAR: &str = "ZKGUARD_EXEC_LOCK_BACKEND";
+
 /// zkguard's own environment variables that are not configuration keys: the configuration file,
 /// what `zkguard exec` sets for its command (so a zkguard run inside `exec` stays quiet) and the
 /// test kit's. Any `ZKGUARD_TEST_*` variable is the test kit's too.
@@ -47,6 +51,7 @@ pub(crate) const OWN_VARIABLES: &[&str] = &[
     "ZKGUARD_FENCING_TOKEN",
     "ZKGUARD_MONITOR",
     "ZKGUARD_LOCK_TYPE",
+    EXEC_BACKEND_VAR,
     "ZKGUARD_LOCK_BACKEND",
     "ZKGUARD_OSMEM_BIN",
     "ZKGUARD_TANSU_BIN",
@@ -197,6 +202,11 @@ impl Settings {
                         });
                     }
                 }
+            } else if name == EXEC_BACKEND_VAR {
+                // Read by `raw_values` to recognise the deprecated ZKGUARD_LOCK_BACKEND.
+                if let Some(v) = value.to_str() {
+                    values.insert(name.to_string(), v.to_string());
+                }
             } else if !is_own_variable(name) {
                 warnings.push(format!(
                     "environment variable {name} is not a zkguard setting and is ignored{}",
@@ -261,31 +271,38 @@ impl Settings {
     }
 }
 
-/// The raw text of every key with its origin (`defaults`, the file's path, or `environment
-/// variable NAME`): defaults, then the file, then the environment.
-/// `ZKGUARD_LOCK_BACKEND` is both the override of `lock.backend` and what `zkguard exec` tells
-/// its command: a zkguard run inside `exec` with a file naming the other backend would switch
-/// backends without a word, and the two backends do not exclude each other. So the variable may
-/// override a value from the file only when they agree.
-fn refuse_backend_switch(
+/// Whether the `lock.backend` override `var`=`value` applies. `ZKGUARD_LOCK_BACKEND` is also
+/// what `zkguard exec` sets for its command (deprecated, beside `ZKGUARD_EXEC_LOCK_BACKEND`):
+/// when it equals that export (`held`) and a file names another backend, it is exec's
+/// notice, not an override, and the file's backend stands (`Ok(false)`). Otherwise a variable
+/// that disagrees with the file is refused rather than switching backends silently, since the
+/// two backends do not exclude each other.
+fn backend_override(
     raw: &HashMap<String, (String, String)>,
     var: &str,
     value: &str,
-) -> Result<(), ConfigError> {
+    held: Option<&str>,
+) -> Result<bool, ConfigError> {
     let (file_value, origin) = &raw["lock.backend"];
     if origin == "defaults" || file_value == value {
-        return Ok(());
+        return Ok(true);
+    }
+    if held == Some(value) {
+        tracing::debug!(%var, %value, %origin, "{var} is what `zkguard exec` exported, not an override; lock.backend={file_value} from {origin} stands");
+        return Ok(false);
     }
     Err(ConfigError::InvalidValue {
         key: "lock.backend".into(),
         value: value.into(),
         origin: format!("environment variable {var}"),
         expected: format!(
-            "the backend {origin} names: {var}={value} disagrees with lock.backend={file_value} there, and the two backends do not exclude each other (a zkguard run inside `zkguard exec` gets {var} from it); unset {var}, or change lock.backend in {origin}"
+            "the backend {origin} names: {var}={value} disagrees with lock.backend={file_value} there, and the two backends do not exclude each other; unset {var}, or change lock.backend in {origin}"
         ),
     })
 }
 
+/// The raw text of every key with its origin (`defaults`, the file's path, or `environment
+/// variable NAME`): defaults, then the file, then the environment.
 pub(super) fn raw_values(
     path: Option<&Path>,
     env: impl Fn(&str) -> Option<String>,
@@ -311,11 +328,12 @@ pub(super) fn raw_values(
             raw.insert(key, (value.trim().to_string(), origin.clone()));
         }
     }
+    let held = env(EXEC_BACKEND_VAR).map(|v| v.trim().to_string());
     for (key, _, _) in KEYS {
         let var = env_var_for(key);
         if let Some(v) = env(&var) {
-            if *key == "lock.backend" {
-                refuse_backend_switch(&raw, &var, v.trim())?;
+            if *key == "lock.backend" && !backend_override(&raw, &var, v.trim(), held.as_deref())? {
+                continue;
             }
             raw.insert(
                 key.to_string(),
