@@ -247,34 +247,49 @@ fn durations_beyond_seven_days_are_refused() {
     );
 }
 
-/// `zkguard exec` tells its command which backend held the lock in `ZKGUARD_LOCK_BACKEND`, the
-/// variable that also overrides `lock.backend`: a zkguard run inside the command, with a
-/// configuration file naming the other backend, must not switch backends silently (the two do
-/// not exclude each other). A disagreeing override is refused, naming both and the way out.
+/// `ZKGUARD_LOCK_BACKEND` overrides `lock.backend`, but one that disagrees with the file is
+/// refused rather than switching backends silently (the two do not exclude each other), naming
+/// both and the way out. Only when it equals `ZKGUARD_EXEC_LOCK_BACKEND`, so that it is what
+/// `zkguard exec` exported for its command (deprecated), does the file's backend stand.
 #[test]
 fn a_backend_variable_that_disagrees_with_the_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("zkguard.properties");
-    // `zkguard config check` with the file holding `content`, under ZKGUARD_LOCK_BACKEND=zookeeper.
-    let check = |content: &str| {
+    // `zkguard config check` with the file holding `content`, under ZKGUARD_LOCK_BACKEND=zookeeper
+    // and ZKGUARD_EXEC_LOCK_BACKEND=`held`.
+    let run = |content: &str, held: Option<&str>, args: &[&str]| {
         std::fs::write(&file, content).unwrap();
-        zkguard(&closed_port())
-            .env("ZKGUARD_LOCK_BACKEND", "zookeeper")
-            .arg("--config")
-            .arg(&file)
-            .args(["config", "check"])
-            .output()
-            .unwrap()
+        let mut c = zkguard(&closed_port());
+        c.env("ZKGUARD_LOCK_BACKEND", "zookeeper");
+        if let Some(held) = held {
+            c.env("ZKGUARD_EXEC_LOCK_BACKEND", held);
+        }
+        c.arg("--config").arg(&file).args(args).output().unwrap()
     };
-    let err = one_line(&check("lock.backend=elasticsearch\n"), 78);
-    assert!(err.contains("ZKGUARD_LOCK_BACKEND=zookeeper"), "{err}");
-    assert!(err.contains("lock.backend=elasticsearch"), "{err}");
-    assert!(err.contains("zkguard exec"), "{err}");
+    let check = |content: &str, held: Option<&str>| run(content, held, &["config", "check"]);
+    for held in [None, Some("elasticsearch")] {
+        let err = one_line(&check("lock.backend=elasticsearch\n", held), 78);
+        assert!(err.contains("ZKGUARD_LOCK_BACKEND=zookeeper"), "{err}");
+        assert!(err.contains("lock.backend=elasticsearch"), "{err}");
+        assert!(err.contains("unset ZKGUARD_LOCK_BACKEND"), "{err}");
+    }
     // Agreeing, or with no file setting, the variable is an override as any other.
     for content in ["lock.backend=zookeeper\n", "\n"] {
-        let o = check(content);
+        let o = check(content, None);
         assert_eq!(o.status.code(), Some(0), "{content}: {}", stderr(&o));
     }
+    // What `zkguard exec` exported: the file's backend stands, without a warning.
+    let o = run(
+        "lock.backend=elasticsearch\n",
+        Some("zookeeper"),
+        &["config", "show", "--json"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "");
+    let shown: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let backend = shown.iter().find(|v| v["key"] == "lock.backend").unwrap();
+    assert_eq!(backend["value"], "elasticsearch", "{backend}");
+    assert_eq!(backend["source"], "file", "{backend}");
 }
 
 #[test]
@@ -460,4 +475,72 @@ fn a_monitor_name_outside_the_bmp_is_refused_up_front() {
         .unwrap();
     let err = one_line(&o, 64);
     assert!(err.contains("U+1F600"), "{err}");
+}
+
+/// Every key of the shipped `conf/zkguard.properties` (six of them the prefix of another, as
+/// `server.lock.ttl` of `server.lock.ttl.max`) followed by `extra` lines: the last value wins.
+fn shipped_properties_and(extra: &str) -> tempfile::NamedTempFile {
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/conf/zkguard.properties"
+    ))
+    .unwrap();
+    let f = tempfile::Builder::new()
+        .suffix(".properties")
+        .tempfile()
+        .unwrap();
+    std::fs::write(f.path(), format!("{shipped}\n{extra}")).unwrap();
+    f
+}
+
+/// Each run of `zkguard` has its own hash seeds: the verdict on a file must not depend on them.
+#[test]
+fn every_key_of_the_file_is_read_as_written_on_every_run() {
+    let run = |f: &tempfile::NamedTempFile, args: &[&str]| {
+        zkguard(&closed_port())
+            .arg("--config")
+            .arg(f.path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let bad = shipped_properties_and("server.lock.ttl=banana\n");
+    let unknown = shipped_properties_and("zookeeper.servers.extra=h:1\n");
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "pw\n").unwrap();
+    let ttl = shipped_properties_and(&format!(
+        "server.lock.ttl=45000\nelasticsearch.username=u\nelasticsearch.password.file={}\n",
+        password.display()
+    ));
+    for round in 0..8 {
+        let err = one_line(&run(&bad, &["config", "check"]), 78);
+        assert!(
+            err.contains("`banana` for `server.lock.ttl`"),
+            "{round}: {err}"
+        );
+        let err = one_line(&run(&unknown, &["config", "check"]), 78);
+        assert!(
+            err.contains("unknown key `zookeeper.servers.extra`"),
+            "{round}: {err}"
+        );
+        let o = run(&ttl, &["config", "show", "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{round}: {}", stderr(&o));
+        let shown: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+        let value = |key: &str| {
+            let v = shown.iter().find(|v| v["key"] == key).unwrap();
+            (v["value"].clone(), v["source"].clone())
+        };
+        assert_eq!(
+            value("server.lock.ttl"),
+            ("45000".into(), "file".into()),
+            "{round}"
+        );
+        let file = password.display().to_string();
+        assert_eq!(
+            value("elasticsearch.password.file"),
+            (file.into(), "file".into()),
+            "{round}"
+        );
+    }
 }

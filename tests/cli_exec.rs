@@ -773,3 +773,41 @@ fn json_reports_token_wait_and_hold_times() {
     assert_eq!(e["error"], "unavailable");
     assert!(e["message"].as_str().unwrap().contains("zookeeper.servers"));
 }
+
+/// A zkguard run by the command with a configuration of its own that names the other backend
+/// is not refused: `exec` exports the held lock's backend as `ZKGUARD_EXEC_LOCK_BACKEND`, and
+/// the deprecated `ZKGUARD_LOCK_BACKEND` it still exports does not override that file's
+/// `lock.backend`.
+#[test]
+fn a_nested_zkguard_keeps_its_own_configuration() {
+    let zk = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("other.properties");
+    std::fs::write(
+        &other,
+        "lock.backend=elasticsearch\nelasticsearch.url=http://127.0.0.1:9\n",
+    )
+    .unwrap();
+    let zkguard_bin = env!("CARGO_BIN_EXE_zkguard");
+    let o = zkguard(&zk.connect_string(), &root("nested"))
+        .args(["exec", "--monitor", "outer", "--", "sh", "-c"])
+        .arg(
+            r#"test "$ZKGUARD_EXEC_LOCK_BACKEND" = zookeeper && test "$ZKGUARD_LOCK_BACKEND" = zookeeper || exit 9
+               "$0" --config "$1" config check && "$0" --config "$1" config show --json"#,
+        )
+        .arg(zkguard_bin)
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let json = &stdout[stdout.find('[').expect("config show --json")..];
+    let shown: Vec<serde_json::Value> = serde_json::from_str(json).unwrap();
+    let backend = shown.iter().find(|v| v["key"] == "lock.backend").unwrap();
+    assert_eq!(
+        (&backend["value"], &backend["source"]),
+        (&"elasticsearch".into(), &"file".into()),
+        "{backend}"
+    );
+}

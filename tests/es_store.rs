@@ -785,3 +785,72 @@ async fn basic_auth_is_sent_when_configured() {
     );
     assert_eq!(auth(&heads[2]), None);
 }
+
+/// Every index zkguard creates for itself (the lease lock's, the dead letters', the
+/// multi-document transactions' accounts and log, the document transactions' log) leaves a
+/// one-node cluster green: each is created with `auto_expand_replicas: 0-1`, not the default
+/// one replica that a single node cannot allocate.
+#[tokio::test]
+async fn zkguard_own_indices_keep_a_one_node_cluster_green() {
+    use zkguard::eslock::EsLockService;
+    use zkguard::txn::multi::Transactions;
+    use zkguard::txn::Coordinator;
+    use zkguard::write::deadletter::{DeadLetter, DeadLetterSink, EsSink};
+    use zkguard::write::guarded::GuardedError;
+    use zkguard::write::ops::Operation;
+    use zkguard::{LockError, LockRequest, LockService, LockType};
+
+    let server = start_osmem();
+    let es: Arc<dyn DocStore> = Arc::new(store(&server));
+    let settings = Settings::default();
+    let locks = Arc::new(EsLockService::from_settings(&settings, es.clone()).unwrap());
+    let guard = locks.acquire(LockRequest::new("m", "green")).await.unwrap();
+    guard.unlock().await.unwrap();
+    let op = Operation::index("m", "articles", "1", json!({"n": 1}));
+    let err = GuardedError::Lock(LockError::Timeout {
+        monitor: "m".into(),
+        lock_type: LockType::Foreground,
+        waited: Duration::from_millis(1),
+        blocked_by: None,
+    });
+    let now = std::time::SystemTime::now();
+    EsSink::new(es.clone(), settings.retry.index.clone())
+        .park(&DeadLetter::new(&op, 1, &err, now, now))
+        .await
+        .unwrap();
+    Coordinator::new(es.clone(), settings.txn.clone())
+        .ensure_indices()
+        .await
+        .unwrap();
+    Transactions::new(locks, es.clone(), settings.txn.clone())
+        .ensure_index()
+        .await
+        .unwrap();
+
+    let http = reqwest::Client::new();
+    let get = |path: String| {
+        let http = http.clone();
+        let url = format!("{}/{path}", server.url());
+        async move {
+            let body = http.get(&url).send().await.unwrap().bytes().await.unwrap();
+            serde_json::from_slice::<Value>(&body).unwrap()
+        }
+    };
+    let health = get("_cluster/health?wait_for_status=green&timeout=5s".into()).await;
+    assert_eq!(health["status"], "green", "{health}");
+    assert_eq!(health["timed_out"], false, "{health}");
+    for index in [
+        &settings.es_lock.index,
+        &settings.retry.index,
+        &settings.txn.accounts_index,
+        &settings.txn.transactions_index,
+        &settings.txn.log_index,
+    ] {
+        let found = get(format!("{index}/_settings")).await;
+        assert_eq!(
+            found[index.as_str()]["settings"]["index"]["auto_expand_replicas"],
+            "0-1",
+            "{index}: {found}"
+        );
+    }
+}

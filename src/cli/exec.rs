@@ -109,6 +109,8 @@ pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
         .env("ZKGUARD_FENCING_TOKEN", token.to_string())
         .env("ZKGUARD_MONITOR", &args.monitor)
         .env("ZKGUARD_LOCK_TYPE", args.lock_type.to_string())
+        .env("ZKGUARD_EXEC_LOCK_BACKEND", service.backend_name())
+        // Deprecated (it is also the override of lock.backend): kept for one release.
         .env("ZKGUARD_LOCK_BACKEND", service.backend_name())
         .stdin(Stdio::inherit())
         .kill_on_drop(true);

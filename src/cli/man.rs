@@ -208,8 +208,13 @@ fn sections() -> String {
     );
     entry(
         &mut p,
-        "ZKGUARD_FENCING_TOKEN, ZKGUARD_MONITOR, ZKGUARD_LOCK_TYPE, ZKGUARD_LOCK_BACKEND",
-        "set by zkguard exec for its command: the lock's fencing token (write it as the document's external version), monitor, lock type and backend. ZKGUARD_LOCK_BACKEND also overrides lock.backend, so a zkguard run by the command uses the same backend; one that disagrees with the configuration file is refused (78)",
+        "ZKGUARD_FENCING_TOKEN, ZKGUARD_MONITOR, ZKGUARD_LOCK_TYPE, ZKGUARD_EXEC_LOCK_BACKEND",
+        "set by zkguard exec for its command: the lock's fencing token (write it as the document's external version), monitor, lock type and backend",
+    );
+    entry(
+        &mut p,
+        "ZKGUARD_LOCK_BACKEND",
+        "the override of lock.backend; one that disagrees with the configuration file is refused (78). zkguard exec also sets it for its command, deprecated (read ZKGUARD_EXEC_LOCK_BACKEND): a zkguard run by the command without a lock.backend of its own uses the same backend, and one whose file names another backend keeps it when ZKGUARD_LOCK_BACKEND equals ZKGUARD_EXEC_LOCK_BACKEND",
     );
     p.push_str(".PP\nEvery configuration key can be set by a variable named after it, which overrides the file:\n");
     for (key, default, _) in KEYS {

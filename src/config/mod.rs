@@ -2,8 +2,10 @@
 //!
 //! zkguard reads Java `.properties` files (the format of the original design's
 //! `elasticsearch-details.properties`): `key=value`, `key: value` or `key value`, `#`/`!` comments,
-//! `\uXXXX` escapes and `\` line continuations. Every key has a default (see [`KEYS`]); a file
-//! overrides the defaults and an environment variable overrides the file.
+//! `\uXXXX` escapes and `\` line continuations. Keys are flat names (`server.lock.ttl` and
+//! `server.lock.ttl.max` are two keys); a key given twice takes its last value. Every key has a
+//! default (see [`KEYS`]); a file overrides the defaults and an environment variable overrides the
+//! file.
 //!
 //! # Environment overrides
 //! The variable for a key is `ZKGUARD_` followed by the key in upper case with every `.` replaced by
@@ -11,7 +13,8 @@
 //!
 //! Any other variable starting with `ZKGUARD_` draws a warning (with a "did you mean" hint), except
 //! zkguard's own variables: `ZKGUARD_CONFIG`, the variables `zkguard exec` sets for its command
-//! (`ZKGUARD_FENCING_TOKEN`, `ZKGUARD_MONITOR`, `ZKGUARD_LOCK_TYPE`, `ZKGUARD_LOCK_BACKEND`), the
+//! (`ZKGUARD_FENCING_TOKEN`, `ZKGUARD_MONITOR`, `ZKGUARD_LOCK_TYPE`, `ZKGUARD_EXEC_LOCK_BACKEND`
+//! and the deprecated `ZKGUARD_LOCK_BACKEND`, which is also the override of `lock.backend`), the
 //! test kit's (`ZKGUARD_OSMEM_BIN`, `ZKGUARD_TANSU_BIN`, `ZKGUARD_KEEP_SERVER_DIRS`) and any `ZKGUARD_TEST_*`. A
 //! variable that names a key but whose value is not UTF-8 is an error.
 //!

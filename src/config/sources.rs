@@ -6,8 +6,6 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use config::{Config, Format, Map, Value, ValueKind};
-
 use super::keys::{KEYS, OWNED_NAMESPACES};
 use super::secrets::{masked_value, shown_value, world_readable_secrets};
 use super::settings::Settings;
@@ -23,35 +21,27 @@ impl Default for Settings {
     }
 }
 
-/// The `config` format for Java properties files, backed by `java-properties`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PropertiesFormat;
-
-impl Format for PropertiesFormat {
-    fn parse(
-        &self,
-        uri: Option<&String>,
-        text: &str,
-    ) -> Result<Map<String, Value>, Box<dyn std::error::Error + Send + Sync>> {
-        let mut map = Map::new();
-        let mut iter =
-            java_properties::PropertiesIter::new_with_encoding(text.as_bytes(), encoding_rs::UTF_8);
-        iter.read_into(|k, v| {
-            // Keys are stored flat: dotted property names are not nested tables.
-            map.insert(k.trim().to_string(), Value::new(uri, ValueKind::String(v)));
+/// The `key`/value pairs of a properties file in file order (a repeated key appears each time;
+/// the last one wins, as in Java). Keys are flat names: `server.lock.ttl` and
+/// `server.lock.ttl.max` are two keys, neither nested in the other.
+fn read_properties(path: &Path) -> Result<Vec<(String, String)>, ConfigError> {
+    let text = read_config_file(path)?;
+    let mut pairs = Vec::new();
+    java_properties::PropertiesIter::new_with_encoding(text.as_bytes(), encoding_rs::UTF_8)
+        .read_into(|k, v| pairs.push((k.trim().to_string(), v)))
+        .map_err(|e| ConfigError::File {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
         })?;
-        Ok(map)
-    }
-}
-
-impl config::FileStoredFormat for PropertiesFormat {
-    fn file_extensions(&self) -> &'static [&'static str] {
-        &["properties"]
-    }
+    Ok(pairs)
 }
 
 /// The prefix of zkguard's environment variables.
 const ENV_PREFIX: &str = "ZKGUARD_";
+
+/// What `zkguard exec` tells its command: the backend of the lock it holds for it (not an
+/// override of `lock.backend`, unlike the deprecated `ZKGUARD_LOCK_BACKEND` it also sets).
+pub(crate) const EXEC_BACKEND_VAR: &str = "ZKGUARD_EXEC_LOCK_BACKEND";
 
 /// zkguard's own environment variables that are not configuration keys: the configuration file,
 /// what `zkguard exec` sets for its command (so a zkguard run inside `exec` stays quiet) and the
@@ -61,6 +51,7 @@ pub(crate) const OWN_VARIABLES: &[&str] = &[
     "ZKGUARD_FENCING_TOKEN",
     "ZKGUARD_MONITOR",
     "ZKGUARD_LOCK_TYPE",
+    EXEC_BACKEND_VAR,
     "ZKGUARD_LOCK_BACKEND",
     "ZKGUARD_OSMEM_BIN",
     "ZKGUARD_TANSU_BIN",
@@ -211,6 +202,11 @@ impl Settings {
                         });
                     }
                 }
+            } else if name == EXEC_BACKEND_VAR {
+                // Read by `raw_values` to recognise the deprecated ZKGUARD_LOCK_BACKEND.
+                if let Some(v) = value.to_str() {
+                    values.insert(name.to_string(), v.to_string());
+                }
             } else if !is_own_variable(name) {
                 warnings.push(format!(
                     "environment variable {name} is not a zkguard setting and is ignored{}",
@@ -275,32 +271,39 @@ impl Settings {
     }
 }
 
-/// The raw text of every key with its origin (`defaults`, the file's path, or `environment
-/// variable NAME`): defaults, then the file, then the environment.
-/// `ZKGUARD_LOCK_BACKEND` is both the override of `lock.backend` and what `zkguard exec` tells
-/// its command: a zkguard run inside `exec` with a file naming the other backend would switch
-/// backends without a word, and the two backends do not exclude each other. So the variable may
-/// override a value from the file only when they agree.
-fn refuse_backend_switch(
+/// Whether the `lock.backend` override `var`=`value` applies. `ZKGUARD_LOCK_BACKEND` is also
+/// what `zkguard exec` sets for its command (deprecated, beside `ZKGUARD_EXEC_LOCK_BACKEND`):
+/// when it equals that export (`held`) and a file names another backend, it is exec's
+/// notice, not an override, and the file's backend stands (`Ok(false)`). Otherwise a variable
+/// that disagrees with the file is refused rather than switching backends silently, since the
+/// two backends do not exclude each other.
+fn backend_override(
     raw: &HashMap<String, (String, String)>,
     var: &str,
     value: &str,
-) -> Result<(), ConfigError> {
+    held: Option<&str>,
+) -> Result<bool, ConfigError> {
     let (file_value, origin) = &raw["lock.backend"];
     if origin == "defaults" || file_value == value {
-        return Ok(());
+        return Ok(true);
+    }
+    if held == Some(value) {
+        tracing::debug!(%var, %value, %origin, "{var} is what `zkguard exec` exported, not an override; lock.backend={file_value} from {origin} stands");
+        return Ok(false);
     }
     Err(ConfigError::InvalidValue {
         key: "lock.backend".into(),
         value: value.into(),
         origin: format!("environment variable {var}"),
         expected: format!(
-            "the backend {origin} names: {var}={value} disagrees with lock.backend={file_value} there, and the two backends do not exclude each other (a zkguard run inside `zkguard exec` gets {var} from it); unset {var}, or change lock.backend in {origin}"
+            "the backend {origin} names: {var}={value} disagrees with lock.backend={file_value} there, and the two backends do not exclude each other; unset {var}, or change lock.backend in {origin}"
         ),
     })
 }
 
-fn raw_values(
+/// The raw text of every key with its origin (`defaults`, the file's path, or `environment
+/// variable NAME`): defaults, then the file, then the environment.
+pub(super) fn raw_values(
     path: Option<&Path>,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<HashMap<String, (String, String)>, ConfigError> {
@@ -309,23 +312,8 @@ fn raw_values(
         .map(|(k, v, _)| (k.to_string(), (v.to_string(), "defaults".to_string())))
         .collect();
     if let Some(path) = path {
-        let text = read_config_file(path)?;
-        let file = config::File::from_str(&text, PropertiesFormat);
-        let cfg = Config::builder()
-            .add_source(file)
-            .build()
-            .map_err(|e| ConfigError::File {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            })?;
-        let table: Map<String, Value> = cfg.try_deserialize().map_err(|e| ConfigError::File {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
         let origin = path.display().to_string();
-        let mut flat = Vec::new();
-        flatten(String::new(), table, &mut flat);
-        for (key, value) in flat {
+        for (key, value) in read_properties(path)? {
             if !raw.contains_key(&key) {
                 if OWNED_NAMESPACES.iter().any(|ns| key.starts_with(ns)) {
                     return Err(ConfigError::UnknownKey {
@@ -337,18 +325,15 @@ fn raw_values(
                 tracing::debug!(%key, "ignoring a key outside zkguard's namespaces");
                 continue;
             }
-            let text = value.into_string().map_err(|e| ConfigError::File {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            })?;
-            raw.insert(key, (text.trim().to_string(), origin.clone()));
+            raw.insert(key, (value.trim().to_string(), origin.clone()));
         }
     }
+    let held = env(EXEC_BACKEND_VAR).map(|v| v.trim().to_string());
     for (key, _, _) in KEYS {
         let var = env_var_for(key);
         if let Some(v) = env(&var) {
-            if *key == "lock.backend" {
-                refuse_backend_switch(&raw, &var, v.trim())?;
+            if *key == "lock.backend" && !backend_override(&raw, &var, v.trim(), held.as_deref())? {
+                continue;
             }
             raw.insert(
                 key.to_string(),
@@ -357,21 +342,6 @@ fn raw_values(
         }
     }
     Ok(raw)
-}
-
-/// `config` nests dotted keys into tables; zkguard's keys are flat property names again.
-fn flatten(prefix: String, table: Map<String, Value>, out: &mut Vec<(String, Value)>) {
-    for (k, v) in table {
-        let key = if prefix.is_empty() {
-            k
-        } else {
-            format!("{prefix}.{k}")
-        };
-        match v.kind {
-            ValueKind::Table(t) => flatten(key, t, out),
-            _ => out.push((key, v)),
-        }
-    }
 }
 
 /// The "did you mean" hint of an unknown `ZKGUARD_` variable: the closest key's variable.

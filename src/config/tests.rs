@@ -93,6 +93,49 @@ fn equal_prefixes_are_rejected() {
     );
 }
 
+/// Queue order is the byte order of the two prefixes: a foreground prefix that does not sort
+/// first would make background contenders the first class.
+#[test]
+fn a_foreground_prefix_must_sort_before_the_background_one() {
+    let prefixes = |fg: &str, bg: &str| {
+        write(&format!(
+            "zookeeper.foreground.lock.prefix={fg}\nzookeeper.background.lock.prefix={bg}\n"
+        ))
+    };
+    for (fg, bg) in [
+        ("fg", "bg"),
+        ("foreground", "background"),
+        ("a", "B"),
+        ("B", "A"),
+    ] {
+        let f = prefixes(fg, bg);
+        let err = Settings::load_with_env(Some(f.path()), |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("zookeeper.foreground.lock.prefix={fg}")),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("zookeeper.background.lock.prefix={bg}")),
+            "{err}"
+        );
+        assert!(err.contains("sorts before"), "{err}");
+    }
+    // One prefix beginning with the other is fine: queue nodes are `<prefix>-<sequence>` and
+    // prefixes have no dash, so `A-...` and `AA-...` parse apart (see `zk::names`).
+    for (fg, bg) in [("A", "B"), ("A", "AA"), ("F", "b"), ("fg1", "fg2")] {
+        let s = Settings::load_with_env(Some(prefixes(fg, bg).path()), |_| None).unwrap();
+        assert_eq!(
+            (
+                s.zookeeper.foreground_prefix.as_str(),
+                s.zookeeper.background_prefix.as_str()
+            ),
+            (fg, bg)
+        );
+    }
+}
+
 fn load_env(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
     Settings::load_with_vars(
         None,
@@ -483,6 +526,7 @@ fn unknown_zkguard_variables_warn_and_own_ones_do_not() {
         ("ZKGUARD_MONITOR", "m"),
         ("ZKGUARD_LOCK_TYPE", "foreground"),
         ("ZKGUARD_LOCK_BACKEND", "zookeeper"),
+        ("ZKGUARD_EXEC_LOCK_BACKEND", "zookeeper"),
         ("ZKGUARD_OSMEM_BIN", "/x"),
         ("ZKGUARD_KEEP_SERVER_DIRS", "1"),
         ("ZKGUARD_TEST_HOOK", "1"),
@@ -612,4 +656,92 @@ fn shipped_properties_file_lists_every_key_with_its_default() {
         "conf/zkguard.properties has keys zkguard does not know"
     );
     Settings::load_with_env(Some(&path), |_| None).unwrap();
+}
+
+/// A properties file setting every key of [`KEYS`], each to `value(key, default)`.
+fn every_key(value: impl Fn(&str, &str) -> String) -> String {
+    KEYS.iter()
+        .map(|(k, d, _)| format!("{k}={}\n", value(k, d)))
+        .collect()
+}
+
+/// The verdict of loading `f`: `accepted` or the error's message.
+fn verdict(f: &tempfile::NamedTempFile) -> String {
+    match Settings::load_with_env(Some(f.path()), |_| None) {
+        Ok(_) => "accepted".into(),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn every_key_is_read_as_written_beside_the_keys_it_prefixes() {
+    // `server.lock.ttl` and `server.lock.ttl.max`, `elasticsearch.password` and
+    // `elasticsearch.password.file`, ...: the properties file is a flat list of keys.
+    assert!(
+        KEYS.iter()
+            .any(|(a, _, _)| KEYS.iter().any(|(b, _, _)| b.starts_with(&format!("{a}.")))),
+        "no key is the prefix of another: this test checks nothing"
+    );
+    let f = write(&every_key(|k, _| format!("written {k}")));
+    let origin = f.path().display().to_string();
+    for round in 0..50 {
+        let raw = sources::raw_values(Some(f.path()), |_| None).unwrap();
+        for (k, _, _) in KEYS {
+            assert_eq!(
+                raw[*k],
+                (format!("written {k}"), origin.clone()),
+                "round {round}: {k}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_last_of_repeated_keys_wins_in_file_order() {
+    let f = write("server.lock.ttl=1s\nserver.lock.ttl.max=9m\nserver.lock.ttl=45000\n");
+    for _ in 0..20 {
+        let s = Settings::load_with_env(Some(f.path()), |_| None).unwrap();
+        assert_eq!(s.server.lock_ttl, Duration::from_millis(45000));
+        assert_eq!(s.server.lock_ttl_max, Duration::from_secs(540));
+    }
+}
+
+#[test]
+fn a_wrong_value_of_any_key_among_all_gets_the_same_verdict_every_time() {
+    for (key, _, _) in KEYS {
+        let f = write(&every_key(|k, d| {
+            if k == *key {
+                "banana".into()
+            } else {
+                d.into()
+            }
+        }));
+        let verdicts: std::collections::BTreeSet<String> = (0..10).map(|_| verdict(&f)).collect();
+        assert_eq!(verdicts.len(), 1, "{key}=banana: {verdicts:?}");
+    }
+    for key in ["server.lock.ttl", "server.lock.ttl.max", "server.queue.max"] {
+        let f = write(&every_key(|k, d| {
+            if k == key {
+                "banana".into()
+            } else {
+                d.into()
+            }
+        }));
+        for _ in 0..10 {
+            let v = verdict(&f);
+            assert!(v.contains(&format!("`banana` for `{key}`")), "{key}: {v}");
+        }
+    }
+}
+
+#[test]
+fn an_unknown_key_beside_all_known_ones_is_always_refused() {
+    for (key, _, _) in KEYS {
+        let unknown = format!("{key}.extra");
+        let f = write(&format!("{}{unknown}=1\n", every_key(|_, d| d.into())));
+        for _ in 0..10 {
+            let v = verdict(&f);
+            assert!(v.contains(&format!("unknown key `{unknown}`")), "{v}");
+        }
+    }
 }

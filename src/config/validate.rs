@@ -70,6 +70,9 @@ impl Settings {
                 expected: "a prefix different from zookeeper.foreground.lock.prefix".into(),
             });
         }
+        if zookeeper.foreground_prefix > zookeeper.background_prefix {
+            return Err(prefixes_out_of_order(raw));
+        }
         let mut urls = r.urls("elasticsearch.url")?;
         let password = r.secret("elasticsearch.password", "elasticsearch.password.file")?;
         let api_key = r.secret("elasticsearch.api.key", "elasticsearch.api.key.file")?;
@@ -286,5 +289,21 @@ impl Settings {
             source: None,
             warnings: r.insecure_tls_warning(),
         })
+    }
+}
+
+/// The error for a foreground prefix that sorts after the background one: queue order is the
+/// byte order of the prefixes (the lower one is served first), so background contenders would
+/// go first.
+fn prefixes_out_of_order(raw: &HashMap<String, (String, String)>) -> ConfigError {
+    let (fg, origin) = &raw["zookeeper.foreground.lock.prefix"];
+    let (bg, _) = &raw["zookeeper.background.lock.prefix"];
+    ConfigError::InvalidValue {
+        key: "zookeeper.foreground.lock.prefix".into(),
+        value: fg.clone(),
+        origin: origin.clone(),
+        expected: format!(
+            "a prefix that sorts before the background one: queue nodes are served in the byte order of their prefixes, so with zookeeper.foreground.lock.prefix={fg} and zookeeper.background.lock.prefix={bg} background contenders would go first; choose a foreground prefix that sorts lower (ASCII order: digits, upper case, `_`, lower case), e.g. A and B, or swap the two"
+        ),
     }
 }

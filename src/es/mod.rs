@@ -23,6 +23,19 @@ pub use client::{error_chain, EsStore};
 pub use hook::{HookedStore, IndexGate, StoreCall, StoreHook};
 pub use merge::merge_partial;
 
+/// The body [`DocStore::ensure_index`] creates one of zkguard's own indices with (the lease
+/// lock's, the dead letters', the transactions' accounts and log, the document transactions'
+/// log): `mappings` and `auto_expand_replicas: 0-1`, so that the index has a replica wherever a
+/// second data node can hold one and none on a single node, which would otherwise stay yellow
+/// with an unassigned replica. `number_of_replicas: 0` is the count the index starts with;
+/// Elasticsearch raises it to 1 as soon as a second data node is there.
+pub(crate) fn own_index_body(mappings: Value) -> Value {
+    serde_json::json!({
+        "settings": {"index": {"number_of_replicas": 0, "auto_expand_replicas": "0-1"}},
+        "mappings": mappings,
+    })
+}
+
 /// Errors of the document-store layer. Each HTTP failure class maps to its own variant.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]

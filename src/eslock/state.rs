@@ -106,7 +106,10 @@ impl Inner {
         self.index_ready
             .get_or_try_init(|| async {
                 self.store
-                    .ensure_index(&self.cfg.index, &record::mappings())
+                    .ensure_index(
+                        &self.cfg.index,
+                        &crate::es::own_index_body(record::mappings()),
+                    )
                     .await
             })
             .await

@@ -190,6 +190,7 @@ impl Coordinator {
                     (&self.settings.accounts_index, accounts_mappings()),
                     (&self.settings.transactions_index, transactions_mappings()),
                 ] {
+                    let mappings = crate::es::own_index_body(mappings);
                     self.retrying(|| self.store.ensure_index(index, &mappings))
                         .await
                         .map_err(|e| store_err(format!("creating index `{index}`"), e))?;

@@ -110,6 +110,19 @@ mod tests {
     }
 
     #[test]
+    fn a_prefix_that_begins_another_parses_apart() {
+        // Prefixes have no dash (the configuration refuses one), so the last dash ends the
+        // prefix: `A` and `AA` are two classes, `A` first.
+        let q = Queue::from_children(&["AA-0000000001", "A-0000000002"]);
+        let parsed: Vec<_> = q
+            .nodes
+            .iter()
+            .map(|n| (n.prefix.as_str(), n.sequence))
+            .collect();
+        assert_eq!(parsed, [("A", 2), ("AA", 1)]);
+    }
+
+    #[test]
     fn scenario_three_order() {
         // Client1 holds A-1, Client2 queued B-2, Client3 arrives with A-3: A-3 goes before B-2.
         let q = Queue::from_children(&[

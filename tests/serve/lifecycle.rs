@@ -156,3 +156,41 @@ fn start_failures_exit_with_the_documented_status() {
     assert_eq!(o.status.code(), Some(78), "{err}");
     assert!(err.contains("server.listen"), "{err}");
 }
+
+/// On a one-node cluster of its own, the indices `zkguard serve` creates (the document
+/// transactions' log at start, the lease lock's on the first lock) leave the cluster green.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_indices_the_service_creates_leave_a_one_node_cluster_green() {
+    let es = OsmemServer::start().expect("start osmem-server");
+    let mut env = Env::new(&shared_zk().connect_string(), "green")
+        .with("ZKGUARD_LOCK_BACKEND", "elasticsearch");
+    env.es = es.url().to_string();
+    let s = env.start("a");
+    let c = client();
+    let es_get = |path: &str| {
+        let (c, url) = (c.clone(), format!("{}/{path}", es.url()));
+        async move { call(&c, Method::GET, &url, None).await }
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the service created its transaction log",
+        || async { es_get("zkguard-txn-log").await.0 == StatusCode::OK },
+    )
+    .await;
+    let (status, lock) = call(&c, Method::POST, &s.url("/v1/locks/green-m?ttl=30s"), None).await;
+    assert_eq!(status, StatusCode::OK, "{lock}");
+    let (_, indices) = es_get("_cat/indices?format=json").await;
+    let names: HashSet<&str> = indices
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["index"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        HashSet::from(["zkguard-txn-log", "zkguard-locks"]),
+        "{indices}"
+    );
+    let (_, health) = es_get("_cluster/health?wait_for_status=green&timeout=5s").await;
+    assert_eq!(health["status"], "green", "{health}");
+}

@@ -172,7 +172,7 @@ impl Transactions {
         self.ready
             .get_or_try_init(|| async {
                 let index = &self.settings.log_index;
-                let mappings = log_mappings();
+                let mappings = crate::es::own_index_body(log_mappings());
                 self.retrying(|| self.store.ensure_index(index, &mappings))
                     .await
                     .map_err(|e| store_err(format!("creating the log index `{index}`"), e))

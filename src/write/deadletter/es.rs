@@ -97,7 +97,7 @@ impl EsSink {
         self.ready
             .get_or_try_init(|| async {
                 self.store
-                    .ensure_index(&self.index, &Self::mappings())
+                    .ensure_index(&self.index, &crate::es::own_index_body(Self::mappings()))
                     .await
             })
             .await
