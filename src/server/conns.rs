@@ -4,7 +4,8 @@
 //! - **Header and idle timeout** (`server.header.timeout`): a connection must send the complete
 //!   headers of a request within this time of its opening (the TLS handshake included) or of its
 //!   previous answer. Idle keep-alive connections, half-sent headers and slowloris senders are
-//!   closed then. The body has its own limit (`server.body.timeout`, in the routes).
+//!   closed then. The body has its own limit (`server.body.timeout`, in the API's routes and in
+//!   the gate's handler).
 //! - **Connection limit** (`server.max.connections`, lowered at start to fit the open-files
 //!   limit, so that the service never runs out of descriptors): a connection that arrives at the
 //!   limit makes room by closing the longest-idle connection (one that is not handling a

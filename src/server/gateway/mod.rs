@@ -12,10 +12,12 @@
 
 mod atomic;
 mod backend;
+mod body;
 mod bulk;
 mod gate;
 mod handler;
 mod merge;
+mod own;
 mod reply;
 mod route;
 mod single;
