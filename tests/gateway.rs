@@ -9,13 +9,15 @@ mod serve_support;
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use gateway_support::*;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use serve_support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_official_python_clients_write_through_the_gate_and_every_version_is_a_token() {
@@ -1152,4 +1154,256 @@ async fn guarded_single_writes_answer_as_the_cluster_answers() {
         differ.len(),
         differ.join("\n")
     );
+}
+
+/// The gate's `host:port`.
+fn gate_addr(s: &Service) -> String {
+    s.started["gateway"].as_str().unwrap().to_string()
+}
+
+/// Everything the server sends on `tcp` until it closes it (end of stream or reset).
+async fn until_closed(mut tcp: TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tcp.read(&mut buf).await {
+            Ok(0) | Err(_) => return String::from_utf8_lossy(&got).to_string(),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Sends the head of a `POST path` announcing `Content-Length: 1000` with
+/// `Expect: 100-continue`, waits for the gate's `100 Continue` (the request is then being
+/// handled, its connection busy), sends part of the body and stalls.
+async fn stall_body(addr: &str, path: &str) -> TcpStream {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n"
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(n > 0, "{path}: closed before 100 Continue");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 100"), "{path}: {text}");
+    tcp.write_all(br#"{"index":{"_index":"st"#).await.unwrap();
+    tcp
+}
+
+/// A body that stalls, on a guarded `_bulk` or a passed-through `_search`, is answered 408 and
+/// its connection closed once `server.body.timeout` is over, as on the main listener; with the
+/// gate's connection limit filled by such bodies a newcomer is refused, and once they time out
+/// a new request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stalled_bodies_time_out_and_free_the_gates_connections() {
+    const MAX: usize = 4;
+    let body_timeout = Duration::from_millis(6000);
+    let env = gate_env(&shared_zk().connect_string(), "stall", shared_es().url())
+        .with("ZKGUARD_SERVER_MAX_CONNECTIONS", &MAX.to_string())
+        .with(
+            "ZKGUARD_SERVER_BODY_TIMEOUT",
+            &body_timeout.as_millis().to_string(),
+        )
+        .with("ZKGUARD_SERVER_HEADER_TIMEOUT", "60000");
+    let s = env.start("a");
+    let a = gate_addr(&s);
+    let index = format!("gate-stall-{}", uuid_tag());
+    let started = Instant::now();
+    let mut stalled = Vec::new();
+    let search = format!("/{index}/_search");
+    for path in ["/_bulk", search.as_str()].repeat(MAX / 2) {
+        stalled.push((path, stall_body(&a, path).await));
+    }
+    // Every connection of the gate is busy: a newcomer is refused.
+    let mut probe = TcpStream::connect(&a).await.unwrap();
+    probe
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let refused = until_closed(probe).await;
+    assert!(
+        refused.starts_with("HTTP/1.1 503") && refused.contains("too_many_connections"),
+        "{refused}"
+    );
+    let bound = body_timeout + Duration::from_secs(30);
+    for (path, tcp) in stalled {
+        let answer = tokio::time::timeout(bound, until_closed(tcp))
+            .await
+            .unwrap_or_else(|_| panic!("{path}: a stalled body kept its connection open"));
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        assert!(answer.contains("server.body.timeout"), "{path}: {answer}");
+        assert!(
+            answer.to_lowercase().contains("connection: close"),
+            "{path}: {answer}"
+        );
+    }
+    assert!(
+        started.elapsed() >= body_timeout,
+        "answered before the body timeout"
+    );
+    let c = client();
+    let (st, _, v) = send(&c, Method::GET, &format!("{}/", gate(&s)), None, &[]).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+}
+
+/// A chunked body whose framing is broken is answered 400 with a reason, not 413; headers
+/// that stop half-way are cut off after `server.header.timeout`, as on the main listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_malformed_chunked_body_is_answered_400() {
+    let env = gate_env(&shared_zk().connect_string(), "chunks", shared_es().url())
+        .with("ZKGUARD_SERVER_HEADER_TIMEOUT", "2000");
+    let s = env.start("a");
+    let a = gate_addr(&s);
+    let mut half = TcpStream::connect(&a).await.unwrap();
+    half.write_all(b"POST /_bulk HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let half = tokio::spawn(until_closed(half));
+    let index = format!("gate-chunks-{}", uuid_tag());
+    for path in [
+        "/_bulk".to_string(),
+        format!("/{index}/_doc/1"),
+        format!("/{index}/_search"),
+    ] {
+        let mut tcp = TcpStream::connect(&a).await.unwrap();
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{{\"a\":\r\nzz-not-a-size\r\n"
+        );
+        tcp.write_all(request.as_bytes()).await.unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(30), until_closed(tcp))
+            .await
+            .expect("answered");
+        assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
+        assert!(answer.contains("could not be read"), "{path}: {answer}");
+    }
+    let cut = tokio::time::timeout(Duration::from_secs(30), half)
+        .await
+        .expect("half-sent headers were cut off")
+        .unwrap();
+    assert!(!cut.starts_with("HTTP/1.1 2"), "{cut}");
+}
+
+/// A request sent to the gate: method, path and query, body, headers.
+type Sent = (Method, String, String, Vec<(&'static str, &'static str)>);
+
+/// An alias (or a pattern) that reaches one of zkguard's own indices is refused 403 like the
+/// index's own name, on guarded and passed-through writes, single, bulk, atomic and by query;
+/// reads pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aliases_of_zkguards_own_indices_are_refused_like_their_names() {
+    let tag = uuid_tag();
+    let own = format!("gate-own-{tag}-log");
+    let guarded = format!("gate-own-{tag}-guarded");
+    let plain = format!("gate-own-{tag}-plain");
+    let env = gate_env(&shared_zk().connect_string(), "own", shared_es().url())
+        .with("ZKGUARD_TXN_LOG_INDEX", &own)
+        .with("ZKGUARD_SERVER_GATEWAY_INDICES", &format!("{guarded}*"));
+    let s = env.start("a");
+    let g = gate(&s);
+    let es = shared_es().url().trim_end_matches('/').to_string();
+    let c = client();
+    let (st, _, v) = send(&c, Method::PUT, &format!("{es}/{own}"), Some("{}"), &[]).await;
+    assert!(
+        st == StatusCode::OK || v["error"]["type"] == "resource_already_exists_exception",
+        "{v}"
+    );
+    let aliases = json!({"actions": [
+        {"add": {"index": own, "alias": guarded}},
+        {"add": {"index": own, "alias": plain}},
+    ]});
+    let (st, _, v) = send(
+        &c,
+        Method::POST,
+        &format!("{g}/_aliases"),
+        Some(&aliases.to_string()),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let bulk = |index: &str| {
+        format!(
+            "{{\"index\":{{\"_index\":\"{index}\",\"_id\":\"b\"}}}}\n{{}}\n{{\"index\":{{\"_index\":\"{index}\"}}}}\n{{}}\n"
+        )
+    };
+    let refused: Vec<Sent> = vec![
+        (
+            Method::PUT,
+            format!("/{guarded}/_doc/1"),
+            "{}".into(),
+            vec![],
+        ),
+        (Method::PUT, format!("/{plain}/_doc/1"), "{}".into(), vec![]),
+        (Method::POST, format!("/{plain}/_doc"), "{}".into(), vec![]),
+        (
+            Method::POST,
+            format!("/{own}/_delete_by_query"),
+            r#"{"query":{"match_all":{}}}"#.into(),
+            vec![],
+        ),
+        (
+            Method::POST,
+            format!("/{plain}/_delete_by_query"),
+            r#"{"query":{"match_all":{}}}"#.into(),
+            vec![],
+        ),
+        (
+            Method::POST,
+            format!("/gate-own-{tag}-p*/_update_by_query"),
+            r#"{"query":{"match_all":{}}}"#.into(),
+            vec![],
+        ),
+        (
+            Method::POST,
+            "/_reindex".into(),
+            json!({"source": {"index": "elsewhere"}, "dest": {"index": plain}}).to_string(),
+            vec![],
+        ),
+        (
+            Method::POST,
+            "/_bulk".into(),
+            bulk(&guarded),
+            vec![("x-zkguard-atomic", "true")],
+        ),
+    ];
+    for (method, path, body, headers) in refused {
+        let (st, _, v) = send(&c, method, &format!("{g}{path}"), Some(&body), &headers).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{path}: {v}");
+        assert_eq!(v["error"]["type"], "security_exception", "{path}: {v}");
+        let reason = v["error"]["reason"].as_str().unwrap();
+        assert!(reason.contains(&own), "{path}: {reason}");
+    }
+    for index in [&guarded, &plain] {
+        let (st, _, v) = send(
+            &c,
+            Method::POST,
+            &format!("{g}/_bulk?filter_path=errors,items.*.status"),
+            Some(&bulk(index)),
+            &[],
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        assert_eq!(
+            v,
+            json!({"errors": true, "items": [{"index": {"status": 403}}, {"index": {"status": 403}}]}),
+            "{index}"
+        );
+    }
+    // Reads pass through.
+    let (st, _, v) = send(
+        &c,
+        Method::POST,
+        &format!("{g}/{plain}/_search"),
+        Some("{}"),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let (st, _, v) = send(&c, Method::GET, &format!("{es}/{own}/_count"), None, &[]).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["count"], 0, "nothing was written to {own}");
 }

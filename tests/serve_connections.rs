@@ -201,3 +201,36 @@ async fn the_connection_limit_fits_the_open_files_limit() {
     assert_eq!(status, StatusCode::OK, "{v}");
     assert!(scraped(&c, &s, "zkguard_http_connections").await <= 64.0);
 }
+
+/// With the gate on, the two addresses' connections fit the open-files limit together (a gate
+/// connection counting twice, for its connection to the cluster): flooded with connections on
+/// both, the service never runs out of descriptors and both answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_gate_on_both_addresses_fit_the_open_files_limit_together() {
+    let env = Env::new(&shared_zk().connect_string(), "conn-nofile-gate")
+        .with("ZKGUARD_SERVER_GATEWAY_LISTEN", "127.0.0.1:0")
+        .open_files(128);
+    let s = env.start("conn-nofile-gate");
+    let (a, g) = (addr(&s), s.started["gateway"].as_str().unwrap().to_string());
+    assert!(
+        s.log()
+            .contains("on each address, the gate's counting twice"),
+        "{}",
+        s.log()
+    );
+    let mut open = Vec::new();
+    for _ in 0..150 {
+        open.push(TcpStream::connect(&a).await.unwrap());
+        open.push(TcpStream::connect(&g).await.unwrap());
+    }
+    let c = client();
+    let (status, v) = call(&c, Method::GET, &s.url("/healthz"), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, v) = call(&c, Method::GET, &format!("http://{g}/"), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert!(
+        !s.log().contains("cannot accept a connection"),
+        "the service ran out of descriptors: {}",
+        s.log()
+    );
+}

@@ -4,9 +4,12 @@
 //! - **Header and idle timeout** (`server.header.timeout`): a connection must send the complete
 //!   headers of a request within this time of its opening (the TLS handshake included) or of its
 //!   previous answer. Idle keep-alive connections, half-sent headers and slowloris senders are
-//!   closed then. The body has its own limit (`server.body.timeout`, in the routes).
-//! - **Connection limit** (`server.max.connections`, lowered at start to fit the open-files
-//!   limit, so that the service never runs out of descriptors): a connection that arrives at the
+//!   closed then. The body has its own limit (`server.body.timeout`, in the API's routes and in
+//!   the gate's handler).
+//! - **Connection limit** (`server.max.connections` on each address, lowered at start to fit
+//!   the open-files limit, so that the service never runs out of descriptors; a gate connection
+//!   counts twice, for the connection to the cluster a passed-through request holds beside
+//!   it): a connection that arrives at the
 //!   limit makes room by closing the longest-idle connection (one that is not handling a
 //!   request: idle, or still sending headers). When every connection is busy, the newcomer gets a
 //!   503 `too_many_connections` with `Retry-After` and is closed. Either way a log line says so
@@ -87,8 +90,40 @@ impl Connections {
     /// At most `max` connections (lowered to fit the open-files limit), each closed when it sends
     /// no request's headers within `header_timeout`.
     pub fn new(max: usize, header_timeout: Duration, metrics: Arc<Metrics>) -> Self {
+        let fits = open_files_for(max as u64);
+        if fits < max as u64 {
+            warn_open_files(max, fits, fits as usize, "");
+        }
+        Self::fitted(max.min(fits as usize).max(1), header_timeout, metrics)
+    }
+
+    /// The API's and the gate's connections, at most `max` each, fitted together to the
+    /// open-files limit. A gate connection counts twice: a request it passes through holds a
+    /// connection to the cluster beside it. When they do not fit, both get the same share.
+    pub fn pair(max: usize, header_timeout: Duration, metrics: Arc<Metrics>) -> (Self, Self) {
+        let wanted = (max as u64).saturating_mul(3);
+        let fits = open_files_for(wanted);
+        let each = if fits >= wanted {
+            max
+        } else {
+            let each = (fits / 3).max(1) as usize;
+            warn_open_files(
+                max,
+                fits,
+                each,
+                " on each address, the gate's counting twice",
+            );
+            each
+        };
+        (
+            Self::fitted(each, header_timeout, metrics.clone()),
+            Self::fitted(each, header_timeout, metrics),
+        )
+    }
+
+    fn fitted(max: usize, header_timeout: Duration, metrics: Arc<Metrics>) -> Self {
         Self {
-            max: fit_open_files(max),
+            max,
             header_timeout,
             open: Mutex::default(),
             metrics,
@@ -150,16 +185,17 @@ impl Connections {
     }
 }
 
-/// Raises the soft open-files limit to the hard one where it is lower, and returns `max`, or
-/// less when the limit cannot hold `max` connections beside the service's own descriptors.
-fn fit_open_files(max: usize) -> usize {
+/// Raises the soft open-files limit towards `wanted` descriptors beside the service's own (up
+/// to the hard limit), and returns how many it leaves beside them; `wanted` when the limit
+/// cannot be read.
+fn open_files_for(wanted: u64) -> u64 {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return max;
+        return wanted;
     };
-    let wanted = (max as u64).saturating_add(RESERVED_FDS);
-    let soft = if soft < wanted && soft < hard {
-        let raised = wanted.min(hard);
+    let needed = wanted.saturating_add(RESERVED_FDS);
+    let soft = if soft < needed && soft < hard {
+        let raised = needed.min(hard);
         match setrlimit(Resource::RLIMIT_NOFILE, raised, hard) {
             Ok(()) => raised,
             Err(_) => soft,
@@ -167,18 +203,18 @@ fn fit_open_files(max: usize) -> usize {
     } else {
         soft
     };
-    let fits = soft.saturating_sub(RESERVED_FDS).max(1) as usize;
-    if fits < max {
-        tracing::warn!(
-            max_connections = max,
-            open_files = soft,
-            used = fits,
-            "server.max.connections does not fit the open-files limit (ulimit -n) beside the service's own files: at most {fits} connections are kept open; raise the limit (LimitNOFILE= in systemd) to keep more"
-        );
-        fits
-    } else {
-        max
-    }
+    soft.saturating_sub(RESERVED_FDS).max(1)
+}
+
+/// Says that `max` connections do not fit the `fits` descriptors left, and that `kept` are kept
+/// open (`per`: how they are counted).
+fn warn_open_files(max: usize, fits: u64, kept: usize, per: &str) {
+    tracing::warn!(
+        max_connections = max,
+        descriptors = fits,
+        used = kept,
+        "server.max.connections does not fit the open-files limit (ulimit -n) beside the service's own files: at most {kept} connections are kept open{per}; raise the limit (LimitNOFILE= in systemd) to keep more"
+    );
 }
 
 /// The answer to a connection beyond the limit, every open one being busy.

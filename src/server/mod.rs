@@ -295,11 +295,23 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     };
 
     let app = routes::router(state.clone(), tokens.clone());
-    let connections = Arc::new(conns::Connections::new(
-        state.settings.max_connections,
-        state.settings.header_timeout,
-        state.metrics.clone(),
-    ));
+    // With the gate on, the two addresses' connections are fitted to the open-files limit
+    // together.
+    let (connections, gate_connections) = if gate_listener.is_some() {
+        let (api, gate) = conns::Connections::pair(
+            state.settings.max_connections,
+            state.settings.header_timeout,
+            state.metrics.clone(),
+        );
+        (Arc::new(api), Some(Arc::new(gate)))
+    } else {
+        let api = conns::Connections::new(
+            state.settings.max_connections,
+            state.settings.header_timeout,
+            state.metrics.clone(),
+        );
+        (Arc::new(api), None)
+    };
     let max_connections = connections.max();
     let mut server = tokio::spawn(conns::serve(
         listener,
@@ -309,20 +321,17 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         stop_rx.clone(),
     ));
 
-    let mut gate_server = gate_listener.map(|(l, gate)| {
-        let connections = Arc::new(conns::Connections::new(
-            state.settings.max_connections,
-            state.settings.header_timeout,
-            state.metrics.clone(),
-        ));
-        tokio::spawn(conns::serve(
-            l,
-            tls.clone(),
-            gateway::router(gate),
-            connections,
-            stop_rx.clone(),
-        ))
-    });
+    let mut gate_server = gate_listener
+        .zip(gate_connections)
+        .map(|((l, gate), connections)| {
+            tokio::spawn(conns::serve(
+                l,
+                tls.clone(),
+                gateway::router(gate),
+                connections,
+                stop_rx.clone(),
+            ))
+        });
     let mut started = serde_json::json!({
         "listening": bound.to_string(),
         "backend": locks.backend_name(),

@@ -7,12 +7,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use zkguard::config::GatewaySettings;
 use zkguard::{LockError, LockType};
 
 use super::backend::Cluster;
+use super::own::OwnNames;
 use super::reply::GateError;
 use crate::server::access::Tokens;
 use crate::server::state::AppState;
@@ -47,6 +48,8 @@ pub struct Gateway {
     tokens: Arc<Tokens>,
     /// Names known to be concrete indices, and since when.
     concrete: Mutex<HashMap<String, Instant>>,
+    /// The aliases of zkguard's own indices.
+    own: OwnNames,
 }
 
 /// How a guarded write is locked.
@@ -79,6 +82,7 @@ impl Gateway {
             product,
             tokens,
             concrete: Mutex::new(HashMap::new()),
+            own: OwnNames::default(),
         })
     }
 
@@ -88,19 +92,67 @@ impl Gateway {
         !index.starts_with('.') && self.settings.indices.matches(index)
     }
 
-    /// The refusal of a document write to one of zkguard's own indices (transactions, dead
-    /// letters, lease locks), unless `server.index.allow` names it.
-    pub fn own_index(&self, index: &str) -> Option<GateError> {
-        if index.starts_with('.') {
-            return None;
+    /// The refusal of a write to `target` when it is, or reaches, one of zkguard's own indices
+    /// (transactions, dead letters, lease locks) that `server.index.allow` does not name: by its
+    /// name, through an alias pointing to it, or through a pattern or list (`zkguard-*`, `a,b`,
+    /// `_all`) that covers it. The aliases are those read last ([`Gateway::know_own`]).
+    pub fn own_index(&self, target: &str) -> Option<GateError> {
+        let settings = &self.state.settings;
+        for name in target.split(',').map(str::trim) {
+            if name.starts_with('.') || name.starts_with('-') || name.contains('*') {
+                continue;
+            }
+            if let Some(why) = settings.protected_index(name) {
+                return Some(own_refusal(name, &format!("it {why}")));
+            }
         }
-        self.state.settings.protected_index(index).map(|why| {
-            GateError::new(
-                StatusCode::FORBIDDEN,
-                "security_exception",
-                format!("zkguard: writes to [{index}] are refused: it {why}; write it through zkguard's own commands, or name it in server.index.allow"),
-            )
-        })
+        let (part, own) = self.own.reached(&settings.own_indices, target)?;
+        Some(own_refusal(
+            &part,
+            &format!("it reaches [{own}], one of zkguard's own indices (transactions, dead letters, lease locks)"),
+        ))
+    }
+
+    /// Reads the aliases of zkguard's own indices unless they were read less than a second ago
+    /// (or an alias change passed through the gate since).
+    ///
+    /// # Errors
+    /// 503 when the cluster cannot tell them: the write is not let through unchecked.
+    pub async fn know_own(&self) -> Result<(), GateError> {
+        let own = &self.state.settings.own_indices;
+        if own.is_empty() || self.own.fresh() {
+            return Ok(());
+        }
+        let _reading = self.own.reading.lock().await;
+        if self.own.fresh() {
+            return Ok(());
+        }
+        let generation = self.own.generation();
+        let names: Vec<String> = own.iter().map(|o| encode(o)).collect();
+        let path = format!(
+            "/{}/_alias?ignore_unavailable=true&allow_no_indices=true",
+            names.join(",")
+        );
+        let answer = self
+            .cluster
+            .own(Method::GET, &path, "application/json", None)
+            .await
+            .map_err(unavailable)?;
+        if !answer.status.is_success() && answer.status != StatusCode::NOT_FOUND {
+            return Err(unavailable(format!(
+                "the aliases of zkguard's own indices could not be read (HTTP {}: {}); nothing was written",
+                answer.status,
+                String::from_utf8_lossy(&answer.body)
+            )));
+        }
+        self.own.store(generation, &answer.json());
+        Ok(())
+    }
+
+    /// Forgets the aliases of zkguard's own indices: a request that may change aliases passed
+    /// through.
+    pub fn aliases_changed(&self) {
+        self.own.invalidate();
     }
 
     /// The concrete index a write to `target` lands in: the target itself, or the write index
@@ -159,6 +211,16 @@ impl Gateway {
         if indices.contains_key(target) {
             // Not an alias: `_alias/{index}` answers the index's own aliases on some servers.
             return Ok(target.to_string());
+        }
+        let settings = &self.state.settings;
+        if let Some(own) = indices
+            .keys()
+            .find(|i| !i.starts_with('.') && settings.protected_index(i).is_some())
+        {
+            return Err(own_refusal(
+                target,
+                &format!("it points to [{own}], one of zkguard's own indices (transactions, dead letters, lease locks)"),
+            ));
         }
         let write_index = indices
             .iter()
@@ -270,6 +332,15 @@ pub fn lock_lost(guard: &dyn zkguard::Guard) -> GateError {
     .retry_after(1)
 }
 
+/// 403 for a write to `name`, which `why` (zkguard's own index, or what reaches one).
+fn own_refusal(name: &str, why: &str) -> GateError {
+    GateError::new(
+        StatusCode::FORBIDDEN,
+        "security_exception",
+        format!("zkguard: writes to [{name}] are refused: {why}; write it through zkguard's own commands, or name it in server.index.allow"),
+    )
+}
+
 /// 503 for a cluster the gate could not reach itself.
 pub fn unavailable(reason: String) -> GateError {
     GateError::new(
@@ -285,21 +356,6 @@ pub fn encode(segment: &str) -> String {
     url::form_urlencoded::byte_serialize(segment.as_bytes())
         .collect::<String>()
         .replace('+', "%20")
-}
-
-/// Reads a request's body whole (at most [`MAX_BODY`]), inflating a gzip body.
-///
-/// # Errors
-/// 413 over the limit; 400 when the body cannot be read or inflated.
-pub async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, GateError> {
-    let raw = axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| {
-        GateError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "content_too_long_exception",
-            format!("the request body could not be read whole ({e}); bodies up to {MAX_BODY} bytes are accepted: send smaller requests"),
-        )
-    })?;
-    inflate(headers, raw)
 }
 
 /// A body read whole, inflated when `headers` mark it `Content-Encoding: gzip`.

@@ -8,7 +8,8 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Router;
 
-use super::gate::{inflate, read_body, unavailable, Gateway, MAX_BODY};
+use super::body::{self, body_error, read_body, read_raw, BodyWatch};
+use super::gate::{inflate, unavailable, Gateway};
 use super::reply::{Dress, GateError};
 use super::route::{self, Route};
 
@@ -18,6 +19,8 @@ pub fn router(gate: Arc<Gateway>) -> Router {
 }
 
 async fn handle(State(gate): State<Arc<Gateway>>, request: Request) -> Response {
+    // The body must arrive within server.body.timeout, whether it is read or streamed on.
+    let (request, watch) = body::watch(request, gate.state.settings.body_timeout);
     let dress = Dress::new(gate.product.clone(), request.headers());
     let params = route::params(request.uri().query());
     let route = route::classify(request.method(), request.uri().path(), &params);
@@ -33,8 +36,13 @@ async fn handle(State(gate): State<Arc<Gateway>>, request: Request) -> Response 
             .retry_after(1),
         );
     }
+    if !matches!(route, Route::Pass) {
+        if let Err(e) = gate.know_own().await {
+            return dress.error(&e);
+        }
+    }
     match route {
-        Route::Pass => pass(&gate, &dress, "other", request).await,
+        Route::Pass => pass(&gate, &dress, "other", request, &watch).await,
         Route::AutoId { index } => {
             if let Some(refusal) = gate.own_index(&index) {
                 metrics.gate("auto_id", "refused");
@@ -44,25 +52,29 @@ async fn handle(State(gate): State<Arc<Gateway>>, request: Request) -> Response 
                 metrics.gate("auto_id", "refused");
                 return dress.error(&multi_target(&index));
             }
-            pass(&gate, &dress, "auto_id", request).await
+            pass(&gate, &dress, "auto_id", request, &watch).await
         }
         Route::ByQuery { api, targets } => {
+            if let Some(refusal) = gate.own_index(&targets) {
+                metrics.gate("by_query", "refused");
+                return dress.error(&refusal);
+            }
             if gate.guards_any(&targets) {
                 metrics.gate("by_query", "refused");
                 return dress.error(&GateError::refused(format!(
                     "zkguard: {api} on [{targets}] is refused: it would write guarded documents without their locks and fencing tokens; search the documents and write each one (or use _bulk) through the gate"
                 )));
             }
-            pass(&gate, &dress, "by_query", request).await
+            pass(&gate, &dress, "by_query", request, &watch).await
         }
-        Route::Reindex => reindex(&gate, &dress, request).await,
+        Route::Reindex => reindex(&gate, &dress, request, &watch).await,
         Route::Doc { op, index, id } => {
             if let Some(refusal) = gate.own_index(&index) {
                 metrics.gate(op.name(), "refused");
                 return dress.error(&refusal);
             }
             if !gate.guards(&index) && !route::is_multi_target(&index) {
-                return pass(&gate, &dress, op.name(), request).await;
+                return pass(&gate, &dress, op.name(), request, &watch).await;
             }
             if route::is_multi_target(&index) {
                 metrics.gate(op.name(), "refused");
@@ -73,9 +85,9 @@ async fn handle(State(gate): State<Arc<Gateway>>, request: Request) -> Response 
                 return dress.error(&refusal);
             }
             let (parts, body) = request.into_parts();
-            let body = match read_body(&parts.headers, body).await {
+            let body = match read_body(&parts.headers, body, &watch).await {
                 Ok(b) => b,
-                Err(e) => return dress.error(&e),
+                Err(e) => return body_error(&dress, &e, &watch),
             };
             super::single::write(&gate, &dress, op, &index, &id, &parts.headers, params, body).await
         }
@@ -85,9 +97,9 @@ async fn handle(State(gate): State<Arc<Gateway>>, request: Request) -> Response 
                 return dress.error(&refusal);
             }
             let (parts, body) = request.into_parts();
-            let body = match read_body(&parts.headers, body).await {
+            let body = match read_body(&parts.headers, body, &watch).await {
                 Ok(b) => b,
-                Err(e) => return dress.error(&e),
+                Err(e) => return body_error(&dress, &e, &watch),
             };
             match super::atomic::asked(&parts.headers) {
                 Ok(true) => {
@@ -108,13 +120,29 @@ fn multi_target(target: &str) -> GateError {
     ))
 }
 
-async fn pass(gate: &Gateway, dress: &Dress, route: &'static str, request: Request) -> Response {
-    match gate.cluster.pass(request).await {
+async fn pass(
+    gate: &Gateway,
+    dress: &Dress,
+    route: &'static str,
+    request: Request,
+    watch: &BodyWatch,
+) -> Response {
+    let changes_aliases = route::may_change_aliases(request.method(), request.uri().path());
+    let passed = gate.cluster.pass(request).await;
+    if changes_aliases {
+        gate.aliases_changed();
+    }
+    match passed {
         Ok(r) => {
             gate.state.metrics.gate(route, "passed");
             r
         }
         Err(e) => {
+            if let Some(fault) = watch.fault() {
+                // The caller's body, not the cluster, failed.
+                gate.state.metrics.gate(route, "refused");
+                return body_error(dress, &fault.error(), watch);
+            }
             gate.state.metrics.gate(route, "failed");
             dress.error(&GateError::new(
                 StatusCode::BAD_GATEWAY,
@@ -125,15 +153,11 @@ async fn pass(gate: &Gateway, dress: &Dress, route: &'static str, request: Reque
     }
 }
 
-async fn reindex(gate: &Gateway, dress: &Dress, request: Request) -> Response {
+async fn reindex(gate: &Gateway, dress: &Dress, request: Request, watch: &BodyWatch) -> Response {
     let (parts, body) = request.into_parts();
-    let raw = match axum::body::to_bytes(body, MAX_BODY).await {
+    let raw = match read_raw(body, watch).await {
         Ok(b) => b,
-        Err(e) => {
-            return dress.error(&GateError::refused(format!(
-                "the request body could not be read: {e}"
-            )))
-        }
+        Err(e) => return body_error(dress, &e, watch),
     };
     let inflated = match inflate(&parts.headers, raw.clone()) {
         Ok(b) => b,
@@ -141,6 +165,10 @@ async fn reindex(gate: &Gateway, dress: &Dress, request: Request) -> Response {
     };
     let body: serde_json::Value = serde_json::from_slice(&inflated).unwrap_or_default();
     let dest = body["dest"]["index"].as_str().unwrap_or_default();
+    if let Some(refusal) = gate.own_index(dest) {
+        gate.state.metrics.gate("reindex", "refused");
+        return dress.error(&refusal);
+    }
     if gate.guards_any(dest) {
         gate.state.metrics.gate("reindex", "refused");
         return dress.error(&GateError::refused(format!(

@@ -12,12 +12,14 @@
 
 mod atomic;
 mod backend;
+mod body;
 mod bulk;
 mod bulk_parse;
 mod gate;
 mod handler;
 mod merge;
 mod meta;
+mod own;
 mod params;
 mod reply;
 mod route;

@@ -136,6 +136,36 @@ pub fn is_multi_target(target: &str) -> bool {
     target.contains(',') || target.contains('*') || target == "_all"
 }
 
+/// Whether a passed-through request may change which indices aliases point to: the alias
+/// APIs, creating or deleting an index (a new index can name aliases), rollover, clone, split,
+/// shrink, snapshot restore and data streams.
+pub fn may_change_aliases(method: &Method, path: &str) -> bool {
+    if matches!(*method, Method::GET | Method::HEAD) {
+        return false;
+    }
+    let segments: Vec<&str> = path
+        .trim_start_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    match segments.as_slice() {
+        [one] => !one.starts_with('_') || *one == "_aliases",
+        _ => segments.iter().any(|s| {
+            matches!(
+                *s,
+                "_alias"
+                    | "_aliases"
+                    | "_rollover"
+                    | "_clone"
+                    | "_split"
+                    | "_shrink"
+                    | "_restore"
+                    | "_data_stream"
+            )
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,5 +259,29 @@ mod tests {
         );
         assert_eq!(route(Method::POST, "/_reindex", ""), Route::Reindex);
         assert!(is_multi_target("a,b") && is_multi_target("a*") && !is_multi_target("a"));
+    }
+
+    #[test]
+    fn alias_changes_are_told_from_other_requests() {
+        for (m, p) in [
+            (Method::POST, "/_aliases"),
+            (Method::PUT, "/a"),
+            (Method::DELETE, "/a"),
+            (Method::PUT, "/a/_alias/b"),
+            (Method::DELETE, "/a/_aliases/b"),
+            (Method::POST, "/a/_rollover"),
+            (Method::POST, "/_snapshot/r/s/_restore"),
+        ] {
+            assert!(may_change_aliases(&m, p), "{m} {p}");
+        }
+        for (m, p) in [
+            (Method::GET, "/_aliases"),
+            (Method::PUT, "/a/_mapping"),
+            (Method::POST, "/a/_search"),
+            (Method::POST, "/_bulk"),
+            (Method::POST, "/a/_doc"),
+        ] {
+            assert!(!may_change_aliases(&m, p), "{m} {p}");
+        }
     }
 }

@@ -679,7 +679,11 @@ async fn under_lock(
     }
     let doc_path = format!("/{}/_doc/{}", encode(concrete), encode(id));
     let (method, payload, created) = match op {
-        DocOp::Index => (Method::PUT, Some(super::meta::client_source(&asked.body).to_vec()), None),
+        DocOp::Index => (
+            Method::PUT,
+            Some(super::meta::client_source(&asked.body).to_vec()),
+            None,
+        ),
         DocOp::Create => {
             if let Some(c) = &current {
                 return Err((
@@ -694,7 +698,11 @@ async fn under_lock(
                     ),
                 ));
             }
-            (Method::PUT, Some(super::meta::client_source(&asked.body).to_vec()), None)
+            (
+                Method::PUT,
+                Some(super::meta::client_source(&asked.body).to_vec()),
+                None,
+            )
         }
         DocOp::Delete => (Method::DELETE, None, None),
         DocOp::Update => {
