@@ -210,6 +210,61 @@ async fn replay_over_http_applies_a_documents_writes_in_acceptance_order() {
     assert_eq!(doc["_source"]["n"], 39, "the last accepted write: {doc}");
     let (_, v) = call(&c, Method::GET, &s.url("/v1/deadletters"), None).await;
     assert_eq!(v, json!([]));
+
+    // Three more parked; one by id replays the older one of its document first.
+    let (_holder, guard) = hold_lock(&env, "order-doc").await;
+    let mut more = Vec::new();
+    for n in 40..43 {
+        let path = format!("/v1/indices/{index}/docs/1?type=background&monitor=order-doc");
+        let (status, v) = put(&c, &s, &path, &json!({ "n": n })).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        more.push(v["operation_id"].as_str().unwrap().to_string());
+    }
+    wait_finished(&c, &s, &more).await;
+    guard.unlock().await.unwrap();
+    let one = json!({"id": more[1]}).to_string();
+    let (status, v) = call(
+        &c,
+        Method::POST,
+        &s.url("/v1/deadletters/replay"),
+        Some(one),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["applied"], 2, "{v}");
+    assert_eq!(v["results"][0]["id"], more[0].as_str(), "{v}");
+    assert_eq!(v["results"][0]["replayed_before"], more[1].as_str(), "{v}");
+    assert_eq!(v["results"][1]["id"], more[1].as_str(), "{v}");
+    assert_eq!(es_doc(&c, &index, "1").await["_source"]["n"], 41);
+
+    // A newer foreground write: the last parked one is superseded, not applied over it.
+    let path = format!("/v1/indices/{index}/docs/1?monitor=order-doc");
+    let (status, v) = put(&c, &s, &path, &json!({"n": 100})).await;
+    assert!(status.is_success(), "{status} {v}");
+    let all = json!({"all": true}).to_string();
+    let (status, v) = call(
+        &c,
+        Method::POST,
+        &s.url("/v1/deadletters/replay"),
+        Some(all),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["superseded"].as_u64(), v["applied"].as_u64()),
+        (Some(1), Some(0)),
+        "{v}"
+    );
+    assert_eq!(v["results"][0]["result"], "superseded", "{v}");
+    assert_eq!(es_doc(&c, &index, "1").await["_source"]["n"], 100);
+    let st = op_status(&c, &s, &more[2]).await;
+    assert_eq!(st["status"], "rejected", "{st}");
+    assert!(
+        st["reason"].as_str().unwrap().contains("superseded"),
+        "{st}"
+    );
+    let (_, v) = call(&c, Method::GET, &s.url("/v1/deadletters"), None).await;
+    assert_eq!(v, json!([]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
