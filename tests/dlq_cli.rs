@@ -16,6 +16,7 @@ use zkguard::write::guarded::{GuardedError, GuardedWriter};
 use zkguard::write::ops::Operation;
 use zkguard::{LockError, LockType};
 
+use guarded_support::parked::park_shuffled;
 use guarded_support::{eventually, locks, settings_for, shared, source, store, tag};
 
 /// A properties file for the CLI with the test's servers, lock root and dead-letter sink.
@@ -149,20 +150,22 @@ async fn list_and_replay_with_exit_statuses() {
         "{unknown:?}"
     );
 
+    // One entry: the older entry of its document (accepted before it) is replayed first.
     let one = zkguard(&config, &["dlq", "replay", "--id", &ops[1].id.to_string()]);
     assert_eq!(status(&one), 0, "{one:?}");
     assert!(
-        stdout(&one).contains(&format!("applied          {}", ops[1].id)),
+        stdout(&one).contains(&format!("applied          {}", ops[1].id))
+            && stdout(&one).contains(&format!("older entry      {}", ops[0].id)),
         "{}",
         stdout(&one)
     );
-    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 10);
-    assert_eq!(sink.list().await.unwrap().len(), 2);
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 11);
+    assert_eq!(sink.list().await.unwrap().len(), 1);
 
     let all = zkguard(&config, &["dlq", "replay", "--all"]);
     assert_eq!(status(&all), 0, "{all:?}");
     assert!(
-        stdout(&all).contains("replayed 2: 2 applied"),
+        stdout(&all).contains("replayed 1: 1 applied"),
         "{}",
         stdout(&all)
     );
@@ -510,6 +513,115 @@ async fn discard_removes_one_entry_and_logs_it() {
         stdout(&plain).starts_with("discarded "),
         "{}",
         stdout(&plain)
+    );
+    assert!(sink.list().await.unwrap().is_empty());
+}
+
+/// Forty background writes of one document, parked in shuffled order: `replay --all` applies
+/// them in the order they were accepted, so the document ends on the last one. A replay of one
+/// entry replays the older entries of its document first; an entry older than a write the
+/// document already has is reported superseded and not applied over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_applies_one_documents_entries_in_acceptance_order() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let config = write_config(dir.path(), &settings);
+    let es = store(&settings);
+    let index = format!("order-{}", tag());
+    let sink = FileSink::new(&settings.retry.file_path);
+    let ops = park_shuffled(&settings, &sink, "order-1", &index, "1", 0..40).await;
+    assert_ne!(sink.list().await.unwrap().last().unwrap().id, ops[39].id);
+
+    let all = zkguard(&config, &["dlq", "replay", "--all", "--json"]);
+    assert_eq!(status(&all), 0, "{all:?}");
+    let v: Value = serde_json::from_slice(&all.stdout).unwrap();
+    assert_eq!(
+        (v["replayed"].as_u64(), v["applied"].as_u64()),
+        (Some(40), Some(40)),
+        "{v}"
+    );
+    let replayed: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    let accepted: Vec<String> = ops.iter().map(|o| o.id.to_string()).collect();
+    assert_eq!(replayed, accepted, "replayed in acceptance order");
+    assert_eq!(
+        source(es.as_ref(), &index, "1").await["n"],
+        39,
+        "the last accepted write"
+    );
+    assert!(sink.list().await.unwrap().is_empty());
+
+    // One entry by id: the older entries of its document go first, and the output says so.
+    let more = park_shuffled(&settings, &sink, "order-1", &index, "1", 40..43).await;
+    let one = zkguard(&config, &["dlq", "replay", "--id", &more[1].id.to_string()]);
+    assert_eq!(status(&one), 0, "{one:?}");
+    let text = stdout(&one);
+    let older = text
+        .find(&more[0].id.to_string())
+        .unwrap_or_else(|| panic!("{text}"));
+    let asked = text
+        .find(&format!("applied          {}", more[1].id))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(older < asked, "the older entry first: {text}");
+    assert!(text.contains("older"), "{text}");
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 41);
+    let left: Vec<_> = sink.list().await.unwrap().iter().map(|l| l.id).collect();
+    assert_eq!(left, vec![more[2].id]);
+
+    // A newer write applied meanwhile: the parked, older one is superseded, not applied.
+    let (_s, l) = locks(&settings).await;
+    GuardedWriter::new(l, es.clone())
+        .on("order-1")
+        .index(&index, "1", json!({"n": 100}))
+        .await
+        .unwrap();
+    let stale = zkguard(&config, &["dlq", "replay", "--all", "--json"]);
+    assert_eq!(status(&stale), 0, "{stale:?}");
+    let v: Value = serde_json::from_slice(&stale.stdout).unwrap();
+    assert_eq!(v["superseded"], 1, "{v}");
+    assert_eq!(v["results"][0]["result"], "superseded", "{v}");
+    assert!(
+        v["results"][0]["error"].as_str().unwrap().contains("newer"),
+        "{v}"
+    );
+    assert_eq!(
+        source(es.as_ref(), &index, "1").await["n"],
+        100,
+        "not overwritten"
+    );
+    assert!(sink.list().await.unwrap().is_empty());
+}
+
+/// The same through the Elasticsearch-index sink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elasticsearch_sink_replays_in_acceptance_order() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings_for(servers, dir.path());
+    settings.retry.sink = DeadLetterSinkKind::Elasticsearch;
+    settings.retry.index = format!("dl-order-{}", tag());
+    let config = write_config(dir.path(), &settings);
+    let es = store(&settings);
+    let index = format!("esorder-{}", tag());
+    let sink = EsSink::new(es.clone(), settings.retry.index.clone());
+    let ops = park_shuffled(&settings, &sink, "esorder-1", &index, "1", 0..40).await;
+    assert_ne!(sink.list().await.unwrap().last().unwrap().id, ops[39].id);
+    let all = zkguard(&config, &["dlq", "replay", "--all"]);
+    assert_eq!(status(&all), 0, "{all:?}");
+    assert!(
+        stdout(&all).contains("replayed 40: 40 applied"),
+        "{}",
+        stdout(&all)
+    );
+    assert_eq!(
+        source(es.as_ref(), &index, "1").await["n"],
+        39,
+        "the last accepted write"
     );
     assert!(sink.list().await.unwrap().is_empty());
 }

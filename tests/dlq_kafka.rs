@@ -695,3 +695,91 @@ fn demo_with_kafka_dead_letters_reconciles() {
     );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+/// Parks every fourth entry in the Kafka sink's fallback file, the others in the topic, as a
+/// broker that misses some acknowledgements would.
+struct SomeInTheFile {
+    kafka: Arc<KafkaSink>,
+    parked: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl DeadLetterSink for SomeInTheFile {
+    async fn park(
+        &self,
+        letter: &DeadLetter,
+    ) -> Result<(), zkguard::write::deadletter::DeadLetterError> {
+        let n = self
+            .parked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n % 4 == 3 {
+            self.kafka.fallback().park(letter).await
+        } else {
+            self.kafka.park(letter).await
+        }
+    }
+    async fn list(&self) -> Result<Vec<DeadLetter>, zkguard::write::deadletter::DeadLetterError> {
+        self.kafka.list().await
+    }
+    async fn remove(
+        &self,
+        id: uuid::Uuid,
+    ) -> Result<bool, zkguard::write::deadletter::DeadLetterError> {
+        self.kafka.remove(id).await
+    }
+    fn describe(&self) -> String {
+        self.kafka.describe()
+    }
+}
+
+/// Forty background writes of one document parked in shuffled order, in the topic and the
+/// fallback file: `zkguard dlq replay --all` applies them in the order they were accepted, so
+/// the document ends on the last one, and commits the topic's offsets past them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_applies_a_documents_entries_in_acceptance_order() {
+    let kafka = broker();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = kafka_settings(dir.path(), &kafka.brokers());
+    let config = write_config(dir.path(), &settings, "");
+    let es = store(&settings);
+    let index = format!("kafka-order-{}", tag());
+    let sink = Arc::new(KafkaSink::new(
+        &settings.retry.kafka,
+        &settings.retry.file_path,
+    ));
+    let mixed = SomeInTheFile {
+        kafka: sink.clone(),
+        parked: Default::default(),
+    };
+    let ops =
+        guarded_support::parked::park_shuffled(&settings, &mixed, "korder-1", &index, "1", 0..40)
+            .await;
+    assert_eq!(sink.fallback().list().await.unwrap().len(), 10);
+    assert_eq!(sink.list().await.unwrap().len(), 40);
+
+    let all = zkguard(&config, &["dlq", "replay", "--all", "--json"]);
+    assert_eq!(status(&all), 0, "{}", text(&all));
+    let v: Value = serde_json::from_slice(&all.stdout).unwrap();
+    assert_eq!(v["applied"], 40, "{v}");
+    let order: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    let accepted: Vec<String> = ops.iter().map(|o| o.id.to_string()).collect();
+    assert_eq!(order, accepted, "acceptance order, topic and file together");
+    assert_eq!(
+        source(es.as_ref(), &index, "1").await["n"],
+        39,
+        "the last accepted write"
+    );
+    assert!(sink.list().await.unwrap().is_empty());
+    let again = zkguard(&config, &["dlq", "replay", "--all"]);
+    assert_eq!(status(&again), 0, "{}", text(&again));
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("no parked operations"),
+        "{}",
+        text(&again)
+    );
+}

@@ -54,7 +54,7 @@
       });
   }
 
-  function describe(action, code, body) {
+  function describe(action, code, body, id) {
     if (code === 401) {
       return 'Refused (401): ' + (body.message || 'a bearer token is needed') +
         ' Type the token in the field above.';
@@ -63,10 +63,16 @@
       return 'Refused (' + code + ' ' + (body.error || '') + '): ' + (body.message || '');
     }
     if (action === 'replay') {
-      var r = (body.results || [])[0] || {};
+      // The older entries of the same document are replayed first: say how they went too.
+      var results = body.results || [];
+      var r = results.filter(function (x) { return x.id === id; })[0] || results[results.length - 1] || {};
+      var older = results.filter(function (x) { return x.id !== r.id; });
+      var first = older.length === 0 ? '' : ' (after ' + older.length +
+        ' older entr' + (older.length === 1 ? 'y' : 'ies') + ' of its document: ' +
+        older.map(function (x) { return String(x.result).replace(/_/g, ' '); }).join(', ') + ')';
       return 'Replayed ' + (r.id || '') + ': ' + String(r.result || 'done').replace(/_/g, ' ') +
         (r.token !== undefined ? ' (token ' + r.token + ')' : '') +
-        (r.error ? ': ' + r.error : '') + '.';
+        (r.error ? ': ' + r.error : '') + first + '.';
     }
     return 'Stray mutex of ' + body.monitor + ': ' + String(body.outcome).replace(/_/g, ' ') + '.';
   }
@@ -95,7 +101,7 @@
         return r.text().then(function (text) {
           var parsed = {};
           try { parsed = JSON.parse(text); } catch (e) { parsed = { message: text }; }
-          say(describe(action, r.status, parsed), r.status === 200);
+          say(describe(action, r.status, parsed, button.getAttribute('data-id')), r.status === 200);
         });
       })
       .catch(function (e) {

@@ -3,14 +3,15 @@
 //! The sink is the configured one (`deadletter.sink`, `deadletter.file.path`,
 //! `deadletter.index`, `deadletter.kafka.*`). `list` needs only the sink; `replay` also connects
 //! to the lock service and Elasticsearch, runs each selected operation under its lock (its own
-//! monitor, lock type and id) and removes the entry only once the operation is in the document.
+//! monitor, lock type and id), one document's in the order they were accepted, and removes the
+//! entry only once the operation is in the document (or superseded by a newer write of it).
 //! An interrupted replay can be run again: operations already applied are recognised by their id
 //! in the document and only their entries are removed.
 //!
 //! With `deadletter.sink=kafka`, `list` shows the topic's records after the replay group's
-//! committed offsets plus the fallback file; `replay --all` commits each record's offset (in the
-//! companion topic `<topic>-offsets`) only after its operation was applied or re-parked, then
-//! drains the fallback file.
+//! committed offsets plus the fallback file; `replay --all` replays the topic's and the file's
+//! entries together, marks each record done (in the companion topic `<topic>-offsets`) only
+//! after its operation was applied, superseded or re-parked, then commits the offsets.
 
 use std::sync::Arc;
 
@@ -45,10 +46,13 @@ pub enum DlqCommand {
     },
     /// Re-run parked operations; an entry is removed only after its operation was applied.
     ///
-    /// Each operation runs under its own lock with a new fencing token. Operations that an
-    /// earlier, interrupted replay already applied are recognised by their id in the document:
-    /// their entries are removed and nothing is written again. Exits 0 when every selected entry
-    /// was applied, 75 when some stay parked (the attempt and the error are recorded in them).
+    /// Each operation runs under its own lock with a new fencing token, one document's in the
+    /// order they were accepted. Operations that an earlier, interrupted replay already applied
+    /// are recognised by their id in the document: their entries are removed and nothing is
+    /// written again. An operation older than a write its document already has is not applied
+    /// over it: it is reported superseded and its entry removed. Exits 0 when every selected
+    /// entry was applied (or superseded), 75 when some stay parked (the attempt and the error
+    /// are recorded in them).
     Replay(ReplayArgs),
     /// Remove one parked operation for good, without running it.
     ///
@@ -77,15 +81,17 @@ pub struct DiscardArgs {
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("which").required(true).args(["id", "all"])))]
 pub struct ReplayArgs {
-    /// Replay only the entry with this id (as shown by `zkguard dlq list`).
+    /// Replay the entry with this id (as shown by `zkguard dlq list`), after the entries of its
+    /// document accepted before it.
     #[arg(long, value_name = "ID")]
     pub id: Option<String>,
-    /// Replay every entry, oldest first.
+    /// Replay every entry: one document's in the order they were accepted.
     #[arg(long)]
     pub all: bool,
     /// Print the outcome as one JSON object: `{"replayed", "applied", "already_applied",
-    /// "still_parked", "not_removed", "results": [{"id", "summary", "result", "attempts",
-    /// "token", "error"}]}`, as `POST /v1/deadletters/replay` answers.
+    /// "still_parked", "not_removed", "superseded", "results": [{"id", "summary", "result",
+    /// "attempts", "token", "error", "replayed_before"}]}`, as `POST /v1/deadletters/replay`
+    /// answers.
     #[arg(long)]
     pub json: bool,
 }
@@ -229,8 +235,14 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
             0
         });
     }
-    let (mut applied, mut already, mut parked, mut unremoved) = (0, 0, 0, 0);
+    let (mut applied, mut already, mut parked, mut unremoved, mut superseded) = (0, 0, 0, 0, 0);
     for r in &results {
+        if let Some(asked) = r.replayed_before {
+            println!(
+                "older entry      {}  of the same document as {asked}: replayed before it",
+                r.id
+            );
+        }
         match &r.result {
             ReplayResult::Applied => {
                 applied += 1;
@@ -250,6 +262,22 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
                     r.id, r.summary
                 );
             }
+            ReplayResult::Superseded { error, not_removed } => {
+                superseded += 1;
+                match not_removed {
+                    None => println!(
+                        "superseded       {}  {}: {error} (entry removed, nothing written)",
+                        r.id, r.summary
+                    ),
+                    Some(e) => {
+                        unremoved += 1;
+                        println!(
+                            "superseded       {}  {}: {error} (nothing written, but the entry stays: {e})",
+                            r.id, r.summary
+                        )
+                    }
+                }
+            }
             ReplayResult::StillParked {
                 error,
                 not_recorded,
@@ -266,8 +294,13 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
             }
         }
     }
+    let superseded = if superseded > 0 {
+        format!(", {superseded} superseded")
+    } else {
+        String::new()
+    };
     println!(
-        "replayed {}: {applied} applied, {already} already applied, {parked} still parked, {unremoved} not removed",
+        "replayed {}: {applied} applied, {already} already applied, {parked} still parked, {unremoved} not removed{superseded}",
         results.len()
     );
     Ok(if parked + unremoved > 0 {
@@ -283,7 +316,22 @@ fn print_replay_json(results: &[deadletter::ReplayEntry]) -> Result<(usize, usiz
     let value = deadletter::replay_report(results);
     println!("{value}");
     let count = |k: &str| value[k].as_u64().unwrap_or(0) as usize;
-    Ok((count("still_parked"), count("not_removed")))
+    let superseded_kept = results
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.result,
+                ReplayResult::Superseded {
+                    not_removed: Some(_),
+                    ..
+                }
+            )
+        })
+        .count();
+    Ok((
+        count("still_parked"),
+        count("not_removed") + superseded_kept,
+    ))
 }
 
 async fn discard(settings: &Settings, args: DiscardArgs) -> Result<u8, CliError> {

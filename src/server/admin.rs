@@ -79,7 +79,7 @@ struct ReplayBody {
     post,
     path = "/v1/deadletters/replay",
     summary = "Run parked operations again",
-    description = "Runs one entry (`{\"id\": ...}`) or all (`{\"all\": true}`) again under their locks, as `zkguard dlq replay` does: an entry is removed only once its operation is in its document.",
+    description = "Runs one entry (`{\"id\": ...}`) or all (`{\"all\": true}`) again under their locks, as `zkguard dlq replay` does: one document's entries in the order they were accepted (for one id, the older entries of its document first); an entry is removed only once its operation is in its document, or when the document has a write accepted after it (`superseded`, not applied over it).",
     tag = "deadletters",
     request_body(content = super::openapi::ReplayRequest, content_type = "application/json"),
     responses(
@@ -133,8 +133,25 @@ pub async fn replay_deadletters(
         .map_err(sink_error)?;
     state.ui.forget_deadletters();
     for r in &results {
-        if let ReplayResult::StillParked { .. } = r.result {
-            continue;
+        match &r.result {
+            ReplayResult::StillParked { .. } => continue,
+            ReplayResult::Superseded { error, .. } => {
+                // It will never be applied: a newer write of its document stands.
+                let finished = Finished {
+                    id: r.id,
+                    status: OpState::Rejected,
+                    reason: Some(format!("superseded on replay: {error}")),
+                    token: None,
+                    attempts: Some(r.attempts),
+                    fingerprint: None,
+                    key: None,
+                };
+                if let Err(e) = state.journal.finish(finished).await {
+                    tracing::warn!(op = %r.id, error = %e, "cannot record a superseded operation in the journal");
+                }
+                continue;
+            }
+            _ => {}
         }
         state.metrics.replayed.inc();
         // The operation is in its document now: its status says so from here on, with the

@@ -441,7 +441,9 @@ impl BackgroundExecutor {
     }
 
     /// Runs `op` as background work (its lock type is set to background), waiting for a
-    /// concurrency slot first, with retries and parking; see the module documentation.
+    /// concurrency slot first, with retries and parking; see the module documentation. The
+    /// operation counts as accepted when it is handed in ([`Operation::accept`]), unless its
+    /// [`Operation::accepted`] is set already.
     ///
     /// # Errors
     /// [`BackgroundError::Lost`] when the operation was not applied and could not be parked.
@@ -450,6 +452,7 @@ impl BackgroundExecutor {
     /// Not cancel-safe: a dropped run may leave the operation applied, parked, or neither.
     /// Use [`BackgroundExecutor::submit`] to run operations to completion in a task.
     pub async fn run(&self, op: Operation) -> Result<Outcome, BackgroundError> {
+        let op = op.accept();
         let permit = self
             .inner
             .permits
@@ -462,7 +465,8 @@ impl BackgroundExecutor {
         outcome
     }
 
-    /// Waits for a concurrency slot, then runs `op` in a task (so that a producer slows down
+    /// Accepts `op` ([`Operation::accept`]), waits for a concurrency slot, then runs it in a
+    /// task (so that a producer slows down
     /// when the executor is saturated). The task runs to completion even if the handle is
     /// dropped; its result is that of [`BackgroundExecutor::run`] (a lost operation's dead
     /// letter also goes to standard error, so a dropped handle loses no operation text).
@@ -470,6 +474,7 @@ impl BackgroundExecutor {
     /// # Cancellation safety
     /// Cancel-safe: if dropped while waiting for a slot, the operation was not started.
     pub async fn submit(&self, op: Operation) -> JoinHandle<Result<Outcome, BackgroundError>> {
+        let op = op.accept();
         let permit = self
             .inner
             .permits

@@ -131,6 +131,20 @@ pub enum GuardedError {
     /// Elasticsearch failed (other than a version conflict on the write).
     #[error("{0}")]
     Store(#[from] EsError),
+    /// The document has a write accepted after the operation (see
+    /// [`GuardedWriter::in_acceptance_order`]): applying the older operation over it would
+    /// undo it. Nothing was written.
+    #[error("{index}/{id} already has a newer write (accepted {}, after this operation, accepted {}); not applied over it", micros_text(*.newer), micros_text(*.accepted))]
+    Superseded {
+        /// Index.
+        index: String,
+        /// Document id.
+        id: String,
+        /// When the operation was accepted (microseconds since the Unix epoch).
+        accepted: u64,
+        /// When the newer write the document has was accepted.
+        newer: u64,
+    },
 }
 
 impl GuardedError {
@@ -146,7 +160,7 @@ impl GuardedError {
             | Self::Fenced { .. }
             | Self::NotFound { .. }
             | Self::CannotApply { .. } => false,
-            Self::WrongGuard { .. } => false,
+            Self::WrongGuard { .. } | Self::Superseded { .. } => false,
         }
     }
 
@@ -165,11 +179,17 @@ impl GuardedError {
             Self::NotFound { .. } => "not_found",
             Self::CannotApply { .. } => "cannot_apply",
             Self::WrongGuard { .. } => "wrong_guard",
+            Self::Superseded { .. } => "superseded",
             Self::Store(EsError::TooManyRequests { .. }) => "es_overloaded",
             Self::Store(EsError::Server { .. } | EsError::Transport { .. }) => "es_unavailable",
             Self::Store(_) => "es_rejected",
         }
     }
+}
+
+/// Microseconds since the Unix epoch as RFC 3339 (UTC).
+fn micros_text(us: u64) -> String {
+    humantime::format_rfc3339_micros(std::time::UNIX_EPOCH + Duration::from_micros(us)).to_string()
 }
 
 /// What a guarded write sends (see [`GuardedWriter::plan`]).
@@ -242,6 +262,7 @@ pub struct GuardedWriter {
     mapping: Arc<StampMapping>,
     timeout: Option<Duration>,
     marks: Option<Arc<dyn crate::write::marks::MarkResolver>>,
+    in_order: bool,
 }
 
 impl std::fmt::Debug for GuardedWriter {
@@ -253,6 +274,7 @@ impl std::fmt::Debug for GuardedWriter {
             .field("unstamped", &self.unstamped.as_slice())
             .field("maps_stamp", &self.mapping.is_on())
             .field("timeout", &self.timeout)
+            .field("in_order", &self.in_order)
             .finish()
     }
 }
@@ -270,7 +292,18 @@ impl GuardedWriter {
             mapping: Arc::new(StampMapping::new(true)),
             timeout: None,
             marks: None,
+            in_order: false,
         }
+    }
+
+    /// Refuses, with [`GuardedError::Superseded`], an operation older than a write the document
+    /// already has: one whose [`Operation::accepted`] is before the newest acceptance its
+    /// [`Stamp`] records ([`Stamp::newer_than`]). Dead-letter replays write this way.
+    /// Increments (which overwrite nothing), operations without an acceptance time, and
+    /// documents without a stamp are written as usual.
+    pub fn in_acceptance_order(mut self) -> Self {
+        self.in_order = true;
+        self
     }
 
     /// Has every document found under its lock with a document transaction's mark decided
@@ -517,13 +550,29 @@ impl GuardedWriter {
         if stamp.as_ref().is_some_and(|s| s.contains(&op.id)) {
             return Ok(Plan::AlreadyApplied);
         }
+        if let Some(newer) = stamp
+            .as_ref()
+            .filter(|_| self.in_order)
+            .and_then(|s| s.newer_than(op))
+        {
+            return Err(GuardedError::Superseded {
+                index: index.to_string(),
+                id: id.to_string(),
+                accepted: op.accepted.unwrap_or_default(),
+                newer,
+            });
+        }
+        let accepted = op
+            .accepted
+            .unwrap_or_else(crate::write::ops::acceptance_now);
         let stamp = stamp.unwrap_or_default();
         let live = current.filter(|_| !stamp.deleted);
         let condition = WriteCondition::ExternalGte(token);
         let stamped = self.stamps(index);
         let stamp_onto = |source: Value| {
             if stamped {
-                with_stamp(source, &stamp.next(&op.id, token, self.ops_window, false))
+                let next = stamp.next(&op.id, token, self.ops_window, false);
+                with_stamp(source, &next.accepting(accepted))
             } else {
                 source
             }
@@ -565,7 +614,9 @@ impl GuardedWriter {
                 ..
             } => with_stamp(
                 Value::Object(Map::new()),
-                &stamp.next(&op.id, token, self.ops_window, true),
+                &stamp
+                    .next(&op.id, token, self.ops_window, true)
+                    .accepting(accepted),
             ),
             OpKind::Delete {
                 mode: DeleteMode::Hard,

@@ -205,7 +205,10 @@ pub enum OpKind {
 /// let nowhere = Operation::delete("article-42", "", "42");
 /// assert!(matches!(nowhere.validate(), Err(OpError::EmptyTarget { .. })));
 /// ```
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Two operations are equal when they are the same write under the same id, key, monitor,
+/// lock type and info; when they were accepted ([`Operation::accepted`]) is not compared.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[must_use]
 pub struct Operation {
     /// Unique id; recorded in the target document so that the operation applies at most once.
@@ -224,9 +227,77 @@ pub struct Operation {
     pub info: String,
     /// The write.
     pub kind: OpKind,
+    /// When zkguard accepted the operation: microseconds since the Unix epoch, strictly
+    /// increasing within one process ([`acceptance_now`]). Set by the service's journal and by
+    /// [`super::background::BackgroundExecutor`] when the operation is handed in (unless the
+    /// caller set it), kept in its dead letter, and recorded in the document it is applied to
+    /// (the [`Stamp`]), so that a replay applies one document's dead letters in the order they
+    /// were accepted and never applies one over a write accepted after it. `None` for an
+    /// operation that was not handed to either (a direct [`super::guarded::GuardedWriter::run`]
+    /// counts as accepted when it is written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted: Option<u64>,
+}
+
+impl PartialEq for Operation {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+            && self.key == other.key
+            && self.monitor == other.monitor
+            && self.lock_type == other.lock_type
+            && self.info == other.info
+            && self.kind == other.kind
+    }
+}
+
+/// The time of an acceptance: microseconds since the Unix epoch, strictly greater than every
+/// value returned before in this process (so that operations accepted one after another in a
+/// process are ordered even within one microsecond, or when the clock steps back). Across
+/// processes and hosts the order is that of their clocks.
+pub fn acceptance_now() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let mut last = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = now.max(last + 1);
+        match LAST.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(seen) => last = seen,
+        }
+    }
 }
 
 impl Operation {
+    /// Sets when the operation was accepted (see [`Operation::accepted`]).
+    pub fn with_accepted(mut self, at: u64) -> Self {
+        self.accepted = Some(at);
+        self
+    }
+
+    /// Sets [`Operation::accepted`] to [`acceptance_now`] unless it is set already.
+    pub fn accept(mut self) -> Self {
+        if self.accepted.is_none() {
+            self.accepted = Some(acceptance_now());
+        }
+        self
+    }
+
+    /// Whether the operation is an increment: it adds to what the document holds instead of
+    /// replacing it.
+    pub fn is_increment(&self) -> bool {
+        matches!(
+            self.kind,
+            OpKind::Update {
+                change: Change::Increment { .. },
+                ..
+            }
+        )
+    }
+
     /// What the operation does, as a number: equal for two operations with the same monitor and
     /// the same write (target, document, field, amount, delete mode), whatever their ids, lock
     /// types and infos. Stable across processes and versions (FNV-1a over the canonical JSON),
@@ -247,6 +318,7 @@ impl Operation {
             lock_type: LockType::Foreground,
             info: "guarded write".to_string(),
             kind,
+            accepted: None,
         }
     }
 
@@ -638,6 +710,10 @@ pub struct Stamp {
     /// while the transaction runs, cleared once it is decided. Any later write drops it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub txn: Option<String>,
+    /// The newest acceptance time ([`Operation::accepted`]) among the operations applied to
+    /// the document (`None` before the first one that had one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted: Option<u64>,
 }
 
 impl Stamp {
@@ -667,7 +743,27 @@ impl Stamp {
             ops,
             deleted,
             txn: None,
+            accepted: self.accepted,
         }
+    }
+
+    /// The stamp recording that an operation accepted at `at` was applied: the acceptance
+    /// mark only moves forward.
+    pub fn accepting(mut self, at: u64) -> Stamp {
+        self.accepted = Some(self.accepted.map_or(at, |a| a.max(at)));
+        self
+    }
+
+    /// The acceptance time of a write the document has that `op` must not be applied over: one
+    /// accepted after `op`. `None` when `op` may be applied: nothing newer, no acceptance time,
+    /// or an increment, which adds to whatever the document holds instead of replacing it, so
+    /// it overwrites nothing.
+    pub fn newer_than(&self, op: &Operation) -> Option<u64> {
+        let at = op.accepted?;
+        if op.is_increment() {
+            return None;
+        }
+        self.accepted.filter(|n| *n > at)
     }
 }
 
@@ -871,5 +967,41 @@ mod tests {
         let doc = with_stamp(json!({"x": 1}), &s);
         assert!(was_applied(&doc, &ids[3]));
         assert_eq!(strip_meta(&doc), json!({"x": 1}));
+    }
+
+    #[test]
+    fn acceptance_times_increase_and_older_writes_are_superseded() {
+        let a = acceptance_now();
+        let b = acceptance_now();
+        assert!(b > a, "strictly increasing: {a} {b}");
+        let old = Operation::index("m", "i", "1", json!({"n": 1})).with_accepted(10);
+        let new = Operation::index("m", "i", "1", json!({"n": 2})).with_accepted(20);
+        let stamp = Stamp::default()
+            .next(&new.id, 1, 10, false)
+            .accepting(20)
+            .accepting(15);
+        assert_eq!(stamp.accepted, Some(20), "the mark only moves forward");
+        assert_eq!(stamp.newer_than(&old), Some(20));
+        assert_eq!(stamp.newer_than(&new), None);
+        let inc = Operation::increment("m", "i", "1", "n", 1).with_accepted(5);
+        assert_eq!(
+            stamp.newer_than(&inc),
+            None,
+            "an increment overwrites nothing"
+        );
+        let unknown = Operation::index("m", "i", "1", json!({}));
+        assert_eq!(stamp.newer_than(&unknown), None);
+        // Carried by later stamps, absent from older JSON.
+        assert_eq!(stamp.next(&old.id, 2, 10, false).accepted, Some(20));
+        assert_eq!(
+            serde_json::from_value::<Stamp>(json!({"token": 1, "op": "x"}))
+                .unwrap()
+                .accepted,
+            None
+        );
+        // Equal operations whatever their acceptance; the time round-trips.
+        assert_eq!(old.clone().with_accepted(99), old);
+        let back: Operation = serde_json::from_str(&serde_json::to_string(&old).unwrap()).unwrap();
+        assert_eq!(back.accepted, Some(10));
     }
 }

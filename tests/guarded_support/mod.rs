@@ -138,3 +138,96 @@ pub fn small_local_demo(dir: &std::path::Path, extra: &[&str]) -> Value {
     );
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
+
+/// Dead letters, as the executor parks them, for the tests of their order.
+pub mod parked {
+    use std::sync::Arc;
+    use std::time::{Duration, SystemTime};
+
+    use serde_json::json;
+    use zkguard::config::Settings;
+    use zkguard::write::deadletter::{DeadLetter, DeadLetterError, DeadLetterSink};
+    use zkguard::write::guarded::GuardedWriter;
+    use zkguard::write::ops::Operation;
+    use zkguard::LockType;
+
+    use super::{locks, store};
+
+    /// A sink that keeps what the executor parks, so that the test can store it in the real sink
+    /// in another order: concurrent workers give up in no particular order.
+    #[derive(Default)]
+    struct Collected(std::sync::Mutex<Vec<DeadLetter>>);
+
+    #[async_trait::async_trait]
+    impl DeadLetterSink for Collected {
+        async fn park(&self, letter: &DeadLetter) -> Result<(), DeadLetterError> {
+            self.0.lock().unwrap().push(letter.clone());
+            Ok(())
+        }
+        async fn list(&self) -> Result<Vec<DeadLetter>, DeadLetterError> {
+            Ok(self.0.lock().unwrap().clone())
+        }
+        async fn remove(&self, id: uuid::Uuid) -> Result<bool, DeadLetterError> {
+            let mut v = self.0.lock().unwrap();
+            let before = v.len();
+            v.retain(|l| l.id != id);
+            Ok(v.len() < before)
+        }
+        fn describe(&self) -> String {
+            "collected".into()
+        }
+    }
+
+    /// Background writes `{"n": from..to}` of `index/id`, submitted in that order while the test
+    /// holds the document's lock: each one times out and is parked by the executor. Returns the
+    /// operations (in acceptance order) and their dead letters, which `sink` then stores in a
+    /// shuffled order (`i * 7 % len`, so the newest is not stored last).
+    pub async fn park_shuffled(
+        settings: &Settings,
+        sink: &dyn DeadLetterSink,
+        monitor: &str,
+        index: &str,
+        id: &str,
+        n: std::ops::Range<i64>,
+    ) -> Vec<Operation> {
+        use zkguard::write::background::BackgroundExecutor;
+        let (_s, l) = locks(settings).await;
+        let held = l
+            .acquire(
+                zkguard::LockRequest::new(monitor, "test holder").with_type(LockType::Foreground),
+            )
+            .await
+            .unwrap();
+        let collected = Arc::new(Collected::default());
+        let executor = BackgroundExecutor::builder(
+            GuardedWriter::new(l.clone(), store(settings)),
+            collected.clone(),
+        )
+        .attempts(1)
+        .lock_timeout(Duration::from_millis(100))
+        .concurrency(64)
+        .build();
+        let mut ops = Vec::new();
+        let mut tasks = Vec::new();
+        for v in n {
+            let op = Operation::index(monitor, index, id, json!({ "n": v }));
+            ops.push(op.clone());
+            tasks.push(executor.submit(op).await);
+        }
+        for t in tasks {
+            assert!(t.await.unwrap().unwrap().is_parked());
+        }
+        held.unlock().await.unwrap();
+        let letters = collected.list().await.unwrap();
+        let len = letters.len();
+        let by_id: std::collections::HashMap<_, _> =
+            letters.into_iter().map(|l| (l.id, l)).collect();
+        for i in 0..len {
+            let mut letter = by_id[&ops[i * 7 % len].id].clone();
+            // Parked now: the sinks that list by parking time list them in this order.
+            letter.parked_at = SystemTime::now();
+            sink.park(&letter).await.unwrap();
+        }
+        ops
+    }
+}

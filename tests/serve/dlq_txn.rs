@@ -130,6 +130,143 @@ async fn dead_letters_are_listed_and_replayed_over_http() {
     );
 }
 
+/// Forty background writes of one document parked, their entries stored in shuffled order:
+/// `POST /v1/deadletters/replay {"all": true}` applies them in the order the service accepted
+/// them, so the document ends on the last one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replay_over_http_applies_a_documents_writes_in_acceptance_order() {
+    let env = Env::new(&shared_zk().connect_string(), "dlq-order")
+        .with("ZKGUARD_ZOOKEEPER_BACKGROUND_TASK_TIMEOUT", "200")
+        .with("ZKGUARD_ELASTIC_REQUEST_RETRY_COUNT", "1");
+    let s = env.start("a");
+    let c = client();
+    let index = format!("dlq-order-{}", uuid_tag());
+    let (_holder, guard) = hold_lock(&env, "order-doc").await;
+    let mut ids = Vec::new();
+    for n in 0..40 {
+        let (status, v) = put(
+            &c,
+            &s,
+            &format!("/v1/indices/{index}/docs/1?type=background&monitor=order-doc"),
+            &json!({ "n": n }),
+        )
+        .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        ids.push(v["operation_id"].as_str().unwrap().to_string());
+    }
+    let states = wait_finished(&c, &s, &ids).await;
+    assert!(
+        ids.iter().all(|id| states[id]["status"] == "parked"),
+        "{states:?}"
+    );
+    // The entries in shuffled order, as concurrent workers may park them.
+    let file = env.dir.path().join("a.dlq");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let lines: HashMap<String, &str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            (
+                serde_json::from_str::<Value>(l).unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+                l,
+            )
+        })
+        .collect();
+    assert_eq!(lines.len(), 40);
+    let shuffled: String = (0..40)
+        .map(|i| format!("{}\n", lines[&ids[i * 7 % 40]]))
+        .collect();
+    std::fs::write(&file, shuffled).unwrap();
+    guard.unlock().await.unwrap();
+
+    let (status, v) = call(
+        &c,
+        Method::POST,
+        &s.url("/v1/deadletters/replay"),
+        Some(json!({"all": true}).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["replayed"].as_u64(), v["applied"].as_u64()),
+        (Some(40), Some(40)),
+        "{v}"
+    );
+    let order: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        order,
+        ids.iter().map(String::as_str).collect::<Vec<_>>(),
+        "acceptance order"
+    );
+    let doc = es_doc(&c, &index, "1").await;
+    assert_eq!(doc["_source"]["n"], 39, "the last accepted write: {doc}");
+    let (_, v) = call(&c, Method::GET, &s.url("/v1/deadletters"), None).await;
+    assert_eq!(v, json!([]));
+
+    // Three more parked; one by id replays the older one of its document first.
+    let (_holder, guard) = hold_lock(&env, "order-doc").await;
+    let mut more = Vec::new();
+    for n in 40..43 {
+        let path = format!("/v1/indices/{index}/docs/1?type=background&monitor=order-doc");
+        let (status, v) = put(&c, &s, &path, &json!({ "n": n })).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        more.push(v["operation_id"].as_str().unwrap().to_string());
+    }
+    wait_finished(&c, &s, &more).await;
+    guard.unlock().await.unwrap();
+    let one = json!({"id": more[1]}).to_string();
+    let (status, v) = call(
+        &c,
+        Method::POST,
+        &s.url("/v1/deadletters/replay"),
+        Some(one),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["applied"], 2, "{v}");
+    assert_eq!(v["results"][0]["id"], more[0].as_str(), "{v}");
+    assert_eq!(v["results"][0]["replayed_before"], more[1].as_str(), "{v}");
+    assert_eq!(v["results"][1]["id"], more[1].as_str(), "{v}");
+    assert_eq!(es_doc(&c, &index, "1").await["_source"]["n"], 41);
+
+    // A newer foreground write: the last parked one is superseded, not applied over it.
+    let path = format!("/v1/indices/{index}/docs/1?monitor=order-doc");
+    let (status, v) = put(&c, &s, &path, &json!({"n": 100})).await;
+    assert!(status.is_success(), "{status} {v}");
+    let all = json!({"all": true}).to_string();
+    let (status, v) = call(
+        &c,
+        Method::POST,
+        &s.url("/v1/deadletters/replay"),
+        Some(all),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["superseded"].as_u64(), v["applied"].as_u64()),
+        (Some(1), Some(0)),
+        "{v}"
+    );
+    assert_eq!(v["results"][0]["result"], "superseded", "{v}");
+    assert_eq!(es_doc(&c, &index, "1").await["_source"]["n"], 100);
+    let st = op_status(&c, &s, &more[2]).await;
+    assert_eq!(st["status"], "rejected", "{st}");
+    assert!(
+        st["reason"].as_str().unwrap().contains("superseded"),
+        "{st}"
+    );
+    let (_, v) = call(&c, Method::GET, &s.url("/v1/deadletters"), None).await;
+    assert_eq!(v, json!([]));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transfers_run_the_two_phase_commit_over_http() {
     let tag = uuid_tag();

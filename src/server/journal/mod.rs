@@ -593,9 +593,12 @@ impl Journal {
         }
         let mut inner = self.lock();
         let mut seen = std::collections::HashSet::new();
+        // Accepted now, in the journal's order: the time each one keeps (in its dead letter and
+        // the document's stamp) so that replays apply one document's writes in this order.
         let fresh: Vec<Operation> = ops
             .into_iter()
             .filter(|op| !inner.entries.contains_key(&op.id) && seen.insert(op.id))
+            .map(|op| op.with_accepted(zkguard::write::ops::acceptance_now()))
             .collect();
         if fresh.is_empty() {
             return Ok(fresh);

@@ -246,7 +246,9 @@ pub struct ReplayReport {
     pub still_parked: usize,
     /// In their documents, but their entries could not be removed.
     pub not_removed: usize,
-    /// One per entry.
+    /// Not applied: their documents have writes accepted after them.
+    pub superseded: usize,
+    /// One per entry, one document's in the order they were accepted.
     pub results: Vec<ReplayResult>,
 }
 
@@ -257,7 +259,7 @@ pub struct ReplayResult {
     pub id: String,
     /// The operation, in a few words.
     pub summary: String,
-    /// `applied`, `already_applied`, `still_parked` or `not_removed`.
+    /// `applied`, `already_applied`, `still_parked`, `not_removed` or `superseded`.
     pub result: String,
     /// Attempts of this replay.
     pub attempts: u32,
@@ -265,6 +267,9 @@ pub struct ReplayResult {
     pub token: Option<u64>,
     /// Why it is not, or why its entry stays.
     pub error: Option<String>,
+    /// For a replay of one entry: on each older entry of its document, replayed before it,
+    /// the id asked for.
+    pub replayed_before: Option<String>,
 }
 
 /// A discarded entry.

@@ -353,25 +353,45 @@ pub async fn run(
     let mut replayed = 0;
     if plan.replay && dead_letters > 0 {
         progress.set_phase(format!("replaying {dead_letters} dead letters"));
-        for r in records
-            .iter_mut()
+        let parked: Vec<uuid::Uuid> = records
+            .iter()
             .filter(|r| matches!(r.status, OpStatus::Parked { .. }))
-        {
+            .map(|r| r.id)
+            .collect();
+        for id in parked {
+            // A replay of an earlier entry may have run this one already (the older entries of
+            // a document go first).
+            if !records
+                .iter()
+                .any(|r| r.id == id && matches!(r.status, OpStatus::Parked { .. }))
+            {
+                continue;
+            }
             let entries = zkguard::write::deadletter::replay(
                 &writer,
                 env.sink.as_ref(),
-                ReplaySelection::Id(r.id),
+                ReplaySelection::Id(id),
             )
             .await;
             match entries {
                 Ok(entries) => {
                     for entry in entries {
+                        let Some(r) = records.iter_mut().find(|r| r.id == entry.id) else {
+                            continue;
+                        };
                         match entry.result {
                             ReplayResult::Applied
                             | ReplayResult::AlreadyApplied
                             | ReplayResult::NotRemoved { .. } => {
                                 r.status = OpStatus::Replayed;
                                 replayed += 1;
+                            }
+                            ReplayResult::Superseded { error, .. } => {
+                                r.status = OpStatus::Rejected {
+                                    kind: "superseded".to_string(),
+                                    reason: format!("replay: {error}"),
+                                    ambiguous: false,
+                                };
                             }
                             ReplayResult::StillParked { error, .. } => {
                                 r.status = OpStatus::Parked {
@@ -383,8 +403,10 @@ pub async fn run(
                 }
                 // The entry could not be read back: it stays parked, as far as this run knows.
                 Err(e) => {
-                    r.status = OpStatus::Parked {
-                        reason: format!("replay failed: {e}"),
+                    if let Some(r) = records.iter_mut().find(|r| r.id == id) {
+                        r.status = OpStatus::Parked {
+                            reason: format!("replay failed: {e}"),
+                        }
                     }
                 }
             }

@@ -19,13 +19,15 @@
 //! The client has no consumer groups, so the replay keeps its own: the companion topic
 //! `<topic>-offsets` (one partition) holds, for each replay group (`deadletter.kafka.group`),
 //! records of two kinds: `commit` (every record of partition P before offset O is done) and
-//! `done` (the record at partition P, offset O is done; written when one entry is replayed or
-//! removed by id). `zkguard dlq replay --all` walks each partition from its committed offset to
-//! the end seen at the start, applies each operation under its lock, and commits the offset after
-//! the operation was applied or re-parked (a failed replay produces a new record with the attempt
-//! and error, then commits). A replay killed between applying and committing applies the
-//! operation again the next time only in appearance: the operation id is in the document, so
-//! nothing is written and the offset is committed.
+//! `done` (the record at partition P, offset O is done). `zkguard dlq replay --all` reads each
+//! partition from its committed offset to the end seen at the start, and the fallback file,
+//! replays the entries one document's in the order they were accepted (a partition holds a
+//! monitor's records in parking order, which is not that order), marks each record done after
+//! its operation was applied, superseded or re-parked (a failed replay produces a new record
+//! with the attempt and error, then marks the old one done), and at the end commits each
+//! partition up to its first record not done. A replay killed between applying and marking
+//! applies the operation again the next time only in appearance: the operation id is in the
+//! document, so nothing is written and the record is marked done.
 //!
 //! The producer is not idempotent (the client does not implement it): a retried produce may store
 //! a record twice. Replay is idempotent per operation id, so a duplicate is only an extra
@@ -35,7 +37,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use rskafka::client::error::{Error as RsError, ProtocolError};
@@ -49,8 +51,8 @@ use uuid::Uuid;
 
 use crate::config::KafkaSettings;
 use crate::write::deadletter::{
-    DeadLetter, DeadLetterError, DeadLetterSink, FileSink, ParkReason, ReplayEntry, ReplayResult,
-    ReplaySelection,
+    replay_items, DeadLetter, DeadLetterError, DeadLetterSink, FileSink, Item, ReplayEntry,
+    ReplaySelection, Settle,
 };
 use crate::write::guarded::GuardedWriter;
 
@@ -481,10 +483,14 @@ impl KafkaSink {
         }
     }
 
-    /// `zkguard dlq replay`: for [`ReplaySelection::All`], walks each partition from the replay
-    /// group's committed offset to the end seen at the start, applies each operation under its
-    /// lock and commits the offset after it was applied or re-parked; then replays the fallback
-    /// file. For one id, replays that entry (in the topic or the file) and marks its record done.
+    /// `zkguard dlq replay`: for [`ReplaySelection::All`], reads each partition from the replay
+    /// group's committed offset to the end seen at the start, and the fallback file, and
+    /// replays those entries one document's in the order they were accepted (see
+    /// [`crate::write::deadletter::replay`]): a record is marked done once its operation was
+    /// applied (or superseded, or re-parked as a new record), and each partition's offset is
+    /// then committed up to its first record not done. For one id, replays that entry (in the
+    /// topic or the file), after the older entries of its document, and marks its records
+    /// done.
     ///
     /// # Errors
     /// [`DeadLetterError`] when the broker cannot be reached or read, or no entry has the id.
@@ -498,105 +504,132 @@ impl KafkaSink {
         };
         let conn = self.conn().await?;
         let progress = self.read_progress(&conn).await?;
-        let mut out = Vec::new();
+        let mut items = Vec::new();
+        // Per partition: where the replay started, where the records read end, and the offsets
+        // of the entries it replays (a commit stops before the first one not done).
+        let mut ranges = Vec::new();
         for pc in &conn.partitions {
             let p = pc.partition();
             let from = progress.committed.get(&p).copied().unwrap_or(0);
+            let mut end = from;
             for r in self.read_partition(pc, from, None).await? {
-                let next = r.offset + 1;
-                let letter = if progress.done.contains(&(p, r.offset)) {
-                    None
-                } else {
-                    self.decode(p, &r)
-                };
-                if let Some(letter) = letter {
-                    let span = tracing::info_span!("dlq_replay", op = %letter.id,
-                        monitor = %letter.monitor, partition = p, offset = r.offset);
-                    let entry = self
-                        .replay_record(writer, &conn, p, next, letter)
-                        .instrument(span)
-                        .await;
-                    out.push(entry);
-                } else {
-                    self.write_progress(&conn, OffsetKind::Commit, p, next)
-                        .await?;
+                end = end.max(r.offset + 1);
+                if progress.done.contains(&(p, r.offset)) {
+                    continue;
+                }
+                if let Some(letter) = self.decode(p, &r) {
+                    items.push(Item {
+                        letter,
+                        at: Some((p, r.offset)),
+                    });
                 }
             }
+            ranges.push((p, from, end));
         }
-        if !self.fallback.list().await?.is_empty() {
-            out.extend(
-                crate::write::deadletter::replay(writer, &self.fallback, ReplaySelection::All)
-                    .await?,
-            );
+        items.extend(
+            self.fallback
+                .list()
+                .await?
+                .into_iter()
+                .map(|letter| Item { letter, at: None }),
+        );
+        let pending: Vec<(i32, i64)> = items.iter().filter_map(|i| i.at).collect();
+        let settle = KafkaSettle {
+            sink: self,
+            conn: &conn,
+            done: std::sync::Mutex::new(HashSet::new()),
+        };
+        let out = replay_items(writer, items, &settle, None).await;
+        let done = settle.done.into_inner().unwrap_or_else(|e| e.into_inner());
+        for (p, from, end) in ranges {
+            let first_open = pending
+                .iter()
+                .filter(|(q, o)| *q == p && !done.contains(&(*q, *o)))
+                .map(|(_, o)| *o)
+                .min();
+            let commit = first_open.unwrap_or(end);
+            if commit > from {
+                self.write_progress(&conn, OffsetKind::Commit, p, commit)
+                    .await?;
+            }
         }
         Ok(out)
     }
 
-    async fn replay_record(
-        &self,
-        writer: &GuardedWriter,
-        conn: &Conn,
-        partition: i32,
-        next: i64,
-        letter: DeadLetter,
-    ) -> ReplayEntry {
-        let summary = letter.operation.summary();
-        let id = letter.id;
-        let attempts = letter.attempts.saturating_add(1);
-        let mut token = None;
-        let result = match writer.run(&letter.operation).await {
-            Ok(written) => match {
+    /// Marks the record at `at` done in the replay group's progress.
+    async fn mark_done(&self, conn: &Conn, (partition, offset): (i32, i64)) -> Result<(), String> {
+        self.write_progress(conn, OffsetKind::Done, partition, offset)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Settles the entries of a replay of the whole topic: records are marked done, fallback
+/// entries removed from the file.
+struct KafkaSettle<'a> {
+    sink: &'a KafkaSink,
+    conn: &'a Conn,
+    /// The records marked done.
+    done: std::sync::Mutex<HashSet<(i32, i64)>>,
+}
+
+impl KafkaSettle<'_> {
+    fn record_done(&self, at: (i32, i64)) {
+        self.done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(at);
+    }
+}
+
+#[async_trait]
+impl Settle for KafkaSettle<'_> {
+    async fn done(&self, item: &Item) -> Result<(), String> {
+        match item.at {
+            Some((partition, offset)) => {
+                let at = (partition, offset);
                 tracing::debug!(
                     partition,
-                    offset = next - 1,
+                    offset,
                     "operation applied; committing its offset"
                 );
-                token = Some(written.token);
-                self.write_progress(conn, OffsetKind::Commit, partition, next)
+                self.sink.mark_done(self.conn, at).await?;
+                self.record_done(at);
+                Ok(())
             }
-            .await
-            {
-                Ok(()) if written.already_applied => ReplayResult::AlreadyApplied,
-                Ok(()) => ReplayResult::Applied,
-                Err(e) => ReplayResult::NotRemoved {
-                    error: e.to_string(),
-                },
-            },
-            Err(error) => {
-                let mut updated = letter.clone();
-                updated.attempts = attempts;
-                updated.error_kind = error.kind().to_string();
-                updated.last_error = error.to_string();
-                updated.reason = if error.is_transient() {
-                    ParkReason::RetriesExhausted
-                } else {
-                    ParkReason::NotRetryable
-                };
-                updated.last_attempt = SystemTime::now();
-                // Re-park first (topic, or the fallback file), then commit: a crash in between
-                // leaves the entry twice, never zero times.
-                let not_recorded = match self.park(&updated).await {
-                    Ok(()) => self
-                        .write_progress(conn, OffsetKind::Commit, partition, next)
-                        .await
-                        .err()
-                        .map(|e| format!("re-parked, but the offset was not committed: {e}")),
-                    Err(e) => Some(e.to_string()),
-                };
-                ReplayResult::StillParked {
-                    error: error.to_string(),
-                    transient: error.is_transient(),
-                    not_recorded,
-                }
-            }
+            None => self
+                .sink
+                .fallback
+                .remove(item.letter.id)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    async fn repark(&self, item: &Item, updated: &DeadLetter) -> Option<String> {
+        let Some(at) = item.at else {
+            return self
+                .sink
+                .fallback
+                .park(updated)
+                .await
+                .err()
+                .map(|e| e.to_string());
         };
-        tracing::info!(?result, "replayed");
-        ReplayEntry {
-            id,
-            summary,
-            result,
-            token,
-            attempts,
+        // Re-park first (topic, or the fallback file), then mark the record done: a crash in
+        // between leaves the entry twice, never zero times.
+        if let Err(e) = self.sink.park(updated).await {
+            return Some(e.to_string());
+        }
+        match self.sink.mark_done(self.conn, at).await {
+            Ok(()) => {
+                self.record_done(at);
+                None
+            }
+            Err(e) => Some(format!(
+                "re-parked, but the record was not marked done: {e}"
+            )),
         }
     }
 }

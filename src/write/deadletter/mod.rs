@@ -12,7 +12,10 @@
 //!   `deadletter.kafka.topic`, with the file sink as fallback.
 //!
 //! [`replay`] re-runs parked operations and removes an entry only after its operation was
-//! applied. Guarded writes record each operation's id in the target document (see
+//! applied. It applies one document's entries in the order their operations were accepted
+//! ([`DeadLetter::accepted`]), whatever order they were parked in, and never applies one over a
+//! write of the document accepted after it: such an entry is reported
+//! [`ReplayResult::Superseded`] and removed. Guarded writes record each operation's id in the target document (see
 //! [`super::ops::Stamp`]), so a replay that crashed between applying an operation and removing
 //! its entry does not apply it again the next time: the next replay finds the id in the
 //! document and only removes the entry.
@@ -141,6 +144,23 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
+    /// When the operation was accepted, the order a replay applies one document's entries in:
+    /// its [`Operation::accepted`] (microseconds since the Unix epoch), or, for an entry parked
+    /// before zkguard recorded that, the start of its first attempt.
+    pub fn accepted(&self) -> u64 {
+        self.operation
+            .accepted
+            .unwrap_or_else(|| time_serde::micros(self.first_attempt))
+    }
+
+    /// The document the operation writes (`index`, `id`).
+    fn document(&self) -> (String, String) {
+        (
+            self.operation.target_index().to_string(),
+            self.operation.target_id().to_string(),
+        )
+    }
+
     /// A dead letter for `op` after `attempts` attempts that ended with `error`.
     pub fn new(
         op: &Operation,
@@ -216,9 +236,9 @@ impl std::fmt::Debug for dyn DeadLetterSink {
 /// Which parked operations to replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplaySelection {
-    /// Every entry, oldest first.
+    /// Every entry: one document's in the order they were accepted.
     All,
-    /// One entry.
+    /// One entry, after the entries of its document accepted before it.
     Id(Uuid),
 }
 
@@ -236,8 +256,20 @@ pub enum ReplayResult {
         /// Why the removal failed.
         error: String,
     },
+    /// Not applied: the document has a write accepted after the operation
+    /// ([`GuardedError::Superseded`](crate::write::guarded::GuardedError::Superseded)), which
+    /// applying it would undo. The entry was logged whole (warn) and removed.
+    Superseded {
+        /// What the document has.
+        error: String,
+        /// Why the entry could not be removed, if the sink refused (it stays; a later replay
+        /// finds it superseded again).
+        not_removed: Option<String>,
+    },
     /// Failed again; the entry stays parked with the attempt counted (or, when the sink
-    /// refused the update, as it was).
+    /// refused the update, as it was). Also an entry that was not run because an older entry
+    /// of its document stays parked (its attempts unchanged): applying it first would apply
+    /// the document's writes out of order.
     StillParked {
         /// The error.
         error: String,
@@ -262,16 +294,21 @@ pub struct ReplayEntry {
     pub token: Option<u64>,
     /// Attempts made so far, this replay included.
     pub attempts: u32,
+    /// For a replay of one entry ([`ReplaySelection::Id`]): set on each older entry of its
+    /// document, replayed before it, to the id asked for.
+    pub replayed_before: Option<Uuid>,
 }
 
 /// The outcome of a replay as one JSON object, the shape both `zkguard dlq replay --json` and
 /// `POST /v1/deadletters/replay` answer: `{"replayed", "applied", "already_applied",
-/// "still_parked", "not_removed", "results": [{"id", "summary", "result", "attempts", "token",
-/// "error"}]}`. `result` is `applied`, `already_applied`, `still_parked` or `not_removed`;
-/// `token` (the replay's fencing token) is there when the operation is in its document, `error`
-/// when it is not or its entry stays.
+/// "still_parked", "not_removed", "superseded", "results": [{"id", "summary", "result",
+/// "attempts", "token", "error", "replayed_before"}]}`. `result` is `applied`,
+/// `already_applied`, `still_parked`, `not_removed` or `superseded`; `token` (the replay's
+/// fencing token) is there when the operation is in its document, `error` when it is not or
+/// its entry stays, `replayed_before` (the id asked for) on the older entries of its document
+/// that a replay of one entry ran first.
 pub fn replay_report(results: &[ReplayEntry]) -> serde_json::Value {
-    let mut counts = [0usize; 4];
+    let mut counts = [0usize; 5];
     let list: Vec<serde_json::Value> = results
         .iter()
         .map(|r| {
@@ -292,9 +329,22 @@ pub fn replay_report(results: &[ReplayEntry]) -> serde_json::Value {
                     }),
                 ),
                 ReplayResult::NotRemoved { error } => (3, Some(error.clone())),
+                ReplayResult::Superseded { error, not_removed } => (
+                    4,
+                    Some(match not_removed {
+                        None => error.clone(),
+                        Some(e) => format!("{error} (the entry could not be removed: {e})"),
+                    }),
+                ),
             };
             counts[kind] += 1;
-            let result = ["applied", "already_applied", "still_parked", "not_removed"][kind];
+            let result = [
+                "applied",
+                "already_applied",
+                "still_parked",
+                "not_removed",
+                "superseded",
+            ][kind];
             let mut entry = serde_json::json!({
                 "id": r.id.to_string(),
                 "summary": r.summary,
@@ -307,6 +357,9 @@ pub fn replay_report(results: &[ReplayEntry]) -> serde_json::Value {
             if let Some(e) = error {
                 entry["error"] = serde_json::json!(e);
             }
+            if let Some(asked) = r.replayed_before {
+                entry["replayed_before"] = serde_json::json!(asked.to_string());
+            }
             entry
         })
         .collect();
@@ -316,6 +369,7 @@ pub fn replay_report(results: &[ReplayEntry]) -> serde_json::Value {
         "already_applied": counts[1],
         "still_parked": counts[2],
         "not_removed": counts[3],
+        "superseded": counts[4],
         "results": list,
     })
 }
@@ -365,14 +419,23 @@ pub async fn discard(
     Ok(letter)
 }
 
-/// Replays parked operations through `writer`, in parking order, one at a time.
+/// Replays parked operations through `writer`, one at a time, one document's in the order they
+/// were accepted ([`DeadLetter::accepted`]; entries accepted at the same time in listing order).
 ///
-/// For each entry: run the operation (its own monitor, lock type and id); if it was applied, or
-/// the target document already records it, remove the entry; otherwise update the entry (one
-/// more attempt, the new error) and go on. An entry is removed only after its operation is in
-/// the document, and a document never applies the same operation id twice (within the writer's
-/// ops window), so a replay that is killed at any point and run again loses nothing and applies
-/// nothing twice. Hard deletes are idempotent by nature.
+/// For each entry: run the operation (its own monitor, lock type and id) with the writer in
+/// acceptance order ([`GuardedWriter::in_acceptance_order`]); if it was applied, or the target
+/// document already records it, remove the entry; if the document has a write accepted after
+/// it, report it [`ReplayResult::Superseded`] and remove it (logged whole first); otherwise
+/// update the entry (one more attempt, the new error) and go on. Once an entry of a document
+/// stays parked, the document's later entries are not run (they stay as they are, reported
+/// still parked): they would be applied before it. An entry is removed only after its
+/// operation is in the document (or superseded), and a document never applies the same
+/// operation id twice (within the writer's ops window), so a replay that is killed at any
+/// point and run again loses nothing and applies nothing twice. Hard deletes are idempotent by
+/// nature.
+///
+/// [`ReplaySelection::Id`] replays the entries of the same document accepted before the one
+/// asked for first (each marked [`ReplayEntry::replayed_before`]), then that one.
 ///
 /// # Errors
 /// [`DeadLetterError::NoSuchEntry`] when `selection` names an unknown id; sink errors while
@@ -386,40 +449,149 @@ pub async fn replay(
     sink: &dyn DeadLetterSink,
     selection: ReplaySelection,
 ) -> Result<Vec<ReplayEntry>, DeadLetterError> {
-    let mut letters = sink.list().await?;
-    if let ReplaySelection::Id(id) = selection {
-        letters.retain(|l| l.id == id);
-        if letters.is_empty() {
-            return Err(DeadLetterError::NoSuchEntry { id });
-        }
-    }
-    let mut out = Vec::with_capacity(letters.len());
-    for letter in letters {
-        let span = tracing::info_span!("dlq_replay", op = %letter.id, monitor = %letter.monitor);
-        let entry = replay_one(writer, sink, letter).instrument(span).await;
-        out.push(entry);
-    }
-    Ok(out)
+    let letters = sink.list().await?;
+    let asked = match selection {
+        ReplaySelection::All => None,
+        ReplaySelection::Id(id) => Some(id),
+    };
+    let letters = select(letters, selection)?;
+    let items = letters.into_iter().map(|letter| Item { letter, at: None });
+    Ok(replay_items(writer, items.collect(), &SinkSettle(sink), asked).await)
 }
 
-async fn replay_one(
+/// The entries `selection` replays, in listing order: all, or the one asked for and the
+/// entries of its document accepted before it.
+fn select(
+    letters: Vec<DeadLetter>,
+    selection: ReplaySelection,
+) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    let ReplaySelection::Id(id) = selection else {
+        return Ok(letters);
+    };
+    let (pos, target) = letters
+        .iter()
+        .enumerate()
+        .find(|(_, l)| l.id == id)
+        .ok_or(DeadLetterError::NoSuchEntry { id })?;
+    let (doc, key) = (target.document(), (target.accepted(), pos));
+    Ok(letters
+        .iter()
+        .enumerate()
+        .filter(|(i, l)| l.id == id || (l.document() == doc && (l.accepted(), *i) < key))
+        .map(|(_, l)| l.clone())
+        .collect())
+}
+
+/// One entry to replay, and where it is (a Kafka record's partition and offset).
+#[derive(Debug, Clone)]
+pub(crate) struct Item {
+    pub(crate) letter: DeadLetter,
+    pub(crate) at: Option<(i32, i64)>,
+}
+
+/// How a replay settles an entry in its sink.
+#[async_trait]
+pub(crate) trait Settle: Send + Sync {
+    /// The operation is in its document, or superseded: the entry goes.
+    async fn done(&self, item: &Item) -> Result<(), String>;
+    /// The operation failed again: the entry stays as `updated`; why not, if the sink refused.
+    async fn repark(&self, item: &Item, updated: &DeadLetter) -> Option<String>;
+}
+
+/// Settles entries in a [`DeadLetterSink`]: removes them, or parks the update.
+struct SinkSettle<'a>(&'a dyn DeadLetterSink);
+
+#[async_trait]
+impl Settle for SinkSettle<'_> {
+    async fn done(&self, item: &Item) -> Result<(), String> {
+        self.0
+            .remove(item.letter.id)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    async fn repark(&self, _item: &Item, updated: &DeadLetter) -> Option<String> {
+        self.0.park(updated).await.err().map(|e| {
+            tracing::warn!(error = %e, "could not record the failed replay; the entry stays as it was");
+            e.to_string()
+        })
+    }
+}
+
+/// Replays `items` in acceptance order (see [`replay`]); `asked` is the id of a replay of one
+/// entry.
+pub(crate) async fn replay_items(
     writer: &GuardedWriter,
-    sink: &dyn DeadLetterSink,
-    letter: DeadLetter,
-) -> ReplayEntry {
+    mut items: Vec<Item>,
+    settle: &dyn Settle,
+    asked: Option<Uuid>,
+) -> Vec<ReplayEntry> {
+    let writer = writer.clone().in_acceptance_order();
+    // Stable: entries accepted at the same time keep their listing order.
+    items.sort_by_key(|i| i.letter.accepted());
+    let mut parked: std::collections::HashMap<(String, String), Uuid> = Default::default();
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let doc = item.letter.document();
+        let mut entry = match parked.get(&doc) {
+            Some(older) => blocked(&item.letter, *older, &doc),
+            None => {
+                let span = tracing::info_span!("dlq_replay", op = %item.letter.id,
+                    monitor = %item.letter.monitor, accepted = item.letter.accepted());
+                replay_one(&writer, settle, &item).instrument(span).await
+            }
+        };
+        if let ReplayResult::StillParked { .. } = entry.result {
+            parked.entry(doc).or_insert(item.letter.id);
+        }
+        entry.replayed_before = asked.filter(|a| *a != item.letter.id);
+        out.push(entry);
+    }
+    out
+}
+
+/// The result of an entry not run because the older entry `older` of its document stays parked.
+fn blocked(letter: &DeadLetter, older: Uuid, doc: &(String, String)) -> ReplayEntry {
+    tracing::info!(op = %letter.id, %older, "not replayed: an older entry of its document stays parked");
+    ReplayEntry {
+        id: letter.id,
+        summary: letter.operation.summary(),
+        result: ReplayResult::StillParked {
+            error: format!(
+                "not replayed: entry {older}, accepted before it for {}/{}, stays parked; replay that one first (or discard it)",
+                doc.0, doc.1
+            ),
+            transient: true,
+            not_recorded: None,
+        },
+        token: None,
+        attempts: letter.attempts,
+        replayed_before: None,
+    }
+}
+
+async fn replay_one(writer: &GuardedWriter, settle: &dyn Settle, item: &Item) -> ReplayEntry {
+    let letter = &item.letter;
     let summary = letter.operation.summary();
     let attempts = letter.attempts.saturating_add(1);
     let mut token = None;
     let result = match writer.run(&letter.operation).await {
         Ok(written) => {
             token = Some(written.token);
-            let removed = sink.remove(letter.id).await;
-            match removed {
-                Ok(_) if written.already_applied => ReplayResult::AlreadyApplied,
-                Ok(_) => ReplayResult::Applied,
-                Err(e) => ReplayResult::NotRemoved {
-                    error: e.to_string(),
-                },
+            match settle.done(item).await {
+                Ok(()) if written.already_applied => ReplayResult::AlreadyApplied,
+                Ok(()) => ReplayResult::Applied,
+                Err(error) => ReplayResult::NotRemoved { error },
+            }
+        }
+        Err(error @ GuardedError::Superseded { .. }) => {
+            let entry = serde_json::to_string(letter).unwrap_or_default();
+            tracing::warn!(op = %letter.id, monitor = %letter.monitor, %error, %entry,
+                "dead letter superseded by a newer write of its document; removing it");
+            ReplayResult::Superseded {
+                error: error.to_string(),
+                not_removed: settle.done(item).await.err(),
             }
         }
         Err(error) => {
@@ -433,17 +605,10 @@ async fn replay_one(
                 ParkReason::NotRetryable
             };
             updated.last_attempt = time_serde::truncate(SystemTime::now());
-            let not_recorded = match sink.park(&updated).await {
-                Ok(()) => None,
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not record the failed replay; the entry stays as it was");
-                    Some(e.to_string())
-                }
-            };
             ReplayResult::StillParked {
                 error: error.to_string(),
                 transient: error.is_transient(),
-                not_recorded,
+                not_recorded: settle.repark(item, &updated).await,
             }
         }
     };
@@ -454,6 +619,7 @@ async fn replay_one(
         result,
         token,
         attempts,
+        replayed_before: None,
     }
 }
 
@@ -482,5 +648,66 @@ pub(crate) mod time_serde {
         t.duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::{LockError, LockType};
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn letter(op: &Operation, first: u64) -> DeadLetter {
+        let error = GuardedError::Lock(LockError::Timeout {
+            monitor: op.monitor.clone(),
+            lock_type: LockType::Background,
+            waited: Duration::from_millis(1),
+            blocked_by: None,
+        });
+        let t = UNIX_EPOCH + Duration::from_micros(first);
+        DeadLetter::new(op, 1, &error, t, t)
+    }
+
+    #[test]
+    fn entries_parked_without_an_acceptance_time_are_ordered_by_their_first_attempt() {
+        let op = Operation::index("m", "i", "1", serde_json::json!({}));
+        let legacy = letter(&op, 1_000);
+        let mut json = serde_json::to_value(&legacy).unwrap();
+        assert!(json["operation"].get("accepted").is_none());
+        json["operation"]
+            .as_object_mut()
+            .unwrap()
+            .remove("accepted");
+        let back: DeadLetter = serde_json::from_value(json).unwrap();
+        assert_eq!(back.accepted(), 1_000);
+        assert_eq!(letter(&op.clone().with_accepted(7), 1_000).accepted(), 7);
+    }
+
+    #[test]
+    fn one_entry_is_selected_with_the_older_entries_of_its_document() {
+        let doc = |n: u64, id: &str| {
+            letter(
+                &Operation::index("m", "i", id, serde_json::json!({})).with_accepted(n),
+                n,
+            )
+        };
+        let letters = vec![
+            doc(30, "1"),
+            doc(10, "1"),
+            doc(20, "2"),
+            doc(20, "1"),
+            doc(40, "1"),
+        ];
+        let asked = letters[3].id;
+        let picked: Vec<Uuid> = select(letters.clone(), ReplaySelection::Id(asked))
+            .unwrap()
+            .iter()
+            .map(|l| l.id)
+            .collect();
+        assert_eq!(picked, vec![letters[1].id, letters[3].id]);
+        assert!(matches!(
+            select(letters, ReplaySelection::Id(Uuid::new_v4())),
+            Err(DeadLetterError::NoSuchEntry { .. })
+        ));
     }
 }
