@@ -12,8 +12,6 @@ use axum::body::Bytes;
 use serde_json::{Map, Value};
 use zkguard::write::ops::META_FIELD;
 
-use super::single::Current;
-
 /// `body` without a top-level `zkguard` field: as sent when it has none (or is not a JSON
 /// object: the cluster answers that).
 pub fn client_source(body: &Bytes) -> Bytes {
@@ -38,13 +36,12 @@ pub fn strip_update(map: &mut Map<String, Value>) {
     }
 }
 
-/// `current` (read under the lock, its mark decided) without any transaction mark left in its
-/// stamp, so that an update built on it does not carry one over.
-pub fn unmarked(mut current: Current) -> Current {
-    if let Some(Value::Object(stamp)) = current.source.get_mut(META_FIELD) {
+/// Removes any transaction mark left in the stamp of `source` (a document read under the lock,
+/// its mark decided), so that an update built on it does not carry one over.
+pub fn unmark(source: &mut Value) {
+    if let Some(Value::Object(stamp)) = source.get_mut(META_FIELD) {
         stamp.remove("txn");
     }
-    current
 }
 
 /// Whether `body` may name the field: its name, or an escape that could spell it.
@@ -81,15 +78,8 @@ mod tests {
         let mut body = json!({"doc": {"a": 1, "zkguard": {"txn": "t"}}, "upsert": {"zkguard": {}}});
         strip_update(body.as_object_mut().unwrap());
         assert_eq!(body, json!({"doc": {"a": 1}, "upsert": {}}));
-        let current = Current {
-            source: json!({"a": 1, "zkguard": {"token": 5, "op": "x", "txn": "t"}}),
-            seq_no: 1,
-            primary_term: 1,
-            version: 5,
-        };
-        assert_eq!(
-            unmarked(current).source,
-            json!({"a": 1, "zkguard": {"token": 5, "op": "x"}})
-        );
+        let mut source = json!({"a": 1, "zkguard": {"token": 5, "op": "x", "txn": "t"}});
+        unmark(&mut source);
+        assert_eq!(source, json!({"a": 1, "zkguard": {"token": 5, "op": "x"}}));
     }
 }

@@ -394,7 +394,10 @@ pub async fn settled(
     if rewritten {
         return read(gate, concrete, id, rest).await;
     }
-    Ok(current.map(super::meta::unmarked))
+    Ok(current.map(|mut c| {
+        super::meta::unmark(&mut c.source);
+        c
+    }))
 }
 
 /// A guarded single-document write as asked, checked before anything is locked.
