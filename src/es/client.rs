@@ -180,15 +180,16 @@ impl EsStore {
     /// Sends a request built by `make`; when the connection is refused and the pool has more nodes,
     /// builds and sends it again (the round-robin pool picks the next node). A request that never
     /// left because the pooled connection it was given had just been closed by the server (an
-    /// idle keep-alive connection) is sent again once, on a new connection: nothing of it reached
-    /// the server, so this holds for writes too.
+    /// idle keep-alive connection) is sent again, up to [`UNSENT_RESENDS`] times (each try may
+    /// draw another pooled connection the server closed meanwhile): nothing of it reached the
+    /// server, so this holds for writes too.
     async fn send<F, Fut>(&self, what: &str, make: F) -> Result<Response, EsError>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<Response, elasticsearch::Error>>,
     {
         let mut attempt = 1;
-        let mut resent_unsent = false;
+        let mut resent_unsent = 0;
         loop {
             match make().await {
                 Ok(r) => return Ok(r),
@@ -196,9 +197,9 @@ impl EsStore {
                     tracing::debug!(error = %error_chain(&e), attempt, "{what}: connection refused, trying the next node");
                     attempt += 1;
                 }
-                Err(e) if !resent_unsent && is_unsent_error(&e) => {
+                Err(e) if resent_unsent < UNSENT_RESENDS && is_unsent_error(&e) => {
                     tracing::debug!(error = %error_chain(&e), "{what}: the pooled connection was closed before the request went out; sending it again");
-                    resent_unsent = true;
+                    resent_unsent += 1;
                 }
                 Err(e) => return Err(self.transport_error(what, &e)),
             }
@@ -282,14 +283,19 @@ fn with_tls(
     Ok(builder)
 }
 
-/// Whether the request failed before anything was sent (connection refused or reset while
-/// connecting), so that sending it to another node cannot apply it twice.
+/// How many times a request that never left (its pooled connection closed under it) is sent
+/// again: each try may draw another idle connection that the server (or a proxy before it)
+/// closed at the same moment, as a busy machine shows when a front closes several at once.
+const UNSENT_RESENDS: u32 = 4;
+
 /// Whether the request never left: the HTTP client gave it a pooled connection that turned out
 /// to be closed before anything was written (hyper's "connection was not ready").
 fn is_unsent_error(e: &elasticsearch::Error) -> bool {
     error_chain(e).contains("connection was not ready")
 }
 
+/// Whether the request failed before anything was sent (connection refused or reset while
+/// connecting), so that sending it to another node cannot apply it twice.
 fn is_connect_error(e: &elasticsearch::Error) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(s) = source {
