@@ -541,12 +541,7 @@ async fn replay_applies_one_documents_entries_in_acceptance_order() {
         (Some(40), Some(40)),
         "{v}"
     );
-    let replayed: Vec<&str> = v["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["id"].as_str().unwrap())
-        .collect();
+    let replayed = guarded_support::parked::replayed_ids(&v);
     let accepted: Vec<String> = ops.iter().map(|o| o.id.to_string()).collect();
     assert_eq!(replayed, accepted, "replayed in acceptance order");
     assert_eq!(

@@ -761,12 +761,7 @@ async fn replay_applies_a_documents_entries_in_acceptance_order() {
     assert_eq!(status(&all), 0, "{}", text(&all));
     let v: Value = serde_json::from_slice(&all.stdout).unwrap();
     assert_eq!(v["applied"], 40, "{v}");
-    let order: Vec<&str> = v["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["id"].as_str().unwrap())
-        .collect();
+    let order = guarded_support::parked::replayed_ids(&v);
     let accepted: Vec<String> = ops.iter().map(|o| o.id.to_string()).collect();
     assert_eq!(order, accepted, "acceptance order, topic and file together");
     assert_eq!(

@@ -178,6 +178,16 @@ pub mod parked {
         }
     }
 
+    /// The ids of a replay report's `results`, in the order they were replayed.
+    pub fn replayed_ids(report: &serde_json::Value) -> Vec<&str> {
+        report["results"]
+            .as_array()
+            .expect("a replay report has results")
+            .iter()
+            .map(|r| r["id"].as_str().expect("each result names its entry"))
+            .collect()
+    }
+
     /// Background writes `{"n": from..to}` of `index/id`, submitted in that order while the test
     /// holds the document's lock: each one times out and is parked by the executor. Returns the
     /// operations (in acceptance order) and their dead letters, which `sink` then stores in a
