@@ -1407,3 +1407,92 @@ async fn aliases_of_zkguards_own_indices_are_refused_like_their_names() {
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["count"], 0, "nothing was written to {own}");
 }
+
+/// A `_bulk` item whose lock was lost before its write was sent (nothing written) answers 429
+/// with `Retry-After`, what the official bulk helpers retry: elasticsearch-py's
+/// `helpers.streaming_bulk` (with `max_retries`) sends it again and it is written. The loss is
+/// made deterministic: the gate's read under the lock waits at the front while the gate's
+/// ZooKeeper server answers nothing (its answers held by a proxy) until the grace has run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bulk_item_whose_lock_was_lost_answers_429_and_the_python_helper_retries_it() {
+    let front = Front::start_with(shared_es().url(), &["--plain-media-types"]);
+    let proxy = common::proxy::ZkProxy::start(&shared_zk().connect_string());
+    // A short grace within a long session: the lock counts as lost long before the client
+    // gives up on its silent connection (2/5 of the session timeout) and reconnects.
+    let env = gate_env(&proxy.connect_string(), "lost", &front.url)
+        .with("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "10000")
+        .with("ZKGUARD_ZOOKEEPER_LOCK_LOSS_GRACE", "300");
+    let s = env.start("a");
+    let g = gate(&s);
+    let c = client();
+    let index = format!("gate-lost-{}", uuid_tag());
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/d"),
+        Some(r#"{"z":0}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+
+    // The helper's first `_bulk` takes the lock of `d` and its read of `d` waits at the front.
+    front.hold_reads().await;
+    let helper = {
+        let (g, index) = (g.clone(), index.clone());
+        tokio::spawn(async move {
+            python_script(
+                "tests/gateway_support/retry.py",
+                "elasticsearch",
+                &g,
+                &index,
+            )
+            .await
+        })
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the gate reads d under its lock",
+        || async { front.held_reads().await == 1 },
+    )
+    .await;
+    // From the answer to the session's next confirmation on, ZooKeeper answers nothing: the
+    // grace runs out and the lock counts as lost.
+    proxy.hold_after(common::proxy::OP_SYNC);
+    eventually(
+        Duration::from_secs(30),
+        "the gate's lock counts as lost",
+        || async { s.log().contains("lock counts as lost") },
+    )
+    .await;
+    proxy.release_held();
+    front.release_reads().await;
+
+    let out = helper.await.unwrap();
+    let answers = out["answers"].as_array().unwrap();
+    let first = &answers[0];
+    assert_eq!(
+        first["items"],
+        json!([
+            [429, "zkguard_lock_lost_exception"],
+            [429, "zkguard_lock_lost_exception"],
+            [429, "zkguard_lock_lost_exception"]
+        ]),
+        "{out}"
+    );
+    assert_eq!(first["retry_after"], "1", "{out}");
+    assert!(
+        answers.len() >= 2,
+        "the helper sent the refused items again: {out}"
+    );
+    assert_eq!(
+        out["results"],
+        json!([[true, 200, null], [true, 200, null], [true, 200, null]]),
+        "{out}"
+    );
+    let doc = es_doc(&c, &index, "d").await;
+    assert_eq!(doc["_source"]["a"], 0, "{doc}");
+    assert_eq!(doc["_source"]["b"], 1, "{doc}");
+    assert_eq!(doc["_source"]["c"], 2, "{doc}");
+    assert!(doc["_version"].as_u64().unwrap() >= MIN_TOKEN, "{doc}");
+}

@@ -841,3 +841,49 @@ async fn a_take_whose_answer_is_withheld_ends_by_the_deadline_and_leaves_no_ghos
     // The contender's session lived throughout: its nodes went by the reaper, not with it.
     drop(sc);
 }
+
+/// A holder that hears nothing from ZooKeeper for longer than a quarter of the session timeout
+/// (the former default grace: 500 ms of a 2 s session, which a busy machine exceeded), but for
+/// well under the time after which the leader may expire its session, keeps its lock: by default
+/// a lock counts as lost only once the session may have expired (`max_loss_grace`, half the
+/// session timeout here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_silent_for_longer_than_a_quarter_of_the_session_keeps_its_lock() {
+    init_tracing();
+    let zk = shared();
+    let proxy = ZkProxy::start(&zk.connect_string());
+    let mut settings = zk_settings(&proxy.connect_string(), "silent-holder");
+    let timeout = Duration::from_secs(16);
+    settings.session_timeout = timeout;
+    settings.loss_grace = None;
+    let sh = session(&settings).await;
+    let holder = ZkBlockingWriteLock::new("h", &sh, "S1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    // From the answer to the holder's first confirmation on, it hears nothing. The confirmation
+    // is sent half a grace after the acquisition (c); the lock counts as lost a grace after c:
+    // the confirmation goes at c + T/8 and the loss at c + T/4 with a quarter of T, at c + T/4 and
+    // c + T/2 with the bound.
+    proxy.hold_after(OP_SYNC);
+    eventually(
+        Duration::from_secs(30),
+        "the holder's first confirmation is held",
+        || async { proxy.holds() == 1 },
+    )
+    .await;
+    let silent = timeout * 3 / 16;
+    tokio::time::sleep(silent).await;
+    assert!(
+        holder.is_held(),
+        "the holder heard nothing for {} ms (more than a quarter of the {} ms session timeout since its acquisition) and lost its lock: {:?}",
+        silent.as_millis(),
+        timeout.as_millis(),
+        holder.loss()
+    );
+    // The held answers arrive: the session goes on, and so does the lock.
+    proxy.release_held();
+    assert_eq!(holder.loss(), None);
+    holder.unlock().await.unwrap();
+}

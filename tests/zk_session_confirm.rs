@@ -64,9 +64,9 @@ async fn a_silent_server_ends_the_lock_a_grace_after_its_last_answer() {
     init_tracing();
     let mut settings = zk_settings("unused", "silent");
     settings.session_timeout = Duration::from_millis(2000);
-    // The default grace: a quarter of the session timeout.
+    // The default grace: the bound, half the session timeout without TLS.
     settings.loss_grace = None;
-    let grace = Duration::from_millis(500);
+    let grace = Duration::from_millis(1000);
     let (reason, _sent, answered, paused, lost) = silence_the_server(&settings).await;
     assert_eq!(reason, LossReason::Disconnected { grace });
     assert!(

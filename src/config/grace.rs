@@ -14,6 +14,13 @@
 //! `grace <= 3/4 x session timeout - longest client silence - 1/20 x session timeout`
 //!
 //! where the last term is a margin for network delays and scheduling.
+//!
+//! The default grace is that bound: a lock counts as lost only once the session may have
+//! expired, never because the holder was merely slow (a busy machine that answers a confirmation
+//! late). It is not longer, although Elasticsearch writes are fenced: fencing orders writes, not
+//! reads (a stale holder's write between the new holder's read and write is lost once
+//! acknowledged), and much of what a holder does (`zkguard exec`, an application's critical
+//! section) is not a fenced write at all.
 
 use std::time::Duration;
 
@@ -69,9 +76,9 @@ pub fn describe_max_loss_grace(
     )
 }
 
-/// The grace a session uses: the configured one (`None`: a quarter of the session timeout),
-/// never above [`max_loss_grace`]. The second value is true when a configured grace was cut
-/// down to the bound.
+/// The grace a session uses: the configured one (`None`: [`max_loss_grace`], the latest moment
+/// at which the session cannot have expired yet), never above [`max_loss_grace`]. The second
+/// value is true when a configured grace was cut down to the bound.
 pub fn effective_loss_grace(
     configured: Option<Duration>,
     session_timeout: Duration,
@@ -81,7 +88,7 @@ pub fn effective_loss_grace(
     match configured {
         Some(g) if g > bound => (bound, true),
         Some(g) => (g, false),
-        None => ((session_timeout / 4).min(bound), false),
+        None => (bound, false),
     }
 }
 
@@ -97,8 +104,8 @@ mod tests {
     fn without_tls_the_bound_is_half_the_session_timeout() {
         for t in [1000, 2000, 4000, 5000, 30_000] {
             assert_eq!(max_loss_grace(ms(t), None), ms(t / 2), "{t}");
-            // The default, a quarter, is within it.
-            assert_eq!(effective_loss_grace(None, ms(t), None), (ms(t / 4), false));
+            // The default is the bound: no lock is lost while the session cannot have expired.
+            assert_eq!(effective_loss_grace(None, ms(t), None), (ms(t / 2), false));
         }
     }
 
@@ -110,7 +117,7 @@ mod tests {
         assert_eq!(client_tick(t, c), ms(375));
         assert_eq!(client_silence(t, c), ms(1500));
         assert_eq!(max_loss_grace(t, c), ms(2000));
-        assert_eq!(effective_loss_grace(None, t, c), (ms(1250), false));
+        assert_eq!(effective_loss_grace(None, t, c), (ms(2000), false));
         // Below 5 s the 3 s connection timeout exceeds 3/5 of the session: ticks of T/20.
         assert_eq!(max_loss_grace(ms(4000), Some(ms(3000))), ms(2000));
     }

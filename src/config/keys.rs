@@ -29,7 +29,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("zookeeper.background.task.timeout", "2000", "how long a background contender waits for the lock (ms)"),
     ("zookeeper.lock.root", "/zkguard/locks", "znode under which every monitor object gets its lock node"),
     ("zookeeper.background.max.wait", "0", "anti-starvation: a background waiter re-queues as foreground after this long (ms); 0 = off"),
-    ("zookeeper.lock.loss.grace", "0", "a held lock counts as lost this long (ms) after the last request the ZooKeeper quorum answered; at most about half the session timeout; 0 = a quarter of the session timeout"),
+    ("zookeeper.lock.loss.grace", "0", "a held lock counts as lost this long (ms) after the last request the ZooKeeper quorum answered; at most about half the session timeout; 0 = that bound, so that a lock counts as lost only once its session may have expired"),
     ("zookeeper.auth.scheme", "none", "ZooKeeper authentication: none, digest or sasl"),
     ("zookeeper.auth.credentials", "", "digest credentials, user:password (or use zookeeper.auth.credentials.file)"),
     ("zookeeper.auth.credentials.file", "", "file holding the digest credentials user:password (one line)"),

@@ -58,7 +58,7 @@ pub struct ZkSettings {
     /// Anti-starvation threshold (`None` = off).
     pub background_max_wait: Option<Duration>,
     /// How long after the last answer of the ZooKeeper quorum a held lock counts as lost
-    /// (`None` = a quarter of the session timeout; never more than [`grace::max_loss_grace`]).
+    /// (`None` = [`grace::max_loss_grace`] of the session timeout; never more than it).
     pub loss_grace: Option<Duration>,
     /// Authentication sent to ZooKeeper with every session (`None`: none).
     pub auth: Option<ZkAuth>,

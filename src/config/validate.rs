@@ -52,7 +52,7 @@ impl Settings {
                 return Err(r.err(
                     "zookeeper.lock.loss.grace",
                     format!(
-                        "at most {}ms for zookeeper.session.timeout={}ms{} ({}): a holder that cannot reach the ZooKeeper quorum for longer may still believe in its lock after the leader expired its session and gave the lock to another holder (see docs/zookeeper-lock.md, \"How long a holder may believe in its lock\"); use 0 for a quarter of the session timeout",
+                        "at most {}ms for zookeeper.session.timeout={}ms{} ({}): a holder that cannot reach the ZooKeeper quorum for longer may still believe in its lock after the leader expired its session and gave the lock to another holder (see docs/zookeeper-lock.md, \"How long a holder may believe in its lock\"); use 0 for the bound",
                         bound.as_millis(),
                         timeout.as_millis(),
                         if connection_timeout.is_some() { " with TLS" } else { "" },

@@ -82,8 +82,8 @@ pub(crate) struct Slot {
     pub client: Client,
     pub session_id: i64,
     /// How long after [`Slot::confirmed`] a held lock of this session counts as lost: the
-    /// configured `zookeeper.lock.loss.grace` (default a quarter of the negotiated session
-    /// timeout), at most `config::grace::max_loss_grace` of the negotiated timeout.
+    /// configured `zookeeper.lock.loss.grace`, at most `config::grace::max_loss_grace` of the
+    /// negotiated timeout (and that bound by default).
     pub grace: Duration,
     health: watch::Receiver<Health>,
     /// When the quorum last answered for this session, and its confirmer (`zk::confirm`).

@@ -11,7 +11,9 @@ Control routes for fault tests (answered by the front itself, never forwarded):
 ``POST /_front/hold`` makes every later write whose query carries ``version_type``
 (a fenced write) wait at the front, ``POST /_front/release`` lets the waiting ones
 and the later ones through, ``POST /_front/held`` answers ``{"held": N}``, the
-number of writes waiting.
+number of writes waiting. ``POST /_front/hold-reads``, ``/_front/release-reads`` and
+``/_front/held-reads`` do the same for ``_mget`` requests (the reads a guarded write makes
+under its lock).
 
 Prints exactly one JSON line ``{"url": "http://127.0.0.1:PORT"}`` once ready
 and exits as soon as its standard input closes.
@@ -83,6 +85,7 @@ class Hold:
 
 
 HOLD = Hold()
+READS = Hold()
 
 
 class Backend:
@@ -220,12 +223,13 @@ class Handler(BaseHTTPRequestHandler):
             raise
 
     def _control(self, what):
-        if what == "hold":
-            HOLD.set(True)
-        elif what == "release":
-            HOLD.set(False)
-        with HOLD.cond:
-            payload = json.dumps({"held": HOLD.waiting, "holding": HOLD.holding}).encode()
+        hold = READS if what.endswith("-reads") else HOLD
+        if what.startswith("hold"):
+            hold.set(True)
+        elif what.startswith("release"):
+            hold.set(False)
+        with hold.cond:
+            payload = json.dumps({"held": hold.waiting, "holding": hold.holding}).encode()
         self.wfile.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
             % len(payload) + payload
@@ -243,6 +247,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         if "version_type=" in query and self.command in ("PUT", "POST", "DELETE"):
             HOLD.wait_if_held()
+        if path.endswith("/_mget"):
+            READS.wait_if_held()
         try:
             reused = self._conn is not None
             try:

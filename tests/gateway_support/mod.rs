@@ -92,6 +92,22 @@ impl Front {
     pub async fn held(&self) -> u64 {
         self.control("held").await["held"].as_u64().unwrap()
     }
+
+    /// From now on, `_mget` requests (a guarded write's reads under its lock) wait at the
+    /// front until [`Front::release_reads`].
+    pub async fn hold_reads(&self) {
+        self.control("hold-reads").await;
+    }
+
+    /// Lets the held reads through, and the next ones.
+    pub async fn release_reads(&self) {
+        self.control("release-reads").await;
+    }
+
+    /// How many reads wait at the front.
+    pub async fn held_reads(&self) -> u64 {
+        self.control("held-reads").await["held"].as_u64().unwrap()
+    }
 }
 
 impl Drop for Front {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
@@ -77,8 +77,17 @@ fn bad(reason: impl Into<String>) -> GateError {
     )
 }
 
+/// The answer of item `op` on `index`/`id` that failed with `e`: 429 when nothing was written
+/// and a retry is safe ([`GateError::item_status`]), what the official bulk helpers retry.
 fn item_error(op: DocOp, index: &str, id: Option<&str>, e: &GateError) -> Value {
-    json!({op.name(): {"_index": index, "_id": id, "status": e.status.as_u16(), "error": e.error_object()}})
+    json!({op.name(): {"_index": index, "_id": id, "status": e.item_status().as_u16(), "error": e.error_object()}})
+}
+
+/// Whether an item of a `_bulk` answer was refused with 429 (nothing written, to send again).
+fn refused_for_now(item: &Value) -> bool {
+    item.as_object()
+        .and_then(|o| o.values().next())
+        .is_some_and(|inner| inner["status"] == 429)
 }
 
 /// A guarded `_bulk`, answered in Elasticsearch's shape.
@@ -237,6 +246,7 @@ pub async fn run(
             .and_then(|o| o.values().next())
             .is_some_and(|inner| inner.get("error").is_some())
     });
+    let retry = items_out.iter().any(refused_for_now);
     let mut answer = json!({
         "took": started.elapsed().as_millis() as u64,
         "errors": errors,
@@ -246,7 +256,14 @@ pub async fn run(
         answer = filter_path(answer, f);
     }
     metrics.gate("bulk", "guarded");
-    answered(dress, &bp, &answer)
+    let mut response = answered(dress, &bp, &answer);
+    if retry {
+        // As on a single request refused for now: when to send the refused items again.
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(1u32));
+    }
+    response
 }
 
 /// The request's URL parameters and items, read as Elasticsearch reads them.

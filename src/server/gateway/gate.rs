@@ -279,7 +279,8 @@ impl Gateway {
 }
 
 /// The error of a lock not acquired: 429 when it stayed taken (what clients retry), 503 when
-/// the lock backend failed, 400 for a bad monitor name.
+/// the lock backend failed (429 in a `_bulk` item: nothing was written, see
+/// [`GateError::item_status`]), 400 for a bad monitor name.
 pub fn lock_error(e: &LockError) -> GateError {
     match e {
         LockError::Timeout { .. } => GateError::new(
@@ -287,7 +288,8 @@ pub fn lock_error(e: &LockError) -> GateError {
             "es_rejected_execution_exception",
             format!("zkguard: {e}; nothing was written, send the request again"),
         )
-        .retry_after(1),
+        .retry_after(1)
+        .unwritten(),
         LockError::InvalidMonitor { .. } | LockError::InfoTooLong { .. } => {
             GateError::refused(format!("zkguard: {e}"))
         }
@@ -296,7 +298,8 @@ pub fn lock_error(e: &LockError) -> GateError {
             "zkguard_lock_unavailable_exception",
             format!("zkguard: {e}; nothing was written, send the request again"),
         )
-        .retry_after(1),
+        .retry_after(1)
+        .unwritten(),
     }
 }
 
@@ -316,7 +319,7 @@ pub fn lock_failed(
 }
 
 /// 503 for a write not sent because `guard` reports its lock lost (or released): nothing was
-/// written.
+/// written, and a retry is safe (429 in a `_bulk` item, see [`GateError::item_status`]).
 pub fn lock_lost(guard: &dyn zkguard::Guard) -> GateError {
     let reason = guard
         .loss()
@@ -330,6 +333,7 @@ pub fn lock_lost(guard: &dyn zkguard::Guard) -> GateError {
         ),
     )
     .retry_after(1)
+    .unwritten()
 }
 
 /// 403 for a write to `name`, which `why` (zkguard's own index, or what reaches one).

@@ -84,6 +84,9 @@ pub struct GateError {
     pub extra: Value,
     /// `Retry-After`, in seconds.
     pub retry_after: Option<u32>,
+    /// Nothing was written and sending the request again is safe: a `_bulk` item failed so
+    /// answers 429, the status the official bulk helpers retry ([`GateError::item_status`]).
+    pub unwritten: bool,
 }
 
 impl GateError {
@@ -95,6 +98,7 @@ impl GateError {
             reason: reason.into(),
             extra: Value::Null,
             retry_after: None,
+            unwritten: false,
         }
     }
 
@@ -127,6 +131,25 @@ impl GateError {
     pub fn retry_after(mut self, seconds: u32) -> Self {
         self.retry_after = Some(seconds);
         self
+    }
+
+    /// Marks a refusal after which nothing was written and a retry is safe (see
+    /// [`GateError::item_status`]).
+    pub fn unwritten(mut self) -> Self {
+        self.unwritten = true;
+        self
+    }
+
+    /// The status of a `_bulk` item that failed so: 429 when nothing was written and a retry
+    /// is safe (the official bulk helpers send again the items answered 429, and no others),
+    /// the error's own status otherwise. A single-document request answers [`GateError::status`]
+    /// (its 503s are retried by the clients' transports).
+    pub fn item_status(&self) -> StatusCode {
+        if self.unwritten {
+            StatusCode::TOO_MANY_REQUESTS
+        } else {
+            self.status
+        }
     }
 
     /// The `error` object.
