@@ -18,7 +18,11 @@ pub fn router(gate: Arc<Gateway>) -> Router {
 }
 
 async fn handle(State(gate): State<Arc<Gateway>>, request: Request) -> Response {
-    let dress = Dress::new(gate.product.clone(), request.headers());
+    let dress = match gate.product().await {
+        Ok(product) => Dress::new(product, request.headers()),
+        // The cluster has not answered since the start: no request can be served yet.
+        Err(e) => return Dress::new(None, request.headers()).error(&e),
+    };
     let params = route::params(request.uri().query());
     let route = route::classify(request.method(), request.uri().path(), &params);
     let metrics = gate.state.metrics.clone();
