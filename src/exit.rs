@@ -83,7 +83,7 @@ pub const EXIT_STATUSES: &[ExitStatus] = &[
         code: Some(EX_UNAVAILABLE),
         name: "EX_UNAVAILABLE",
         kind: Some("unavailable"),
-        meaning: "unavailable: ZooKeeper, Elasticsearch or Kafka unreachable, an address in use, or the lock lost while `zkguard exec`'s command ran (the command got SIGTERM, then SIGKILL after `--kill-after`); `zkguard demo`: the reconciliation could not check everything",
+        meaning: "unavailable: ZooKeeper, Elasticsearch or Kafka unreachable, an address in use, or the lock lost while `zkguard exec`'s command ran (the command got SIGTERM, then SIGKILL after `--kill-after`); `zkguard demo`: the reconciliation could not check everything; `zkguard serve` waits for an Elasticsearch unreachable at start instead (not ready until it answers)",
     },
     ExitStatus {
         code: Some(EX_SOFTWARE),

@@ -104,35 +104,6 @@ impl Command {
     }
 }
 
-/// clap's usage error (`error: ...`, tips, a usage block, a hint) as the one line every other
-/// error of zkguard is: the message, the tips, the usage, and where the help is.
-fn one_line_usage_error(full: &str) -> String {
-    let mut message = Vec::new();
-    let mut usage = None;
-    for line in full.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        if let Some(u) = line.strip_prefix("Usage:") {
-            usage = Some(u.trim().to_string());
-        } else if !line.starts_with("For more information") {
-            message.push(line.trim_start_matches("error: ").to_string());
-        }
-    }
-    let mut text = message.join("; ");
-    if let Some(usage) = usage {
-        // The command's path is the usage's words up to its first option or argument.
-        let path: Vec<&str> = usage
-            .split_whitespace()
-            .take_while(|w| !w.starts_with(['[', '<', '-']))
-            .collect();
-        text.push_str(&format!(
-            "; usage: {usage} (see `{} --help`)",
-            path.join(" ")
-        ));
-    } else {
-        text.push_str("; see `zkguard --help`");
-    }
-    text
-}
-
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -146,7 +117,11 @@ fn main() -> ExitCode {
                 // Help asked for, or a command group given without its command: the help itself.
                 let _ = e.print();
             } else {
-                let message = cli::CliError::usage(one_line_usage_error(&e.to_string()));
+                let invalid = match e.get(clap::error::ContextKind::InvalidSubcommand) {
+                    Some(clap::error::ContextValue::String(word)) => Some(word.as_str()),
+                    _ => None,
+                };
+                let message = cli::CliError::usage(cli::usage::one_line(&e.to_string(), invalid));
                 if std::env::args_os().any(|a| a == "--json") {
                     cli::print_error_json(&message);
                 } else {

@@ -256,6 +256,51 @@ fn usage_errors_are_one_line() {
     assert!(text(&out.stdout).contains("discard"));
 }
 
+/// A missing argument reads as one sentence (the list joined into its heading, no `:;`), and an
+/// unknown command typed as a synonym of one is pointed to it; both stay usage errors (64) and run
+/// nothing.
+#[test]
+fn usage_errors_read_as_sentences_and_suggest_the_command_meant() {
+    let out = run(zkguard().args(["exec", "--monitor", "x"]));
+    assert_eq!(out.status.code(), Some(64));
+    let e = text(&out.stderr);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.starts_with("zkguard: the following required arguments were not provided: <CMD>...; usage: zkguard exec"),
+        "{e}"
+    );
+    assert!(!e.contains(":;"), "{e}");
+    let out = run(zkguard().args(["exec"]));
+    let e = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{e}");
+    assert!(
+        e.contains("not provided: --monitor <ID>, <CMD>...; usage:"),
+        "{e}"
+    );
+    for (typed, meant) in [
+        (&["deadletters"][..], "`zkguard dlq`"),
+        (&["dead-letters", "list"][..], "`zkguard dlq`"),
+        (&["transactions"][..], "`zkguard txn`"),
+        (&["dlq", "delete"][..], "`zkguard dlq discard`"),
+    ] {
+        let out = run(zkguard().args(typed));
+        let e = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{typed:?}: {e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(
+            e.contains(&format!("did you mean {meant}?")),
+            "{typed:?}: {e}"
+        );
+        assert!(out.stdout.is_empty(), "{typed:?} ran something");
+    }
+    // clap's own suggestion for a typo stays, and the real command keeps working.
+    let e = text(&run(zkguard().args(["serv"])).stderr);
+    assert!(e.contains("similar subcommand exists: 'serve'"), "{e}");
+    assert!(!e.contains("did you mean"), "{e}");
+    let out = run(zkguard().args(["dlq", "--help"]));
+    assert_eq!(out.status.code(), Some(0));
+}
+
 #[test]
 fn man_page_is_roff_for_every_subcommand() {
     // A broken configuration does not stop the man page or the completions.

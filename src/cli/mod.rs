@@ -13,6 +13,7 @@ pub mod reference;
 mod setup;
 pub mod txn;
 pub mod txn_docs;
+pub mod usage;
 
 pub use crate::exit::{
     print_error_json, CliError, EX_CONFIG, EX_DATAERR, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE,

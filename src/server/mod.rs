@@ -48,6 +48,7 @@ mod notify;
 mod openapi;
 mod params;
 mod routes;
+mod startup;
 mod state;
 mod txn_routes;
 mod ui;
@@ -115,8 +116,11 @@ pub fn openapi_document() -> String {
 
 /// Runs the service until SIGTERM or SIGINT; `Ok(0)` after a clean shutdown.
 ///
+/// Elasticsearch unreachable at start is not an error: the service starts, reports not ready
+/// and waits for the cluster ([`startup::reach_elasticsearch`]).
+///
 /// # Errors
-/// Configuration (78), journal in use or unreadable (78 / 70), lock backend or Elasticsearch
+/// Configuration (78), journal in use or unreadable (78 / 70), the ZooKeeper lock backend
 /// unreachable at start (69), address in use (69).
 pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     // Under a file-size limit (ulimit -f) a write beyond it fails with EFBIG, which the journal
@@ -159,7 +163,9 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         }
         None => None,
     };
-    let store = Arc::new(EsStore::new(&settings.elasticsearch)?);
+    // EsStore::new reaches nothing: what it refuses (URLs, credentials, TLS files) is configuration.
+    let store =
+        Arc::new(EsStore::new(&settings.elasticsearch).map_err(|e| CliError::new(EX_CONFIG, e))?);
     let (locks, backend): (Arc<dyn zkguard::LockService>, Backend) = match settings.backend {
         LockBackendKind::ZooKeeper => {
             let session = zkguard::ZkSession::connect(&settings.zookeeper).await?;
@@ -217,12 +223,6 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         coordinator,
         transactions,
     );
-    if let Err(problem) = state.ping_es().await {
-        return Err(CliError::new(
-            EX_UNAVAILABLE,
-            format!("{problem}; check elasticsearch.url and that the server runs"),
-        ));
-    }
 
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
         CliError::new(
@@ -245,10 +245,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
             })?;
             let gate =
                 gateway::Gateway::new(state.clone(), tokens.clone(), &settings.elasticsearch)
-                    .await
-                    .map_err(|e| {
-                        CliError::new(EX_UNAVAILABLE, format!("the gate cannot start: {e}"))
-                    })?;
+                    .map_err(|e| CliError::new(EX_CONFIG, format!("the gate cannot start: {e}")))?;
             Some((l, std::sync::Arc::new(gate)))
         }
         None => None,
@@ -258,8 +255,15 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         None => None,
     };
 
+    let gate = gate_listener.as_ref().map(|(_, g)| g.clone());
+    // One attempt now: with a cluster that answers, the service is ready from its first request.
+    if let Err(problem) = startup::attempt(&state, gate.as_deref()).await {
+        tracing::warn!(%problem, "Elasticsearch does not answer at start: the service starts not ready (/readyz answers 503) and tries again until it answers; check elasticsearch.url and that the cluster runs");
+    }
+
     let (stop_tx, stop_rx) = watch::channel(false);
     let replayed = pending.len();
+    // Queued now, started by the dispatcher once Elasticsearch has answered.
     state.enqueue(pending);
     let dispatcher = tokio::spawn(state::dispatch(state.clone(), queue, stop_rx.clone()));
     let monitor = tokio::spawn(state::monitor(state.clone(), stop_rx.clone()));
@@ -347,13 +351,32 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     println!("{started}");
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    // systemd (Type=notify): ready now, the journal replayed and the listeners bound; and the
-    // watchdog pinged while the runtime runs.
+    // systemd (Type=notify): started now, the journal replayed and the listeners bound (with
+    // Elasticsearch not answering yet, STATUS says so until it does); and the watchdog pinged
+    // while the runtime runs.
     let notifier = notify::Notifier::from_env();
+    let status = match state.start_problem() {
+        None => format!("listening on {bound}, {replayed} operations replayed from the journal"),
+        Some(_) => format!(
+            "listening on {bound}, not ready: waiting for Elasticsearch at {}",
+            state.store.urls()
+        ),
+    };
     notifier.send(&format!(
-        "READY=1\nSTATUS=listening on {bound}, {replayed} operations replayed from the journal\nMAINPID={}",
+        "READY=1\nSTATUS={status}\nMAINPID={}",
         std::process::id()
     ));
+    let startup = {
+        let (state, stop, notifier) = (state.clone(), stop_rx.clone(), notifier.clone());
+        tokio::spawn(async move {
+            let waited = state.start_problem().is_some();
+            if startup::reach_elasticsearch(state, gate, stop).await && waited {
+                notifier.send(&format!(
+                    "STATUS=listening on {bound}, {replayed} operations replayed from the journal"
+                ));
+            }
+        })
+    };
     let watchdog = notify::watchdog_interval()
         .filter(|_| notifier.enabled())
         .map(|every| {
@@ -437,6 +460,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     if let Some(w) = watchdog {
         let _ = w.await;
     }
+    startup.abort();
     let _ = dispatcher.await;
     let _ = monitor.await;
     txn_recovery.abort();

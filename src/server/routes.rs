@@ -369,6 +369,16 @@ async fn readyz(
         }
     }
     if problems.is_empty() {
+        if let Some(p) = state.start_problem() {
+            problems.push(if detailed {
+                p
+            } else {
+                "starting: waiting for Elasticsearch (send a bearer token to be told where)"
+                    .to_string()
+            });
+        }
+    }
+    if problems.is_empty() {
         Json(json!({"status": "ready"})).into_response()
     } else {
         ApiError::unavailable("not_ready", problems.join("; ")).into_response()

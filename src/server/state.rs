@@ -72,6 +72,10 @@ pub struct AppState {
     queue: mpsc::UnboundedSender<Operation>,
     waiting: AtomicUsize,
     es_ok: watch::Sender<Result<(), String>>,
+    /// Whether Elasticsearch has answered since the start and what the service does against it
+    /// at start (the gate's cluster) is done: the journal replay and the transactions' recovery
+    /// wait for it ([`AppState::elasticsearch_reached`]).
+    es_reached: watch::Sender<bool>,
     /// Whether the lock backend is usable, as [`monitor`] last saw it; it notifies on every
     /// change and on every check while the backend is down.
     backend_up: watch::Sender<bool>,
@@ -145,6 +149,7 @@ impl AppState {
             queue,
             waiting: AtomicUsize::new(0),
             es_ok: watch::channel(Ok(())).0,
+            es_reached: watch::channel(false).0,
             backend_up: watch::channel(true).0,
             running: watch::channel(HashMap::new()).0,
             counted_tokens: std::sync::Mutex::new(std::collections::VecDeque::new()),
@@ -168,6 +173,44 @@ impl AppState {
     /// `/readyz`), if it did not. Instant (no request).
     pub fn es_problem(&self) -> Option<String> {
         self.es_ok.borrow().clone().err()
+    }
+
+    /// Why the service is still starting, if it is: Elasticsearch has not answered since the
+    /// start (with the last reason), so its work against the cluster waits. Instant.
+    pub fn start_problem(&self) -> Option<String> {
+        if *self.es_reached.borrow() {
+            return None;
+        }
+        Some(match self.es_problem() {
+            Some(p) => format!("starting: waiting for Elasticsearch ({p})"),
+            None => format!(
+                "starting: Elasticsearch at {} answers, the start against it is not finished",
+                self.store.urls()
+            ),
+        })
+    }
+
+    /// Records that Elasticsearch answered and the start against it is done: what waits in
+    /// [`AppState::elasticsearch_reached`] goes on.
+    pub fn mark_elasticsearch_reached(&self) {
+        self.es_reached.send_replace(true);
+    }
+
+    /// Waits until Elasticsearch has answered since the start ([`mark_elasticsearch_reached`]);
+    /// `false` when `stop` turned true first.
+    ///
+    /// [`mark_elasticsearch_reached`]: AppState::mark_elasticsearch_reached
+    pub async fn elasticsearch_reached(&self, stop: &mut watch::Receiver<bool>) -> bool {
+        let mut reached = self.es_reached.subscribe();
+        tokio::select! {
+            r = reached.wait_for(|r| *r) => r.is_ok(),
+            _ = stop.wait_for(|s| *s) => false,
+        }
+    }
+
+    /// Notified at every Elasticsearch check ([`AppState::ping_es`]).
+    pub fn watch_elasticsearch(&self) -> watch::Receiver<Result<(), String>> {
+        self.es_ok.subscribe()
     }
 
     /// Asks Elasticsearch whether it answers (`HEAD /`, at most 2 s).
@@ -304,6 +347,11 @@ pub async fn dispatch(
     mut rx: QueueReceiver,
     mut stop: watch::Receiver<bool>,
 ) {
+    // The operations replayed from the journal (and those accepted meanwhile) start once
+    // Elasticsearch has answered since the start, instead of spending their retries on it.
+    if !state.elasticsearch_reached(&mut stop).await {
+        return;
+    }
     let mut backend_up = state.backend_up.subscribe();
     let mut journal_problem = state.journal.watch_problem();
     // Outcomes are journaled by one task, all those that arrived during its previous write in

@@ -191,6 +191,10 @@ pub(super) async fn get_transaction(
 pub(super) async fn recovery(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
     let after = state.transactions.settings().recovery_after;
     let interval = (after / 2).max(Duration::from_secs(1));
+    // The first pass (which creates the transactions' log) once Elasticsearch answers.
+    if !state.elasticsearch_reached(&mut stop).await {
+        return;
+    }
     loop {
         match state.transactions.recover_once(after, Duration::ZERO).await {
             Ok(report) if report.examined > 0 => {

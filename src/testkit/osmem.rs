@@ -69,14 +69,35 @@ impl OsmemServer {
             let port = free_port().map_err(|e| ServerError::io("find a free loopback port", e))?;
             Ok(launch_osmem(&binary, port, &log, &dir.0, DEFAULT_START_TIMEOUT).map(|r| (port, r)))
         })?;
-        Ok(Self {
+        Ok(Self::started(proc, port, url, log, dir))
+    }
+
+    /// Starts a server on `port` of `127.0.0.1` (one that clients were given before any server
+    /// listened there, say from [`free_port`](super::free_port)) and waits until it listens.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start); [`ServerError::StartFailed`] too when another program holds
+    /// the port.
+    pub fn start_on(port: u16) -> Result<Self, ServerError> {
+        let binary = osmem_binary()?;
+        let dir = TempDir::new("osmem")?;
+        let log = dir.0.join("osmem.log");
+        match launch_osmem(&binary, port, &log, &dir.0, DEFAULT_START_TIMEOUT) {
+            Attempt::Ready((proc, url)) => Ok(Self::started(proc, port, url, log, dir)),
+            Attempt::PortClash(e) | Attempt::Failed(e) => Err(e),
+        }
+    }
+
+    fn started(proc: Proc, port: u16, url: String, log: PathBuf, dir: TempDir) -> Self {
+        Self {
             proc: Mutex::new(Some(proc)),
             port,
             url,
             log,
             start_timeout: DEFAULT_START_TIMEOUT,
             dir,
-        })
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Proc>> {

@@ -116,6 +116,74 @@ async fn a_stalled_elasticsearch_is_cut_by_the_request_timeout_and_readyz_says_w
     assert_eq!(status, StatusCode::OK, "{v}");
 }
 
+/// Elasticsearch down at start is waited for, not an exit (under a supervisor an exit is a crash
+/// loop): the service starts, `/readyz` answers 503 naming the cluster and the error, a write
+/// gets 503 with `Retry-After`, a background write is queued; once a cluster listens at that
+/// address the service becomes ready without restarting and applies the queued write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elasticsearch_down_at_start_is_waited_for_not_an_exit() {
+    let port = zkguard::testkit::free_port().unwrap();
+    let mut env = Env::new(&shared_zk().connect_string(), "esdown")
+        .with("ZKGUARD_SERVER_GATEWAY_LISTEN", "127.0.0.1:0");
+    env.es = format!("http://127.0.0.1:{port}");
+    let mut s = env.start("a");
+    let gate = format!("http://{}", s.started["gateway"].as_str().unwrap());
+    let c = client();
+    let (status, v) = call(&c, Method::GET, &s.url("/readyz"), None).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not_ready",
+        &format!("cannot reach Elasticsearch at http://127.0.0.1:{port}"),
+    );
+    let r = c
+        .put(s.url("/v1/indices/esdown/docs/fg?timeout=5s"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers().contains_key("retry-after"), "{r:?}");
+    let (status, v) = put(
+        &c,
+        &s,
+        "/v1/indices/esdown/docs/bg?type=background",
+        &json!({"bg": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let bg = v["operation_id"].as_str().unwrap().to_string();
+    // The gate, which reads the cluster's product header when it first answers, says so too.
+    let r = c.get(format!("{gate}/")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers().contains_key("retry-after"), "{r:?}");
+    assert!(s.child.try_wait().unwrap().is_none(), "{}", s.log());
+
+    let es = OsmemServer::start_on(port).expect("start osmem-server on the service's port");
+    eventually(Duration::from_secs(30), "readyz answers 200", || async {
+        call(&c, Method::GET, &s.url("/readyz"), None).await.0 == StatusCode::OK
+    })
+    .await;
+    assert!(s.child.try_wait().unwrap().is_none(), "{}", s.log());
+    let states = wait_finished(&c, &s, std::slice::from_ref(&bg)).await;
+    assert_eq!(states[&bg]["status"], "applied", "{}", states[&bg]);
+    let (status, doc) = call(
+        &c,
+        Method::GET,
+        &format!("{}/esdown/_doc/bg", es.url()),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{doc}");
+    assert_eq!(doc["_source"]["bg"], 1, "{doc}");
+    let r = c.get(format!("{gate}/")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let (status, v) = put(&c, &s, "/v1/indices/esdown/docs/fg", &json!({"fg": 1})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+}
+
 #[test]
 fn start_failures_exit_with_the_documented_status() {
     let env = Env::new(&shared_zk().connect_string(), "start");

@@ -41,8 +41,9 @@ pub struct Gateway {
     pub state: Arc<AppState>,
     /// The cluster behind the gate.
     pub cluster: Cluster,
-    /// The cluster's product header, as read at start.
-    pub product: Option<HeaderValue>,
+    /// The cluster's product header, read from the cluster the first time it answers
+    /// ([`Gateway::product`]).
+    product: std::sync::OnceLock<Option<HeaderValue>>,
     /// `server.gateway.*`.
     pub settings: GatewaySettings,
     tokens: Arc<Tokens>,
@@ -64,26 +65,39 @@ pub struct LockPlan {
 }
 
 impl Gateway {
-    /// The gate over `state`, reading the cluster's product header.
+    /// The gate over `state`. It does not reach the cluster: the product header is read when
+    /// the cluster first answers ([`Gateway::product`]).
     ///
     /// # Errors
-    /// A message naming what cannot be used (TLS files) or reached.
-    pub async fn new(
+    /// A message naming what cannot be used (TLS files): a configuration error.
+    pub fn new(
         state: Arc<AppState>,
         tokens: Arc<Tokens>,
         es: &zkguard::config::EsSettings,
     ) -> Result<Self, String> {
         let cluster = Cluster::new(es, (*state.store).clone())?;
-        let product = cluster.product().await?;
         Ok(Self {
             settings: state.settings.gateway.clone(),
             state,
             cluster,
-            product,
+            product: std::sync::OnceLock::new(),
             tokens,
             concrete: Mutex::new(HashMap::new()),
             own: OwnNames::default(),
         })
+    }
+
+    /// The cluster's product header (`X-Elastic-Product`, none from OpenSearch), which the
+    /// gate's own answers carry: read from the cluster once, when it first answers.
+    ///
+    /// # Errors
+    /// 503 naming the cluster and why it cannot be reached (until it answers).
+    pub async fn product(&self) -> Result<Option<HeaderValue>, GateError> {
+        if let Some(known) = self.product.get() {
+            return Ok(known.clone());
+        }
+        let read = self.cluster.product().await.map_err(unavailable)?;
+        Ok(self.product.get_or_init(|| read).clone())
     }
 
     /// Whether writes to `index` are guarded: it matches `server.gateway.indices` and is not a

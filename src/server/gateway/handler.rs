@@ -21,7 +21,11 @@ pub fn router(gate: Arc<Gateway>) -> Router {
 async fn handle(State(gate): State<Arc<Gateway>>, request: Request) -> Response {
     // The body must arrive within server.body.timeout, whether it is read or streamed on.
     let (request, watch) = body::watch(request, gate.state.settings.body_timeout);
-    let dress = Dress::new(gate.product.clone(), request.headers());
+    let dress = match gate.product().await {
+        Ok(product) => Dress::new(product, request.headers()),
+        // The cluster has not answered since the start: no request can be served yet.
+        Err(e) => return Dress::new(None, request.headers()).error(&e),
+    };
     let params = route::params(request.uri().query());
     let route = route::classify(request.method(), request.uri().path(), &params);
     let metrics = gate.state.metrics.clone();
