@@ -1501,12 +1501,12 @@ async fn ids_dot_and_dot_dot_are_documents_on_the_single_document_routes() {
             "{id}: {text}"
         );
     }
-    let mget = format!(r#"{{"docs":[{{"_id":"."}},{{"_id":".."}},{{"_id":"keep"}}]}}"#);
+    let mget = r#"{"docs":[{"_id":"."},{"_id":".."},{"_id":"keep"}]}"#;
     let (_, _, v) = send(
         &c,
         Method::POST,
         &format!("{g}/{index}/_mget"),
-        Some(&mget),
+        Some(mget),
         &[],
     )
     .await;
@@ -1548,7 +1548,7 @@ async fn ids_dot_and_dot_dot_are_documents_on_the_single_document_routes() {
         &c,
         Method::POST,
         &format!("{g}/{index}/_mget"),
-        Some(&mget),
+        Some(mget),
         &[],
     )
     .await;
