@@ -1496,3 +1496,184 @@ async fn a_bulk_item_whose_lock_was_lost_answers_429_and_the_python_helper_retri
     assert_eq!(doc["_source"]["c"], 2, "{doc}");
     assert!(doc["_version"].as_u64().unwrap() >= MIN_TOKEN, "{doc}");
 }
+
+/// One request sent as written (the path is not normalised, unlike an HTTP client's URL
+/// handling): status and JSON body of the answer.
+async fn raw(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let body = body.unwrap_or("");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let text = until_closed(tcp).await;
+    let (head, rest) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head[9..12].parse().unwrap();
+    let payload = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = rest;
+        while let Some((size, tail)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            rest = &tail[n + 2..];
+        }
+        out
+    } else {
+        rest.to_string()
+    };
+    (
+        status,
+        serde_json::from_str(&payload).unwrap_or(Value::Null),
+    )
+}
+
+/// Ids `.` and `..` on the single-document routes are documents, as Elasticsearch takes them
+/// (and as `_bulk` takes them through the gate): guarded, fenced with the lock's token and
+/// answered in the document route's shape; a delete of `..` deletes that document, not the
+/// index; no answer shows a request of the gate's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ids_dot_and_dot_dot_are_documents_on_the_single_document_routes() {
+    let env = gate_env(&shared_zk().connect_string(), "dots", shared_es().url())
+        .with("ZKGUARD_SERVER_GATEWAY_INDICES", "gate-dots-*");
+    let s = env.start("a");
+    let (g, addr) = (gate(&s), gate_addr(&s));
+    let c = client();
+    let index = format!("gate-dots-{}", uuid_tag());
+    let (st, _, _) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/keep?refresh=true"),
+        Some(r#"{"k":1}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+    for id in [".", ".."] {
+        let (st, v) = raw(
+            &addr,
+            "PUT",
+            &format!("/{index}/_doc/{id}?refresh=true"),
+            Some("{\"a\":\n1}"),
+        )
+        .await;
+        assert_eq!(
+            (st, &v["_id"], &v["result"]),
+            (201, &json!(id), &json!("created")),
+            "{id}: {v}"
+        );
+        assert!(v["_version"].as_u64().unwrap() >= MIN_TOKEN, "{id}: {v}");
+        assert!(v.get("status").is_none(), "{id}: {v}");
+        let (st, v) = raw(
+            &addr,
+            "POST",
+            &format!("/{index}/_update/{id}?refresh=true"),
+            Some(r#"{"doc":{"b":2}}"#),
+        )
+        .await;
+        assert_eq!((st, &v["result"]), (200, &json!("updated")), "{id}: {v}");
+        let (st, v) = raw(&addr, "PUT", &format!("/{index}/_create/{id}"), Some("{}")).await;
+        assert_eq!(st, 409, "{id}: {v}");
+        assert_eq!(
+            v["error"]["type"], "version_conflict_engine_exception",
+            "{id}: {v}"
+        );
+        let text = v.to_string();
+        assert!(
+            !text.contains("realtime") && !text.contains("version_type"),
+            "{id}: {text}"
+        );
+    }
+    let mget = r#"{"docs":[{"_id":"."},{"_id":".."},{"_id":"keep"}]}"#;
+    let (_, _, v) = send(
+        &c,
+        Method::POST,
+        &format!("{g}/{index}/_mget"),
+        Some(mget),
+        &[],
+    )
+    .await;
+    for (i, want) in [
+        json!({"a": 1, "b": 2}),
+        json!({"a": 1, "b": 2}),
+        json!({"k": 1}),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut src = v["docs"][i]["_source"].clone();
+        if let Some(o) = src.as_object_mut() {
+            o.remove("zkguard");
+        }
+        assert_eq!(&src, want, "{v}");
+    }
+    let (st, v) = raw(
+        &addr,
+        "DELETE",
+        &format!("/{index}/_doc/..?refresh=true"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (st, &v["result"], &v["_id"]),
+        (200, &json!("deleted"), &json!("..")),
+        "{v}"
+    );
+    let (st, v) = raw(
+        &addr,
+        "DELETE",
+        &format!("/{index}/_doc/..?refresh=true"),
+        None,
+    )
+    .await;
+    assert_eq!((st, &v["result"]), (404, &json!("not_found")), "{v}");
+    let (_, _, v) = send(
+        &c,
+        Method::POST,
+        &format!("{g}/{index}/_mget"),
+        Some(mget),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (
+            &v["docs"][0]["found"],
+            &v["docs"][1]["found"],
+            &v["docs"][2]["found"]
+        ),
+        (&json!(true), &json!(false), &json!(true)),
+        "{v}"
+    );
+    // What passes through (a read, a write to an index the gate does not guard) cannot carry
+    // such a path unchanged: refused, saying so, rather than sent to another path.
+    let (st, v) = raw(&addr, "GET", &format!("/{index}/_doc/%2e"), None).await;
+    assert_eq!(
+        (st, &v["error"]["type"]),
+        (400, &json!("illegal_argument_exception")),
+        "{v}"
+    );
+    assert!(
+        v["error"]["reason"].as_str().unwrap().contains("_mget"),
+        "{v}"
+    );
+    let open = format!("open-dots-{}", uuid_tag());
+    let (st, _, _) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{open}/_doc/1?refresh=true"),
+        Some("{}"),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+    let (st, v) = raw(&addr, "DELETE", &format!("/{open}/_doc/.."), None).await;
+    assert_eq!(st, 400, "{v}");
+    let (st, _, _) = send(&c, Method::GET, &format!("{g}/{open}/_doc/1"), None, &[]).await;
+    assert_eq!(st, StatusCode::OK, "the index is still there");
+}

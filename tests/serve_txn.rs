@@ -700,3 +700,72 @@ async fn transactions_beside_single_and_background_writers_are_serializable() {
         }
     }
 }
+
+/// What a reader of the cluster finds after an atomic `_bulk` committed through the gate, as
+/// docs/gateway.md says: its documents carry zkguard's stamp (a `zkguard` object, no mark
+/// once cleared), a deleted document is gone (no tombstone), and a later single write through
+/// the gate stores the document exactly as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_atomic_bulk_leaves_its_stamp_but_no_mark_or_tombstone() {
+    let log = format!("txn-stamp-log-{}", uuid_tag());
+    let env = gate_env(
+        &shared_zk().connect_string(),
+        "txn-stamp",
+        shared_es().url(),
+    )
+    .with("ZKGUARD_TXN_LOG_INDEX", &log);
+    let s = env.start("txn-stamp");
+    let (url, c) = (gate(&s), client());
+    let ix = format!("txn-stamp-{}", uuid_tag());
+    let (st, _, _) = send(
+        &c,
+        Method::PUT,
+        &format!("{url}/{ix}/_doc/c"),
+        Some("{\"v\":0}"),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+    assert!(raw_source(&c, &ix, "c").await.get("zkguard").is_none());
+    let body = format!(
+        "{{\"index\":{{\"_index\":\"{ix}\",\"_id\":\"a\"}}}}\n{{\"v\":1}}\n{{\"delete\":{{\"_index\":\"{ix}\",\"_id\":\"c\"}}}}\n"
+    );
+    let (st, _, v) = send(
+        &c,
+        Method::POST,
+        &format!("{url}/_bulk"),
+        Some(&body),
+        &[("x-zkguard-atomic", "true")],
+    )
+    .await;
+    assert_eq!((st, &v["errors"]), (StatusCode::OK, &json!(false)), "{v}");
+    let a = raw_source(&c, &ix, "a").await;
+    assert_eq!(a["v"], 1, "{a}");
+    assert!(a["zkguard"].is_object(), "the stamp stays: {a}");
+    assert!(
+        a["zkguard"].get("txn").is_none(),
+        "no mark once cleared: {a}"
+    );
+    let (st, gone) = call(
+        &c,
+        Method::GET,
+        &format!("{}/{ix}/_doc/c", shared_es().url()),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (st, &gone["found"]),
+        (StatusCode::NOT_FOUND, &json!(false)),
+        "{gone}"
+    );
+    let (st, _, _) = send(
+        &c,
+        Method::PUT,
+        &format!("{url}/{ix}/_doc/a"),
+        Some("{\"v\":2}"),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(raw_source(&c, &ix, "a").await, json!({"v": 2}));
+}

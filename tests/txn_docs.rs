@@ -611,3 +611,147 @@ async fn the_cli_applies_shows_and_names_bad_input() {
         "{run:?}"
     );
 }
+
+/// Stops a transaction (in this process) once every one of its `n` documents carries its mark,
+/// before the commit.
+struct StopAfterAll(usize);
+
+#[async_trait::async_trait]
+impl zkguard::txn::multi::MultiHook for StopAfterAll {
+    fn intervenes(&self, point: zkguard::txn::multi::Point) -> bool {
+        point == zkguard::txn::multi::Point::Applied(self.0)
+    }
+    async fn stop_at(&self, _id: &str, point: zkguard::txn::multi::Point) -> bool {
+        point == zkguard::txn::multi::Point::Applied(self.0)
+    }
+}
+
+/// Orders two settlers of transaction `id` so that both read its log record `pending` before
+/// either moves it: the first reader goes on once the second has read; the second goes on once
+/// the first's log write is answered and the clock has passed it (so that the two records
+/// differ in `modified`, as two writers' do).
+struct BothReadTheRecord {
+    log: String,
+    id: String,
+    reads: std::sync::atomic::AtomicU64,
+    writes: std::sync::atomic::AtomicU64,
+    second_read: tokio::sync::Semaphore,
+    first_write: tokio::sync::Semaphore,
+    first_write_at: std::sync::Mutex<Option<std::time::SystemTime>>,
+}
+
+impl BothReadTheRecord {
+    fn new(log: &str, id: &str) -> Self {
+        Self {
+            log: log.into(),
+            id: id.into(),
+            reads: Default::default(),
+            writes: Default::default(),
+            second_read: tokio::sync::Semaphore::new(0),
+            first_write: tokio::sync::Semaphore::new(0),
+            first_write_at: Default::default(),
+        }
+    }
+}
+
+fn millis(t: std::time::SystemTime) -> u128 {
+    t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+}
+
+#[async_trait::async_trait]
+impl zkguard::es::StoreHook for BothReadTheRecord {
+    async fn after(
+        &self,
+        call: &zkguard::es::StoreCall<'_>,
+        _outcome: Result<(), &zkguard::es::EsError>,
+    ) -> Option<zkguard::es::EsError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        match call {
+            zkguard::es::StoreCall::Get { index, id } if *index == self.log && *id == self.id => {
+                match self.reads.fetch_add(1, SeqCst) {
+                    0 => self.second_read.acquire().await.unwrap().forget(),
+                    1 => {
+                        self.second_read.add_permits(1);
+                        self.first_write.acquire().await.unwrap().forget();
+                        let at = millis(self.first_write_at.lock().unwrap().unwrap());
+                        while millis(std::time::SystemTime::now()) <= at {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            zkguard::es::StoreCall::Index { index, id, .. }
+                if *index == self.log
+                    && *id == self.id
+                    && self.writes.fetch_add(1, SeqCst) == 0 =>
+            {
+                *self.first_write_at.lock().unwrap() = Some(std::time::SystemTime::now());
+                self.first_write.add_permits(1);
+            }
+            _ => {}
+        }
+        None
+    }
+}
+
+/// Two writers of two documents marked by the same stopped (pending) transaction settle it at
+/// once: a single writer (through the transactions' mark resolver) and another transaction.
+/// Both read the record `pending` and both try to move it to `rolling-back`; the one whose log
+/// write loses reads the record again and goes on from there: both succeed, neither is told of
+/// the other's transaction as its own, and recovery ends the stopped one rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_settling_the_same_stopped_transaction_both_succeed() {
+    let env = Env::new("settle2").await;
+    env.seed(&[("x", json!({"v": "0"})), ("y", json!({"v": "0"}))])
+        .await;
+    let stopping = env
+        .transactions()
+        .await
+        .with_hook(Arc::new(StopAfterAll(2)));
+    let ops = ["x", "y"]
+        .map(|d| TxnOp::update(&env.index, d, json!({"v": "t1"})))
+        .to_vec();
+    let e = stopping
+        .apply(TxnRequest::new(ops).with_id("t1"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, MultiError::Interrupted { .. }), "{e}");
+    assert_eq!(env.source("y").await, Some(json!({"v": "t1"})));
+    let hook = Arc::new(BothReadTheRecord::new(&env.settings.log_index, "t1"));
+    let store: Arc<dyn zkguard::es::DocStore> = Arc::new(zkguard::es::HookedStore::new(
+        env.store.clone(),
+        hook.clone(),
+    ));
+    let txns = Arc::new(zkguard::txn::multi::Transactions::new(
+        env.locks().await,
+        store.clone(),
+        env.settings.clone(),
+    ));
+    let writer =
+        GuardedWriter::new(env.locks().await, env.store.clone()).with_mark_resolver(txns.clone());
+    let on_x = writer.on(document_monitor(&env.index, "x"));
+    let single = on_x.update(&env.index, "x", json!({"w": "single"}));
+    let txn = txns.apply(TxnRequest::new(vec![TxnOp::update(
+        &env.index,
+        "y",
+        json!({"w": "t2"}),
+    )]));
+    let (single, txn) = tokio::join!(single, txn);
+    single.expect("the single writer settles the transaction and writes");
+    let out = txn.expect("the transaction settles the other and commits");
+    assert_eq!(out.state, Decision::Committed, "{out:?}");
+    assert!(hook.writes.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+    assert_eq!(
+        env.source("x").await,
+        Some(json!({"v": "0", "w": "single"}))
+    );
+    assert_eq!(env.source("y").await, Some(json!({"v": "0", "w": "t2"})));
+    let state = txns.recover("t1", Duration::from_secs(10)).await.unwrap();
+    assert_eq!(state, Some(MultiState::RolledBack));
+    assert_eq!(
+        env.source("x").await,
+        Some(json!({"v": "0", "w": "single"}))
+    );
+    assert_eq!(env.source("y").await, Some(json!({"v": "0", "w": "t2"})));
+}

@@ -131,6 +131,17 @@ async fn pass(
     request: Request,
     watch: &BodyWatch,
 ) -> Response {
+    if route::has_dot_segment(request.uri().path()) {
+        gate.state.metrics.gate(route, "refused");
+        return dress.error(&GateError::new(
+            StatusCode::BAD_REQUEST,
+            "illegal_argument_exception",
+            format!(
+                "zkguard: the path [{}] has a `.` or `..` segment, which the gate cannot pass on unchanged (it would reach another path of the cluster); read documents with such ids with _mget or _search, write them through the gate's document routes or _bulk",
+                request.uri().path()
+            ),
+        ));
+    }
     let changes_aliases = route::may_change_aliases(request.method(), request.uri().path());
     let passed = gate.cluster.pass(request).await;
     if changes_aliases {

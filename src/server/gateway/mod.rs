@@ -15,6 +15,7 @@ mod backend;
 mod body;
 mod bulk;
 mod bulk_parse;
+mod dot_id;
 mod gate;
 mod handler;
 mod merge;

@@ -131,6 +131,13 @@ pub fn classify(method: &Method, path: &str, params: &[(String, String)]) -> Rou
     }
 }
 
+/// Whether `path` has a `.` or `..` segment (percent-encoded or not): the gate's HTTP client
+/// resolves such a segment, so the request cannot be passed on unchanged.
+pub fn has_dot_segment(path: &str) -> bool {
+    path.split('/')
+        .any(|s| matches!(decode(s).as_str(), "." | ".."))
+}
+
 /// Whether a target names several indices or a pattern (`a,b`, `logs-*`, `_all`).
 pub fn is_multi_target(target: &str) -> bool {
     target.contains(',') || target.contains('*') || target == "_all"
@@ -218,6 +225,28 @@ mod tests {
             route(Method::POST, "/a/_doc", ""),
             Route::AutoId { index: "a".into() }
         );
+    }
+
+    #[test]
+    fn dot_segments_are_found_in_every_spelling() {
+        for p in [
+            "/a/_doc/.",
+            "/a/_doc/..",
+            "/a/_doc/%2e",
+            "/a/_doc/%2E%2e",
+            "/./a",
+        ] {
+            assert!(has_dot_segment(p), "{p}");
+        }
+        for p in [
+            "/a/_doc/...",
+            "/a/_doc/.x",
+            "/a/_doc/x.",
+            "/.kibana/_doc/1",
+            "/",
+        ] {
+            assert!(!has_dot_segment(p), "{p}");
+        }
     }
 
     #[test]

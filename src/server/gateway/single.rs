@@ -332,6 +332,9 @@ pub(super) async fn read(
     id: &str,
     rest: &[(String, String)],
 ) -> Result<Option<Current>, GateError> {
+    if super::dot_id::is_dot(id) {
+        return super::dot_id::read(gate, concrete, id, rest).await;
+    }
     let mut path = format!("/{}/_doc/{}?realtime=true", encode(concrete), encode(id));
     if let Some((_, r)) = rest.iter().find(|(k, _)| k == "routing") {
         path.push_str(&format!("&routing={}", encode(r)));
@@ -729,11 +732,14 @@ async fn under_lock(
         return Err(("failed", lock_lost(guard)));
     }
     let target = format!("{doc_path}?{}", fenced_query(rest, token));
-    let answer = gate
-        .cluster
-        .own(method, &target, "application/json", payload)
-        .await
-        .map_err(|e| ("failed", unavailable(e)))?;
+    let answer = if super::dot_id::is_dot(id) {
+        super::dot_id::write(gate, &method, concrete, id, rest, token, payload).await
+    } else {
+        gate.cluster
+            .own(method, &target, "application/json", payload)
+            .await
+    }
+    .map_err(|e| ("failed", unavailable(e)))?;
     if answer.status == StatusCode::CONFLICT {
         gate.state.metrics.fenced_write(guard.lock_type());
         tracing::warn!(

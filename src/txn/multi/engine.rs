@@ -255,9 +255,13 @@ impl Transactions {
         self.stop(&id, Point::Locked).await?;
         // Read every document under its lock, check the expectations, compute the after-images.
         let docs = self.read_all(&req.operations).await?;
-        let docs = self
-            .resolve_marks(&id, &req.operations, docs, &held)
-            .await?;
+        let docs = match self.resolve_marks(&id, &req.operations, docs, &held).await {
+            Ok(docs) => docs,
+            Err(e) => {
+                held.release(self.locks.as_ref()).await;
+                return Err(e);
+            }
+        };
         let mut afters = Vec::with_capacity(docs.len());
         for (op, doc) in req.operations.iter().zip(&docs) {
             let failure = failed_expectation(op, doc.as_ref()).or_else(|| {

@@ -16,6 +16,10 @@ use crate::es::{Doc, WriteCondition};
 use crate::txn::now_rfc3339;
 use crate::write::ops::Stamp;
 
+/// How many times a writer that lost the race to move another transaction's log record reads
+/// it again before it gives up (each loss means the record moved on: a handful is plenty).
+const SETTLE_TRIES: u32 = 8;
+
 impl Transactions {
     /// Decides every other transaction whose mark a document of `ops` carries (read as
     /// `docs`, under `held`); returns the documents as they are afterwards.
@@ -40,7 +44,10 @@ impl Transactions {
                 continue;
             }
             let token = held.token(&op.monitor_name());
-            changed |= self.undo_if_undecided(&other, op, doc, token).await?;
+            changed |= self
+                .undo_if_undecided(&other, op, doc, token)
+                .await
+                .map_err(|e| deciding_err(&other, op, e))?;
         }
         if changed {
             return self.read_all(ops).await;
@@ -67,19 +74,41 @@ impl Transactions {
             info!(txn = %other, index = %op.index, id = %op.id, "a copy of a transaction's mark on a later write; it is dropped by this write");
             return Ok(false);
         }
-        match record.state {
-            MultiState::Finished | MultiState::RolledBack => return Ok(false),
-            MultiState::Committed => return self.finish_one(&record, op, token).await,
-            MultiState::Pending => {
-                record.state = MultiState::RollingBack;
-                record.reason = Some(format!(
-                    "undone: its coordinator stopped before the commit, and a later writer of `{}/{}` found its mark",
-                    op.index, op.id
-                ));
-                record.modified = now_rfc3339();
-                record.meta = self.log_cas(&record).await?;
+        // Another settler (a writer of another of its documents, or recovery) may move the
+        // record between the read and the CAS: the loser reads it again and goes on from the
+        // state the other left. Each lost CAS means the record moved on, and it moves at most
+        // through pending, rolling-back/committed and a final state, so this ends.
+        for attempt in 0.. {
+            match record.state {
+                MultiState::Finished | MultiState::RolledBack => return Ok(false),
+                MultiState::Committed => return self.finish_one(&record, op, token).await,
+                MultiState::RollingBack => break,
+                MultiState::Pending => {
+                    let mut moved = record.clone();
+                    moved.state = MultiState::RollingBack;
+                    moved.reason = Some(format!(
+                        "undone: its coordinator stopped before the commit, and a later writer of `{}/{}` found its mark",
+                        op.index, op.id
+                    ));
+                    moved.modified = now_rfc3339();
+                    match self.log_cas(&moved).await {
+                        Ok(meta) => {
+                            moved.meta = meta;
+                            record = moved;
+                            break;
+                        }
+                        Err(MultiError::Fenced { .. }) if attempt < SETTLE_TRIES => {
+                            info!(txn = %other, index = %op.index, id = %op.id, "another writer moved the transaction's log first; going on from its state");
+                            record =
+                                self.get(other).await?.ok_or_else(|| MultiError::NotFound {
+                                    id: other.to_string(),
+                                    index: self.settings.log_index.clone(),
+                                })?;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
             }
-            MultiState::RollingBack => {}
         }
         let Some(i) = record
             .operations
@@ -166,6 +195,29 @@ impl Transactions {
         .await
         .map(|_| ())
         .map_err(|e| store_err(format!("undoing `{index}/{id}`"), e))
+    }
+}
+
+/// An error met deciding transaction `other` (whose mark the document of `op` carries), as an
+/// error of the writer that found the mark: it names `other` as the transaction found, never
+/// as the writer's own (which was not logged yet).
+fn deciding_err(other: &str, op: &TxnOp, e: MultiError) -> MultiError {
+    let context = format!(
+        "deciding transaction `{other}`, whose mark `{}/{}` carries",
+        op.index, op.id
+    );
+    match e {
+        MultiError::Store {
+            context: inner,
+            source,
+        } => MultiError::Store {
+            context: format!("{context} ({inner})"),
+            source,
+        },
+        other_err => MultiError::Store {
+            context,
+            source: crate::es::EsError::Protocol(other_err.to_string()),
+        },
     }
 }
 
