@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use zkguard::config::GatewaySettings;
 use zkguard::{LockError, LockType};
 
@@ -47,6 +48,8 @@ pub struct Gateway {
     tokens: Arc<Tokens>,
     /// Names known to be concrete indices, and since when.
     concrete: Mutex<HashMap<String, Instant>>,
+    /// Places of the `_bulk` requests handled at once (`server.gateway.bulk.max.concurrent`).
+    bulks: Arc<Semaphore>,
 }
 
 /// How a guarded write is locked.
@@ -73,6 +76,7 @@ impl Gateway {
         let cluster = Cluster::new(es, (*state.store).clone())?;
         let product = cluster.product().await?;
         Ok(Self {
+            bulks: Arc::new(Semaphore::new(state.settings.gateway.bulk_max_concurrent)),
             settings: state.settings.gateway.clone(),
             state,
             cluster,
@@ -356,6 +360,43 @@ impl Gateway {
                 "zkguard: guarded writes need a token of server.auth.tokens.file in the header X-Zkguard-Token (set it as a default header of the client)",
             )
         })
+    }
+
+    /// The places a `_bulk` holds while it is handled: one of `server.max.concurrent` and one
+    /// of `server.gateway.bulk.max.concurrent`.
+    ///
+    /// # Errors
+    /// 429 `es_rejected_execution_exception` with `Retry-After` when either is taken (what
+    /// the clients and their bulk helpers retry): nothing was locked or written.
+    pub fn bulk_places(&self) -> Result<[OwnedSemaphorePermit; 2], GateError> {
+        let busy = |limit: usize, key: &str, what: &str| {
+            GateError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "es_rejected_execution_exception",
+                format!("zkguard: {limit} {what} are being handled ({key}); nothing was locked or written, send the request again shortly"),
+            )
+            .retry_after(1)
+        };
+        let request = self
+            .state
+            .permits
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| {
+                busy(
+                    self.state.settings.max_concurrent,
+                    "server.max.concurrent",
+                    "requests",
+                )
+            })?;
+        let bulk = self.bulks.clone().try_acquire_owned().map_err(|_| {
+            busy(
+                self.settings.bulk_max_concurrent,
+                "server.gateway.bulk.max.concurrent",
+                "_bulk requests",
+            )
+        })?;
+        Ok([request, bulk])
     }
 
     /// Whether the service is shutting down.
