@@ -1477,7 +1477,8 @@ async fn bulks_beyond_the_gates_limits_are_refused_before_anything_is_locked() {
     assert_eq!(locks_taken(&scrape(&c, &s).await), 0.0);
 
     // One bulk waits for a lock another writer holds: a second bulk is beyond
-    // server.gateway.bulk.max.concurrent and gets 429 with Retry-After, nothing locked or written.
+    // server.gateway.bulk.max.concurrent: after its wait (its X-Zkguard-Timeout) it gets 429
+    // with Retry-After, nothing locked or written.
     let monitor = zkguard::lock::document_monitor(&index, "held");
     let (_holder, guard) = hold_lock(&env, &monitor).await;
     let first = tokio::spawn({
@@ -1515,7 +1516,7 @@ async fn bulks_beyond_the_gates_limits_are_refused_before_anything_is_locked() {
         Method::POST,
         &format!("{g}/_bulk"),
         Some(&items(&["x1", "x2"])),
-        &[],
+        &[("x-zkguard-timeout", "300ms")],
     )
     .await;
     assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{v}");

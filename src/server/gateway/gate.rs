@@ -362,13 +362,17 @@ impl Gateway {
         })
     }
 
-    /// The places a `_bulk` holds while it is handled: one of `server.max.concurrent` and one
-    /// of `server.gateway.bulk.max.concurrent`.
+    /// The places a `_bulk` holds while it is handled: one of `server.gateway.bulk.max.concurrent`,
+    /// waited for as long as the request's lock wait (`X-Zkguard-Timeout`, else the foreground
+    /// lock's), then one of `server.max.concurrent`.
     ///
     /// # Errors
-    /// 429 `es_rejected_execution_exception` with `Retry-After` when either is taken (what
+    /// 429 `es_rejected_execution_exception` with `Retry-After` when either stays taken (what
     /// the clients and their bulk helpers retry): nothing was locked or written.
-    pub fn bulk_places(&self) -> Result<[OwnedSemaphorePermit; 2], GateError> {
+    pub async fn bulk_places(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<[OwnedSemaphorePermit; 2], GateError> {
         let busy = |limit: usize, key: &str, what: &str| {
             GateError::new(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -377,6 +381,27 @@ impl Gateway {
             )
             .retry_after(1)
         };
+        let asked = headers
+            .get(TIMEOUT_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|t| zkguard::config::parse_bounded_duration(t.trim()).ok());
+        let wait = self.state.lock_wait(asked);
+        let bulk = tokio::time::timeout(wait, self.bulks.clone().acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or_else(|| {
+                GateError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "es_rejected_execution_exception",
+                    format!(
+                        "zkguard: {} _bulk requests were being handled (server.gateway.bulk.max.concurrent) for all of this one's wait ({}ms); nothing was locked or written, send the request again shortly",
+                        self.settings.bulk_max_concurrent,
+                        wait.as_millis()
+                    ),
+                )
+                .retry_after(1)
+            })?;
         let request = self
             .state
             .permits
@@ -389,13 +414,6 @@ impl Gateway {
                     "requests",
                 )
             })?;
-        let bulk = self.bulks.clone().try_acquire_owned().map_err(|_| {
-            busy(
-                self.settings.bulk_max_concurrent,
-                "server.gateway.bulk.max.concurrent",
-                "_bulk requests",
-            )
-        })?;
         Ok([request, bulk])
     }
 

@@ -90,7 +90,7 @@ async fn handle(State(gate): State<Arc<Gateway>>, request: Request) -> Response 
                 Err(e) => return dress.error(&e),
             };
             // Its body read, a `_bulk` takes its places before anything is parsed or locked.
-            let _places = match gate.bulk_places() {
+            let _places = match gate.bulk_places(&parts.headers).await {
                 Ok(p) => p,
                 Err(e) => {
                     metrics.gate("bulk", "refused");
