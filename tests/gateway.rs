@@ -1677,3 +1677,508 @@ async fn ids_dot_and_dot_dot_are_documents_on_the_single_document_routes() {
     let (st, _, _) = send(&c, Method::GET, &format!("{g}/{open}/_doc/1"), None, &[]).await;
     assert_eq!(st, StatusCode::OK, "the index is still there");
 }
+
+/// A raw request straight to the cluster (bodies the test must send byte for byte).
+async fn raw(c: &reqwest::Client, method: Method, url: &str, body: String) -> (StatusCode, String) {
+    let r = c
+        .request(method, url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stored_document_the_gate_cannot_read_is_an_error_never_absent() {
+    let env = gate_env(&shared_zk().connect_string(), "unread", shared_es().url());
+    let s = env.start("a");
+    let g = gate(&s);
+    let es = shared_es().url().trim_end_matches('/').to_string();
+    let c = client();
+    let index = format!("gate-unread-{}", uuid_tag());
+    let (st, v) = raw(
+        &c,
+        Method::PUT,
+        &format!("{es}/{index}"),
+        json!({"settings": {"index.mapping.depth.limit": 1000}}).to_string(),
+    )
+    .await;
+    assert!(st.is_success(), "{v}");
+    // A lone surrogate (which serde_json refuses) and nesting deeper than its 128 levels,
+    // written straight to the cluster, which stores them as sent.
+    let deep = format!("{}1{}", "{\"d\":".repeat(200), "}".repeat(200));
+    let stored = [
+        ("surrogate", r#"{"s":"\ud800"}"#.to_string()),
+        ("deep", deep),
+    ];
+    for (id, body) in &stored {
+        let (st, v) = raw(
+            &c,
+            Method::PUT,
+            &format!("{es}/{index}/_doc/{id}"),
+            body.clone(),
+        )
+        .await;
+        assert!(st.is_success(), "{v}");
+    }
+    let version = |text: &str| {
+        let at = text.find("\"_version\":").expect("a version") + 11;
+        text[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+    };
+    for (id, _) in &stored {
+        let refused = |st: StatusCode, v: &Value, what: &str| {
+            assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{what} {id}: {v}");
+            assert_eq!(
+                v["error"]["type"], "zkguard_unreadable_document_exception",
+                "{what} {id}: {v}"
+            );
+            let reason = v["error"]["reason"].as_str().unwrap_or_default();
+            assert!(
+                reason.contains(&format!("[{index}/{id}]")),
+                "{what} {id}: {v}"
+            );
+        };
+        let (st, _, v) = send(
+            &c,
+            Method::PUT,
+            &format!("{g}/{index}/_create/{id}"),
+            Some(r#"{"n":1}"#),
+            &[],
+        )
+        .await;
+        refused(st, &v, "_create");
+        let upsert = r#"{"doc":{"n":1},"doc_as_upsert":true}"#;
+        let (st, _, v) = send(
+            &c,
+            Method::POST,
+            &format!("{g}/{index}/_update/{id}"),
+            Some(upsert),
+            &[],
+        )
+        .await;
+        refused(st, &v, "_update doc_as_upsert");
+        let (st, _, v) = send(
+            &c,
+            Method::POST,
+            &format!("{g}/{index}/_update/{id}"),
+            Some(r#"{"doc":{"n":1}}"#),
+            &[],
+        )
+        .await;
+        refused(st, &v, "_update");
+        // In a _bulk the unreadable document fails its own items; a valid item beside them
+        // (read in the same _mget) is written.
+        let bulk = format!(
+            "{{\"create\":{{\"_index\":\"{index}\",\"_id\":\"{id}\"}}}}\n{{\"n\":1}}\n\
+             {{\"update\":{{\"_index\":\"{index}\",\"_id\":\"{id}\"}}}}\n{upsert}\n\
+             {{\"create\":{{\"_index\":\"{index}\",\"_id\":\"ok-{id}\"}}}}\n{{\"n\":1}}\n"
+        );
+        let (st, _, v) = send(&c, Method::POST, &format!("{g}/_bulk"), Some(&bulk), &[]).await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        for (k, action) in ["create", "update"].into_iter().enumerate() {
+            let item = &v["items"][k][action];
+            assert_eq!(item["status"], 422, "bulk {action} {id}: {v}");
+            assert_eq!(
+                item["error"]["type"], "zkguard_unreadable_document_exception",
+                "{v}"
+            );
+        }
+        assert_eq!(v["items"][2]["create"]["status"], 201, "{v}");
+        // The stored document is as it was.
+        let (_, text) = raw(
+            &c,
+            Method::GET,
+            &format!("{es}/{index}/_doc/{id}"),
+            String::new(),
+        )
+        .await;
+        assert_eq!(version(&text), "1", "{id} was not rewritten: {text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_malformed_item_fails_alone_as_the_cluster_fails_it() {
+    let env = gate_env(
+        &shared_zk().connect_string(),
+        "malformed",
+        shared_es().url(),
+    );
+    let s = env.start("a");
+    let g = gate(&s);
+    let es = shared_es().url().trim_end_matches('/').to_string();
+    let c = client();
+    let tag = uuid_tag();
+    let body = |i: &str| {
+        format!(
+            "{{\"index\":{{\"_index\":\"{i}\",\"_id\":\"a\"}}}}\n{{\"n\":1}}\n\
+             {{\"index\":{{\"_index\":\"{i}\",\"_id\":\"b\"}}}}\n{{\"n\":\n\
+             {{\"create\":{{\"_index\":\"{i}\",\"_id\":\"c\"}}}}\n[1]\n\
+             {{\"index\":{{\"_index\":\"{i}\",\"_id\":\"d\"}}}}\n{{\"n\":2}}\n"
+        )
+    };
+    let seen = |v: &Value| -> Vec<(u64, Value)> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                let inner = i.as_object().unwrap().values().next().unwrap();
+                (
+                    inner["status"].as_u64().unwrap(),
+                    inner["error"]["type"].clone(),
+                )
+            })
+            .collect()
+    };
+    let (st, _, through) = send(
+        &c,
+        Method::POST,
+        &format!("{g}/_bulk"),
+        Some(&body(&format!("gate-bad-{tag}"))),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{through}");
+    let (st, _, straight) = send(
+        &c,
+        Method::POST,
+        &format!("{es}/_bulk"),
+        Some(&body(&format!("gate-bad-es-{tag}"))),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{straight}");
+    assert_eq!(
+        seen(&through),
+        seen(&straight),
+        "gate {through}\ncluster {straight}"
+    );
+    assert_eq!(seen(&through)[0].0, 201, "{through}");
+    assert_eq!(seen(&through)[1].0, 400, "{through}");
+}
+
+/// The peak resident memory of process `pid` so far (`VmHWM`), in bytes.
+fn peak_memory(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .expect("VmHWM in /proc/PID/status");
+    kb.trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+/// Items per `_bulk` of the memory test, and how many run at once.
+const MEMORY_ITEMS: usize = 25_000;
+const MEMORY_BULKS: usize = 4;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_large_bulks_stay_within_a_memory_bound() {
+    let env = gate_env(&shared_zk().connect_string(), "mem", shared_es().url());
+    let s = env.start("a");
+    let g = gate(&s);
+    let c = client();
+    let tag = uuid_tag();
+    let before = peak_memory(s.child.id());
+    let started = std::time::Instant::now();
+    let runs: Vec<_> = (0..MEMORY_BULKS)
+        .map(|b| {
+            let index = format!("gate-mem-{tag}-{b}");
+            let mut body = String::with_capacity(MEMORY_ITEMS * 40);
+            for k in 0..MEMORY_ITEMS {
+                body.push_str(&format!("{{\"index\":{{\"_id\":\"{k}\"}}}}\n{{\"n\":1}}\n"));
+            }
+            let (c, url) = (c.clone(), format!("{g}/{index}/_bulk"));
+            tokio::spawn(async move {
+                let r = c
+                    .post(url)
+                    .header("content-type", "application/x-ndjson")
+                    .header("x-zkguard-lock-type", "background")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status();
+                let v: Value = r.json().await.unwrap_or(Value::Null);
+                (status, v)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for run in runs {
+        answers.push(run.await.unwrap());
+    }
+    let peak = peak_memory(s.child.id());
+    let written = |(status, v): &(StatusCode, Value)| {
+        let items = v["items"].as_array().map_or(&[][..], Vec::as_slice);
+        (*status == StatusCode::OK).then_some(
+            items
+                .iter()
+                .filter(|i| (200..300).contains(&i["index"]["status"].as_u64().unwrap_or(0)))
+                .count(),
+        )
+    };
+    let counts: Vec<_> = answers.iter().map(written).collect();
+    let failed = answers.iter().find_map(|(_, v)| {
+        v["items"]
+            .as_array()?
+            .iter()
+            .find(|i| i["index"]["error"].is_object())
+            .cloned()
+    });
+    eprintln!(
+        "{MEMORY_BULKS} bulks of {MEMORY_ITEMS} items: peak {} MB (at start {} MB), {:?}, written {counts:?} (a failure: {failed:?})",
+        peak >> 20,
+        before >> 20,
+        started.elapsed()
+    );
+    assert!(peak < 600 << 20, "the service peaked at {} MB", peak >> 20);
+    // Every item is written, or answered with what a client retries (a lock that did not come
+    // in time or was lost on a loaded machine: nothing written).
+    for (status, v) in &answers {
+        assert_eq!(*status, StatusCode::OK, "{v}");
+        let items = v["items"].as_array().unwrap();
+        assert_eq!(items.len(), MEMORY_ITEMS);
+        for i in items {
+            let st = i["index"]["status"].as_u64().unwrap_or(0);
+            assert!(matches!(st, 201 | 429 | 503), "{i}");
+        }
+    }
+    let total: usize = counts.iter().flatten().sum();
+    assert!(total > MEMORY_BULKS * MEMORY_ITEMS / 2, "{counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bulks_beyond_the_gates_limits_are_refused_before_anything_is_locked() {
+    let env = gate_env(&shared_zk().connect_string(), "limits", shared_es().url())
+        .with("ZKGUARD_SERVER_GATEWAY_BULK_MAX_CONCURRENT", "1")
+        .with("ZKGUARD_SERVER_GATEWAY_BULK_MAX_ITEMS", "3");
+    let s = env.start("a");
+    let g = gate(&s);
+    let es = shared_es().url().trim_end_matches('/').to_string();
+    let c = client();
+    let index = format!("gate-limits-{}", uuid_tag());
+    let items = |ids: &[&str]| -> String {
+        ids.iter()
+            .map(|id| {
+                format!("{{\"index\":{{\"_index\":\"{index}\",\"_id\":\"{id}\"}}}}\n{{\"n\":1}}\n")
+            })
+            .collect()
+    };
+    let locks_taken = |m: &HashMap<String, f64>| -> f64 {
+        m.iter()
+            .filter(|(k, _)| k.starts_with("zkguard_lock_acquisitions_total"))
+            .map(|(_, v)| v)
+            .sum()
+    };
+    // More items than server.gateway.bulk.max.items: 413, as Elasticsearch answers a request
+    // over its size limit (retrying it cannot help).
+    let (st, _, v) = send(
+        &c,
+        Method::POST,
+        &format!("{g}/_bulk"),
+        Some(&items(&["a", "b", "c", "d"])),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+    assert!(
+        v["error"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("server.gateway.bulk.max.items"),
+        "{v}"
+    );
+    assert_eq!(locks_taken(&scrape(&c, &s).await), 0.0);
+
+    // One bulk waits for a lock another writer holds: a second bulk is beyond
+    // server.gateway.bulk.max.concurrent: after its wait (its X-Zkguard-Timeout) it gets 429
+    // with Retry-After, nothing locked or written.
+    let monitor = zkguard::lock::document_monitor(&index, "held");
+    let (_holder, guard) = hold_lock(&env, &monitor).await;
+    let first = tokio::spawn({
+        let (c, url, body) = (c.clone(), format!("{g}/_bulk"), items(&["held"]));
+        async move {
+            send(
+                &c,
+                Method::POST,
+                &url,
+                Some(&body),
+                &[("x-zkguard-timeout", "20s")],
+            )
+            .await
+        }
+    });
+    eventually(
+        Duration::from_secs(20),
+        "the first bulk queues for its lock",
+        || {
+            let (zk, root, monitor) = (env.zk.clone(), env.root.clone(), monitor.clone());
+            async move {
+                let out = std::process::Command::new(env!("CARGO_BIN_EXE_zkguard"))
+                    .args(["locks", "--json", "--monitor", &monitor])
+                    .env("ZKGUARD_ZOOKEEPER_SERVERS", &zk)
+                    .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &root)
+                    .output()
+                    .unwrap();
+                String::from_utf8_lossy(&out.stdout).contains("gateway bulk index")
+            }
+        },
+    )
+    .await;
+    let (st, h, v) = send(
+        &c,
+        Method::POST,
+        &format!("{g}/_bulk"),
+        Some(&items(&["x1", "x2"])),
+        &[("x-zkguard-timeout", "300ms")],
+    )
+    .await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert_eq!(v["error"]["type"], "es_rejected_execution_exception", "{v}");
+    assert!(h.get("retry-after").is_some(), "{h:?}");
+    assert!(
+        v["error"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("server.gateway.bulk.max.concurrent"),
+        "{v}"
+    );
+    assert_eq!(
+        locks_taken(&scrape(&c, &s).await),
+        0.0,
+        "the refused bulk took no lock"
+    );
+    let (st, text) = raw(
+        &c,
+        Method::GET,
+        &format!("{es}/{index}/_doc/x1"),
+        String::new(),
+    )
+    .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{text}");
+    // Single-document writes are not held up by the bulks' limit.
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/single"),
+        Some(r#"{"n":1}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+
+    guard.unlock().await.unwrap();
+    let (st, _, v) = first.await.unwrap();
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["items"][0]["index"]["status"], 201, "{v}");
+    let (st, _, v) = send(
+        &c,
+        Method::POST,
+        &format!("{g}/_bulk"),
+        Some(&items(&["x1", "x2"])),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        st,
+        StatusCode::OK,
+        "once the first is done the next bulk is handled: {v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_atomic_bulk_and_a_transaction_are_bounded_by_the_request_timeout() {
+    let front = Front::start(shared_es().url());
+    let env = gate_env(&shared_zk().connect_string(), "atomic-timeout", &front.url)
+        .with("ZKGUARD_SERVER_REQUEST_TIMEOUT", "3000")
+        .with(
+            "ZKGUARD_TXN_LOG_INDEX",
+            &format!("gate-tmo-log-{}", uuid_tag()),
+        );
+    let s = env.start("a");
+    let g = gate(&s);
+    let c = client();
+    let index = format!("gate-tmo-{}", uuid_tag());
+    // A first write creates the index, then the cluster holds every fenced write.
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/seed"),
+        Some(r#"{"n":0}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    front.hold().await;
+    let key = format!("atomic-{}", uuid_tag());
+    let body = format!(
+        "{{\"index\":{{\"_index\":\"{index}\",\"_id\":\"a\"}}}}\n{{\"n\":1}}\n\
+         {{\"index\":{{\"_index\":\"{index}\",\"_id\":\"b\"}}}}\n{{\"n\":1}}\n"
+    );
+    let asked = std::time::Instant::now();
+    let (st, h, v) = send(
+        &c,
+        Method::POST,
+        &format!("{g}/_bulk"),
+        Some(&body),
+        &[("x-zkguard-atomic", "true"), ("idempotency-key", &key)],
+    )
+    .await;
+    let took = asked.elapsed();
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE, "after {took:?}: {v}");
+    assert_eq!(
+        v["error"]["type"], "zkguard_request_timeout_exception",
+        "{v}"
+    );
+    let reason = v["error"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("server.request.timeout") && reason.contains(&key),
+        "{v}"
+    );
+    assert!(h.get("retry-after").is_some(), "{h:?}");
+    assert!(took < Duration::from_secs(20), "answered after {took:?}");
+
+    // /v1/transactions answers its own timeout naming the transaction's id, not an op_id.
+    let txn = json!({"id": format!("v1-{key}"), "operations": [
+        {"action": "index", "index": index, "id": "c", "doc": {"n": 1}}
+    ]});
+    let (st, v) = call(
+        &c,
+        Method::POST,
+        &s.url("/v1/transactions"),
+        Some(txn.to_string()),
+    )
+    .await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    let message = v.to_string();
+    assert!(message.contains("request_timeout"), "{v}");
+    assert!(
+        !message.contains("op_id") && message.contains("same id"),
+        "{v}"
+    );
+
+    // Let the writes through: the abandoned transaction is decided on its own.
+    front.release().await;
+    eventually(
+        Duration::from_secs(30),
+        "the atomic bulk's transaction is decided",
+        || {
+            let (c, url) = (c.clone(), s.url(&format!("/v1/transactions/{key}")));
+            async move {
+                let (st, v) = call(&c, Method::GET, &url, None).await;
+                st == StatusCode::OK && v["decision"] == "committed"
+            }
+        },
+    )
+    .await;
+}

@@ -15,6 +15,12 @@ pub struct GatewaySettings {
     /// `server.gateway.background.indices`: guarded indices written under the background lock
     /// unless a request asks otherwise.
     pub background: IndexPatterns,
+    /// `server.gateway.bulk.max.items`: items one `_bulk` may carry.
+    pub bulk_max_items: usize,
+    /// `server.gateway.bulk.max.locks`: locks one guarded `_bulk` asks for or holds at once.
+    pub bulk_max_locks: usize,
+    /// `server.gateway.bulk.max.concurrent`: `_bulk` requests the gate handles at once.
+    pub bulk_max_concurrent: usize,
 }
 
 impl Default for GatewaySettings {
@@ -23,11 +29,15 @@ impl Default for GatewaySettings {
             listen: None,
             indices: IndexPatterns::parse("*").expect("`*` is a pattern"),
             background: IndexPatterns::default(),
+            bulk_max_items: 25_000,
+            bulk_max_locks: 1024,
+            bulk_max_concurrent: 4,
         }
     }
 }
 
-/// The three keys from their values; an error names the key and what it expects.
+/// The three keys from their values (the bulk limits at their defaults); an error names the
+/// key and what it expects.
 pub(super) fn parse(
     listen: &str,
     indices: &str,
@@ -49,6 +59,7 @@ pub(super) fn parse(
         listen,
         indices,
         background,
+        ..GatewaySettings::default()
     })
 }
 

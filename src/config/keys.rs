@@ -108,4 +108,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("server.gateway.listen", "", "address of the Elasticsearch-compatible write gate of `zkguard serve` (port 0 picks a free one; empty = no gate): Elasticsearch and OpenSearch clients pointed at it get every document write locked and fenced, everything else passed through to elasticsearch.url"),
     ("server.gateway.indices", "*", "indices whose document writes the gate locks and fences, comma-separated, a trailing * matches a prefix; writes to other indices pass through unguarded"),
     ("server.gateway.background.indices", "", "guarded indices the gate writes under the background lock (foreground otherwise), comma-separated patterns; the header X-Zkguard-Lock-Type overrides per request"),
+    ("server.gateway.bulk.max.items", "25000", "items one `_bulk` through the gate may carry; a larger one is refused whole with 413 before anything is locked (split it)"),
+    ("server.gateway.bulk.max.locks", "1024", "locks one guarded `_bulk` of the gate asks for or holds at once: its items' locks are taken in a window of this size"),
+    ("server.gateway.bulk.max.concurrent", "4", "`_bulk` requests the gate handles at once (each also takes one of server.max.concurrent); another waits for a place as long as for a lock, then is refused with 429 and Retry-After before anything is locked. With server.gateway.bulk.max.items and .locks it bounds the gate's memory"),
 ];

@@ -194,12 +194,15 @@ impl Settings {
         .filter(|i| !allowed_indices.contains(i))
         .cloned()
         .collect();
-        let gateway = gateway::parse(
+        let mut gateway = gateway::parse(
             r.get("server.gateway.listen").0,
             r.get("server.gateway.indices").0,
             r.get("server.gateway.background.indices").0,
         )
         .map_err(|(key, expected)| r.err(key, expected))?;
+        gateway.bulk_max_items = r.int::<usize>("server.gateway.bulk.max.items", 1)?;
+        gateway.bulk_max_locks = r.int::<usize>("server.gateway.bulk.max.locks", 1)?;
+        gateway.bulk_max_concurrent = r.int::<usize>("server.gateway.bulk.max.concurrent", 1)?;
         let server = ServerSettings {
             gateway,
             own_indices,

@@ -249,16 +249,27 @@ async fn guard_load(State(state): State<Arc<AppState>>, request: Request, next: 
         .into_response();
     };
     let limit = state.settings.request_timeout;
+    let retry = retry_advice(request.method(), request.uri().path());
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::unavailable(
             "request_timeout",
             format!(
-                "the request took longer than server.request.timeout ({}ms) and was abandoned; a write may or may not have been applied: retry it with the same op_id",
+                "the request took longer than server.request.timeout ({}ms) and was abandoned; {retry}",
                 limit.as_millis()
             ),
         )
         .into_response(),
+    }
+}
+
+/// What the client of an abandoned request on `path` can do: a transaction goes on in the
+/// service and is named by its `id`, an operation by its `op_id`.
+fn retry_advice(method: &Method, path: &str) -> &'static str {
+    if path == "/v1/transactions" && method == Method::POST {
+        "the transaction goes on and is decided on its own: send it again with the same id (the body's `id`, or the Idempotency-Key header), which answers its decision once made, or read it with GET /v1/transactions/{id}"
+    } else {
+        "a write may or may not have been applied: retry it with the same op_id"
     }
 }
 

@@ -9,7 +9,7 @@ refuses servers that do not send it; osmem-server does not).
 
 Control routes for fault tests (answered by the front itself, never forwarded):
 ``POST /_front/hold`` makes every later write whose query carries ``version_type``
-(a fenced write) wait at the front, ``POST /_front/release`` lets the waiting ones
+(a fenced write), and every ``_bulk`` whose body does, wait at the front, ``POST /_front/release`` lets the waiting ones
 and the later ones through, ``POST /_front/held`` answers ``{"held": N}``, the
 number of writes waiting. ``POST /_front/hold-reads``, ``/_front/release-reads`` and
 ``/_front/held-reads`` do the same for ``_mget`` requests (the reads a guarded write makes
@@ -245,7 +245,10 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/_front/"):
             self._control(path[len("/_front/"):])
             return
-        if "version_type=" in query and self.command in ("PUT", "POST", "DELETE"):
+        fenced = "version_type=" in query or (
+            path.endswith("/_bulk") and body is not None and b'"version_type"' in body
+        )
+        if fenced and self.command in ("PUT", "POST", "DELETE"):
             HOLD.wait_if_held()
         if path.endswith("/_mget"):
             READS.wait_if_held()

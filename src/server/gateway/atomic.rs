@@ -201,6 +201,25 @@ async fn transaction(
     Ok(request)
 }
 
+/// 503 `zkguard_request_timeout_exception` with `Retry-After` for an atomic `_bulk` abandoned
+/// at `server.request.timeout` (`limit`), as `/v1/transactions` answers one: transaction `id`,
+/// when it was started, goes on and is decided on its own.
+fn timed_out(limit: std::time::Duration, id: Option<&str>) -> GateError {
+    let next = match id {
+        Some(id) => format!("transaction [{id}] goes on and is decided on its own: send the request again with the header Idempotency-Key: {id}, which answers its decision once made, or read it with GET /v1/transactions/{id}"),
+        None => "nothing was locked or written: send the request again".to_string(),
+    };
+    GateError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "zkguard_request_timeout_exception",
+        format!(
+            "zkguard: the atomic _bulk took longer than server.request.timeout ({}ms) and was abandoned; {next}",
+            limit.as_millis()
+        ),
+    )
+    .retry_after(1)
+}
+
 /// The `_bulk` items of a decided transaction.
 fn items_of(items: &[Item], outcome: &Outcome) -> Vec<Value> {
     let failed = outcome.failed.as_deref();
@@ -262,18 +281,34 @@ pub async fn run(
         metrics.gate("bulk_atomic", "refused");
         dress.error(&e)
     };
-    let (bp, mut items) = match read(default_index.as_deref(), &params, &body) {
+    let max = gate.settings.bulk_max_items;
+    let (bp, mut items) = match read(default_index.as_deref(), &params, &body, max) {
         Ok(read) => read,
         Err(e) => return refuse(e),
     };
     if let Err(e) = unsupported_params(&bp) {
         return refuse(e);
     }
-    let request = match transaction(gate, headers, &mut items).await {
-        Ok(r) => r,
-        Err(e) => return refuse(e),
+    // The service's request timeout, as on `/v1/transactions`; the transaction itself runs
+    // in a task of its own and is decided whether or not its answer is awaited.
+    let limit = gate.state.settings.request_timeout;
+    let deadline = tokio::time::Instant::now() + limit;
+    let abandoned = |id: Option<&str>| {
+        metrics.gate("bulk_atomic", "failed");
+        dress.error(&timed_out(limit, id))
     };
-    let outcome = match crate::server::txn_routes::apply(&gate.state, request).await {
+    let request =
+        match tokio::time::timeout_at(deadline, transaction(gate, headers, &mut items)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return refuse(e),
+            Err(_) => return abandoned(None),
+        };
+    let id = request.id.clone();
+    let applied = crate::server::txn_routes::apply(&gate.state, request);
+    let Ok(applied) = tokio::time::timeout_at(deadline, applied).await else {
+        return abandoned(Some(&id));
+    };
+    let outcome = match applied {
         Ok(o) => o,
         Err(e) => {
             let status = e.status;

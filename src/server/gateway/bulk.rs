@@ -90,6 +90,17 @@ fn refused_for_now(item: &Value) -> bool {
         .is_some_and(|inner| inner["status"] == 429)
 }
 
+/// `response` with `Retry-After: 1` when an item was refused for now, as on a single request
+/// refused for now: when to send the refused items again.
+fn with_retry_after(mut response: Response, retry: bool) -> Response {
+    if retry {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(1u32));
+    }
+    response
+}
+
 /// A guarded `_bulk`, answered in Elasticsearch's shape.
 pub async fn run(
     gate: &Gateway,
@@ -101,21 +112,30 @@ pub async fn run(
 ) -> Response {
     let started = Instant::now();
     let metrics = gate.state.metrics.clone();
-    let (bp, mut items) = match read(default_index.as_deref(), &params, &body) {
+    let max = gate.settings.bulk_max_items;
+    let (bp, mut items) = match read(default_index.as_deref(), &params, &body, max) {
         Ok(read) => read,
         Err(e) => {
             metrics.gate("bulk", "refused");
             return dress.error(&e);
         }
     };
-    let mut answers: Vec<Option<Value>> = vec![None; items.len()];
+    let mut answers: Vec<Option<Answered>> = Vec::new();
+    answers.resize_with(items.len(), || None);
     let mut passed = Vec::new();
     let mut groups: Vec<Group> = Vec::new();
     let mut by_monitor: HashMap<String, usize> = HashMap::new();
     let mut concrete_of: HashMap<String, Result<String, GateError>> = HashMap::new();
     let mut alias_of: HashMap<String, Result<bool, GateError>> = HashMap::new();
     for (n, item) in items.iter_mut().enumerate() {
-        let refuse = |e: GateError| Some(item_error(item.op, &item.index, item.id.as_deref(), &e));
+        let refuse = |e: GateError| {
+            Some(Answered::of(&item_error(
+                item.op,
+                &item.index,
+                item.id.as_deref(),
+                &e,
+            )))
+        };
         if let Some(e) = &item.failed {
             answers[n] = refuse(e.clone());
             continue;
@@ -234,53 +254,95 @@ pub async fn run(
     };
     let guarded_run = guarded(gate, &items, &groups, &bp.forward);
     let (pass_answers, guarded_answers) = futures::join!(pass_run, guarded_run);
-    for (n, a) in pass_answers.into_iter().chain(guarded_answers) {
+    for (n, a) in pass_answers {
+        answers[n] = Some(Answered::of(&a));
+    }
+    for (n, a) in guarded_answers {
         answers[n] = Some(a);
     }
+    metrics.gate("bulk", "guarded");
+    let took = started.elapsed().as_millis() as u64;
+    let errors = answers.iter().flatten().any(|a| a.error);
+    let retry = answers.iter().flatten().any(|a| a.retry);
+    if bp.filter_path.is_none() && !bp.pretty {
+        let body = Answered::join(took, errors, &answers);
+        return with_retry_after(dress.bytes(StatusCode::OK, body), retry);
+    }
     let items_out: Vec<Value> = answers
-        .into_iter()
-        .map(|a| a.unwrap_or(Value::Null))
+        .iter()
+        .map(|a| {
+            a.as_ref()
+                .and_then(|a| serde_json::from_str(&a.json).ok())
+                .unwrap_or(Value::Null)
+        })
         .collect();
-    let errors = items_out.iter().any(|i| {
-        i.as_object()
-            .and_then(|o| o.values().next())
-            .is_some_and(|inner| inner.get("error").is_some())
-    });
-    let retry = items_out.iter().any(refused_for_now);
-    let mut answer = json!({
-        "took": started.elapsed().as_millis() as u64,
-        "errors": errors,
-        "items": items_out,
-    });
+    drop(answers);
+    let mut answer = json!({"took": took, "errors": errors, "items": items_out});
     if let Some(f) = &bp.filter_path {
         answer = filter_path(answer, f);
     }
-    metrics.gate("bulk", "guarded");
-    let mut response = answered(dress, &bp, &answer);
-    if retry {
-        // As on a single request refused for now: when to send the refused items again.
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(1u32));
-    }
-    response
+    with_retry_after(answered(dress, &bp, &answer), retry)
 }
 
-/// The request's URL parameters and items, read as Elasticsearch reads them.
+/// An item's answer, serialized as soon as it is known: a `Value` costs several times its
+/// text, and a `_bulk` keeps every item's answer until the last is known.
+struct Answered {
+    /// The item's JSON.
+    json: Box<str>,
+    /// Whether it has an `error`.
+    error: bool,
+    /// Whether it was refused for now, nothing written (429: send it again).
+    retry: bool,
+}
+
+impl Answered {
+    fn of(item: &Value) -> Self {
+        let error = item
+            .as_object()
+            .and_then(|o| o.values().next())
+            .is_some_and(|inner| inner.get("error").is_some());
+        Self {
+            json: item.to_string().into_boxed_str(),
+            error,
+            retry: refused_for_now(item),
+        }
+    }
+
+    /// The `_bulk` answer of `answers` (`null` for an item without one).
+    fn join(took: u64, errors: bool, answers: &[Option<Answered>]) -> Vec<u8> {
+        let size: usize = answers.iter().flatten().map(|a| a.json.len() + 1).sum();
+        let mut body = Vec::with_capacity(size + 64);
+        body.extend_from_slice(
+            format!("{{\"took\":{took},\"errors\":{errors},\"items\":[").as_bytes(),
+        );
+        for (k, a) in answers.iter().enumerate() {
+            if k > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(a.as_ref().map_or("null", |a| &a.json).as_bytes());
+        }
+        body.extend_from_slice(b"]}");
+        body
+    }
+}
+
+/// The request's URL parameters and items, read as Elasticsearch reads them; at most
+/// `max_items` items.
 ///
 /// # Errors
-/// What Elasticsearch refuses as a whole (see [`super::bulk_parse`]).
+/// What Elasticsearch refuses as a whole (see [`super::bulk_parse`]); 413 beyond `max_items`.
 pub(super) fn read(
     default_index: Option<&str>,
     params: &[(String, String)],
     body: &Bytes,
+    max_items: usize,
 ) -> Result<(BulkParams, Vec<Item>), GateError> {
     let path = match default_index {
         Some(i) => format!("/{i}/_bulk"),
         None => "/_bulk".to_string(),
     };
     let bp = super::bulk_parse::params(&path, params)?;
-    let items = super::bulk_parse::parse(body, default_index, &bp)?;
+    let items = super::bulk_parse::parse(body, default_index, &bp, max_items)?;
     Ok((bp, items))
 }
 
@@ -423,45 +485,69 @@ fn listed(answer: Result<Answer, String>, key: &str, what: &str) -> Result<Vec<V
     }
 }
 
-/// The guarded items: every group's lock asked for at once; each batch of locks that came in
-/// is written in one `_bulk` and released while the others are still coming.
+/// A lock asked for in a task of its own: the group, the outcome (`Err` if the task
+/// panicked), and how long it took.
+type Asked = (
+    usize,
+    Result<Result<Box<dyn Guard>, zkguard::LockError>, ()>,
+    Duration,
+);
+
+/// Asks for group `g`'s lock in a task of its own, which sends the outcome on `tx`.
+fn ask(
+    locks: &std::sync::Arc<dyn zkguard::LockService>,
+    items: &[Item],
+    groups: &[Group],
+    g: usize,
+    tx: &mpsc::UnboundedSender<Asked>,
+) {
+    use futures::FutureExt;
+    let group = &groups[g];
+    let first = &items[group.items[0]];
+    let request = LockRequest::new(
+        group.monitor.clone(),
+        format!(
+            "gateway bulk {} {}/{}",
+            first.op.name(),
+            first.index,
+            first.id.as_deref().unwrap_or_default()
+        ),
+    )
+    .with_type(group.lock_type)
+    .with_timeout(group.wait)
+    .with_loss_watch_after(zkguard::write::background::BATCH_LOSS_WATCH_AFTER);
+    let (locks, tx) = (locks.clone(), tx.clone());
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let result = std::panic::AssertUnwindSafe(locks.acquire(request))
+            .catch_unwind()
+            .await
+            .map_err(|_| ());
+        let _ = tx.send((g, result, started.elapsed()));
+    });
+}
+
+/// The guarded items: their groups' locks asked for in a window of at most
+/// `server.gateway.bulk.max.locks` asked or held at once; each batch of locks that came in is
+/// written in one `_bulk` and released while the others are still coming, and its places in
+/// the window go to the next groups.
 async fn guarded(
     gate: &Gateway,
     items: &[Item],
     groups: &[Group],
     params: &[(String, String)],
-) -> Vec<(usize, Value)> {
+) -> Vec<(usize, Answered)> {
     let mut out = Vec::new();
-    if groups.is_empty() {
-        return out;
-    }
     let locks = gate.state.writer.locks().clone();
+    let window = gate.settings.bulk_max_locks.max(1);
     let (tx, mut rx) = mpsc::unbounded_channel();
-    for (g, group) in groups.iter().enumerate() {
-        let first = &items[group.items[0]];
-        let request = LockRequest::new(
-            group.monitor.clone(),
-            format!(
-                "gateway bulk {} {}/{}",
-                first.op.name(),
-                first.index,
-                first.id.as_deref().unwrap_or_default()
-            ),
-        )
-        .with_type(group.lock_type)
-        .with_timeout(group.wait)
-        .with_loss_watch_after(zkguard::write::background::BATCH_LOSS_WATCH_AFTER);
-        let locks = locks.clone();
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let result = locks.acquire(request).await;
-            let _ = tx.send((g, result, started.elapsed()));
-        });
+    let mut asked = 0;
+    while asked < groups.len().min(window) {
+        ask(&locks, items, groups, asked, &tx);
+        asked += 1;
     }
-    drop(tx);
-    let mut left = groups.len();
-    while left > 0 {
+    let mut done = 0;
+    while done < groups.len() {
         let Some(first) = rx.recv().await else {
             break;
         };
@@ -469,34 +555,43 @@ async fn guarded(
         // burst ends, so that a batch makes one `_bulk` rather than several small ones. A
         // lock waits at most one quiet gap longer; none waits for another that is taken.
         let mut ready = vec![first];
-        while ready.len() < left {
+        while done + ready.len() < asked {
             match tokio::time::timeout(GATHER_GAP, rx.recv()).await {
                 Ok(Some(more)) => ready.push(more),
                 _ => break,
             }
         }
-        left -= ready.len();
+        done += ready.len();
         let mut batch: Vec<(usize, Box<dyn Guard>)> = Vec::new();
         let mut waits = Vec::new();
         for (g, result, waited) in ready {
-            match result {
-                Ok(guard) => {
+            let failed = match result {
+                Ok(Ok(guard)) => {
                     waits.push((groups[g].lock_type, waited));
                     batch.push((g, guard));
+                    continue;
                 }
-                Err(e) => {
-                    let (outcome, ge) = lock_failed(&gate.state.metrics, groups[g].lock_type, &e);
-                    for &n in &groups[g].items {
-                        let it = &items[n];
-                        gate.state.metrics.gate_item(it.op.name(), outcome);
-                        out.push((n, item_error(it.op, &it.index, it.id.as_deref(), &ge)));
-                    }
-                }
+                Ok(Err(e)) => lock_failed(&gate.state.metrics, groups[g].lock_type, &e),
+                Err(()) => (
+                    "failed",
+                    super::gate::unavailable(format!(
+                        "asking for the lock on `{}` failed unexpectedly; nothing was written, send the item again",
+                        groups[g].monitor
+                    )),
+                ),
+            };
+            let (outcome, ge) = failed;
+            for &n in &groups[g].items {
+                let it = &items[n];
+                gate.state.metrics.gate_item(it.op.name(), outcome);
+                let answer = item_error(it.op, &it.index, it.id.as_deref(), &ge);
+                out.push((n, Answered::of(&answer)));
             }
         }
         if !batch.is_empty() {
             let acquired = Instant::now();
-            out.extend(flush(gate, items, groups, &batch, params).await);
+            let flushed = flush(gate, items, groups, &batch, params).await;
+            out.extend(flushed.iter().map(|(n, v)| (*n, Answered::of(v))));
             for (lock_type, waited) in waits {
                 gate.state
                     .metrics
@@ -508,8 +603,55 @@ async fn guarded(
                 .await
                 .detach("releasing locks after the gate's bulk write failed");
         }
+        while asked < groups.len() && asked - done < window {
+            ask(&locks, items, groups, asked, &tx);
+            asked += 1;
+        }
     }
     out
+}
+
+/// The URL parameters of a read with `routing`.
+fn routed(routing: &Option<String>) -> Vec<(String, String)> {
+    routing
+        .iter()
+        .map(|r| ("routing".to_string(), r.clone()))
+        .collect()
+}
+
+/// The documents `to_read` (index, id, routing) as the `_mget` `answer` found them, each
+/// `Ok(None)` when absent. One stored document the gate cannot read makes the whole answer
+/// unreadable: the documents are then read one by one, so that only that document's items
+/// fail ([`super::single::unreadable`]) and none is taken for absent.
+///
+/// # Errors
+/// The cluster's refusal or failure of the `_mget`.
+async fn documents(
+    gate: &Gateway,
+    answer: Result<Answer, String>,
+    to_read: &[(String, String, Option<String>)],
+) -> Result<Vec<Result<Option<Current>, GateError>>, Failure> {
+    use futures::StreamExt;
+    match answer {
+        Ok(a) if a.status.is_success() => {
+            if let Ok(v) = serde_json::from_slice::<Value>(&a.body) {
+                let docs = v["docs"].as_array().cloned().unwrap_or_default();
+                return Ok((0..to_read.len())
+                    .map(|k| Ok(docs.get(k).and_then(Current::of)))
+                    .collect());
+            }
+            let mut reads = Vec::with_capacity(to_read.len());
+            for (i, id, routing) in to_read {
+                let rest = routed(routing);
+                reads.push(async move { super::single::read(gate, i, id, &rest).await });
+            }
+            Ok(futures::stream::iter(reads).buffered(16).collect().await)
+        }
+        // Not a success: `listed` names the failure.
+        other => {
+            listed(other, "docs", "reading the documents under their locks").map(|_| Vec::new())
+        }
+    }
 }
 
 /// What is known of a document while a flush's items are planned.
@@ -576,7 +718,7 @@ async fn flush(
                 Some(body),
             )
             .await;
-        let found = match listed(answer, "docs", "reading the documents under their locks") {
+        let found = match documents(gate, answer, &to_read).await {
             Ok(found) => found,
             Err(e) => {
                 for (g, _) in batch {
@@ -589,13 +731,14 @@ async fn flush(
                 return out;
             }
         };
-        for (k, (i, id, routing)) in to_read.iter().enumerate() {
-            let doc = found.get(k).and_then(Current::of);
-            let rest: Vec<(String, String)> = routing
-                .iter()
-                .map(|r| ("routing".to_string(), r.clone()))
-                .collect();
-            let doc = match super::single::settled(gate, i, id, doc, read_tokens[k], &rest).await {
+        for (k, ((i, id, routing), doc)) in to_read.iter().zip(found).enumerate() {
+            let settled = match doc {
+                Ok(doc) => {
+                    super::single::settled(gate, i, id, doc, read_tokens[k], &routed(routing)).await
+                }
+                Err(e) => Err(e),
+            };
+            let doc = match settled {
                 Ok(doc) => Known::Read(doc),
                 Err(e) => Known::Failed(e),
             };

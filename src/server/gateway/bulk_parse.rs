@@ -856,22 +856,33 @@ fn check_action(line: usize, op: DocOp, m: &Meta, p: &BulkParams) -> Result<(), 
     }
 }
 
-/// The lines of `body`, split at `\n` as Elasticsearch splits them.
-fn lines(body: &Bytes) -> Result<Vec<Bytes>, GateError> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    for (i, b) in body.iter().enumerate() {
-        if *b == b'\n' {
-            out.push(body.slice(start..i));
-            start = i + 1;
-        }
-    }
-    if start < body.len() {
+/// The lines of `body`, split at `\n` as Elasticsearch splits them, one at a time (a body of
+/// millions of empty lines costs no memory).
+///
+/// # Errors
+/// A body whose last line has no newline.
+fn lines(body: &Bytes) -> Result<impl Iterator<Item = Bytes> + '_, GateError> {
+    if body.last().is_some_and(|b| *b != b'\n') {
         return Err(illegal(
             "The bulk request must be terminated by a newline [\\n]",
         ));
     }
-    Ok(out)
+    let mut start = 0;
+    Ok(std::iter::from_fn(move || {
+        let at = body.get(start..)?.iter().position(|b| *b == b'\n')?;
+        let line = body.slice(start..start + at);
+        start += at + 1;
+        Some(line)
+    }))
+}
+
+/// 413 for a `_bulk` of more than `max` items (`server.gateway.bulk.max.items`).
+fn too_many(max: usize) -> GateError {
+    GateError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "content_too_long_exception",
+        format!("zkguard: this _bulk has more than {max} items, the most the gate takes in one request (server.gateway.bulk.max.items); nothing was locked or written: send at most {max} items per _bulk (the official bulk helpers send 500 by default)"),
+    )
 }
 
 /// Splits and reads the NDJSON body into items, refusing as a whole what Elasticsearch
@@ -884,6 +895,7 @@ pub fn parse(
     body: &Bytes,
     default_index: Option<&str>,
     p: &BulkParams,
+    max_items: usize,
 ) -> Result<Vec<Item>, GateError> {
     if body.is_empty() {
         return Err(GateError::new(
@@ -892,24 +904,26 @@ pub fn parse(
             "request body is required",
         ));
     }
-    let lines = lines(body)?;
+    let mut lines = lines(body)?;
     let mut items = Vec::new();
     let mut errors = Vec::new();
     let mut n = 0;
-    while n < lines.len() {
-        let line = &lines[n];
+    while let Some(line) = lines.next() {
         n += 1;
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let (op, meta) = action_of(n, line)?;
+        if items.len() == max_items {
+            return Err(too_many(max_items));
+        }
+        let (op, meta) = action_of(n, &line)?;
         check_action(n, op, &meta, p)?;
         let mut raw = vec![line.clone()];
         let mut update = UpdateLine::default();
         let source = if op == DocOp::Delete {
             None
         } else {
-            let Some(s) = lines.get(n) else {
+            let Some(s) = lines.next() else {
                 return Err(illegal(format!(
                     "the {} action on line [{n}] has no source line after it; end every index, create and update action with its source line",
                     op.name()
@@ -1065,7 +1079,29 @@ mod tests {
     use super::*;
 
     fn parsed(body: &str) -> Result<Vec<Item>, GateError> {
-        parse(&Bytes::from(body.to_string()), None, &BulkParams::default())
+        parse(
+            &Bytes::from(body.to_string()),
+            None,
+            &BulkParams::default(),
+            usize::MAX,
+        )
+    }
+
+    #[test]
+    fn a_bulk_of_more_items_than_the_limit_is_refused_whole_with_413() {
+        let body = Bytes::from_static(b"{\"delete\":{\"_index\":\"a\",\"_id\":\"1\"}}\n\n\n{\"delete\":{\"_index\":\"a\",\"_id\":\"2\"}}\n");
+        let p = BulkParams::default();
+        assert_eq!(parse(&body, None, &p, 2).unwrap().len(), 2);
+        let e = parse(&body, None, &p, 1).unwrap_err();
+        assert_eq!(
+            (e.status.as_u16(), e.kind),
+            (413, "content_too_long_exception")
+        );
+        assert!(
+            e.reason.contains("server.gateway.bulk.max.items"),
+            "{}",
+            e.reason
+        );
     }
 
     fn refused(body: &str) -> (u16, &'static str, String) {
@@ -1192,6 +1228,7 @@ mod tests {
             &Bytes::from_static(b"{\"index\":{\"_index\":\"a\",\"_id\":\"1\"}}\n{}\n{\"update\":{\"_index\":\"a\",\"_id\":\"1\"}}\n{\"doc\":{}}\n"),
             None,
             &p,
+            usize::MAX,
         )
         .unwrap();
         assert_eq!(items[0].routing.as_deref(), Some("r"));

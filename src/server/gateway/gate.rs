@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use zkguard::config::GatewaySettings;
 use zkguard::{LockError, LockType};
 
@@ -51,6 +52,8 @@ pub struct Gateway {
     concrete: Mutex<HashMap<String, Instant>>,
     /// The aliases of zkguard's own indices.
     own: OwnNames,
+    /// Places of the `_bulk` requests handled at once (`server.gateway.bulk.max.concurrent`).
+    bulks: Arc<Semaphore>,
 }
 
 /// How a guarded write is locked.
@@ -77,6 +80,7 @@ impl Gateway {
     ) -> Result<Self, String> {
         let cluster = Cluster::new(es, (*state.store).clone())?;
         Ok(Self {
+            bulks: Arc::new(Semaphore::new(state.settings.gateway.bulk_max_concurrent)),
             settings: state.settings.gateway.clone(),
             state,
             cluster,
@@ -430,6 +434,61 @@ impl Gateway {
                 "zkguard: guarded writes need a token of server.auth.tokens.file in the header X-Zkguard-Token (set it as a default header of the client)",
             )
         })
+    }
+
+    /// The places a `_bulk` holds while it is handled: one of `server.gateway.bulk.max.concurrent`,
+    /// waited for as long as the request's lock wait (`X-Zkguard-Timeout`, else the foreground
+    /// lock's), then one of `server.max.concurrent`.
+    ///
+    /// # Errors
+    /// 429 `es_rejected_execution_exception` with `Retry-After` when either stays taken (what
+    /// the clients and their bulk helpers retry): nothing was locked or written.
+    pub async fn bulk_places(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<[OwnedSemaphorePermit; 2], GateError> {
+        let busy = |limit: usize, key: &str, what: &str| {
+            GateError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "es_rejected_execution_exception",
+                format!("zkguard: {limit} {what} are being handled ({key}); nothing was locked or written, send the request again shortly"),
+            )
+            .retry_after(1)
+        };
+        let asked = headers
+            .get(TIMEOUT_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|t| zkguard::config::parse_bounded_duration(t.trim()).ok());
+        let wait = self.state.lock_wait(asked);
+        let bulk = tokio::time::timeout(wait, self.bulks.clone().acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or_else(|| {
+                GateError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "es_rejected_execution_exception",
+                    format!(
+                        "zkguard: {} _bulk requests were being handled (server.gateway.bulk.max.concurrent) for all of this one's wait ({}ms); nothing was locked or written, send the request again shortly",
+                        self.settings.bulk_max_concurrent,
+                        wait.as_millis()
+                    ),
+                )
+                .retry_after(1)
+            })?;
+        let request = self
+            .state
+            .permits
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| {
+                busy(
+                    self.state.settings.max_concurrent,
+                    "server.max.concurrent",
+                    "requests",
+                )
+            })?;
+        Ok([request, bulk])
     }
 
     /// Whether the service is shutting down.

@@ -105,6 +105,14 @@ async fn handle(State(gate): State<Arc<Gateway>>, request: Request) -> Response 
                 Ok(b) => b,
                 Err(e) => return body_error(&dress, &e, &watch),
             };
+            // Its body read, a `_bulk` takes its places before anything is parsed or locked.
+            let _places = match gate.bulk_places(&parts.headers).await {
+                Ok(p) => p,
+                Err(e) => {
+                    metrics.gate("bulk", "refused");
+                    return dress.error(&e);
+                }
+            };
             match super::atomic::asked(&parts.headers) {
                 Ok(true) => {
                     super::atomic::run(&gate, &dress, index, &parts.headers, params, body).await

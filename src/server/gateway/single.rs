@@ -43,6 +43,30 @@ impl Current {
     }
 }
 
+/// 422 `zkguard_unreadable_document_exception`: the stored document `concrete/id`, which the
+/// write depends on, cannot be read by the gate (`why`: the JSON parser's reason). Not 5xx,
+/// which clients retry in vain; not 404 or 409, which would misstate what is stored.
+pub fn unreadable(concrete: &str, id: &str, why: &str) -> GateError {
+    GateError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "zkguard_unreadable_document_exception",
+        format!(
+            "zkguard: the stored document [{concrete}/{id}] cannot be read by the gate ({why}; the gate reads no lone UTF-16 surrogate escape such as \\ud800 and no nesting deeper than 128 levels), and this write depends on it (create, update, if_seq_no); nothing was written: replace the document whole (an index, which does not read it) or delete it, then send the write again"
+        ),
+    )
+    .about(concrete, id)
+}
+
+/// The document of a realtime GET answer's `body` (`concrete/id`); `None` when not found.
+///
+/// # Errors
+/// [`unreadable`] when the body is not JSON the gate can read.
+pub fn found(concrete: &str, id: &str, body: &[u8]) -> Result<Option<Current>, GateError> {
+    let answer: Value =
+        serde_json::from_slice(body).map_err(|e| unreadable(concrete, id, &e.to_string()))?;
+    Ok(Current::of(&answer))
+}
+
 /// `if_seq_no` and `if_primary_term`, when given.
 pub type IfMatch = Option<(i64, i64)>;
 
@@ -346,7 +370,7 @@ pub(super) async fn read(
         .map_err(unavailable)?;
     match answer.status {
         StatusCode::NOT_FOUND => Ok(None),
-        s if s.is_success() => Ok(Current::of(&answer.json())),
+        s if s.is_success() => found(concrete, id, &answer.body),
         s => Err(GateError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "zkguard_cluster_unavailable_exception",

@@ -82,7 +82,7 @@ pub fn finish(mut api: OpenApi) -> OpenApi {
         ("401", error("`unauthorized`: the service requires a bearer token (server.auth.tokens.file) and none, or an unknown one, was sent.", false)),
         ("408", error("`body_timeout`: the request's body did not arrive within server.body.timeout; the connection is closed.", false)),
         ("413", error("`body_too_large`: the body is larger than server.max.body.", false)),
-        ("503", error("`overloaded` (server.max.concurrent requests at once), `too_many_waiters` (server.wait.max), `shutting_down`, `request_timeout` (longer than server.request.timeout: a write may or may not have been applied, send it again with the same op_id), or the route's own (see the route).", true)),
+        ("503", error("`overloaded` (server.max.concurrent requests at once), `too_many_waiters` (server.wait.max), `shutting_down`, `request_timeout` (longer than server.request.timeout: a write may or may not have been applied, send it again with the same op_id, a transaction with the same id), or the route's own (see the route).", true)),
     ];
     let secured = vec![
         SecurityRequirement::new("bearer", Vec::<String>::new()),
