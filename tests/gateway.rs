@@ -1679,7 +1679,12 @@ async fn ids_dot_and_dot_dot_are_documents_on_the_single_document_routes() {
 }
 
 /// A raw request straight to the cluster (bodies the test must send byte for byte).
-async fn raw(c: &reqwest::Client, method: Method, url: &str, body: String) -> (StatusCode, String) {
+async fn raw_to_cluster(
+    c: &reqwest::Client,
+    method: Method,
+    url: &str,
+    body: String,
+) -> (StatusCode, String) {
     let r = c
         .request(method, url)
         .header("content-type", "application/json")
@@ -1698,7 +1703,7 @@ async fn a_stored_document_the_gate_cannot_read_is_an_error_never_absent() {
     let es = shared_es().url().trim_end_matches('/').to_string();
     let c = client();
     let index = format!("gate-unread-{}", uuid_tag());
-    let (st, v) = raw(
+    let (st, v) = raw_to_cluster(
         &c,
         Method::PUT,
         &format!("{es}/{index}"),
@@ -1714,7 +1719,7 @@ async fn a_stored_document_the_gate_cannot_read_is_an_error_never_absent() {
         ("deep", deep),
     ];
     for (id, body) in &stored {
-        let (st, v) = raw(
+        let (st, v) = raw_to_cluster(
             &c,
             Method::PUT,
             &format!("{es}/{index}/_doc/{id}"),
@@ -1790,7 +1795,7 @@ async fn a_stored_document_the_gate_cannot_read_is_an_error_never_absent() {
         }
         assert_eq!(v["items"][2]["create"]["status"], 201, "{v}");
         // The stored document is as it was.
-        let (_, text) = raw(
+        let (_, text) = raw_to_cluster(
             &c,
             Method::GET,
             &format!("{es}/{index}/_doc/{id}"),
@@ -2058,7 +2063,7 @@ async fn bulks_beyond_the_gates_limits_are_refused_before_anything_is_locked() {
         0.0,
         "the refused bulk took no lock"
     );
-    let (st, text) = raw(
+    let (st, text) = raw_to_cluster(
         &c,
         Method::GET,
         &format!("{es}/{index}/_doc/x1"),

@@ -209,7 +209,7 @@ async fn the_connection_limit_fits_the_open_files_limit() {
 async fn with_the_gate_on_both_addresses_fit_the_open_files_limit_together() {
     let env = Env::new(&shared_zk().connect_string(), "conn-nofile-gate")
         .with("ZKGUARD_SERVER_GATEWAY_LISTEN", "127.0.0.1:0")
-        .open_files(128);
+        .open_files(160);
     let s = env.start("conn-nofile-gate");
     let (a, g) = (addr(&s), s.started["gateway"].as_str().unwrap().to_string());
     assert!(

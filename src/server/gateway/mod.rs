@@ -15,6 +15,7 @@ mod backend;
 mod body;
 mod bulk;
 mod bulk_parse;
+mod current;
 mod dot_id;
 mod gate;
 mod handler;

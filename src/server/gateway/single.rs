@@ -18,30 +18,7 @@ use super::params::{cas_errors, check, validation, Checked, Shape, SourceFilter}
 use super::reply::{Dress, GateError};
 use super::route::DocOp;
 
-/// A stored document, as a realtime GET found it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Current {
-    /// `_source`.
-    pub source: Value,
-    /// `_seq_no`.
-    pub seq_no: i64,
-    /// `_primary_term`.
-    pub primary_term: i64,
-    /// `_version`.
-    pub version: i64,
-}
-
-impl Current {
-    /// The document of a GET answer (or an `_mget` item); `None` when not found.
-    pub fn of(found: &Value) -> Option<Self> {
-        (found["found"] == true).then(|| Current {
-            source: found["_source"].clone(),
-            seq_no: found["_seq_no"].as_i64().unwrap_or(-1),
-            primary_term: found["_primary_term"].as_i64().unwrap_or(-1),
-            version: found["_version"].as_i64().unwrap_or(-1),
-        })
-    }
-}
+pub use super::current::Current;
 
 /// 422 `zkguard_unreadable_document_exception`: the stored document `concrete/id`, which the
 /// write depends on, cannot be read by the gate (`why`: the JSON parser's reason). Not 5xx,
