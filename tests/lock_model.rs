@@ -448,3 +448,18 @@ fn the_mark_trusted_by_a_background_successor_is_caught() {
         &["foreground is not overtaken by background"],
     );
 }
+
+/// A starving background waiter re-queued as foreground, whose old node's delete loses its
+/// connection, cancelled while that delete waits to be tried again: the reaper must get the old
+/// node (of the old attempt id) and search for the new one. It got only the new node, and the
+/// old one stayed on the live session (issue 48, item 5's kind; found by this check).
+#[test]
+fn a_promoted_waiter_cancelled_while_its_old_node_goes_holds_every_property() {
+    exhaustive(
+        "2 clients x 1 cycle, promotion, 2 faults",
+        LockModel {
+            promotion: true,
+            ..model(vec![(true, false, 1), (false, false, 1)], 2)
+        },
+    );
+}
