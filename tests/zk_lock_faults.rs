@@ -9,8 +9,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::proxy::{
-    ZkProxy, CONNECTED, OP_CREATE2, OP_GET_CHILDREN, OP_GET_CHILDREN2, OP_GET_DATA, OP_MULTI,
-    OP_MULTI_READ, OP_PING, OP_REMOVE_WATCHES, OP_SYNC,
+    ZkProxy, CONNECTED, OP_CREATE2, OP_DELETE, OP_GET_CHILDREN, OP_GET_CHILDREN2, OP_GET_DATA,
+    OP_MULTI, OP_MULTI_READ, OP_PING, OP_REMOVE_WATCHES, OP_SYNC,
 };
 use common::*;
 use zkguard::testkit::ZkServer;
@@ -886,4 +886,73 @@ async fn a_holder_silent_for_longer_than_a_quarter_of_the_session_keeps_its_lock
     proxy.release_held();
     assert_eq!(holder.loss(), None);
     holder.unlock().await.unwrap();
+}
+
+/// A waiter past its deadline gives up: its node's delete never reaches the server (the
+/// connection is cut before it, and reconnections are refused), and the acquisition is dropped
+/// at its deadline plus `DEADLINE_OVERRUN` while its removal waits for the connection. The
+/// removal under way goes to the session's reaper, which deletes the node once the session
+/// reaches the server again: nothing blocks the monitor for as long as the session lives (issue
+/// 48, item 5; the model check's walk `6764751749694679655`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_dropped_while_giving_up_disconnected_leaves_no_node_on_its_live_session() {
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let mut settings = zk_settings(&proxy.connect_string(), "ghost-giving-up");
+    // The session outlives the whole test: only the reaper can remove the node.
+    settings.session_timeout = Duration::from_secs(40);
+    let mut direct_settings = settings.clone();
+    direct_settings.servers = direct.clone();
+    let monitor = format!("{}/G1", settings.lock_root);
+
+    let sh = session(&direct_settings).await;
+    let holder = ZkBlockingWriteLock::new("h", &sh, "G1")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    let sc = session(&settings).await;
+    let waiter = ZkBlockingWriteLock::new("w", &sc, "G1")
+        .unwrap()
+        .with_timeout(Duration::from_secs(2));
+    let waiting = tokio::spawn(async move { waiter.lock_with_timeout().await });
+    let head = format!("{monitor}/A-0000000000");
+    eventually(
+        Duration::from_secs(10),
+        "the waiter watches the holder's node",
+        || async { queued(&direct, &monitor, "A-").await == 2 && watched(zk, &head) },
+    )
+    .await;
+    // At the deadline the waiter deletes its node: the delete never reaches the server.
+    proxy.cut_before_and_block(OP_DELETE);
+    let err = waiting
+        .await
+        .unwrap()
+        .expect_err("the waiter's deadline passes while the lock is held");
+    assert_eq!(proxy.cuts(), 1, "the waiter's delete was cut: {err}");
+    assert_eq!(
+        queued(&direct, &monitor, "A-").await,
+        2,
+        "the waiter's node is still there once its acquisition ended: {err}"
+    );
+
+    // The session reaches the server again: its reaper removes the node.
+    proxy.unblock();
+    eventually(
+        Duration::from_secs(20),
+        "the abandoned waiter's node is removed",
+        || async { queued(&direct, &monitor, "A-").await == 1 },
+    )
+    .await;
+    holder.unlock().await.unwrap();
+    let next = ZkBlockingWriteLock::new("next", &sh, "G1")
+        .unwrap()
+        .with_timeout(Duration::from_secs(10))
+        .lock_with_timeout()
+        .await
+        .expect("no node of the abandoned waiter blocks the monitor");
+    next.unlock().await.unwrap();
+    drop(sc);
 }

@@ -109,6 +109,12 @@ impl ZkProxy {
         self.state.before_op.store(op, Ordering::Release);
     }
 
+    /// Like `cut_before`, and refuses reconnections after the cut until `unblock`.
+    pub fn cut_before_and_block(&self, op: i32) {
+        self.state.block_after_cut.store(true, Ordering::Release);
+        self.cut_before(op);
+    }
+
     /// Like `cut_after`, and refuses reconnections after the cut until `unblock`.
     pub fn cut_after_and_block(&self, op: i32) {
         self.state.block_after_cut.store(true, Ordering::Release);
@@ -276,6 +282,9 @@ fn relay(mut client: TcpStream, st: Arc<State>) {
                     .compare_exchange(before, 0, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
             {
+                if st.block_after_cut.load(Ordering::Acquire) {
+                    st.blocked.store(true, Ordering::Release);
+                }
                 st.cuts.fetch_add(1, Ordering::AcqRel);
                 let _ = client.shutdown(Shutdown::Both);
                 let _ = server.shutdown(Shutdown::Both);

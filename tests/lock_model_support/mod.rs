@@ -435,6 +435,9 @@ impl Model for LockModel {
                 w.clients[c].carrier = None;
                 match self.wait_of(&w, c, Who::Acq) {
                     Some(Wait::Watch) => self.feed(&mut w, c, Who::Acq, Input::Ended),
+                    // Backing off: the pause ends as in production, and what it sends next
+                    // fails with the session (a giving-up acquisition's deletes included).
+                    Some(Wait::Backoff) => self.feed(&mut w, c, Who::Acq, Input::Woke),
                     // Waiting to reconnect: the driver's wait ends with the session.
                     Some(Wait::Connect) => {
                         w.clients[c].acq = None;

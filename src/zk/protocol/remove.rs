@@ -203,6 +203,11 @@ impl Removal {
         (self.node.as_deref(), self.mutex)
     }
 
+    /// The attempt id of the nodes it deletes now (the searched attempt's once it searches).
+    pub fn attempt(&self) -> &str {
+        &self.attempt
+    }
+
     /// The outcome, once [`Action::Done`] was returned.
     pub fn outcome(&self) -> Option<&Result<(), Code>> {
         self.outcome.as_ref()

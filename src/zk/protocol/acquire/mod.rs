@@ -313,6 +313,19 @@ impl Acquisition {
                 attempt: self.attempt.clone(),
             });
         }
+        if let St::Unqueueing { removal, .. } = &self.st {
+            // A promoted waiter deleting its old node (of the old attempt id) behind its new
+            // one: the old node is the removal's until it is done, and the new node (of the
+            // new attempt id) is found by the reaper's search.
+            if let (Some(old), _) = removal.targets() {
+                return Some(Leftovers {
+                    node: Some(old.to_string()),
+                    holds_mutex: false,
+                    search: Some(self.attempt.clone()),
+                    attempt: removal.attempt().to_string(),
+                });
+            }
+        }
         (self.armed && (self.node.is_some() || self.holds_mutex || self.in_flight)).then(|| {
             Leftovers {
                 node: self.node.clone(),
