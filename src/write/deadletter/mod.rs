@@ -257,7 +257,7 @@ pub enum ReplayResult {
         error: String,
     },
     /// Not applied: the document has a write accepted after the operation
-    /// ([`GuardedError::Superseded`](crate::write::guarded::GuardedError::Superseded)), which
+    /// ([`crate::write::guarded::GuardedError::Superseded`]), which
     /// applying it would undo. The entry was logged whole (warn) and removed.
     Superseded {
         /// What the document has.
