@@ -48,6 +48,10 @@ use super::metrics::Metrics;
 /// service's own descriptors beyond it about once in three runs.
 const RESERVED_FDS: u64 = 96;
 
+/// Sockets of an address beyond its limit that may be open at once: connections evicted or
+/// refused whose tasks have not ended yet (counted in [`RESERVED_FDS`]).
+const CLOSING_SLACK: usize = 4;
+
 /// One open connection, as the limit sees it.
 #[derive(Debug, Default)]
 struct Conn {
@@ -235,7 +239,17 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) -> io::Result<()> {
     let mut tasks = JoinSet::new();
+    // An evicted or refused connection keeps its descriptor until its task ends: accept no more
+    // sockets at once than the limit and a few in their last moments, so that a flood of
+    // connections never takes more descriptors than the limit was fitted to.
+    let cap = conns.max + CLOSING_SLACK;
     loop {
+        if tasks.len() >= cap {
+            tokio::select! {
+                _ = tasks.join_next() => continue,
+                _ = stop.changed() => break,
+            }
+        }
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -253,7 +267,7 @@ pub async fn serve(
         let Some((id, conn)) = conns.admit() else {
             conns.metrics.connections_refused.inc();
             conns.warn("a new connection was refused with 503, every open one being busy");
-            tokio::spawn(refuse(tcp, tls.is_some()));
+            tasks.spawn(refuse(tcp, tls.is_some()));
             continue;
         };
         let (app, conns, tls, stop) = (app.clone(), conns.clone(), tls.clone(), stop.clone());
