@@ -83,13 +83,6 @@ fn item_error(op: DocOp, index: &str, id: Option<&str>, e: &GateError) -> Value 
     json!({op.name(): {"_index": index, "_id": id, "status": e.item_status().as_u16(), "error": e.error_object()}})
 }
 
-/// Whether an item of a `_bulk` answer was refused with 429 (nothing written, to send again).
-fn refused_for_now(item: &Value) -> bool {
-    item.as_object()
-        .and_then(|o| o.values().next())
-        .is_some_and(|inner| inner["status"] == 429)
-}
-
 /// `response` with `Retry-After: 1` when an item was refused for now, as on a single request
 /// refused for now: when to send the refused items again.
 fn with_retry_after(mut response: Response, retry: bool) -> Response {
@@ -296,15 +289,14 @@ struct Answered {
 }
 
 impl Answered {
+    /// `item` is `{action: {..., "status", "error"}}`: read its inner object once.
     fn of(item: &Value) -> Self {
-        let error = item
-            .as_object()
-            .and_then(|o| o.values().next())
-            .is_some_and(|inner| inner.get("error").is_some());
+        let inner = item.as_object().and_then(|o| o.values().next());
         Self {
             json: item.to_string().into_boxed_str(),
-            error,
-            retry: refused_for_now(item),
+            error: inner.is_some_and(|i| i.get("error").is_some()),
+            // Refused with 429: nothing written, to send again.
+            retry: inner.is_some_and(|i| i["status"] == 429),
         }
     }
 
