@@ -92,6 +92,26 @@ fn exit_status_and_environment_are_passed_through() {
     assert_eq!(o.status.code(), Some(7), "{}", stderr(&o));
 }
 
+/// The command gets the cluster's URL as `ZKGUARD_EXEC_ELASTICSEARCH_URL`: the first of
+/// `elasticsearch.url`, ready for `"$ZKGUARD_EXEC_ELASTICSEARCH_URL/index/_doc/id"` (no trailing
+/// `/`), and without the credentials the URL carried.
+#[test]
+fn the_command_gets_the_clusters_url_without_credentials() {
+    let zk = shared();
+    let r = root("es-url");
+    let o = zkguard(&zk.connect_string(), &r)
+        .env(
+            "ZKGUARD_ELASTICSEARCH_URL",
+            "http://writer:s3cret@127.0.0.1:1/es/,http://127.0.0.1:2",
+        )
+        .args(["exec", "--monitor", "m1", "--", "sh", "-c"])
+        .arg(r#"printf '%s' "$ZKGUARD_EXEC_ELASTICSEARCH_URL""#)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "http://127.0.0.1:1/es");
+}
+
 #[test]
 fn bad_usage_bad_monitor_bad_config() {
     let zk = shared();

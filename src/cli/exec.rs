@@ -59,6 +59,29 @@ pub struct ExecArgs {
     pub command: Vec<String>,
 }
 
+/// The variable that gives the command the cluster's URL (see [`command_es_url`]). Not
+/// `ZKGUARD_ELASTICSEARCH_URL`: that one overrides `elasticsearch.url`, so a zkguard run by the
+/// command would take it over its own configuration file's cluster.
+const ES_URL_VAR: &str = "ZKGUARD_EXEC_ELASTICSEARCH_URL";
+
+/// The cluster's URL for the command: the first of `elasticsearch.url`, without its user-info
+/// (validation moved the credentials to basic authentication: zkguard hands no secret to the
+/// command) and without a trailing `/`, so that `"$ZKGUARD_EXEC_ELASTICSEARCH_URL/articles"` is
+/// a well-formed URL.
+fn command_es_url(settings: &Settings) -> String {
+    settings
+        .elasticsearch
+        .urls
+        .first()
+        .map(|url| {
+            let mut url = url.clone();
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.as_str().trim_end_matches('/').to_string()
+        })
+        .unwrap_or_default()
+}
+
 /// Parses a CLI duration: milliseconds or a humantime string, at most
 /// [`zkguard::config::MAX_DURATION`].
 pub fn parse_cli_duration(s: &str) -> Result<Duration, String> {
@@ -110,6 +133,7 @@ pub async fn run(settings: Settings, args: ExecArgs) -> Result<u8, CliError> {
         .env("ZKGUARD_MONITOR", &args.monitor)
         .env("ZKGUARD_LOCK_TYPE", args.lock_type.to_string())
         .env("ZKGUARD_EXEC_LOCK_BACKEND", service.backend_name())
+        .env(ES_URL_VAR, command_es_url(&settings))
         // Deprecated (it is also the override of lock.backend): kept for one release.
         .env("ZKGUARD_LOCK_BACKEND", service.backend_name())
         .stdin(Stdio::inherit())

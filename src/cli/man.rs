@@ -208,8 +208,8 @@ fn sections() -> String {
     );
     entry(
         &mut p,
-        "ZKGUARD_FENCING_TOKEN, ZKGUARD_MONITOR, ZKGUARD_LOCK_TYPE, ZKGUARD_EXEC_LOCK_BACKEND",
-        "set by zkguard exec for its command: the lock's fencing token (write it as the document's external version), monitor, lock type and backend",
+        "ZKGUARD_FENCING_TOKEN, ZKGUARD_MONITOR, ZKGUARD_LOCK_TYPE, ZKGUARD_EXEC_LOCK_BACKEND, ZKGUARD_EXEC_ELASTICSEARCH_URL",
+        "set by zkguard exec for its command: the lock's fencing token (write it as the document's external version), monitor, lock type and backend, and the cluster's URL (the first of elasticsearch.url, without credentials or a trailing /)",
     );
     entry(
         &mut p,

@@ -13,8 +13,8 @@
 //!
 //! Any other variable starting with `ZKGUARD_` draws a warning (with a "did you mean" hint), except
 //! zkguard's own variables: `ZKGUARD_CONFIG`, the variables `zkguard exec` sets for its command
-//! (`ZKGUARD_FENCING_TOKEN`, `ZKGUARD_MONITOR`, `ZKGUARD_LOCK_TYPE`, `ZKGUARD_EXEC_LOCK_BACKEND`
-//! and the deprecated `ZKGUARD_LOCK_BACKEND`, which is also the override of `lock.backend`), the
+//! (`ZKGUARD_FENCING_TOKEN`, `ZKGUARD_MONITOR`, `ZKGUARD_LOCK_TYPE`, `ZKGUARD_EXEC_LOCK_BACKEND`,
+//! `ZKGUARD_EXEC_ELASTICSEARCH_URL` and the deprecated `ZKGUARD_LOCK_BACKEND`, which is also the override of `lock.backend`), the
 //! test kit's (`ZKGUARD_OSMEM_BIN`, `ZKGUARD_TANSU_BIN`, `ZKGUARD_KEEP_SERVER_DIRS`) and any `ZKGUARD_TEST_*`. A
 //! variable that names a key but whose value is not UTF-8 is an error.
 //!

@@ -527,6 +527,7 @@ fn unknown_zkguard_variables_warn_and_own_ones_do_not() {
         ("ZKGUARD_LOCK_TYPE", "foreground"),
         ("ZKGUARD_LOCK_BACKEND", "zookeeper"),
         ("ZKGUARD_EXEC_LOCK_BACKEND", "zookeeper"),
+        ("ZKGUARD_EXEC_ELASTICSEARCH_URL", "http://localhost:9200"),
         ("ZKGUARD_OSMEM_BIN", "/x"),
         ("ZKGUARD_KEEP_SERVER_DIRS", "1"),
         ("ZKGUARD_TEST_HOOK", "1"),
