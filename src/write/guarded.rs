@@ -733,9 +733,7 @@ pub(crate) async fn fenced_or(
                         // No stamp: a zkguard token (an index without stamps, or a write under
                         // an explicit lock by the caller's own client), or a smaller version
                         // set outside zkguard.
-                        None if (crate::zk::TOKEN_BASE..crate::zk::TOKEN_BASE << 1)
-                            .contains(&version) =>
-                        {
+                        None if crate::zk::protocol::is_token(version) => {
                             FencedBy::Holder { version }
                         }
                         None => FencedBy::Outside { version },
