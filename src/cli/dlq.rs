@@ -110,13 +110,8 @@ fn dlq_error(e: DeadLetterError) -> CliError {
     CliError::new(code, e)
 }
 
-/// The configured sink, the Elasticsearch client it uses (if it is the index sink), and the
-/// Kafka sink (if it is that one: its replay commits offsets).
-type SinkAndStore = (
-    Arc<dyn DeadLetterSink>,
-    Option<Arc<dyn DocStore>>,
-    Option<Arc<KafkaSink>>,
-);
+/// The configured sink, and the Elasticsearch client it uses (if it is the index sink).
+type SinkAndStore = (Arc<dyn DeadLetterSink>, Option<Arc<dyn DocStore>>);
 
 async fn open_sink(settings: &Settings) -> Result<SinkAndStore, CliError> {
     let store: Option<Arc<dyn DocStore>> = match settings.retry.sink {
@@ -133,10 +128,10 @@ async fn open_sink(settings: &Settings) -> Result<SinkAndStore, CliError> {
             .connect()
             .await
             .map_err(|e| dlq_error(DeadLetterError::Kafka(e)))?;
-        return Ok((kafka.clone(), store, Some(kafka)));
+        return Ok((kafka, store));
     }
     let sink = deadletter::sink_from_settings(&settings.retry, store.clone()).map_err(dlq_error)?;
-    Ok((sink, store, None))
+    Ok((sink, store))
 }
 
 /// Runs `zkguard dlq`.
@@ -149,7 +144,7 @@ pub async fn run(settings: Settings, args: DlqArgs) -> Result<u8, CliError> {
 }
 
 async fn list(settings: &Settings, json: bool) -> Result<u8, CliError> {
-    let (sink, _, _) = open_sink(settings).await?;
+    let (sink, _) = open_sink(settings).await?;
     let letters = sink.list().await.map_err(dlq_error)?;
     if json {
         let text = serde_json::to_string_pretty(&letters).map_err(|e| {
@@ -207,7 +202,7 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
             ))
         }
     };
-    let (sink, store, kafka) = open_sink(settings).await?;
+    let (sink, store) = open_sink(settings).await?;
     if selection == ReplaySelection::All && sink.list().await.map_err(dlq_error)?.is_empty() {
         if args.json {
             print_replay_json(&[])?;
@@ -222,11 +217,9 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
     };
     let locks = super::lock_service(settings).await?;
     let writer = GuardedWriter::new(locks, store).with_stamp_settings(&settings.stamp);
-    let results = match &kafka {
-        Some(kafka) => kafka.replay(&writer, selection).await,
-        None => deadletter::replay(&writer, sink.as_ref(), selection).await,
-    }
-    .map_err(dlq_error)?;
+    // The sink's own replay (a Kafka topic's records marked done, its offsets committed), as
+    // `POST /v1/deadletters/replay` runs it.
+    let results = sink.replay(&writer, selection).await.map_err(dlq_error)?;
     if args.json {
         let (parked, unremoved) = print_replay_json(&results)?;
         return Ok(if parked + unremoved > 0 {
@@ -347,7 +340,7 @@ async fn discard(settings: &Settings, args: DiscardArgs) -> Result<u8, CliError>
         .map(str::trim)
         .filter(|r| !r.is_empty())
         .unwrap_or("discarded with zkguard dlq discard");
-    let (sink, _, _) = open_sink(settings).await?;
+    let (sink, _) = open_sink(settings).await?;
     let letter = deadletter::discard(sink.as_ref(), id, reason)
         .await
         .map_err(dlq_error)?;
