@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Reports import cycles between the source files of zkguard's two crates (the library from
-src/lib.rs, the binary from src/main.rs).
+src/lib.rs, the binary from src/main.rs), imports against the directions docs/architecture.md
+allows, and source files that document does not name.
 
 A file depends on another when it names an item defined there: `use crate::a::b`, `use super::x`,
 or an inline path such as `super::reaper::spawn(..)`. A path is resolved to the deepest module
@@ -8,9 +9,19 @@ file it reaches; when its next segment is a name that file only re-exports (`pub
 followed to the file that defines it. `mod` declarations and `pub use` re-exports are a module's
 facade, not uses, so a parent that re-exports its children is not in a cycle with them.
 
-Exit status 0 and "no import cycle" when the graph is acyclic; 1 and each cycle otherwise.
-Run from the repository root: `python3 scripts/import-cycles.py [--src DIR]` (default `src`;
-a crate root missing from DIR is skipped).
+The architecture document (`--doc FILE`; by default `docs/architecture.md` beside DIR's parent,
+skipped when there is none) has a table whose header starts `| module | may use |`: each row names
+one or more modules in backquotes (`zk::protocol` for a submodule; `lib` and `main` for the crate
+roots) and, in its second cell, the modules they may use, in backquotes (or "nothing"). A file
+belongs to the row naming its longest enclosing module; an import from one row's file into
+another row's that the first row does not list is reported, and so is a top-level module that no
+row names. Every source file must be named in the document too: by its path under `src/`
+anywhere, or in a ```text block by its name indented under its directory's heading (`zk/` then
+`  session.rs`); a directory module is named by `dir/` or `dir/mod.rs`.
+
+Exit status 0 and "no import cycle" when all holds; 1 and each finding otherwise.
+Run from the repository root: `python3 scripts/import-cycles.py [--src DIR] [--doc FILE]`
+(default `src`; a crate root missing from DIR is skipped).
 """
 import os
 import re
@@ -20,9 +31,53 @@ SRC = "src"
 
 
 def strip_comments(text):
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
-    return re.sub(r"//[^\n]*", "", text)
+    """The text without comments, string contents and character literals (a lone `"` in a
+    comment or a `'"'` literal must not hide the code after it)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if text.startswith("/*", i):
+            depth = 0
+            while i < n:
+                if text.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                    if depth == 0:
+                        break
+                else:
+                    i += 1
+            out.append(" ")
+            continue
+        raw = None
+        if c in "rb" and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            raw = re.match(r'b?r(#*)"', text[i : i + 20])
+        if raw:
+            end = '"' + raw.group(1)
+            j = text.find(end, i + raw.end())
+            i = n if j < 0 else j + len(end)
+            out.append('""')
+            continue
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+            out.append('""')
+            continue
+        if c == "'":
+            lit = re.match(r"'(?:\\(?:x[0-9a-fA-F]{2}|u\{[0-9a-fA-F]+\}|.)|[^\\'])'", text[i : i + 14])
+            if lit:
+                i += lit.end()
+                out.append("' '")
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def flatten_inline_modules(text):
@@ -203,14 +258,111 @@ def cycles(graph):
     return out
 
 
+def layer_rules(doc):
+    """{module name: (row number, allowed module names)} from the document's dependency table."""
+    rules, in_table, row = {}, False, 0
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.lstrip().startswith("|"):
+            in_table = False
+            continue
+        if len(cells) >= 2 and cells[0] == "module" and cells[1] == "may use":
+            in_table = True
+            continue
+        if not in_table or set(cells[0]) <= set("-: "):
+            continue
+        row += 1
+        allowed = set(re.findall(r"`([\w:]+)`", cells[1]))
+        for name in re.findall(r"`([\w:]+)`", cells[0]):
+            rules[name] = (row, allowed)
+    return rules
+
+
+def layer_of(path, root, rules):
+    """The row name a module path belongs to: its longest enclosing module named in a row."""
+    for k in range(len(path), 0, -1):
+        name = "::".join(path[:k])
+        if name in rules:
+            return name
+    return root if not path and root in rules else None
+
+
+def direction_findings(mods, graph, root, rules):
+    by_file = {m.file: m.path for m in mods.values()}
+    out = []
+    for m in sorted(mods.values(), key=lambda m: m.file):
+        if len(m.path) <= 1 and layer_of(m.path, root, rules) is None:
+            name = "::".join(m.path) or root
+            out.append(f"module `{name}` ({m.file}) is in no row of the architecture's dependency table")
+    for f in sorted(graph):
+        a = layer_of(by_file[f], root, rules)
+        for d in sorted(graph[f]):
+            b = layer_of(by_file[d], root, rules)
+            allowed = {rules[n][0] for n in rules[a][1] if n in rules} if a else set()
+            if a and b and rules[a][0] != rules[b][0] and rules[b][0] not in allowed:
+                out.append(f"{f} uses {d}: `{a}` may not use `{b}` (docs/architecture.md)")
+    return out
+
+
+def named_in(doc):
+    """The paths under src/ the document names (see the module's documentation)."""
+    found = set(re.findall(r"(?<![\w/.-])((?:\w+/)+(?:\w+\.rs)?)", doc))
+    for block in re.findall(r"```text\n(.*?)```", doc, flags=re.S):
+        stack = []  # (indent, directory)
+        for line in block.split("\n"):
+            if not line.strip():
+                continue
+            indent = len(line) - len(line.lstrip())
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            base = stack[-1][1] if stack else ""
+            first = line.split()[0]
+            rest = line
+            if re.fullmatch(r"(?:\w+/)+", first):
+                base += first
+                found.add(base)
+                stack.append((indent, base))
+                rest = line.lstrip()[len(first) :]
+            for m in re.finditer(r"(?<![\w/.-])((?:\w+/)*\w+(?:\.rs|/))(?!\w)", rest):
+                found.add(base + m.group(1))
+    return found
+
+
+def unnamed_files(mods, src, doc):
+    found = named_in(doc)
+    out = []
+    for m in mods.values():
+        rel = os.path.relpath(m.file, src).replace(os.sep, "/")
+        if not m.path:
+            continue
+        if rel.endswith("/mod.rs") and rel[: -len("mod.rs")] in found:
+            continue
+        if rel not in found:
+            out.append(f"{m.file} is not named in the architecture document")
+    return sorted(out)
+
+
 def main():
     args = sys.argv[1:]
-    src = SRC
-    if args[:1] == ["--src"] and len(args) == 2:
-        src = args[1]
-    elif args:
-        print("usage: import-cycles.py [--src DIR]", file=sys.stderr)
-        return 2
+    src, doc_file = SRC, None
+    while args:
+        if args[0] in ("--src", "--doc") and len(args) >= 2:
+            if args[0] == "--src":
+                src = args[1]
+            else:
+                doc_file = args[1]
+            args = args[2:]
+        else:
+            print("usage: import-cycles.py [--src DIR] [--doc FILE]", file=sys.stderr)
+            return 2
+    if doc_file is None:
+        beside = os.path.join(os.path.dirname(os.path.abspath(src)), "docs", "architecture.md")
+        doc_file = beside if os.path.exists(beside) else None
+    doc = open(doc_file, encoding="utf-8").read() if doc_file else None
+    rules = layer_rules(doc) if doc else {}
+    if doc and not rules:
+        print(f"{doc_file} has no table headed `| module | may use |`", file=sys.stderr)
+        return 1
     found = []
     files = 0
     for root in ("lib.rs", "main.rs"):
@@ -226,9 +378,14 @@ def main():
             for f in comp:
                 deps = sorted(d for d in graph[f] if d in comp)
                 print(f"  {f} uses {', '.join(deps)}")
+        if doc:
+            for finding in direction_findings(mods, graph, root[:-3], rules) + unnamed_files(mods, src, doc):
+                found.append(finding)
+                print(finding)
     if found:
         return 1
-    print(f"no import cycle between the {files} files of {src}/ (library and binary)")
+    checked = f", every import in a direction {doc_file} allows" if doc else ""
+    print(f"no import cycle between the {files} files of {src}/ (library and binary){checked}")
     return 0
 
 

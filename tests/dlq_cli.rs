@@ -620,3 +620,78 @@ async fn elasticsearch_sink_replays_in_acceptance_order() {
     );
     assert!(sink.list().await.unwrap().is_empty());
 }
+
+/// Dead letters by the caller's id: an operation named with an idempotency key that is not a
+/// UUID shows the key beside its id in `dlq list`, and `--id` takes the key for replay and
+/// discard (it exited 64, "not an entry id").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_are_found_by_the_callers_idempotency_key() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let config = write_config(dir.path(), &settings);
+    let es = store(&settings);
+    let index = format!("cli-key-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    GuardedWriter::new(l, es.clone())
+        .on("cli-key-1")
+        .index(&index, "1", json!({"n": 0}))
+        .await
+        .unwrap();
+    let sink = FileSink::new(&settings.retry.file_path);
+    let err = GuardedError::Lock(LockError::Timeout {
+        monitor: "cli-key-1".into(),
+        lock_type: LockType::Background,
+        waited: Duration::from_millis(300),
+        blocked_by: None,
+    });
+    let mut ops = Vec::new();
+    for (key, by) in [("order-42-save-3", 1), ("order-42-save-4", 10)] {
+        let op = Operation::increment("cli-key-1", &index, "1", "n", by)
+            .with_type(LockType::Background)
+            .with_key(key);
+        let now = SystemTime::now();
+        sink.park(&DeadLetter::new(&op, 3, &err, now, now))
+            .await
+            .unwrap();
+        ops.push(op);
+    }
+
+    let table = stdout(&zkguard(&config, &["dlq", "list"]));
+    assert!(table.lines().next().unwrap().contains("KEY"), "{table}");
+    for op in &ops {
+        let row = table
+            .lines()
+            .find(|l| l.contains(&op.id.to_string()))
+            .unwrap_or_else(|| panic!("{table}"));
+        assert!(row.contains(op.key.as_deref().unwrap()), "{table}");
+    }
+    let unknown = zkguard(&config, &["dlq", "replay", "--id", "order-42-save-9"]);
+    assert_eq!(status(&unknown), 64, "{unknown:?}");
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("order-42-save-9"),
+        "{unknown:?}"
+    );
+
+    let discarded = zkguard(
+        &config,
+        &[
+            "dlq",
+            "discard",
+            "--id",
+            "order-42-save-4",
+            "--reason",
+            "sent twice",
+        ],
+    );
+    assert_eq!(status(&discarded), 0, "{discarded:?}");
+    let replayed = zkguard(&config, &["dlq", "replay", "--id", "order-42-save-3"]);
+    assert_eq!(status(&replayed), 0, "{replayed:?}");
+    assert!(
+        stdout(&replayed).contains("1 applied"),
+        "{}",
+        stdout(&replayed)
+    );
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 1);
+    assert!(sink.list().await.unwrap().is_empty());
+}

@@ -778,3 +778,64 @@ async fn replay_applies_a_documents_entries_in_acceptance_order() {
         text(&again)
     );
 }
+
+/// `POST /v1/deadletters/replay` runs the library's `deadletter::replay` on the service's sink;
+/// it replays a Kafka topic the way `zkguard dlq replay` does. An entry that fails again is
+/// re-parked as a new record and its old record marked done, so the next replay finds it once
+/// (the service's replay used to leave the old record pending: the next `dlq replay --all`
+/// ran the entry twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_through_the_library_settles_records_as_the_cli_does() {
+    let kafka = broker();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = kafka_settings(dir.path(), &kafka.brokers());
+    let config = write_config(dir.path(), &settings, "");
+    let es = store(&settings);
+    let index = format!("kafka-once-{}", tag());
+    let sink = Arc::new(KafkaSink::new(
+        &settings.retry.kafka,
+        &settings.retry.file_path,
+    ));
+    let op = Operation::increment("once-1", &index, "1", "n", 1).with_type(LockType::Background);
+    let err = GuardedError::Lock(LockError::Timeout {
+        monitor: "once-1".into(),
+        lock_type: LockType::Background,
+        waited: Duration::from_millis(200),
+        blocked_by: None,
+    });
+    let now = SystemTime::now();
+    sink.park(&DeadLetter::new(&op, 2, &err, now, now))
+        .await
+        .unwrap();
+
+    // The document does not exist yet: the replay fails again and re-parks the entry.
+    let (session, l) = locks(&settings).await;
+    let writer = GuardedWriter::new(l.clone(), es.clone());
+    let as_service: Arc<dyn DeadLetterSink> = sink.clone();
+    let first =
+        zkguard::write::deadletter::replay(&writer, as_service.as_ref(), ReplaySelection::All)
+            .await
+            .unwrap();
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(
+        matches!(
+            first[0].result,
+            zkguard::write::deadletter::ReplayResult::StillParked { .. }
+        ),
+        "{first:?}"
+    );
+    assert_eq!(sink.list().await.unwrap().len(), 1);
+
+    GuardedWriter::new(l, es.clone())
+        .on("once-1")
+        .index(&index, "1", json!({"n": 0}))
+        .await
+        .unwrap();
+    session.close();
+    let all = zkguard(&config, &["dlq", "replay", "--all", "--json"]);
+    assert_eq!(status(&all), 0, "{}", text(&all));
+    let v: Value = serde_json::from_slice(&all.stdout).unwrap();
+    assert_eq!(v["replayed"], 1, "the entry once: {v}");
+    assert_eq!(v["applied"], 1, "{v}");
+    assert_eq!(source(es.as_ref(), &index, "1").await["n"], 1);
+}

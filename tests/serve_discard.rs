@@ -30,9 +30,10 @@ async fn a_parked_operation_that_cannot_apply_is_discarded_with_its_reason() {
     let done = wait_finished(&c, &s, std::slice::from_ref(&id)).await;
     assert_eq!(done[&id]["status"], "parked", "{:?}", done[&id]);
 
-    // Bad requests name what is wrong; an unknown id is a 404.
+    // Bad requests name what is wrong; an id, or an idempotency key, that names no entry is a
+    // 404 naming it.
     let (status, v) = call(&c, Method::DELETE, &s.url("/v1/deadletters/nope"), None).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
     assert!(v["message"].as_str().unwrap().contains("`nope`"), "{v}");
     let (status, v) = call(
         &c,

@@ -24,6 +24,7 @@ use zkguard::write::deadletter::{
     self, DeadLetter, DeadLetterError, DeadLetterSink, ReplayResult, ReplaySelection,
 };
 use zkguard::write::guarded::GuardedWriter;
+use zkguard::write::ops::Operation;
 
 use super::{CliError, EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};
 
@@ -59,14 +60,15 @@ pub enum DlqCommand {
     /// For an operation that can never apply (a mapping rejects it, its index is gone) and that
     /// its owner gave up. The whole entry and the reason are written to the log (warn level)
     /// before the entry is removed, and printed. Exits 0 once removed, 64 when no entry has the
-    /// id.
+    /// id (or idempotency key).
     Discard(DiscardArgs),
 }
 
 /// Arguments of `zkguard dlq discard`.
 #[derive(Debug, Args)]
 pub struct DiscardArgs {
-    /// The entry to remove (as shown by `zkguard dlq list`).
+    /// The entry to remove: its id, or the caller's idempotency key (both shown by
+    /// `zkguard dlq list`).
     #[arg(long, value_name = "ID")]
     pub id: String,
     /// Why it is discarded, for the log (default: "discarded with zkguard dlq discard").
@@ -81,8 +83,8 @@ pub struct DiscardArgs {
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("which").required(true).args(["id", "all"])))]
 pub struct ReplayArgs {
-    /// Replay the entry with this id (as shown by `zkguard dlq list`), after the entries of its
-    /// document accepted before it.
+    /// Replay the entry with this id, or with this idempotency key of the caller (both shown
+    /// by `zkguard dlq list`), after the entries of its document accepted before it.
     #[arg(long, value_name = "ID")]
     pub id: Option<String>,
     /// Replay every entry: one document's in the order they were accepted.
@@ -110,13 +112,34 @@ fn dlq_error(e: DeadLetterError) -> CliError {
     CliError::new(code, e)
 }
 
-/// The configured sink, the Elasticsearch client it uses (if it is the index sink), and the
-/// Kafka sink (if it is that one: its replay commits offsets).
-type SinkAndStore = (
-    Arc<dyn DeadLetterSink>,
-    Option<Arc<dyn DocStore>>,
-    Option<Arc<KafkaSink>>,
-);
+/// The entry `--id` names: its id, or the caller's idempotency key, which names the id
+/// [`Operation::key_id`] derives from it (a key that is a UUID is the id itself).
+fn entry_id(given: &str) -> Result<Uuid, CliError> {
+    let given = given.trim();
+    if given.is_empty() {
+        return Err(CliError::usage(
+            "--id is empty; give an entry's id or its idempotency key (`zkguard dlq list` shows both)",
+        ));
+    }
+    Ok(Operation::key_id(given))
+}
+
+/// [`dlq_error`], with an unknown entry named as the user gave it (`given`: an id or a key).
+fn named_error(e: DeadLetterError, given: Option<&str>) -> CliError {
+    match (&e, given) {
+        (DeadLetterError::NoSuchEntry { .. }, Some(given)) => CliError::new(
+            EX_USAGE,
+            format!(
+                "no parked operation has id or idempotency key {:?}; run `zkguard dlq list` to see both",
+                given.trim()
+            ),
+        ),
+        _ => dlq_error(e),
+    }
+}
+
+/// The configured sink, and the Elasticsearch client it uses (if it is the index sink).
+type SinkAndStore = (Arc<dyn DeadLetterSink>, Option<Arc<dyn DocStore>>);
 
 async fn open_sink(settings: &Settings) -> Result<SinkAndStore, CliError> {
     let store: Option<Arc<dyn DocStore>> = match settings.retry.sink {
@@ -133,10 +156,10 @@ async fn open_sink(settings: &Settings) -> Result<SinkAndStore, CliError> {
             .connect()
             .await
             .map_err(|e| dlq_error(DeadLetterError::Kafka(e)))?;
-        return Ok((kafka.clone(), store, Some(kafka)));
+        return Ok((kafka, store));
     }
     let sink = deadletter::sink_from_settings(&settings.retry, store.clone()).map_err(dlq_error)?;
-    Ok((sink, store, None))
+    Ok((sink, store))
 }
 
 /// Runs `zkguard dlq`.
@@ -149,7 +172,7 @@ pub async fn run(settings: Settings, args: DlqArgs) -> Result<u8, CliError> {
 }
 
 async fn list(settings: &Settings, json: bool) -> Result<u8, CliError> {
-    let (sink, _, _) = open_sink(settings).await?;
+    let (sink, _) = open_sink(settings).await?;
     let letters = sink.list().await.map_err(dlq_error)?;
     if json {
         let text = serde_json::to_string_pretty(&letters).map_err(|e| {
@@ -166,8 +189,8 @@ async fn list(settings: &Settings, json: bool) -> Result<u8, CliError> {
         return Ok(0);
     }
     println!(
-        "{:<36}  {:<24}  {:>8}  {:<20}  {:<40}  LAST ERROR",
-        "ID", "PARKED", "ATTEMPTS", "MONITOR", "OPERATION"
+        "{:<36}  {:<20}  {:<24}  {:>8}  {:<20}  {:<40}  LAST ERROR",
+        "ID", "KEY", "PARKED", "ATTEMPTS", "MONITOR", "OPERATION"
     );
     for l in &letters {
         println!("{}", line(l));
@@ -180,10 +203,12 @@ async fn list(settings: &Settings, json: bool) -> Result<u8, CliError> {
     Ok(0)
 }
 
+/// One entry as a row of the table: its id, then the caller's idempotency key (`-` for none).
 fn line(l: &DeadLetter) -> String {
     format!(
-        "{:<36}  {:<24}  {:>8}  {:<20}  {:<40}  [{}] {}",
+        "{:<36}  {:<20}  {:<24}  {:>8}  {:<20}  {:<40}  [{}] {}",
         l.id,
+        l.operation.key.as_deref().unwrap_or("-"),
         humantime::format_rfc3339_millis(l.parked_at).to_string(),
         l.attempts,
         l.monitor,
@@ -195,11 +220,7 @@ fn line(l: &DeadLetter) -> String {
 
 async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
     let selection = match (&args.id, args.all) {
-        (Some(id), _) => ReplaySelection::Id(Uuid::parse_str(id.trim()).map_err(|e| {
-            CliError::usage(format!(
-                "--id {id:?} is not an entry id ({e}); run `zkguard dlq list` to see the ids"
-            ))
-        })?),
+        (Some(id), _) => ReplaySelection::Id(entry_id(id)?),
         (None, true) => ReplaySelection::All,
         (None, false) => {
             return Err(CliError::usage(
@@ -207,7 +228,7 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
             ))
         }
     };
-    let (sink, store, kafka) = open_sink(settings).await?;
+    let (sink, store) = open_sink(settings).await?;
     if selection == ReplaySelection::All && sink.list().await.map_err(dlq_error)?.is_empty() {
         if args.json {
             print_replay_json(&[])?;
@@ -222,11 +243,12 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<u8, CliError> {
     };
     let locks = super::lock_service(settings).await?;
     let writer = GuardedWriter::new(locks, store).with_stamp_settings(&settings.stamp);
-    let results = match &kafka {
-        Some(kafka) => kafka.replay(&writer, selection).await,
-        None => deadletter::replay(&writer, sink.as_ref(), selection).await,
-    }
-    .map_err(dlq_error)?;
+    // The sink's own replay (a Kafka topic's records marked done, its offsets committed), as
+    // `POST /v1/deadletters/replay` runs it.
+    let results = sink
+        .replay(&writer, selection)
+        .await
+        .map_err(|e| named_error(e, args.id.as_deref()))?;
     if args.json {
         let (parked, unremoved) = print_replay_json(&results)?;
         return Ok(if parked + unremoved > 0 {
@@ -335,22 +357,17 @@ fn print_replay_json(results: &[deadletter::ReplayEntry]) -> Result<(usize, usiz
 }
 
 async fn discard(settings: &Settings, args: DiscardArgs) -> Result<u8, CliError> {
-    let id = Uuid::parse_str(args.id.trim()).map_err(|e| {
-        CliError::usage(format!(
-            "--id {:?} is not an entry id ({e}); run `zkguard dlq list` to see the ids",
-            args.id
-        ))
-    })?;
+    let id = entry_id(&args.id)?;
     let reason = args
         .reason
         .as_deref()
         .map(str::trim)
         .filter(|r| !r.is_empty())
         .unwrap_or("discarded with zkguard dlq discard");
-    let (sink, _, _) = open_sink(settings).await?;
+    let (sink, _) = open_sink(settings).await?;
     let letter = deadletter::discard(sink.as_ref(), id, reason)
         .await
-        .map_err(dlq_error)?;
+        .map_err(|e| named_error(e, Some(&args.id)))?;
     if args.json {
         println!("{}", deadletter::discard_report(&letter, reason));
     } else {

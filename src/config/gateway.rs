@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use crate::write::stamping::IndexPatterns;
+use super::IndexPatterns;
 
 /// Where the gate listens and which indices it guards (`server.gateway.*`).
 #[derive(Debug, Clone, PartialEq, Eq)]

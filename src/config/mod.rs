@@ -37,6 +37,7 @@
 mod gateway;
 pub mod grace;
 mod keys;
+mod patterns;
 mod reader;
 mod secrets;
 mod security;
@@ -51,6 +52,7 @@ use std::path::PathBuf;
 
 pub use gateway::GatewaySettings;
 pub use keys::KEYS;
+pub use patterns::IndexPatterns;
 pub(crate) use secrets::split_url_credentials;
 pub use secrets::{display_urls, is_secret_key, masked_value, redact_urls};
 pub use security::{EsTls, ZkAcl, ZkAclEntry, ZkAuth, ZkTls};

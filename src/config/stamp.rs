@@ -1,7 +1,7 @@
-//! `elastic.stamp.*`: the `zkguard` object in written documents (see
-//! [`crate::write::stamping`]).
+//! `elastic.stamp.*`: the `zkguard` object in written documents (the write path's
+//! `write::stamping` describes it).
 
-use crate::write::stamping::IndexPatterns;
+use super::IndexPatterns;
 
 /// The largest `elastic.stamp.window`: 1,000 ids are about 38 KB per document.
 pub const MAX_STAMP_WINDOW: usize = 1000;

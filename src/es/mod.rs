@@ -22,6 +22,7 @@ pub use client::{error_chain, EsStore};
 #[cfg(feature = "testkit")]
 pub use hook::{HookedStore, IndexGate, StoreCall, StoreHook};
 pub use merge::merge_partial;
+pub(crate) use params::condition_fields;
 
 /// The body [`DocStore::ensure_index`] creates one of zkguard's own indices with (the lease
 /// lock's, the dead letters', the transactions' accounts and log, the document transactions'

@@ -79,6 +79,18 @@ impl Cond {
     }
 }
 
+/// The fields (and URL query parameters) a condition other than [`WriteCondition::Create`]
+/// turns into: `if_seq_no` and `if_primary_term`, or `version` and `version_type`. A `Create` is
+/// the `_bulk` action itself (or `op_type=create`), so it adds no field.
+///
+/// # Errors
+/// [`EsError::BadRequest`] for an external version larger than Elasticsearch accepts.
+pub(crate) fn condition_fields(c: WriteCondition) -> Result<Map<String, Value>, EsError> {
+    let mut fields = Map::new();
+    Cond::of(c)?.bulk_fields(&mut fields);
+    Ok(fields)
+}
+
 pub(super) fn create_on_delete() -> EsError {
     EsError::BadRequest {
         status: 0,

@@ -99,7 +99,7 @@ impl Inner {
         // microseconds), so a deployment can move from ZooKeeper to this backend.
         previous
             .saturating_add(1)
-            .max(crate::zk::TOKEN_BASE.saturating_add(self.now_micros()))
+            .max(crate::zk::protocol::TOKEN_BASE.saturating_add(self.now_micros()))
     }
 
     pub(super) async fn ensure_index(&self) -> Result<(), EsError> {

@@ -14,10 +14,35 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 use zkguard::txn::{TransferRequest, TxnError};
 use zkguard::write::deadletter::{self, DeadLetterError, ReplayResult, ReplaySelection};
+use zkguard::write::ops::Operation;
 
 use super::errors::ApiError;
 use super::journal::{Finished, OpState};
 use super::state::AppState;
+
+/// The entry an `id` of the dead-letter routes names: its id, or the caller's idempotency key,
+/// which names the id [`Operation::key_id`] derives from it (a key that is a UUID is the id).
+fn entry_id(given: &str) -> Result<Uuid, String> {
+    match given.trim() {
+        "" => Err("the dead letter's id is empty; give its id or its idempotency key (GET /v1/deadletters lists both)".into()),
+        given => Ok(Operation::key_id(given)),
+    }
+}
+
+/// [`sink_error`], with an unknown entry named as the caller gave it (an id or a key).
+fn named_sink_error(e: DeadLetterError, given: &str) -> ApiError {
+    match &e {
+        DeadLetterError::NoSuchEntry { .. } => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_deadletter",
+            format!(
+                "no parked operation has id or idempotency key `{}`; GET /v1/deadletters lists the parked operations",
+                given.trim()
+            ),
+        ),
+        _ => sink_error(e),
+    }
+}
 
 fn sink_error(e: DeadLetterError) -> ApiError {
     match &e {
@@ -105,21 +130,16 @@ pub async fn replay_deadletters(
             format!("the body is not valid ({e}); {usage}"),
         )
     })?;
-    let selection = match (parsed.id, parsed.all) {
+    let selection = match (parsed.id.as_deref(), parsed.all) {
         (Some(_), true) => {
             return Err(ApiError::bad(
                 "bad_body",
                 format!("both id and all were given; {usage}"),
             ))
         }
-        (Some(id), false) => ReplaySelection::Id(Uuid::parse_str(id.trim()).map_err(|_| {
-            ApiError::bad(
-                "bad_body",
-                format!(
-                    "id `{id}` is not a dead letter id (a UUID); GET /v1/deadletters lists them"
-                ),
-            )
-        })?),
+        (Some(id), false) => {
+            ReplaySelection::Id(entry_id(id).map_err(|e| ApiError::bad("bad_body", e))?)
+        }
         (None, true) => ReplaySelection::All,
         (None, false) => {
             return Err(ApiError::bad(
@@ -130,7 +150,7 @@ pub async fn replay_deadletters(
     };
     let results = deadletter::replay(&state.writer, state.executor.sink().as_ref(), selection)
         .await
-        .map_err(sink_error)?;
+        .map_err(|e| named_sink_error(e, parsed.id.as_deref().unwrap_or_default()))?;
     state.ui.forget_deadletters();
     for r in &results {
         match &r.result {
@@ -206,12 +226,7 @@ pub async fn discard_deadletter(
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     let Path(raw) = path.map_err(super::params::path_error)?;
-    let id = Uuid::parse_str(raw.trim()).map_err(|_| {
-        ApiError::bad(
-            "bad_parameter",
-            format!("`{raw}` is not a dead letter id (a UUID); GET /v1/deadletters lists them"),
-        )
-    })?;
+    let id = entry_id(&raw).map_err(|e| ApiError::bad("bad_parameter", e))?;
     let query = query.unwrap_or_default();
     super::params::refuse_repeated(&query)?;
     let mut reason = None;
@@ -229,7 +244,7 @@ pub async fn discard_deadletter(
     let reason = reason.unwrap_or_else(|| "discarded through DELETE /v1/deadletters".to_string());
     let letter = deadletter::discard(state.executor.sink().as_ref(), id, &reason)
         .await
-        .map_err(sink_error)?;
+        .map_err(|e| named_sink_error(e, &raw))?;
     state.ui.forget_deadletters();
     if let Err(e) = state
         .journal

@@ -296,6 +296,8 @@ async fn monitors(state: &AppState, q: &Query) -> Result<Listed, zkguard::LockEr
 #[derive(Debug, Serialize)]
 struct LetterRow {
     id: String,
+    /// The caller's idempotency key, shown beside the id.
+    key: Option<String>,
     summary: String,
     monitor: String,
     reason: String,
@@ -343,6 +345,7 @@ async fn status_html(state: &AppState, q: &Query) -> Result<String, ApiError> {
                 .take(DEAD_LETTERS_SHOWN)
                 .map(|d| LetterRow {
                     id: d.id.to_string(),
+                    key: d.operation.key.clone(),
                     summary: d.operation.summary(),
                     monitor: d.monitor.clone(),
                     reason: d.reason.to_string(),
@@ -555,6 +558,7 @@ mod tests {
         };
         let letter = LetterRow {
             id: "0b0e".into(),
+            key: Some("order-42-save-3".into()),
             summary: evil.into(),
             monitor: evil.into(),
             reason: evil.into(),
@@ -596,6 +600,10 @@ mod tests {
         assert!(
             status.contains(r#"data-action="replay" data-id="0b0e""#),
             "{status}"
+        );
+        assert!(
+            status.contains("key <code>order-42-save-3</code>"),
+            "the caller's key beside the id: {status}"
         );
         assert!(status.contains(r#"data-action="clear-stray""#), "{status}");
         let page = render(

@@ -25,7 +25,8 @@
 //! 3. compute the new whole document (index: the given one; update: the stored one with the
 //!    change applied; tombstone: only the stamp), adding the [`Stamp`] with the token;
 //! 4. if the guard reports the lock lost, stop: [`GuardedError::LockLost`], nothing was sent;
-//! 5. `index` (or `delete`) with [`WriteCondition::ExternalGte`]`(token)`; a 409 is
+//! 5. `index` (or `delete`) with [`fence::condition`](super::fence::condition)`(token)`
+//!    ([`WriteCondition::ExternalGte`](crate::es::WriteCondition::ExternalGte) of the token); a 409 is
 //!    [`GuardedError::Fenced`];
 //! 6. release the lock.
 //!
@@ -55,7 +56,7 @@ use serde_json::{Map, Value};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::es::{BulkAction, DocMeta, DocStore, EsError, Refresh, WriteCondition};
+use crate::es::{BulkAction, DocMeta, DocStore, EsError, Refresh};
 use crate::lock::{Guard, LockError, LockRequest, LockService, LockType};
 use crate::write::ops::{
     apply_change, strip_meta, with_stamp, ApplyError, Change, DeleteMode, OpError, OpKind,
@@ -567,7 +568,7 @@ impl GuardedWriter {
             .unwrap_or_else(crate::write::ops::acceptance_now);
         let stamp = stamp.unwrap_or_default();
         let live = current.filter(|_| !stamp.deleted);
-        let condition = WriteCondition::ExternalGte(token);
+        let condition = super::fence::condition(token);
         let stamped = self.stamps(index);
         let stamp_onto = |source: Value| {
             if stamped {
@@ -733,9 +734,7 @@ pub(crate) async fn fenced_or(
                         // No stamp: a zkguard token (an index without stamps, or a write under
                         // an explicit lock by the caller's own client), or a smaller version
                         // set outside zkguard.
-                        None if (crate::zk::TOKEN_BASE..crate::zk::TOKEN_BASE << 1)
-                            .contains(&version) =>
-                        {
+                        None if crate::zk::protocol::is_token(version) => {
                             FencedBy::Holder { version }
                         }
                         None => FencedBy::Outside { version },

@@ -24,6 +24,7 @@
 pub mod background;
 mod batch;
 pub mod deadletter;
+pub mod fence;
 pub mod guarded;
 pub mod marks;
 pub mod ops;

@@ -452,7 +452,7 @@ async fn acquire_by(
             node,
             others_seen,
         }) => {
-            let token = super::token::from_zxid(zxid as u64);
+            let token = super::protocol::from_zxid(zxid as u64);
             slot.set_contended(&paths.mutex, others_seen);
             info!(node = %node, token, others_seen, waited_ms = started.elapsed().as_millis() as u64, "lock acquired");
             let attempt = contender.core.attempt().to_string();

@@ -393,7 +393,7 @@ impl LockGuard {
     /// same transaction (or read the mutex), which every take does where the session may write
     /// monitor nodes. `None` otherwise.
     pub(super) fn take_zxid_on(&self, mutex_path: &str) -> Option<i64> {
-        let zxid = self.token.checked_sub(super::token::TOKEN_BASE)?;
+        let zxid = self.token.checked_sub(super::protocol::TOKEN_BASE)?;
         (self.mutex_path == mutex_path && self.version.is_some())
             .then(|| i64::try_from(zxid).ok())
             .flatten()

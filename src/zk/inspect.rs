@@ -435,7 +435,7 @@ async fn monitor_state(
         .collect();
     let (token, stray_session) = match &view.mutex {
         MutexView::Free => (None, None),
-        MutexView::Held { stat, .. } => (Some(super::token::from_zxid(stat.czxid as u64)), None),
+        MutexView::Held { stat, .. } => (Some(super::protocol::from_zxid(stat.czxid as u64)), None),
         MutexView::Stray { stat } => (None, Some(format!("{:#x}", stat.ephemeral_owner))),
     };
     let stray = stray_session.is_some();

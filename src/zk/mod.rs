@@ -29,7 +29,7 @@ mod node;
 #[cfg(feature = "testkit")]
 pub mod protocol;
 #[cfg(not(feature = "testkit"))]
-mod protocol;
+pub(crate) mod protocol;
 mod reaper;
 mod release;
 mod release_batch;
@@ -38,7 +38,6 @@ mod session;
 mod state;
 mod successor;
 mod tls;
-mod token;
 
 pub use acquire::{ZkBlockingWriteLock, ZkLockService, DEADLINE_OVERRUN};
 pub use guard::{LockGuard, MUTEX_WATCH_AFTER};
@@ -48,9 +47,9 @@ pub use inspect::{
 };
 pub use names::QueueNode;
 pub use node::NodeData;
+pub use protocol::TOKEN_BASE;
 pub use session::{wait_for_sessions_to_end, ZkSession};
 pub use state::ConnectionState;
-pub use token::TOKEN_BASE;
 
 use crate::lock::LockError;
 use zookeeper_client::Error as ZkError;

@@ -345,3 +345,78 @@ async fn transfers_run_the_two_phase_commit_over_http() {
     let audit = txn_cli(&["audit", "--expect-total", "1000"]);
     assert!(audit.status.success(), "{audit:?}");
 }
+
+/// Dead letters by the caller's idempotency key: `GET /v1/deadletters` lists the key with each
+/// entry, and `DELETE /v1/deadletters/{id}` and `POST /v1/deadletters/replay {"id": ...}` take
+/// the key wherever they take the id (a key was refused as "not a dead letter id").
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letters_are_found_by_the_callers_idempotency_key() {
+    let env = Env::new(&shared_zk().connect_string(), "dlqkey")
+        .with("ZKGUARD_ZOOKEEPER_BACKGROUND_TASK_TIMEOUT", "200")
+        .with("ZKGUARD_ELASTIC_REQUEST_RETRY_COUNT", "1");
+    let s = env.start("a");
+    let c = client();
+    let index = format!("dlqkey-{}", uuid_tag());
+    let keys = ["order-7-save-1", "order-7-save-2"];
+    let (_holder, guard) = hold_lock(&env, "dlq-key").await;
+    let mut shown = Vec::new();
+    for (n, key) in keys.iter().enumerate() {
+        let path =
+            format!("/v1/indices/{index}/docs/{n}?type=background&monitor=dlq-key&op_id={key}");
+        let (status, v) = put(&c, &s, &path, &json!({"n": n})).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        shown.push(v["operation_id"].as_str().unwrap().to_string());
+    }
+    let states = wait_finished(&c, &s, &shown).await;
+    assert!(
+        states.values().all(|st| st["status"] == "parked"),
+        "{states:?}"
+    );
+    let (status, listed) = call(&c, Method::GET, &s.url("/v1/deadletters"), None).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    let mut listed_keys: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["operation"]["key"].as_str().unwrap_or("no key"))
+        .collect();
+    listed_keys.sort_unstable();
+    assert_eq!(listed_keys, keys, "{listed}");
+
+    let (status, v) = call(
+        &c,
+        Method::DELETE,
+        &s.url("/v1/deadletters/order-7-save-2?reason=sent%20twice"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let replay = s.url("/v1/deadletters/replay");
+    let (status, v) = call(
+        &c,
+        Method::POST,
+        &replay,
+        Some(json!({"id": "order-7-save-9"}).to_string()),
+    )
+    .await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::NOT_FOUND,
+        "unknown_deadletter",
+        "order-7-save-9",
+    );
+    guard.unlock().await.unwrap();
+    let (status, v) = call(
+        &c,
+        Method::POST,
+        &replay,
+        Some(json!({"id": "order-7-save-1"}).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["applied"], 1, "{v}");
+    let (_, v) = call(&c, Method::GET, &s.url("/v1/deadletters"), None).await;
+    assert_eq!(v, json!([]));
+    assert_eq!(es_doc(&c, &index, "0").await["_source"]["n"], 0);
+}

@@ -774,7 +774,16 @@ async fn flush(
                 Some(Known::Written(v)) => Some(v.clone()),
                 Some(Known::Unknown | Known::Failed(_)) | None => None,
             };
-            let mut action = json!({"_index": it.index, "_id": id, "version": token, "version_type": "external_gte"});
+            let fence = match super::single::fence(token) {
+                Ok(fence) => fence,
+                Err(e) => {
+                    metrics.gate_item(it.op.name(), "failed");
+                    out.push((n, answer(e)));
+                    continue;
+                }
+            };
+            let mut action = json!({"_index": it.index, "_id": id});
+            action.as_object_mut().expect("an object").extend(fence);
             if let Some(r) = &it.routing {
                 action["routing"] = json!(r);
             }

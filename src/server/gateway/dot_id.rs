@@ -74,7 +74,8 @@ pub(super) async fn write(
     } else {
         "index"
     };
-    let (meta, path) = bulk_meta(action, concrete, id, rest, token);
+    let fence = zkguard::write::fence::params(token).map_err(|e| e.to_string())?;
+    let (meta, path) = bulk_meta(action, concrete, id, rest, fence);
     let mut body = serde_json::to_vec(&json!({ action: meta })).unwrap_or_default();
     body.push(b'\n');
     if let Some(source) = payload {
@@ -99,21 +100,17 @@ pub(super) async fn write(
     Ok(single_shape(&mut item))
 }
 
-/// The `_bulk` action's metadata (the token as its version, the routing and pipeline asked for)
-/// and the `_bulk` path with the other parameters asked for.
+/// The `_bulk` action's metadata (the `fence` of the lock's token, the routing and pipeline
+/// asked for) and the `_bulk` path with the other parameters asked for.
 fn bulk_meta(
     action: &str,
     concrete: &str,
     id: &str,
     rest: &[(String, String)],
-    token: u64,
+    fence: Map<String, Value>,
 ) -> (Value, String) {
-    let mut meta = json!({
-        "_index": concrete,
-        "_id": id,
-        "version": token,
-        "version_type": "external_gte",
-    });
+    let mut meta = json!({"_index": concrete, "_id": id});
+    meta.as_object_mut().expect("an object").extend(fence);
     let mut q = url::form_urlencoded::Serializer::new(String::new());
     for (k, v) in rest {
         match k.as_str() {

@@ -315,15 +315,32 @@ pub fn apply_update(
     }
 }
 
-/// The query string of a fenced write: the caller's parameters and the token.
-pub fn fenced_query(rest: &[(String, String)], token: u64) -> String {
+/// The parameters of a write fenced by `token`: the library's fencing rule
+/// ([`zkguard::write::fence::params`]), which its own guarded writes follow too. A token larger
+/// than Elasticsearch's largest version is refused (500), never sent otherwise.
+pub(super) fn fence(token: u64) -> Result<Map<String, Value>, GateError> {
+    zkguard::write::fence::params(token).map_err(|e| {
+        GateError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "exception",
+            format!("zkguard: {e}; nothing was written"),
+        )
+    })
+}
+
+/// The query string of a fenced write: the caller's parameters and the fence of `token`.
+pub fn fenced_query(rest: &[(String, String)], token: u64) -> Result<String, GateError> {
     let mut q = url::form_urlencoded::Serializer::new(String::new());
     for (k, v) in rest {
         q.append_pair(k, v);
     }
-    q.append_pair("version", &token.to_string());
-    q.append_pair("version_type", "external_gte");
-    q.finish()
+    for (k, v) in fence(token)? {
+        q.append_pair(
+            &k,
+            v.as_str().map_or(v.to_string(), str::to_string).as_str(),
+        );
+    }
+    Ok(q.finish())
 }
 
 /// Reads the current document under the lock.
@@ -732,7 +749,8 @@ async fn under_lock(
     if !guard.is_held() {
         return Err(("failed", lock_lost(guard)));
     }
-    let target = format!("{doc_path}?{}", fenced_query(rest, token));
+    let query = fenced_query(rest, token).map_err(|e| ("failed", e))?;
+    let target = format!("{doc_path}?{query}");
     let answer = if super::dot_id::is_dot(id) {
         super::dot_id::write(gate, &method, concrete, id, rest, token, payload).await
     } else {

@@ -170,8 +170,8 @@ pub struct TtlQuery {
 #[derive(IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct DeadLetterPath {
-    /// The entry's id (the operation's id).
-    #[param(format = Uuid)]
+    /// The entry's id (the operation's id), or the caller's idempotency key that named the
+    /// operation (both in `GET /v1/deadletters`).
     pub id: String,
 }
 

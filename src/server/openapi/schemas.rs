@@ -227,7 +227,7 @@ pub struct DeadLetter {
 #[derive(ToSchema)]
 #[schema(example = json!({"id": "5f0c2d6e-8a1b-4c3d-9e7f-0a1b2c3d4e5f"}))]
 pub struct ReplayRequest {
-    /// The entry to replay.
+    /// The entry to replay: its id, or the caller's idempotency key that named the operation.
     pub id: Option<String>,
     /// `true`: every entry.
     pub all: Option<bool>,

@@ -346,7 +346,7 @@ impl Transactions {
                             token,
                             Some(&id),
                         ),
-                        condition: WriteCondition::ExternalGte(token),
+                        condition: crate::write::fence::condition(token),
                     }
                 })
                 .collect();
@@ -682,7 +682,7 @@ pub(super) fn clear_action(
         None => BulkAction::Delete {
             index: op.index.clone(),
             id: op.id.clone(),
-            condition: WriteCondition::ExternalGte(token),
+            condition: crate::write::fence::condition(token),
         },
         Some(source) => BulkAction::Index {
             index: op.index.clone(),
@@ -696,7 +696,7 @@ pub(super) fn clear_action(
                 token,
                 None,
             ),
-            condition: WriteCondition::ExternalGte(token),
+            condition: crate::write::fence::condition(token),
         },
     }
 }

@@ -11,7 +11,7 @@ use super::engine::{canonical, clear_action, if_match, is_marked, store_err, Hel
 use super::plan::{after_image, op_id, rewritten, stamped};
 use super::record::{user_source, without_mark, TxnRecord};
 use super::{MultiError, MultiState, Transactions};
-use crate::es::{BulkAction, WriteCondition};
+use crate::es::BulkAction;
 use crate::lock::LockType;
 use crate::txn::now_rfc3339;
 
@@ -194,12 +194,12 @@ impl Transactions {
                             token,
                             None,
                         ),
-                        condition: WriteCondition::ExternalGte(token),
+                        condition: crate::write::fence::condition(token),
                     },
                     None => BulkAction::Delete {
                         index: op.index.clone(),
                         id: op.id.clone(),
-                        condition: WriteCondition::ExternalGte(token),
+                        condition: crate::write::fence::condition(token),
                     },
                 });
             } else if let (true, Some(doc)) = (fence_all, doc) {
@@ -210,7 +210,7 @@ impl Transactions {
                     // that the rewrite (whose version matches its stamp) is never taken for
                     // the transaction's own write.
                     source: without_mark(rewritten(&doc.source, token), &id),
-                    condition: WriteCondition::ExternalGte(token),
+                    condition: crate::write::fence::condition(token),
                 });
             }
         }

@@ -12,7 +12,7 @@ use super::engine::{clear_action, store_err, Held};
 use super::plan::{after_image, op_id, rewritten, stamped};
 use super::record::{is_own_write, user_source, TxnRecord};
 use super::{MultiError, MultiState, Transactions, TxnOp};
-use crate::es::{Doc, WriteCondition};
+use crate::es::Doc;
 use crate::txn::now_rfc3339;
 use crate::write::ops::Stamp;
 
@@ -136,8 +136,12 @@ impl Transactions {
             None => {
                 let (index, id) = (&op.index, &op.id);
                 self.retrying(|| {
-                    self.store
-                        .delete(index, id, WriteCondition::ExternalGte(token), self.refresh)
+                    self.store.delete(
+                        index,
+                        id,
+                        crate::write::fence::condition(token),
+                        self.refresh,
+                    )
                 })
                 .await
                 .map_err(|e| store_err(format!("undoing `{index}/{id}`"), e))?;
@@ -188,7 +192,7 @@ impl Transactions {
                 index,
                 id,
                 &source,
-                WriteCondition::ExternalGte(token),
+                crate::write::fence::condition(token),
                 self.refresh,
             )
         })

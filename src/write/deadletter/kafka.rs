@@ -51,8 +51,8 @@ use uuid::Uuid;
 
 use crate::config::KafkaSettings;
 use crate::write::deadletter::{
-    replay_items, DeadLetter, DeadLetterError, DeadLetterSink, FileSink, Item, ReplayEntry,
-    ReplaySelection, Settle,
+    replay_items, replay_listed, DeadLetter, DeadLetterError, DeadLetterSink, FileSink, Item,
+    ReplayEntry, ReplaySelection, Settle,
 };
 use crate::write::guarded::GuardedWriter;
 
@@ -483,14 +483,14 @@ impl KafkaSink {
         }
     }
 
-    /// `zkguard dlq replay`: for [`ReplaySelection::All`], reads each partition from the replay
-    /// group's committed offset to the end seen at the start, and the fallback file, and
-    /// replays those entries one document's in the order they were accepted (see
-    /// [`crate::write::deadletter::replay`]): a record is marked done once its operation was
-    /// applied (or superseded, or re-parked as a new record), and each partition's offset is
-    /// then committed up to its first record not done. For one id, replays that entry (in the
-    /// topic or the file), after the older entries of its document, and marks its records
-    /// done.
+    /// The sink's replay ([`DeadLetterSink::replay`], which every caller runs): for
+    /// [`ReplaySelection::All`], reads each partition from the replay group's committed offset
+    /// to the end seen at the start, and the fallback file, and replays those entries one
+    /// document's in the order they were accepted (see [`crate::write::deadletter::replay`]): a
+    /// record is marked done once its operation was applied (or superseded, or re-parked as a
+    /// new record), and each partition's offset is then committed up to its first record not
+    /// done. For one id, replays that entry (in the topic or the file), after the older
+    /// entries of its document, and marks its records done.
     ///
     /// # Errors
     /// [`DeadLetterError`] when the broker cannot be reached or read, or no entry has the id.
@@ -499,9 +499,14 @@ impl KafkaSink {
         writer: &GuardedWriter,
         selection: ReplaySelection,
     ) -> Result<Vec<ReplayEntry>, DeadLetterError> {
-        let ReplaySelection::All = selection else {
-            return crate::write::deadletter::replay(writer, self, selection).await;
-        };
+        <Self as DeadLetterSink>::replay(self, writer, selection).await
+    }
+
+    /// [`KafkaSink::replay`] of the whole topic and the fallback file.
+    async fn replay_all(
+        &self,
+        writer: &GuardedWriter,
+    ) -> Result<Vec<ReplayEntry>, DeadLetterError> {
         let conn = self.conn().await?;
         let progress = self.read_progress(&conn).await?;
         let mut items = Vec::new();
@@ -692,6 +697,17 @@ impl DeadLetterSink for KafkaSink {
             }
         }
         Ok(self.fallback.remove(id).await? || removed)
+    }
+
+    async fn replay(
+        &self,
+        writer: &GuardedWriter,
+        selection: ReplaySelection,
+    ) -> Result<Vec<ReplayEntry>, DeadLetterError> {
+        match selection {
+            ReplaySelection::All => self.replay_all(writer).await,
+            ReplaySelection::Id(_) => replay_listed(writer, self, selection).await,
+        }
     }
 
     fn describe(&self) -> String {

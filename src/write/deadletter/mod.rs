@@ -225,6 +225,27 @@ pub trait DeadLetterSink: Send + Sync + 'static {
 
     /// Where the entries are (`file /var/lib/zkguard/dl.jsonl`, `index zkguard-deadletters`).
     fn describe(&self) -> String;
+
+    /// Replays parked operations through `writer`: the one replay every caller runs
+    /// (`zkguard dlq replay`, `POST /v1/deadletters/replay`, the demo), whatever the sink. The
+    /// default lists the entries and settles each with [`DeadLetterSink::remove`] or
+    /// [`DeadLetterSink::park`] (see [`replay`] for the order and the guarantees); a sink that
+    /// keeps its entries another way (the Kafka topic's records and offsets) overrides it.
+    ///
+    /// # Errors
+    /// [`DeadLetterError::NoSuchEntry`] when `selection` names an unknown id; sink errors while
+    /// listing.
+    ///
+    /// # Cancellation safety
+    /// As [`replay`]: a dropped replay leaves each entry either parked or removed after being
+    /// applied.
+    async fn replay(
+        &self,
+        writer: &GuardedWriter,
+        selection: ReplaySelection,
+    ) -> Result<Vec<ReplayEntry>, DeadLetterError> {
+        replay_listed(writer, self, selection).await
+    }
 }
 
 impl std::fmt::Debug for dyn DeadLetterSink {
@@ -441,12 +462,25 @@ pub async fn discard(
 /// [`DeadLetterError::NoSuchEntry`] when `selection` names an unknown id; sink errors while
 /// listing. Failures of single operations are reported in the entries, not as errors.
 ///
+/// This runs the sink's own [`DeadLetterSink::replay`], so every caller replays a sink the same
+/// way (a Kafka topic's records are marked done and its offsets committed).
+///
 /// # Cancellation safety
 /// Cancel-safe in the sense above: a dropped replay leaves each entry either parked or removed
 /// after being applied.
 pub async fn replay(
     writer: &GuardedWriter,
     sink: &dyn DeadLetterSink,
+    selection: ReplaySelection,
+) -> Result<Vec<ReplayEntry>, DeadLetterError> {
+    sink.replay(writer, selection).await
+}
+
+/// The replay of a sink that lists its entries and settles them with `remove` and `park`:
+/// [`DeadLetterSink::replay`]'s default.
+pub(crate) async fn replay_listed<S: DeadLetterSink + ?Sized>(
+    writer: &GuardedWriter,
+    sink: &S,
     selection: ReplaySelection,
 ) -> Result<Vec<ReplayEntry>, DeadLetterError> {
     let letters = sink.list().await?;
@@ -499,10 +533,10 @@ pub(crate) trait Settle: Send + Sync {
 }
 
 /// Settles entries in a [`DeadLetterSink`]: removes them, or parks the update.
-struct SinkSettle<'a>(&'a dyn DeadLetterSink);
+struct SinkSettle<'a, S: ?Sized>(&'a S);
 
 #[async_trait]
-impl Settle for SinkSettle<'_> {
+impl<S: DeadLetterSink + ?Sized> Settle for SinkSettle<'_, S> {
     async fn done(&self, item: &Item) -> Result<(), String> {
         self.0
             .remove(item.letter.id)

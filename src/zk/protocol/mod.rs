@@ -10,13 +10,17 @@
 //!   background waiter, give up at the deadline.
 //! - [`Removal`]: the release multi, the careful deletes once it is not certain what is ours,
 //!   and the session reaper's search for what an abandoned create made.
+//! - [`TOKEN_BASE`]: the token space, shared by both lock backends and the write path.
 
 mod acquire;
 mod remove;
+mod token;
 mod types;
 
 pub use acquire::{Acquisition, Awaits, Leftovers, Outcome, Spec};
 pub use remove::{child, is_ours, release_ops, Removal};
+pub(crate) use token::from_zxid;
+pub use token::{is_token, TOKEN_BASE};
 pub use types::{
     Action, Code, Content, Fired, Input, Mode, MultiError, Now, Op, OpResult, Read, Reply, Request,
     Send, Stat, Target,

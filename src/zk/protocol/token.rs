@@ -1,5 +1,9 @@
-//! The ZooKeeper lock's fencing tokens: the transaction id that granted the lock, lifted above
-//! every version a document can have been given without zkguard.
+//! The token space: what a fencing token is, for both lock backends and the writes they fence.
+//! It sits beside the sans-IO core because it is the protocol's fact, not one backend's: the
+//! ZooKeeper lock's tokens are the transaction id that granted the lock, lifted above every
+//! version a document can have been given without zkguard; the Elasticsearch lease lock draws
+//! its tokens from the same space (at least [`TOKEN_BASE`]); the write path tells a zkguard token
+//! from an outside version by [`is_token`].
 //!
 //! A transaction id only grows (`epoch << 32 | counter`), but a standalone server starts it near
 //! zero: the first tokens would be 7, 11, 15…, below the `_version` of any document that was
@@ -13,8 +17,15 @@
 //! Tokens stay below 2^53 (JavaScript's largest exact integer, so Node clients read `_version`
 //! exactly) while the ensemble's epoch stays below 2^20 leader elections.
 
-/// What the ZooKeeper lock adds to a transaction id to make its fencing token.
+/// What the ZooKeeper lock adds to a transaction id to make its fencing token; the smallest
+/// token of either lock backend.
 pub const TOKEN_BASE: u64 = 1 << 52;
+
+/// Whether `version` lies in zkguard's token space (from [`TOKEN_BASE`] up to, not including,
+/// twice it): a version set by a zkguard lock holder rather than outside zkguard.
+pub fn is_token(version: u64) -> bool {
+    (TOKEN_BASE..TOKEN_BASE << 1).contains(&version)
+}
 
 /// The fencing token of a lock granted by transaction `zxid`.
 pub(crate) fn from_zxid(zxid: u64) -> u64 {
