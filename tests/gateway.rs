@@ -2189,3 +2189,133 @@ async fn an_atomic_bulk_and_a_transaction_are_bounded_by_the_request_timeout() {
     )
     .await;
 }
+
+/// Whether a lock request whose info contains `info` waits on (or holds) `monitor`, as
+/// `zkguard locks` reports it.
+fn lock_listed(env: &Env, monitor: &str, info: &str) -> bool {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .args(["locks", "--json", "--monitor", monitor])
+        .env("ZKGUARD_ZOOKEEPER_SERVERS", &env.zk)
+        .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &env.root)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).contains(info)
+}
+
+/// A single-document write (index, create, update, delete) is answered within
+/// `server.request.timeout`, as `/v1` and the atomic `_bulk` are. Waiting for a lock another
+/// holder keeps, even asking for a longer wait, it gets 429 (the lock wait stays within the
+/// timeout); once the lock comes, a read under it that the cluster does not answer ends at the
+/// timeout with 503 `zkguard_request_timeout_exception` and `Retry-After`, the lock released
+/// and nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_single_write_waiting_for_a_held_lock_ends_by_the_request_timeout() {
+    let front = Front::start(shared_es().url());
+    let env = gate_env(&shared_zk().connect_string(), "single-timeout", &front.url)
+        .with("ZKGUARD_SERVER_REQUEST_TIMEOUT", "5000");
+    let s = env.start("a");
+    let g = gate(&s);
+    let c = client();
+    let index = format!("gate-single-tmo-{}", uuid_tag());
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/held"),
+        Some(r#"{"n":0}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let stored = es_doc(&c, &index, "held").await;
+    let monitor = zkguard::lock::document_monitor(&index, "held");
+    let (_holder, guard) = hold_lock(&env, &monitor).await;
+    for (method, path, body) in [
+        (Method::PUT, "_doc/held", Some(r#"{"n":1}"#)),
+        (Method::DELETE, "_doc/held", None),
+    ] {
+        let asked = Instant::now();
+        let (st, h, v) = send(
+            &c,
+            method.clone(),
+            &format!("{g}/{index}/{path}"),
+            body,
+            &[("x-zkguard-timeout", "60s")],
+        )
+        .await;
+        let took = asked.elapsed();
+        // The lock wait ends first (429); on a loaded machine the steps before it may leave
+        // the request timeout to end it: either way nothing was written, and it says so.
+        let kind = v["error"]["type"].as_str().unwrap_or_default();
+        let reason = v["error"]["reason"].as_str().unwrap_or_default();
+        assert!(
+            matches!(
+                (st.as_u16(), kind),
+                (429, "es_rejected_execution_exception")
+                    | (503, "zkguard_request_timeout_exception")
+            ) && reason.contains("nothing was written"),
+            "{method} {path} after {took:?}: {st} {v}"
+        );
+        assert!(h.get("retry-after").is_some(), "{method} {path}: {h:?}");
+        assert!(took < Duration::from_secs(30), "{method} {path}: {took:?}");
+    }
+
+    // The lock comes (its holder lets go once the write waits for it), then the cluster does
+    // not answer the read under it.
+    front.hold_reads().await;
+    let update = tokio::spawn({
+        let (c, url) = (c.clone(), format!("{g}/{index}/_update/held"));
+        async move {
+            let asked = Instant::now();
+            let answer = send(&c, Method::POST, &url, Some(r#"{"doc":{"n":2}}"#), &[]).await;
+            (answer, asked.elapsed())
+        }
+    });
+    eventually(
+        Duration::from_secs(20),
+        "the update waits for the lock",
+        || {
+            let listed = lock_listed(&env, &monitor, "gateway update");
+            async move { listed }
+        },
+    )
+    .await;
+    guard.unlock().await.unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the update reads under the lock",
+        || async { front.held_reads().await == 1 },
+    )
+    .await;
+    let ((st, h, v), took) = update.await.unwrap();
+    assert_eq!(
+        (st, &v["error"]["type"]),
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!("zkguard_request_timeout_exception")
+        ),
+        "after {took:?}: {v}"
+    );
+    let reason = v["error"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("server.request.timeout") && reason.contains("nothing was written"),
+        "{v}"
+    );
+    assert!(h.get("retry-after").is_some(), "{h:?}");
+    front.release_reads().await;
+    assert_eq!(es_doc(&c, &index, "held").await, stored, "nothing written");
+    // The abandoned write's lock was released: a next write gets it (sent again while a
+    // loaded machine answers it with a retryable refusal).
+    eventually(Duration::from_secs(60), "a next write is applied", || {
+        let (c, url) = (c.clone(), format!("{g}/{index}/_update/held"));
+        async move {
+            let (st, _, v) = send(&c, Method::POST, &url, Some(r#"{"doc":{"n":3}}"#), &[]).await;
+            assert!(
+                st == StatusCode::OK || (st.as_u16() == 429 || st.as_u16() == 503),
+                "{st} {v}"
+            );
+            st == StatusCode::OK
+        }
+    })
+    .await;
+    assert_eq!(es_doc(&c, &index, "held").await["_source"]["n"], 3);
+}

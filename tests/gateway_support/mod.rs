@@ -95,8 +95,8 @@ impl Front {
         self.control("held").await["held"].as_u64().unwrap()
     }
 
-    /// From now on, `_mget` requests (a guarded write's reads under its lock) wait at the
-    /// front until [`Front::release_reads`].
+    /// From now on, `_mget` requests and realtime GETs of a document (a guarded write's reads
+    /// under its lock) wait at the front until [`Front::release_reads`].
     pub async fn hold_reads(&self) {
         self.control("hold-reads").await;
     }
