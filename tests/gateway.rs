@@ -2319,3 +2319,142 @@ async fn a_single_write_waiting_for_a_held_lock_ends_by_the_request_timeout() {
     .await;
     assert_eq!(es_doc(&c, &index, "held").await["_source"]["n"], 3);
 }
+
+/// Bytes of request bodies the gate may hold at once in the body-bound test, and the size of
+/// each body.
+const INFLIGHT_BOUND: usize = 32 << 20;
+const LARGE_BODY: usize = 12 << 20;
+const LARGE_BODIES: usize = 24;
+
+/// What became of one large body sent with `Expect: 100-continue`.
+enum Received {
+    /// Answered before its body was asked for: status and answer head.
+    Answered(u16, String),
+    /// Asked for (`100 Continue`): all but its last byte sent, the connection open.
+    Stalled(TcpStream),
+}
+
+/// Sends the head of a `PUT path` of [`LARGE_BODY`] bytes; once the gate asks for the body,
+/// sends all of it but the last byte.
+async fn large_body(addr: &str, path: &str, body: &[u8]) -> Received {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(n > 0, "{path}: closed before an answer");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got).to_string();
+    if !text.starts_with("HTTP/1.1 100") {
+        let status = text[9..12].parse().unwrap();
+        return Received::Answered(status, text + &until_closed(tcp).await);
+    }
+    tcp.write_all(&body[..body.len() - 1]).await.unwrap();
+    Received::Stalled(tcp)
+}
+
+/// Many large bodies sent at once: the gate takes in bodies up to
+/// `server.gateway.body.max.inflight.bytes` and answers the others 429 with `Retry-After`
+/// before reading them, so the service's memory stays bounded; the bodies it took are
+/// answered normally, and so is a request once the bound has room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bodies_in_flight_are_bounded_and_the_excess_is_refused_429() {
+    let env = gate_env(&shared_zk().connect_string(), "inflight", shared_es().url())
+        .with(
+            "ZKGUARD_SERVER_GATEWAY_BODY_MAX_INFLIGHT_BYTES",
+            &INFLIGHT_BOUND.to_string(),
+        )
+        .with("ZKGUARD_SERVER_BODY_TIMEOUT", "120000");
+    let s = env.start("a");
+    let (g, addr) = (gate(&s), gate_addr(&s));
+    let c = client();
+    let index = format!("gate-inflight-{}", uuid_tag());
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/seed"),
+        Some("{}"),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(LARGE_BODY - 10)).into_bytes();
+    assert_eq!((body.len(), body.last()), (LARGE_BODY, Some(&b'}')));
+    let body = std::sync::Arc::new(body);
+    let before = peak_memory(s.child.id());
+    let sent = futures::future::join_all((0..LARGE_BODIES).map(|k| {
+        let (addr, body, path) = (addr.clone(), body.clone(), format!("/{index}/_doc/big-{k}"));
+        async move { large_body(&addr, &path, &body).await }
+    }))
+    .await;
+    let peak = peak_memory(s.child.id());
+    eprintln!(
+        "{LARGE_BODIES} bodies of {} MiB: peak {} MiB (before {} MiB)",
+        LARGE_BODY >> 20,
+        peak >> 20,
+        before >> 20
+    );
+    let mut stalled = Vec::new();
+    for one in sent {
+        match one {
+            Received::Stalled(tcp) => stalled.push(tcp),
+            Received::Answered(status, text) => {
+                assert_eq!(status, 429, "{text}");
+                let lower = text.to_ascii_lowercase();
+                assert!(lower.contains("retry-after:"), "{text}");
+                assert!(
+                    text.contains("circuit_breaking_exception")
+                        && text.contains("server.gateway.body.max.inflight.bytes"),
+                    "{text}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        stalled.len(),
+        INFLIGHT_BOUND / LARGE_BODY,
+        "bodies taken in at once"
+    );
+    assert!(
+        peak - before < (INFLIGHT_BOUND as u64) + (64 << 20),
+        "the service grew by {} MiB",
+        (peak - before) >> 20
+    );
+    for mut tcp in stalled {
+        tcp.write_all(b"}").await.unwrap();
+        let text = until_closed_or_answered(tcp).await;
+        assert!(
+            text.starts_with("HTTP/1.1 201"),
+            "{}",
+            &text[..text.len().min(300)]
+        );
+    }
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/after"),
+        Some(r#"{"n":1}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "within the bound: {v}");
+}
+
+/// The head of the answer on `tcp` (up to the end of its headers).
+async fn until_closed_or_answered(mut tcp: TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match tcp.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got).to_string()
+}
