@@ -1162,18 +1162,6 @@ fn gate_addr(s: &Service) -> String {
     s.started["gateway"].as_str().unwrap().to_string()
 }
 
-/// Everything the server sends on `tcp` until it closes it (end of stream or reset).
-async fn until_closed(mut tcp: TcpStream) -> String {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match tcp.read(&mut buf).await {
-            Ok(0) | Err(_) => return String::from_utf8_lossy(&got).to_string(),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-        }
-    }
-}
-
 /// Sends the head of a `POST path` announcing `Content-Length: 1000` with
 /// `Expect: 100-continue`, waits for the gate's `100 Continue` (the request is then being
 /// handled, its connection busy), sends part of the body and stalls.
@@ -1498,43 +1486,6 @@ async fn a_bulk_item_whose_lock_was_lost_answers_429_and_the_python_helper_retri
     assert!(doc["_version"].as_u64().unwrap() >= MIN_TOKEN, "{doc}");
 }
 
-/// One request sent as written (the path is not normalised, unlike an HTTP client's URL
-/// handling): status and JSON body of the answer.
-async fn raw(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
-    let mut tcp = TcpStream::connect(addr).await.unwrap();
-    let body = body.unwrap_or("");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    tcp.write_all(head.as_bytes()).await.unwrap();
-    let text = until_closed(tcp).await;
-    let (head, rest) = text.split_once("\r\n\r\n").expect("an HTTP answer");
-    let status = head[9..12].parse().unwrap();
-    let payload = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        let mut out = String::new();
-        let mut rest = rest;
-        while let Some((size, tail)) = rest.split_once("\r\n") {
-            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            out.push_str(&tail[..n]);
-            rest = &tail[n + 2..];
-        }
-        out
-    } else {
-        rest.to_string()
-    };
-    (
-        status,
-        serde_json::from_str(&payload).unwrap_or(Value::Null),
-    )
-}
-
 /// Ids `.` and `..` on the single-document routes are documents, as Elasticsearch takes them
 /// (and as `_bulk` takes them through the gate): guarded, fenced with the lock's token and
 /// answered in the document route's shape; a delete of `..` deletes that document, not the
@@ -1804,6 +1755,56 @@ async fn a_stored_document_the_gate_cannot_read_is_an_error_never_absent() {
         )
         .await;
         assert_eq!(version(&text), "1", "{id} was not rewritten: {text}");
+    }
+    dot_ids_the_gate_cannot_read_are_refused_alike(&c, &g, &es, &index, &stored).await;
+}
+
+/// Ids `.` and `..` (read under the lock with an `_mget`) holding a document the gate cannot
+/// parse: refused 422 as every other id, not 503 (which clients retry in vain); nothing
+/// rewritten.
+async fn dot_ids_the_gate_cannot_read_are_refused_alike(
+    c: &reqwest::Client,
+    g: &str,
+    es: &str,
+    index: &str,
+    stored: &[(&str, String)],
+) {
+    let addr = g.trim_start_matches("http://");
+    for ((_, body), id) in stored.iter().zip([".", ".."]) {
+        // A path cannot carry these ids: stored with a one-item _bulk, as sent.
+        let bulk = format!("{{\"index\":{{\"_index\":\"{index}\",\"_id\":\"{id}\"}}}}\n{body}\n");
+        let (st, text) = raw_to_cluster(c, Method::POST, &format!("{es}/_bulk"), bulk).await;
+        assert!(
+            st.is_success() && !text.contains("\"errors\":true"),
+            "{text}"
+        );
+        let upsert = r#"{"doc":{"n":1},"doc_as_upsert":true}"#;
+        for (method, path, body) in [
+            ("PUT", format!("/{index}/_create/{id}"), r#"{"n":1}"#),
+            ("POST", format!("/{index}/_update/{id}"), upsert),
+            (
+                "POST",
+                format!("/{index}/_update/{id}"),
+                r#"{"doc":{"n":1}}"#,
+            ),
+        ] {
+            let (st, v) = raw(addr, method, &path, Some(body)).await;
+            assert_eq!(
+                (st, &v["error"]["type"]),
+                (422, &json!("zkguard_unreadable_document_exception")),
+                "{method} {path}: {v}"
+            );
+            let reason = v["error"]["reason"].as_str().unwrap_or_default();
+            assert!(reason.contains(&format!("[{index}/{id}]")), "{v}");
+        }
+        let mget = json!({"docs": [{"_id": id}]}).to_string();
+        let (_, text) = raw_to_cluster(c, Method::POST, &format!("{es}/{index}/_mget"), mget).await;
+        let at = text.find("\"_version\":").expect("a version") + 11;
+        assert!(
+            text[at..].starts_with('1')
+                && !text[at + 1..].starts_with(|c: char| c.is_ascii_digit()),
+            "{id} was not rewritten: {text}"
+        );
     }
 }
 
@@ -2187,4 +2188,273 @@ async fn an_atomic_bulk_and_a_transaction_are_bounded_by_the_request_timeout() {
         },
     )
     .await;
+}
+
+/// Whether a lock request whose info contains `info` waits on (or holds) `monitor`, as
+/// `zkguard locks` reports it.
+fn lock_listed(env: &Env, monitor: &str, info: &str) -> bool {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        .args(["locks", "--json", "--monitor", monitor])
+        .env("ZKGUARD_ZOOKEEPER_SERVERS", &env.zk)
+        .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &env.root)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).contains(info)
+}
+
+/// A single-document write (index, create, update, delete) is answered within
+/// `server.request.timeout`, as `/v1` and the atomic `_bulk` are. Waiting for a lock another
+/// holder keeps, even asking for a longer wait, it gets 429 (the lock wait stays within the
+/// timeout); once the lock comes, a read under it that the cluster does not answer ends at the
+/// timeout with 503 `zkguard_request_timeout_exception` and `Retry-After`, the lock released
+/// and nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_single_write_waiting_for_a_held_lock_ends_by_the_request_timeout() {
+    let front = Front::start(shared_es().url());
+    let env = gate_env(&shared_zk().connect_string(), "single-timeout", &front.url)
+        .with("ZKGUARD_SERVER_REQUEST_TIMEOUT", "5000");
+    let s = env.start("a");
+    let g = gate(&s);
+    let c = client();
+    let index = format!("gate-single-tmo-{}", uuid_tag());
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/held"),
+        Some(r#"{"n":0}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let stored = es_doc(&c, &index, "held").await;
+    let monitor = zkguard::lock::document_monitor(&index, "held");
+    let (_holder, guard) = hold_lock(&env, &monitor).await;
+    for (method, path, body) in [
+        (Method::PUT, "_doc/held", Some(r#"{"n":1}"#)),
+        (Method::DELETE, "_doc/held", None),
+    ] {
+        let asked = Instant::now();
+        let (st, h, v) = send(
+            &c,
+            method.clone(),
+            &format!("{g}/{index}/{path}"),
+            body,
+            &[("x-zkguard-timeout", "60s")],
+        )
+        .await;
+        let took = asked.elapsed();
+        // The lock wait ends first (429); on a loaded machine the steps before it may leave
+        // the request timeout to end it: either way nothing was written, and it says so.
+        let kind = v["error"]["type"].as_str().unwrap_or_default();
+        let reason = v["error"]["reason"].as_str().unwrap_or_default();
+        assert!(
+            matches!(
+                (st.as_u16(), kind),
+                (429, "es_rejected_execution_exception")
+                    | (503, "zkguard_request_timeout_exception")
+            ) && reason.contains("nothing was written"),
+            "{method} {path} after {took:?}: {st} {v}"
+        );
+        assert!(h.get("retry-after").is_some(), "{method} {path}: {h:?}");
+        assert!(took < Duration::from_secs(30), "{method} {path}: {took:?}");
+    }
+
+    // The lock comes (its holder lets go once the write waits for it), then the cluster does
+    // not answer the read under it.
+    front.hold_reads().await;
+    let update = tokio::spawn({
+        let (c, url) = (c.clone(), format!("{g}/{index}/_update/held"));
+        async move {
+            let asked = Instant::now();
+            let answer = send(&c, Method::POST, &url, Some(r#"{"doc":{"n":2}}"#), &[]).await;
+            (answer, asked.elapsed())
+        }
+    });
+    eventually(
+        Duration::from_secs(20),
+        "the update waits for the lock",
+        || {
+            let listed = lock_listed(&env, &monitor, "gateway update");
+            async move { listed }
+        },
+    )
+    .await;
+    guard.unlock().await.unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the update reads under the lock",
+        || async { front.held_reads().await == 1 },
+    )
+    .await;
+    let ((st, h, v), took) = update.await.unwrap();
+    assert_eq!(
+        (st, &v["error"]["type"]),
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!("zkguard_request_timeout_exception")
+        ),
+        "after {took:?}: {v}"
+    );
+    let reason = v["error"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("server.request.timeout") && reason.contains("nothing was written"),
+        "{v}"
+    );
+    assert!(h.get("retry-after").is_some(), "{h:?}");
+    front.release_reads().await;
+    assert_eq!(es_doc(&c, &index, "held").await, stored, "nothing written");
+    // The abandoned write's lock was released: a next write gets it (sent again while a
+    // loaded machine answers it with a retryable refusal).
+    eventually(Duration::from_secs(60), "a next write is applied", || {
+        let (c, url) = (c.clone(), format!("{g}/{index}/_update/held"));
+        async move {
+            let (st, _, v) = send(&c, Method::POST, &url, Some(r#"{"doc":{"n":3}}"#), &[]).await;
+            assert!(
+                st == StatusCode::OK || (st.as_u16() == 429 || st.as_u16() == 503),
+                "{st} {v}"
+            );
+            st == StatusCode::OK
+        }
+    })
+    .await;
+    assert_eq!(es_doc(&c, &index, "held").await["_source"]["n"], 3);
+}
+
+/// Bytes of request bodies the gate may hold at once in the body-bound test, and the size of
+/// each body.
+const INFLIGHT_BOUND: usize = 32 << 20;
+const LARGE_BODY: usize = 12 << 20;
+const LARGE_BODIES: usize = 24;
+
+/// What became of one large body sent with `Expect: 100-continue`.
+enum Received {
+    /// Answered before its body was asked for: status and answer head.
+    Answered(u16, String),
+    /// Asked for (`100 Continue`): all but its last byte sent, the connection open.
+    Stalled(TcpStream),
+}
+
+/// Sends the head of a `PUT path` of [`LARGE_BODY`] bytes; once the gate asks for the body,
+/// sends all of it but the last byte.
+async fn large_body(addr: &str, path: &str, body: &[u8]) -> Received {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(n > 0, "{path}: closed before an answer");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got).to_string();
+    if !text.starts_with("HTTP/1.1 100") {
+        let status = text[9..12].parse().unwrap();
+        return Received::Answered(status, text + &until_closed(tcp).await);
+    }
+    tcp.write_all(&body[..body.len() - 1]).await.unwrap();
+    Received::Stalled(tcp)
+}
+
+/// Many large bodies sent at once: the gate takes in bodies up to
+/// `server.gateway.body.max.inflight.bytes` and answers the others 429 with `Retry-After`
+/// before reading them, so the service's memory stays bounded; the bodies it took are
+/// answered normally, and so is a request once the bound has room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bodies_in_flight_are_bounded_and_the_excess_is_refused_429() {
+    let env = gate_env(&shared_zk().connect_string(), "inflight", shared_es().url())
+        .with(
+            "ZKGUARD_SERVER_GATEWAY_BODY_MAX_INFLIGHT_BYTES",
+            &INFLIGHT_BOUND.to_string(),
+        )
+        .with("ZKGUARD_SERVER_BODY_TIMEOUT", "120000");
+    let s = env.start("a");
+    let (g, addr) = (gate(&s), gate_addr(&s));
+    let c = client();
+    let index = format!("gate-inflight-{}", uuid_tag());
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/seed"),
+        Some("{}"),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(LARGE_BODY - 10)).into_bytes();
+    assert_eq!((body.len(), body.last()), (LARGE_BODY, Some(&b'}')));
+    let body = std::sync::Arc::new(body);
+    let before = peak_memory(s.child.id());
+    let sent = futures::future::join_all((0..LARGE_BODIES).map(|k| {
+        let (addr, body, path) = (addr.clone(), body.clone(), format!("/{index}/_doc/big-{k}"));
+        async move { large_body(&addr, &path, &body).await }
+    }))
+    .await;
+    let peak = peak_memory(s.child.id());
+    eprintln!(
+        "{LARGE_BODIES} bodies of {} MiB: peak {} MiB (before {} MiB)",
+        LARGE_BODY >> 20,
+        peak >> 20,
+        before >> 20
+    );
+    let mut stalled = Vec::new();
+    for one in sent {
+        match one {
+            Received::Stalled(tcp) => stalled.push(tcp),
+            Received::Answered(status, text) => {
+                assert_eq!(status, 429, "{text}");
+                let lower = text.to_ascii_lowercase();
+                assert!(lower.contains("retry-after:"), "{text}");
+                assert!(
+                    text.contains("circuit_breaking_exception")
+                        && text.contains("server.gateway.body.max.inflight.bytes"),
+                    "{text}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        stalled.len(),
+        INFLIGHT_BOUND / LARGE_BODY,
+        "bodies taken in at once"
+    );
+    assert!(
+        peak - before < (INFLIGHT_BOUND as u64) + (64 << 20),
+        "the service grew by {} MiB",
+        (peak - before) >> 20
+    );
+    for mut tcp in stalled {
+        tcp.write_all(b"}").await.unwrap();
+        let text = until_closed_or_answered(tcp).await;
+        assert!(
+            text.starts_with("HTTP/1.1 201"),
+            "{}",
+            &text[..text.len().min(300)]
+        );
+    }
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/after"),
+        Some(r#"{"n":1}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "within the bound: {v}");
+}
+
+/// The head of the answer on `tcp` (up to the end of its headers).
+async fn until_closed_or_answered(mut tcp: TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match tcp.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got).to_string()
 }

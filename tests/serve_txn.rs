@@ -494,6 +494,92 @@ async fn a_put_of_a_marked_document_survives_the_rollback_of_its_transaction() {
     assert_eq!(source(&c, &ix, "s").await, Some(json!({"v": "before"})));
 }
 
+/// A document of `ix` read straight from the cluster with an `_mget` (ids `.` and `..` cannot
+/// be carried by a path): its source, its `zkguard` object included; `None` when absent.
+async fn mget_source(c: &reqwest::Client, ix: &str, id: &str) -> Option<Value> {
+    let url = format!("{}/{ix}/_mget", shared_es().url().trim_end_matches('/'));
+    let body = json!({"docs": [{"_id": id}]}).to_string();
+    let (status, v) = call(c, Method::POST, &url, Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let doc = &v["docs"][0];
+    (doc["found"] == true).then(|| doc["_source"].clone())
+}
+
+/// Ids `.` and `..` marked by a transaction whose coordinator stopped before its commit: a gate
+/// write to each has the transaction decided on that document first (its write undone through
+/// the library's document store, whose URLs cannot carry such ids as path segments: `.` gets
+/// its before-image back, `..`, which the transaction created, is deleted), then applies; the
+/// index and its other documents are left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dot_ids_marked_by_a_stopped_transaction_are_settled_by_a_gate_write() {
+    let (env, log, s, ix) = stopped_txn_world("txn-dots", &["keep"]).await;
+    let c = client();
+    let addr = gate(&s).trim_start_matches("http://").to_string();
+    let (status, v) = raw(
+        &addr,
+        "PUT",
+        &format!("/{ix}/_doc/."),
+        Some(r#"{"v":"before"}"#),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    let ops = [
+        json!({"action": "update", "index": ix, "id": ".", "doc": {"v": "after"}}),
+        json!({"action": "index", "index": ix, "id": "..", "doc": {"v": "after"}}),
+    ];
+    kill_after_ops(&env, &log, &ops, "dots", "applied:2");
+    for id in [".", ".."] {
+        let marked = mget_source(&c, &ix, id)
+            .await
+            .expect("written by the transaction");
+        assert_eq!(marked["zkguard"]["txn"], "dots", "{id}: {marked}");
+    }
+
+    let (status, v) = raw(
+        &addr,
+        "POST",
+        &format!("/{ix}/_update/."),
+        Some(r#"{"doc":{"w":"gate"}}"#),
+    )
+    .await;
+    assert_eq!((status, &v["result"]), (200, &json!("updated")), "{v}");
+    let (status, v) = raw(
+        &addr,
+        "PUT",
+        &format!("/{ix}/_create/.."),
+        Some(r#"{"w":"gate"}"#),
+    )
+    .await;
+    assert_eq!((status, &v["result"]), (201, &json!("created")), "{v}");
+
+    for (id, want) in [
+        (".", json!({"v": "before", "w": "gate"})),
+        ("..", json!({"w": "gate"})),
+    ] {
+        let mut got = mget_source(&c, &ix, id).await.expect("written by the gate");
+        assert!(
+            got["zkguard"].get("txn").is_none(),
+            "{id} still marked: {got}"
+        );
+        got.as_object_mut().unwrap().remove("zkguard");
+        assert_eq!(got, want, "{id}");
+    }
+    assert_eq!(source(&c, &ix, "keep").await, Some(json!({"v": "before"})));
+    let (_, t) = call(&c, Method::GET, &s.url("/v1/transactions/dots"), None).await;
+    assert_eq!(t["state"], "rolling-back", "{t}");
+    recover_once(&env, &log);
+    let (_, t) = call(&c, Method::GET, &s.url("/v1/transactions/dots"), None).await;
+    assert_eq!(t["state"], "rolled-back", "{t}");
+    assert_eq!(
+        mget_source(&c, &ix, ".").await.map(|mut d| {
+            d.as_object_mut().unwrap().remove("zkguard");
+            d
+        }),
+        Some(json!({"v": "before", "w": "gate"})),
+        "recovery leaves the gate's write"
+    );
+}
+
 /// A coordinator killed half-way (SIGKILL after writing one of its three documents) is
 /// undone by the service's own recovery, without any command.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,6 +21,9 @@ pub struct GatewaySettings {
     pub bulk_max_locks: usize,
     /// `server.gateway.bulk.max.concurrent`: `_bulk` requests the gate handles at once.
     pub bulk_max_concurrent: usize,
+    /// `server.gateway.body.max.inflight.bytes`: bytes of request bodies the gate holds at
+    /// once (received, or inflated from gzip), the bodies it reads whole.
+    pub body_max_inflight_bytes: usize,
 }
 
 impl Default for GatewaySettings {
@@ -32,6 +35,7 @@ impl Default for GatewaySettings {
             bulk_max_items: 25_000,
             bulk_max_locks: 1024,
             bulk_max_concurrent: 4,
+            body_max_inflight_bytes: 256 << 20,
         }
     }
 }

@@ -111,4 +111,5 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("server.gateway.bulk.max.items", "25000", "items one `_bulk` through the gate may carry; a larger one is refused whole with 413 before anything is locked (split it)"),
     ("server.gateway.bulk.max.locks", "1024", "locks one guarded `_bulk` of the gate asks for or holds at once: its items' locks are taken in a window of this size"),
     ("server.gateway.bulk.max.concurrent", "4", "`_bulk` requests the gate handles at once (each also takes one of server.max.concurrent); another waits for a place as long as for a lock, then is refused with 429 and Retry-After before anything is locked. With server.gateway.bulk.max.items and .locks it bounds the gate's memory"),
+    ("server.gateway.body.max.inflight.bytes", "268435456", "bytes of request bodies the gate holds at once (those it reads whole: guarded writes, `_bulk`, `_reindex`; counted as received and as inflated from gzip); a request beyond is refused with 429 circuit_breaking_exception and Retry-After before its body is read, one that could never fit with 413. At least 1048576"),
 ];

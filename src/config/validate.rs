@@ -203,6 +203,8 @@ impl Settings {
         gateway.bulk_max_items = r.int::<usize>("server.gateway.bulk.max.items", 1)?;
         gateway.bulk_max_locks = r.int::<usize>("server.gateway.bulk.max.locks", 1)?;
         gateway.bulk_max_concurrent = r.int::<usize>("server.gateway.bulk.max.concurrent", 1)?;
+        gateway.body_max_inflight_bytes =
+            r.bytes_min("server.gateway.body.max.inflight.bytes", 1 << 20)?;
         let server = ServerSettings {
             gateway,
             own_indices,

@@ -348,9 +348,62 @@ async fn read(response: Response, store: &EsStore, what: &str) -> Result<(u16, V
     }
 }
 
+/// Whether `id` cannot be a URL path segment: `.` and `..` are removed by URL normalisation
+/// (percent-encoded too), so a document route would reach another path (`/{index}/_doc/..` is
+/// the index itself). Such documents are read with `_mget` and written with `_bulk`, which
+/// carry the id in their bodies.
+fn is_dot(id: &str) -> bool {
+    id == "." || id == ".."
+}
+
+impl EsStore {
+    /// [`DocStore::delete`] of a document whose id is `.` or `..` ([`is_dot`]), as a one-item
+    /// `_bulk`: `None` when the document (or its index) does not exist, as a DELETE answers.
+    async fn delete_dot(
+        &self,
+        index: &str,
+        id: &str,
+        cond: &Cond,
+        refresh: Refresh,
+    ) -> Result<Option<DocMeta>, EsError> {
+        let what = format!("delete {index}/{id} (a one-item _bulk)");
+        let mut meta = Map::new();
+        meta.insert("_index".into(), json!(index));
+        meta.insert("_id".into(), json!(id));
+        cond.bulk_fields(&mut meta);
+        let line = JsonBody::new(json!({ "delete": meta }));
+        let response = self
+            .send(&what, || {
+                let mut req = self.client.bulk(BulkParts::None).body(vec![&line]);
+                if let Some(r) = es_refresh(refresh) {
+                    req = req.refresh(r);
+                }
+                req.send()
+            })
+            .await?;
+        let (status, answer) = read(response, self, &what).await?;
+        let items = answer_items(status, &answer, "items", 1, &what)?;
+        let item = &items[0]["delete"];
+        let item_status = item.get("status").and_then(Value::as_u64).unwrap_or(0) as u16;
+        let error = item
+            .get("error")
+            .and_then(|e| e.get("type"))
+            .and_then(Value::as_str);
+        match (item_status, error) {
+            (404, None | Some("index_not_found_exception")) => Ok(None),
+            (200..=299, None) => write_meta(item, &what).map(Some),
+            _ => Err(error_for_status(item_status, item, index, id)),
+        }
+    }
+}
+
 #[async_trait]
 impl DocStore for EsStore {
     async fn get(&self, index: &str, id: &str) -> Result<Option<Doc>, EsError> {
+        if is_dot(id) {
+            let mut read = self.mget(&[(index.to_string(), id.to_string())]).await?;
+            return read.pop().unwrap_or(Ok(None));
+        }
         let what = format!("GET {index}/{id}");
         let response = self
             .send(&what, || {
@@ -428,6 +481,20 @@ impl DocStore for EsStore {
         condition: WriteCondition,
         refresh: Refresh,
     ) -> Result<DocMeta, EsError> {
+        if is_dot(id) {
+            let action = BulkAction::Index {
+                index: index.to_string(),
+                id: id.to_string(),
+                source: source.clone(),
+                condition,
+            };
+            let mut written = self.bulk(&[action], refresh).await?;
+            return written.pop().unwrap_or_else(|| {
+                Err(EsError::Protocol(format!(
+                    "index {index}/{id}: the one-item _bulk answered no item"
+                )))
+            });
+        }
         let what = format!("index {index}/{id}");
         let cond = Cond::of(condition)?;
         let response = self
@@ -469,6 +536,9 @@ impl DocStore for EsStore {
         let cond = Cond::of(condition)?;
         if cond.op_create {
             return Err(create_on_delete());
+        }
+        if is_dot(id) {
+            return self.delete_dot(index, id, &cond, refresh).await;
         }
         let response = self
             .send(&what, || {

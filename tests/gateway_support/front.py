@@ -12,8 +12,8 @@ Control routes for fault tests (answered by the front itself, never forwarded):
 (a fenced write), and every ``_bulk`` whose body does, wait at the front, ``POST /_front/release`` lets the waiting ones
 and the later ones through, ``POST /_front/held`` answers ``{"held": N}``, the
 number of writes waiting. ``POST /_front/hold-reads``, ``/_front/release-reads`` and
-``/_front/held-reads`` do the same for ``_mget`` requests (the reads a guarded write makes
-under its lock).
+``/_front/held-reads`` do the same for ``_mget`` requests and realtime ``GET``s of a
+document (the reads a guarded write makes under its lock).
 
 Prints exactly one JSON line ``{"url": "http://127.0.0.1:PORT"}`` once ready
 and exits as soon as its standard input closes.
@@ -250,7 +250,9 @@ class Handler(BaseHTTPRequestHandler):
         )
         if fenced and self.command in ("PUT", "POST", "DELETE"):
             HOLD.wait_if_held()
-        if path.endswith("/_mget"):
+        if path.endswith("/_mget") or (
+            self.command == "GET" and "/_doc/" in path and "realtime=true" in query
+        ):
             READS.wait_if_held()
         try:
             reused = self._conn is not None

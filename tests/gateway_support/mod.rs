@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 
 use reqwest::{Client, Method, StatusCode};
 use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use crate::serve_support::{Env, Service};
 
@@ -93,8 +95,8 @@ impl Front {
         self.control("held").await["held"].as_u64().unwrap()
     }
 
-    /// From now on, `_mget` requests (a guarded write's reads under its lock) wait at the
-    /// front until [`Front::release_reads`].
+    /// From now on, `_mget` requests and realtime GETs of a document (a guarded write's reads
+    /// under its lock) wait at the front until [`Front::release_reads`].
     pub async fn hold_reads(&self) {
         self.control("hold-reads").await;
     }
@@ -193,4 +195,53 @@ pub fn token_of(h: &reqwest::header::HeaderMap) -> u64 {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .expect("a guarded write names its token")
+}
+
+/// Everything the server sends on `tcp` until it closes it (end of stream or reset).
+pub async fn until_closed(mut tcp: TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tcp.read(&mut buf).await {
+            Ok(0) | Err(_) => return String::from_utf8_lossy(&got).to_string(),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// One request sent as written (the path is not normalised, unlike an HTTP client's URL
+/// handling): status and JSON body of the answer.
+pub async fn raw(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let body = body.unwrap_or("");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let text = until_closed(tcp).await;
+    let (head, rest) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head[9..12].parse().unwrap();
+    let payload = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = rest;
+        while let Some((size, tail)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            rest = &tail[n + 2..];
+        }
+        out
+    } else {
+        rest.to_string()
+    };
+    (
+        status,
+        serde_json::from_str(&payload).unwrap_or(Value::Null),
+    )
 }

@@ -2,9 +2,12 @@
 //! request's headers, whether the gate reads it (guarded writes, `_bulk`, `_reindex`) or streams
 //! it to the cluster (everything passed through), as on the service's main listener. A body that
 //! is late, or whose framing is broken (a bad chunk), is told apart from one that is too long,
-//! and each gets its own answer.
+//! and each gets its own answer. The bodies the gate reads whole share one bound of bytes in
+//! flight (`server.gateway.body.max.inflight.bytes`, [`BodyBudget`]): a body beyond it is
+//! refused before it is read.
 
 use std::future::Future;
+use std::io::Read;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -14,9 +17,11 @@ use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
-use futures::Stream;
+use futures::{Stream, StreamExt};
+use serde_json::json;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::gate::{inflate, MAX_BODY};
+use super::gate::MAX_BODY;
 use super::reply::{Dress, GateError};
 
 /// What went wrong with a request's body, if anything.
@@ -44,22 +49,106 @@ impl BodyFault {
     }
 }
 
-/// Where the watched body of one request reports its fault.
+/// Where the watched body of one request reports its fault, and what it holds of the
+/// [`BodyBudget`] (given back when the request is done and the watch dropped).
 #[derive(Debug, Default)]
-pub struct BodyWatch(Mutex<Option<BodyFault>>);
+pub struct BodyWatch {
+    fault: Mutex<Option<BodyFault>>,
+    held: Mutex<Option<OwnedSemaphorePermit>>,
+}
 
 impl BodyWatch {
     /// The body's fault, once it had one.
     pub fn fault(&self) -> Option<BodyFault> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.fault.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn report(&self, fault: BodyFault) {
-        self.0
+        self.fault
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get_or_insert(fault);
     }
+
+    /// Keeps `bytes` of the budget until the request is done.
+    fn hold(&self, bytes: OwnedSemaphorePermit) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        match held.as_mut() {
+            Some(h) => h.merge(bytes),
+            None => *held = Some(bytes),
+        }
+    }
+}
+
+/// The bytes of request bodies the gate holds at once (`server.gateway.body.max.inflight.bytes`),
+/// as Elasticsearch's in-flight requests circuit breaker bounds them: a body announced
+/// (`Content-Length`) beyond what is free is refused before it is read; a chunked body, and a
+/// gzip body's inflated bytes, take their bytes as they come.
+#[derive(Debug)]
+pub struct BodyBudget {
+    bytes: Arc<Semaphore>,
+    limit: usize,
+}
+
+impl BodyBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        let limit = limit.min(Semaphore::MAX_PERMITS);
+        Self {
+            bytes: Arc::new(Semaphore::new(limit)),
+            limit,
+        }
+    }
+
+    /// Takes `n` more bytes for the request of `watch` (whose body then holds `total`).
+    ///
+    /// # Errors
+    /// 413 when `total` could never fit; 429 `circuit_breaking_exception` with `Retry-After`
+    /// when the bytes are not free now.
+    fn take(&self, n: usize, total: usize, watch: &BodyWatch) -> Result<(), GateError> {
+        if total > self.limit {
+            return Err(too_long(format!(
+                "the request body ({total} bytes or more) is larger than server.gateway.body.max.inflight.bytes ({} bytes), the most the gate holds at once; nothing was done: send smaller requests",
+                self.limit
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let permit = u32::try_from(n)
+            .ok()
+            .and_then(|n| self.bytes.clone().try_acquire_many_owned(n).ok())
+            .ok_or_else(|| self.full(total))?;
+        watch.hold(permit);
+        Ok(())
+    }
+
+    /// The 429 of a body of `wanted` bytes that does not fit now, in the shape of
+    /// Elasticsearch's in-flight requests circuit breaker.
+    fn full(&self, wanted: usize) -> GateError {
+        let used = self.limit - self.bytes.available_permits().min(self.limit);
+        let mut e = GateError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "circuit_breaking_exception",
+            format!(
+                "zkguard: [in_flight_requests] the gate holds {used} bytes of request bodies, and this one's {wanted} would pass server.gateway.body.max.inflight.bytes ({} bytes); nothing was done: send the request again shortly",
+                self.limit
+            ),
+        )
+        .retry_after(1);
+        e.extra =
+            json!({"bytes_wanted": wanted, "bytes_limit": self.limit, "durability": "TRANSIENT"});
+        e
+    }
+}
+
+/// 413 `content_too_long_exception`, as Elasticsearch answers a body over its size limit.
+fn too_long(reason: String) -> GateError {
+    GateError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "content_too_long_exception",
+        reason,
+    )
 }
 
 /// The body of a request, failing once `limit` has passed before its end.
@@ -127,22 +216,105 @@ pub fn watch(request: Request, limit: Duration) -> (Request, Arc<BodyWatch>) {
     )
 }
 
-/// Reads a watched body whole (at most [`MAX_BODY`]), as it came.
-///
-/// # Errors
-/// 408 for a late body, 400 for a broken one, 413 over the limit.
-pub async fn read_raw(body: Body, watch: &BodyWatch) -> Result<Bytes, GateError> {
-    axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| match watch.fault() {
-        Some(fault) => fault.error(),
-        None => GateError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "content_too_long_exception",
-            format!("the request body could not be read whole ({e}); bodies up to {MAX_BODY} bytes are accepted: send smaller requests"),
-        ),
-    })
+/// The `Content-Length` a request announces, if any.
+fn announced(headers: &HeaderMap) -> Option<usize> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
 }
 
-/// Reads a watched body whole, inflating a gzip body ([`inflate`]).
+/// Reads a watched body whole (at most [`MAX_BODY`]), as it came, within `budget`: an announced
+/// length takes its bytes before anything is read, a chunked body as its chunks come.
+///
+/// # Errors
+/// 408 for a late body, 400 for a broken one, 413 over the limit (or over the whole budget),
+/// 429 when the budget has no room for it now.
+pub async fn read_raw(
+    headers: &HeaderMap,
+    body: Body,
+    watch: &BodyWatch,
+    budget: &BodyBudget,
+) -> Result<Bytes, GateError> {
+    let over = |n: usize| {
+        too_long(format!(
+            "the request body ({n} bytes or more) could not be read whole; bodies up to {MAX_BODY} bytes are accepted: send smaller requests"
+        ))
+    };
+    let length = announced(headers);
+    let mut taken = 0;
+    if let Some(n) = length {
+        if n > MAX_BODY {
+            return Err(over(n));
+        }
+        budget.take(n, n, watch)?;
+        taken = n;
+    }
+    let mut stream = body.into_data_stream();
+    let mut whole = Vec::with_capacity(length.unwrap_or(0));
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            watch
+                .fault()
+                .unwrap_or_else(|| BodyFault::Broken(zkguard::es::error_chain(&e)))
+                .error()
+        })?;
+        let size = whole.len() + chunk.len();
+        if size > MAX_BODY {
+            return Err(over(size));
+        }
+        if size > taken {
+            budget.take(size - taken, size, watch)?;
+            taken = size;
+        }
+        whole.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(whole))
+}
+
+/// `raw` inflated when `headers` mark it `Content-Encoding: gzip`, its inflated bytes taken
+/// from `budget` as they come (a small gzip body can inflate to [`MAX_BODY`]).
+///
+/// # Errors
+/// 400 when it cannot be inflated; 413 when it inflates beyond [`MAX_BODY`]; those of
+/// [`BodyBudget`].
+pub fn inflate(
+    headers: &HeaderMap,
+    raw: Bytes,
+    watch: &BodyWatch,
+    budget: &BodyBudget,
+) -> Result<Bytes, GateError> {
+    let gzip = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
+    if !gzip {
+        return Ok(raw);
+    }
+    let mut decoder = flate2::read::MultiGzDecoder::new(&raw[..]);
+    let mut out = Vec::new();
+    let mut block = vec![0u8; 64 << 10];
+    loop {
+        let n = decoder.read(&mut block).map_err(|e| {
+            GateError::refused(format!(
+                "the body is marked Content-Encoding: gzip but cannot be inflated: {e}"
+            ))
+        })?;
+        if n == 0 {
+            return Ok(Bytes::from(out));
+        }
+        let size = out.len() + n;
+        if size > MAX_BODY {
+            return Err(too_long(format!(
+                "the inflated body is over {MAX_BODY} bytes; send smaller requests"
+            )));
+        }
+        budget.take(n, raw.len() + size, watch)?;
+        out.extend_from_slice(&block[..n]);
+    }
+}
+
+/// Reads a watched body whole within `budget`, inflating a gzip body ([`inflate`]).
 ///
 /// # Errors
 /// Those of [`read_raw`] and [`inflate`].
@@ -150,13 +322,15 @@ pub async fn read_body(
     headers: &HeaderMap,
     body: Body,
     watch: &BodyWatch,
+    budget: &BodyBudget,
 ) -> Result<Bytes, GateError> {
-    inflate(headers, read_raw(body, watch).await?)
+    let raw = read_raw(headers, body, watch, budget).await?;
+    inflate(headers, raw, watch, budget)
 }
 
 /// The answer to a request whose body could not be used: `e`, and the connection closed when
-/// the body was late, broken or too long (what is left of it is not read), as the main
-/// listener does.
+/// the body was late, broken, too long or refused for want of room (what is left of it is not
+/// read), as the main listener does.
 pub fn body_error(dress: &Dress, e: &GateError, watch: &BodyWatch) -> Response {
     let mut response = dress.error(e);
     let fault = watch.fault();
@@ -166,10 +340,34 @@ pub fn body_error(dress: &Dress, e: &GateError, watch: &BodyWatch) -> Response {
             "a request body did not arrive in time at the gate; closing the connection"
         );
     }
-    if fault.is_some() || e.status == StatusCode::PAYLOAD_TOO_LARGE {
+    if fault.is_some()
+        || e.status == StatusCode::PAYLOAD_TOO_LARGE
+        || e.status == StatusCode::TOO_MANY_REQUESTS
+    {
         response
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_refuses_beyond_what_is_free_and_gets_it_back_with_the_request() {
+        let budget = BodyBudget::new(100);
+        let first = BodyWatch::default();
+        budget.take(60, 60, &first).unwrap();
+        budget.take(20, 80, &first).unwrap();
+        let second = BodyWatch::default();
+        let e = budget.take(30, 30, &second).unwrap_err();
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.extra["bytes_limit"], 100);
+        let e = budget.take(101, 101, &second).unwrap_err();
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        drop(first);
+        budget.take(100, 100, &second).unwrap();
+    }
 }

@@ -13,6 +13,7 @@ use super::backend::Answer;
 use super::current::Current;
 use super::gate::{encode, unavailable, Gateway};
 use super::reply::GateError;
+use super::single::unreadable;
 
 /// Whether `id` (decoded) is one a path cannot carry through the gate's HTTP client.
 pub fn is_dot(id: &str) -> bool {
@@ -22,7 +23,8 @@ pub fn is_dot(id: &str) -> bool {
 /// The realtime read of `concrete/id` under the lock, as a one-document `_mget`.
 ///
 /// # Errors
-/// 503 when the cluster cannot be reached or refuses the read.
+/// 422 ([`unreadable`]) when the stored document cannot be parsed; 503 when the cluster
+/// cannot be reached or refuses the read.
 pub(super) async fn read(
     gate: &Gateway,
     concrete: &str,
@@ -40,7 +42,15 @@ pub(super) async fn read(
         .own(Method::POST, &path, "application/json", Some(body))
         .await
         .map_err(unavailable)?;
-    let found = answer.json()["docs"][0].clone();
+    // A stored document the gate cannot parse makes the whole answer unreadable: refused as
+    // on every other id ([`unreadable`]), never taken for a failing cluster.
+    let parsed: Value = match serde_json::from_slice(&answer.body) {
+        Err(e) if answer.status.is_success() => {
+            return Err(unreadable(concrete, id, &e.to_string()))
+        }
+        parsed => parsed.unwrap_or(Value::Null),
+    };
+    let found = parsed["docs"][0].clone();
     if !answer.status.is_success() || found.get("error").is_some() || found.is_null() {
         let why = found.get("error").cloned().unwrap_or_else(|| answer.json());
         return Err(GateError::new(

@@ -2,18 +2,17 @@
 //! and the helpers its handlers share.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use zkguard::config::GatewaySettings;
 use zkguard::{LockError, LockType};
 
 use super::backend::Cluster;
+use super::body::BodyBudget;
 use super::own::OwnNames;
 use super::reply::GateError;
 use crate::server::access::Tokens;
@@ -54,6 +53,8 @@ pub struct Gateway {
     own: OwnNames,
     /// Places of the `_bulk` requests handled at once (`server.gateway.bulk.max.concurrent`).
     bulks: Arc<Semaphore>,
+    /// The bytes of request bodies held at once (`server.gateway.body.max.inflight.bytes`).
+    pub bodies: BodyBudget,
 }
 
 /// How a guarded write is locked.
@@ -81,6 +82,7 @@ impl Gateway {
         let cluster = Cluster::new(es, (*state.store).clone())?;
         Ok(Self {
             bulks: Arc::new(Semaphore::new(state.settings.gateway.bulk_max_concurrent)),
+            bodies: BodyBudget::new(state.settings.gateway.body_max_inflight_bytes),
             settings: state.settings.gateway.clone(),
             state,
             cluster,
@@ -378,37 +380,6 @@ pub fn encode(segment: &str) -> String {
     url::form_urlencoded::byte_serialize(segment.as_bytes())
         .collect::<String>()
         .replace('+', "%20")
-}
-
-/// A body read whole, inflated when `headers` mark it `Content-Encoding: gzip`.
-///
-/// # Errors
-/// 400 when it cannot be inflated; 413 when it inflates beyond [`MAX_BODY`].
-pub fn inflate(headers: &HeaderMap, raw: Bytes) -> Result<Bytes, GateError> {
-    let gzip = headers
-        .get(header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
-    if !gzip {
-        return Ok(raw);
-    }
-    let mut out = Vec::with_capacity(raw.len() * 4);
-    flate2::read::MultiGzDecoder::new(&raw[..])
-        .take(MAX_BODY as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| {
-            GateError::refused(format!(
-                "the body is marked Content-Encoding: gzip but cannot be inflated: {e}"
-            ))
-        })?;
-    if out.len() > MAX_BODY {
-        return Err(GateError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "content_too_long_exception",
-            format!("the inflated body is over {MAX_BODY} bytes; send smaller requests"),
-        ));
-    }
-    Ok(Bytes::from(out))
 }
 
 impl Gateway {

@@ -8,8 +8,8 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Router;
 
-use super::body::{self, body_error, read_body, read_raw, BodyWatch};
-use super::gate::{inflate, unavailable, Gateway};
+use super::body::{self, body_error, inflate, read_body, read_raw, BodyWatch};
+use super::gate::{unavailable, Gateway};
 use super::reply::{Dress, GateError};
 use super::route::{self, Route};
 
@@ -89,7 +89,7 @@ async fn handle(State(gate): State<Arc<Gateway>>, request: Request) -> Response 
                 return dress.error(&refusal);
             }
             let (parts, body) = request.into_parts();
-            let body = match read_body(&parts.headers, body, &watch).await {
+            let body = match read_body(&parts.headers, body, &watch, &gate.bodies).await {
                 Ok(b) => b,
                 Err(e) => return body_error(&dress, &e, &watch),
             };
@@ -101,7 +101,7 @@ async fn handle(State(gate): State<Arc<Gateway>>, request: Request) -> Response 
                 return dress.error(&refusal);
             }
             let (parts, body) = request.into_parts();
-            let body = match read_body(&parts.headers, body, &watch).await {
+            let body = match read_body(&parts.headers, body, &watch, &gate.bodies).await {
                 Ok(b) => b,
                 Err(e) => return body_error(&dress, &e, &watch),
             };
@@ -178,11 +178,11 @@ async fn pass(
 
 async fn reindex(gate: &Gateway, dress: &Dress, request: Request, watch: &BodyWatch) -> Response {
     let (parts, body) = request.into_parts();
-    let raw = match read_raw(body, watch).await {
+    let raw = match read_raw(&parts.headers, body, watch, &gate.bodies).await {
         Ok(b) => b,
         Err(e) => return body_error(dress, &e, watch),
     };
-    let inflated = match inflate(&parts.headers, raw.clone()) {
+    let inflated = match inflate(&parts.headers, raw.clone(), watch, &gate.bodies) {
         Ok(b) => b,
         Err(e) => return dress.error(&e),
     };

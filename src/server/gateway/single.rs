@@ -1,6 +1,7 @@
 //! One guarded document write: lock its monitor, read the document when the write depends on
 //! it, send the write with the lock's token as its external version, release.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use axum::body::Bytes;
@@ -411,7 +412,7 @@ pub async fn settled(
         .transactions
         .resolve(&txn, concrete, id, &doc, token)
         .await
-        .map_err(|e| unavailable(format!("zkguard: deciding transaction `{txn}`, whose mark {concrete}/{id} carries, failed: {e}; nothing was written")))?;
+        .map_err(|e| unavailable(format!("deciding transaction `{txn}`, whose mark {concrete}/{id} carries, failed: {e}; nothing was written")))?;
     if rewritten {
         return read(gate, concrete, id, rest).await;
     }
@@ -536,6 +537,9 @@ pub async fn write(
     let metrics = gate.state.metrics.clone();
     let shape = Shape::of(&params);
     let span = tracing::info_span!("gateway_write", op = op.name(), index, id);
+    // Set once the write is on its way to the cluster: a timeout after it cannot say that
+    // nothing was written.
+    let sent = AtomicBool::new(false);
     let outcome = async {
         let Ok(_permit) = gate.state.permits.clone().try_acquire_owned() else {
             return Err((
@@ -575,7 +579,7 @@ pub async fn write(
         let waited = started.elapsed();
         let acquired = Instant::now();
         let token = guard.fencing_token();
-        let result = under_lock(gate, guard.as_ref(), &asked, &concrete, id, &shape, dress).await;
+        let result = under_lock(gate, guard.as_ref(), &asked, &concrete, id, &shape, dress, &sent).await;
         metrics.lock_used(plan.lock_type.as_str(), waited, acquired.elapsed());
         if let Ok(answer) = &result {
             if answer.status().is_success() {
@@ -598,8 +602,13 @@ pub async fn write(
         }
         Ok(("guarded", response))
     }
-    .instrument(span)
-    .await;
+    .instrument(span);
+    // The service's request timeout, as on `/v1` and the atomic `_bulk`: past it the write is
+    // abandoned (its lock, if held, released as the guard is dropped).
+    let limit = gate.state.settings.request_timeout;
+    let outcome = tokio::time::timeout(limit, outcome)
+        .await
+        .unwrap_or_else(|_| Err(("failed", timed_out(limit, sent.load(Ordering::Acquire)))));
     match outcome {
         Ok((label, response)) => {
             metrics.gate(op.name(), label);
@@ -617,6 +626,26 @@ pub async fn write(
             shape.error(dress, &e)
         }
     }
+}
+
+/// 503 `zkguard_request_timeout_exception` with `Retry-After` for a single-document write
+/// abandoned at `server.request.timeout` (`limit`); `sent`: whether the write had been sent to
+/// the cluster (it may then have been applied).
+fn timed_out(limit: std::time::Duration, sent: bool) -> GateError {
+    let what = if sent {
+        "after it was sent to the cluster: it may have been applied; send it again (an index, update or delete converges; a create may then answer 409)"
+    } else {
+        "before it was sent to the cluster; nothing was written: send it again"
+    };
+    GateError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "zkguard_request_timeout_exception",
+        format!(
+            "zkguard: the write took longer than server.request.timeout ({}ms) and was abandoned {what}",
+            limit.as_millis()
+        ),
+    )
+    .retry_after(1)
 }
 
 /// The `get` of an `_update` answer: `source` filtered as `filter` asks, when it asks.
@@ -672,7 +701,8 @@ fn updated(written: &Value, created: bool, source: &Value, update: &UpdateBody) 
     reply
 }
 
-/// The write under the held lock.
+/// The write under the held lock; `sent` is set when the write goes to the cluster.
+#[allow(clippy::too_many_arguments)]
 async fn under_lock(
     gate: &Gateway,
     guard: &dyn Guard,
@@ -681,6 +711,7 @@ async fn under_lock(
     id: &str,
     shape: &Shape,
     dress: &Dress,
+    sent: &AtomicBool,
 ) -> Result<Response, (&'static str, GateError)> {
     let token = guard.fencing_token();
     let (op, rest) = (asked.op, &asked.checked.forward);
@@ -751,6 +782,7 @@ async fn under_lock(
     }
     let query = fenced_query(rest, token).map_err(|e| ("failed", e))?;
     let target = format!("{doc_path}?{query}");
+    sent.store(true, Ordering::Release);
     let answer = if super::dot_id::is_dot(id) {
         super::dot_id::write(gate, &method, concrete, id, rest, token, payload).await
     } else {
