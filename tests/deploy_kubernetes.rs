@@ -1,6 +1,9 @@
 //! The Kubernetes manifests in `deploy/kubernetes/`, checked offline: valid against the
 //! Kubernetes API schemas, their configuration accepted by `zkguard config check`, and
-//! consistent with each other and with the service (tests/deploy_support/k8s_check.py).
+//! consistent with each other, with the service, with the container image (docker/Dockerfile),
+//! the systemd unit and the configuration and HTTP references: user and group ids, ports, probe
+//! paths, the configuration file, the state directory and the secret files
+//! (tests/deploy_support/k8s_check.py).
 
 use std::path::Path;
 use std::process::Command;
@@ -26,7 +29,7 @@ fn the_kubernetes_manifests_validate_and_agree_with_the_service() {
     assert!(out.status.success(), "{said}");
     assert_eq!(
         said.lines().filter(|l| l.starts_with("ok: ")).count(),
-        7,
+        13,
         "{said}"
     );
 }

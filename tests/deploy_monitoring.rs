@@ -10,10 +10,10 @@ mod serve_support;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use serve_support::*;
 
@@ -63,11 +63,13 @@ fn alerts(rules: &str) -> Vec<(String, String)> {
     found
 }
 
-/// Every `zkguard_...` identifier in `text`.
+/// Every `zkguard_...` and `process_...` identifier in `text`.
 fn metric_names(text: &str) -> BTreeSet<String> {
     // (Without `:`, which only recording rules use: a description may follow a name with one.)
     let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    text.match_indices("zkguard_")
+    ["zkguard_", "process_"]
+        .into_iter()
+        .flat_map(|prefix| text.match_indices(prefix))
         .filter(|(i, _)| !text[..*i].chars().next_back().is_some_and(ident))
         .map(|(i, _)| text[i..].chars().take_while(|c| ident(*c)).collect())
         .collect()
@@ -242,7 +244,9 @@ fn every_query_of_the_dashboard_is_valid_promql() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_of_the_dashboard_and_the_alerts_is_on_a_live_metrics_page() {
-    let env = Env::new(&shared_zk().connect_string(), "monitoring");
+    // With the gate on: the dashboard has its panels.
+    let env = Env::new(&shared_zk().connect_string(), "monitoring")
+        .with("ZKGUARD_SERVER_GATEWAY_LISTEN", "127.0.0.1:0");
     let s = env.start("monitoring");
     let c = client();
     let index = format!("monitoring-{}", uuid_tag());
@@ -292,6 +296,32 @@ async fn every_metric_of_the_dashboard_and_the_alerts_is_on_a_live_metrics_page(
     let done = wait_finished(&c, &s, std::slice::from_ref(&id)).await;
     assert_eq!(done[&id]["status"], "applied", "{:?}", done[&id]);
 
+    // A document and a _bulk of one item through the gate.
+    let gate = format!(
+        "http://{}",
+        s.started["gateway"].as_str().expect("the gate's address")
+    );
+    let resp = c
+        .put(format!("{gate}/{index}/_doc/g"))
+        .json(&json!({"n": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{:?}", resp.text().await);
+    let bulk = format!(
+        "{}\n{}\n",
+        json!({"index": {"_index": index, "_id": "h"}}),
+        json!({"n": 4})
+    );
+    let resp = c
+        .post(format!("{gate}/_bulk"))
+        .header("content-type", "application/x-ndjson")
+        .body(bulk)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{:?}", resp.text().await);
+
     let resp = c.get(s.url("/metrics")).send().await.unwrap();
     let text = resp.text().await.unwrap();
     let samples: HashMap<String, f64> = parse_metrics(&text);
@@ -340,4 +370,95 @@ async fn every_metric_of_the_dashboard_and_the_alerts_is_on_a_live_metrics_page(
             "no series has {label}=\"{value}\""
         );
     }
+}
+
+/// The process collector's metrics (read from `/proc` at each scrape), `zkguard_build_info`,
+/// and `zkguard_deadletters`: the dead letters in the sink now, up at a parking and down at a
+/// discard, while the parked counter only grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_has_process_metrics_build_info_and_the_dead_letters_parked_now() {
+    let now = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let before_start = now();
+    let env = Env::new(&shared_zk().connect_string(), "processmetrics")
+        .with("ZKGUARD_ELASTIC_REQUEST_RETRY_COUNT", "1");
+    let s = env.start("processmetrics");
+    let c = client();
+    let index = format!("processmetrics-{}", uuid_tag());
+
+    let m = scrape(&c, &s).await;
+    // The service's own process, not the test's: started after this test began.
+    let started = m["process_start_time_seconds"];
+    assert!(
+        started >= before_start - 1.0 && started <= now(),
+        "{started} not between {before_start} and now"
+    );
+    assert!(m["process_cpu_seconds_total"] > 0.0, "{m:?}");
+    assert!(m["process_resident_memory_bytes"] > 1e6, "{m:?}");
+    assert!(m["process_virtual_memory_bytes"] >= m["process_resident_memory_bytes"]);
+    assert!(m["process_threads"] >= 2.0, "{m:?}");
+    let open = m["process_open_fds"];
+    // stdin/stdout/stderr, the listener, the journal, the ZooKeeper connection at least.
+    assert!(open >= 6.0 && open < m["process_max_fds"], "{m:?}");
+    let build: Vec<&String> = m
+        .keys()
+        .filter(|k| k.starts_with("zkguard_build_info{"))
+        .collect();
+    assert_eq!(build.len(), 1, "{build:?}");
+    let labels = build[0];
+    assert!(
+        labels.starts_with(&format!(
+            "zkguard_build_info{{version=\"{}\",commit=\"",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{labels}"
+    );
+    let commit = labels
+        .split("commit=\"")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches("\"}");
+    assert!(
+        commit == "unknown"
+            || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+        "{labels}"
+    );
+    assert_eq!(m[build[0].as_str()], 1.0);
+    assert_eq!(m["zkguard_deadletters"], 0.0);
+
+    // A patch of a document that does not exist can never apply: it is parked.
+    let (status, v) = call(
+        &c,
+        Method::PATCH,
+        &s.url(&format!("/v1/indices/{index}/docs/gone?type=background")),
+        Some(json!({"views": 1}).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let id = v["operation_id"].as_str().unwrap().to_string();
+    let done = wait_finished(&c, &s, std::slice::from_ref(&id)).await;
+    assert_eq!(done[&id]["status"], "parked", "{:?}", done[&id]);
+    let m = scrape(&c, &s).await;
+    assert_eq!(m["zkguard_deadletters"], 1.0);
+    assert_eq!(m["zkguard_deadletters_parked_total"], 1.0);
+    // Still parked at the next scrape, however long after the parking.
+    assert_eq!(scraped(&c, &s, "zkguard_deadletters").await, 1.0);
+
+    let (status, v) = call(
+        &c,
+        Method::DELETE,
+        &s.url(&format!("/v1/deadletters/{id}?reason=never%20applies")),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let m = scrape(&c, &s).await;
+    assert_eq!(m["zkguard_deadletters"], 0.0);
+    assert_eq!(m["zkguard_deadletters_parked_total"], 1.0);
+    let cpu = m["process_cpu_seconds_total"];
+    assert!(cpu > 0.0, "{cpu}");
 }

@@ -122,3 +122,47 @@ fn the_systemd_unit_verifies() {
         .collect();
     assert!(about_unit.is_empty(), "systemd-analyze verify: {said}");
 }
+
+/// The unit's secrets as systemd hands them over: each `LoadCredential=` file copied into a
+/// credentials directory (`$CREDENTIALS_DIRECTORY`), each `Environment=` line with `%d` standing
+/// for that directory. The service takes its bearer tokens from there: a request without a
+/// token gets 401, one with the token 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_reads_its_tokens_from_the_credentials_the_unit_loads() {
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/systemd/zkguard.service"),
+    )
+    .unwrap();
+    let mut env = Env::new(&shared_zk().connect_string(), "credentials");
+    let credentials = env.dir.path().join("credentials");
+    std::fs::create_dir(&credentials).unwrap();
+    let directory = credentials.to_str().unwrap().to_string();
+    let token = "a-long-random-token-of-the-credentials-test";
+    let mut loaded = Vec::new();
+    for line in unit.lines() {
+        if let Some(credential) = line.strip_prefix("LoadCredential=") {
+            let (id, source) = credential.split_once(':').expect("ID:PATH");
+            assert!(source.starts_with("/etc/zkguard/"), "{line}");
+            std::fs::write(credentials.join(id), format!("{token}\n")).unwrap();
+            loaded.push(id.to_string());
+        } else if let Some(assignment) = line.strip_prefix("Environment=") {
+            let (name, value) = assignment.split_once('=').expect("NAME=value");
+            if value.contains("%d") {
+                env = env.with(name, &value.replace("%d", &directory));
+            }
+        }
+    }
+    assert_eq!(loaded, ["tokens"]);
+    let env = env.with("CREDENTIALS_DIRECTORY", &directory);
+    let s = env.start("credentials");
+    let c = client();
+    let refused = c.get(s.url("/v1/locks")).send().await.unwrap();
+    assert_eq!(refused.status(), reqwest::StatusCode::UNAUTHORIZED);
+    let admitted = c
+        .get(s.url("/v1/locks"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(admitted.status(), reqwest::StatusCode::OK);
+}

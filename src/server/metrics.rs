@@ -2,10 +2,19 @@
 //!
 //! The text is the OpenMetrics text format (which Prometheus scrapes natively): counters end in
 //! `_total`, histograms have `_bucket`/`_sum`/`_count`, the answer ends with `# EOF`.
+//!
+//! Besides the service's own `zkguard_*` metrics, the page has `zkguard_build_info` and the
+//! `process_*` metrics of Prometheus' process collector, read from `/proc` at each scrape.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use zkguard::write::deadletter::DeadLetterSink;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -85,6 +94,18 @@ pub struct EventLabels {
     /// `acquired`, `released`, `lost`, `applied`, `rejected` or `parked`.
     pub r#type: &'static str,
 }
+
+/// Labels of `zkguard_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// The package version (`0.1.0`).
+    pub version: &'static str,
+    /// The git commit the binary was built from (12 hex digits), or `unknown`.
+    pub commit: &'static str,
+}
+
+/// The git commit this binary was built from, as build.rs found it (`unknown` without git).
+pub const BUILD_COMMIT: &str = env!("ZKGUARD_BUILD_COMMIT");
 
 type HistogramFamily = Family<TypeLabels, Histogram, fn() -> Histogram>;
 
@@ -172,6 +193,10 @@ pub struct Metrics {
     pub transactions: Family<TxnLabels, Counter>,
     /// Document transactions recovery finished or undone.
     pub transactions_recovered: Family<TxnLabels, Counter>,
+    /// Dead letters in the dead-letter sink now, as last counted ([`Metrics::count_deadletters`]).
+    pub deadletters: Gauge,
+    /// The `process_*` metrics (no `zkguard_` prefix).
+    process: Registry,
     seen: Mutex<(u64, u64)>,
     /// Last values seen of the cumulative stage and journal counters.
     seen_stages: Mutex<[u64; 8]>,
@@ -415,6 +440,26 @@ impl Metrics {
             "Document transactions recovery finished or rolled back (their coordinator stopped)",
             transactions_recovered.clone(),
         );
+        let deadletters = Gauge::default();
+        registry.register(
+            "deadletters",
+            "Dead letters in the dead-letter sink now (counted at each scrape; replicas sharing a sink each count all of them)",
+            deadletters.clone(),
+        );
+        let build = Family::<BuildLabels, Gauge>::default();
+        registry.register(
+            "build_info",
+            "1, labelled with the version and the git commit zkguard was built from",
+            build.clone(),
+        );
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                commit: BUILD_COMMIT,
+            })
+            .set(1);
+        let mut process = Registry::default();
+        process.register_collector(Box::new(ProcessCollector));
         for outcome in ["committed", "rolled-back"] {
             let _ = transactions.get_or_create(&TxnLabels { outcome });
         }
@@ -436,6 +481,8 @@ impl Metrics {
         }
         Self {
             registry,
+            process,
+            deadletters,
             transactions,
             transactions_recovered,
             stage_seconds,
@@ -604,11 +651,171 @@ impl Metrics {
         }
     }
 
+    /// Counts the entries of the dead-letter sink into `zkguard_deadletters`. A sink that cannot
+    /// be read within [`DEADLETTER_COUNT_TIMEOUT`] leaves the last count (and is logged).
+    pub async fn count_deadletters(&self, sink: &dyn DeadLetterSink) {
+        match tokio::time::timeout(DEADLETTER_COUNT_TIMEOUT, sink.list()).await {
+            Ok(Ok(letters)) => {
+                self.deadletters.set(letters.len() as i64);
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(sink = %sink.describe(), error = %e, "cannot count the dead letters for /metrics; zkguard_deadletters keeps its last count")
+            }
+            Err(_) => {
+                tracing::warn!(sink = %sink.describe(), "the dead-letter sink did not answer within {DEADLETTER_COUNT_TIMEOUT:?}; zkguard_deadletters keeps its last count")
+            }
+        }
+    }
+
     /// The metrics in the OpenMetrics text format.
     pub fn encode(&self) -> String {
+        use prometheus_client::encoding::text;
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = text::encode_registry(&mut out, &self.registry);
+        let _ = text::encode_registry(&mut out, &self.process);
+        let _ = text::encode_eof(&mut out);
         out
+    }
+}
+
+/// How long a scrape waits for the dead-letter sink's count.
+pub const DEADLETTER_COUNT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The metrics of Prometheus' process collector (`process_cpu_seconds_total`,
+/// `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`,
+/// `process_max_fds`, `process_start_time_seconds`, `process_threads`), read from `/proc/self`
+/// and `getrusage`/`getrlimit` at each scrape. A value that cannot be read is left out.
+#[derive(Debug)]
+struct ProcessCollector;
+
+/// Clock ticks per second of `/proc/<pid>/stat` times: the kernel's `USER_HZ`, 100 on the
+/// architectures zkguard runs on (Prometheus' own procfs reader assumes the same).
+const USER_HZ: f64 = 100.0;
+
+/// What the process collector reads.
+#[derive(Debug, Default, PartialEq)]
+pub struct ProcessStats {
+    /// User plus system CPU time, in seconds.
+    pub cpu_seconds: Option<f64>,
+    /// Resident memory, in bytes.
+    pub resident_bytes: Option<i64>,
+    /// Virtual memory, in bytes.
+    pub virtual_bytes: Option<i64>,
+    /// Threads of the process.
+    pub threads: Option<i64>,
+    /// Open file descriptors.
+    pub open_fds: Option<i64>,
+    /// The soft limit of open file descriptors.
+    pub max_fds: Option<i64>,
+    /// Start of the process, in seconds since the Unix epoch.
+    pub start_time_seconds: Option<f64>,
+}
+
+impl ProcessStats {
+    /// The current process's figures.
+    pub fn read() -> Self {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let kib = |field: &str| status_field(&status, field).map(|kb| kb * 1024);
+        Self {
+            cpu_seconds: nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+                .ok()
+                .map(|u| {
+                    let s =
+                        |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+                    s(u.user_time()) + s(u.system_time())
+                }),
+            resident_bytes: kib("VmRSS:"),
+            virtual_bytes: kib("VmSize:"),
+            threads: status_field(&status, "Threads:"),
+            open_fds: std::fs::read_dir("/proc/self/fd")
+                .ok()
+                .map(|d| d.count() as i64),
+            max_fds: nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                .ok()
+                .map(|(soft, _)| i64::try_from(soft).unwrap_or(i64::MAX)),
+            start_time_seconds: start_time_seconds(),
+        }
+    }
+}
+
+/// The number after `field` in `/proc/self/status` text (`VmRSS:   1234 kB` gives 1234).
+fn status_field(status: &str, field: &str) -> Option<i64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// The process's start: the boot time (`btime` of `/proc/stat`) plus the `starttime` of
+/// `/proc/self/stat` (clock ticks after boot).
+fn start_time_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: fields after its
+    // closing parenthesis start with field 3 (state); starttime is field 22.
+    let after = &stat[stat.rfind(')')? + 1..];
+    let ticks: f64 = after.split_whitespace().nth(22 - 3)?.parse().ok()?;
+    let boot: f64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(boot + ticks / USER_HZ)
+}
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let p = ProcessStats::read();
+        if let Some(v) = p.cpu_seconds {
+            let c = ConstCounter::new(v);
+            c.encode(encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "Total user and system CPU time spent in seconds",
+                None,
+                c.metric_type(),
+            )?)?;
+        }
+        let gauges: [(&str, &str, Option<f64>); 6] = [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                p.resident_bytes.map(|v| v as f64),
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes",
+                p.virtual_bytes.map(|v| v as f64),
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors",
+                p.open_fds.map(|v| v as f64),
+            ),
+            (
+                "process_max_fds",
+                "Maximum number of open file descriptors",
+                p.max_fds.map(|v| v as f64),
+            ),
+            (
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds",
+                p.start_time_seconds,
+            ),
+            (
+                "process_threads",
+                "Number of OS threads in the process",
+                p.threads.map(|v| v as f64),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            if let Some(v) = value {
+                let g = ConstGauge::new(v);
+                g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+            }
+        }
+        Ok(())
     }
 }

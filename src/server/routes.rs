@@ -406,6 +406,10 @@ async fn readyz(
 )]
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     state.refresh_gauges();
+    state
+        .metrics
+        .count_deadletters(state.executor.sink().as_ref())
+        .await;
     let mut response = state.metrics.encode().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
