@@ -33,7 +33,15 @@ fn authorized() -> Client {
 /// A service that needs a bearer token, parks a background write after one attempt, and waits
 /// at most 300 ms for a background lock.
 fn start(tag: &str) -> (Env, Service) {
-    let env = Env::new(&shared_zk().connect_string(), tag);
+    start_with(tag, &[])
+}
+
+/// As [`start`], with more settings (`extra`, as environment variables).
+fn start_with(tag: &str, extra: &[(&str, &str)]) -> (Env, Service) {
+    let mut env = Env::new(&shared_zk().connect_string(), tag);
+    for (key, value) in extra {
+        env = env.with(key, value);
+    }
     let tokens = env.dir.path().join("tokens");
     std::fs::write(&tokens, format!("{TOKEN}\n")).unwrap();
     let env = env
@@ -456,6 +464,12 @@ async fn browse(s: &Service, mut scenario: Value) -> Vec<String> {
     steps
 }
 
+/// A ZooKeeper session of 30 s for a service whose explicit lock must outlast the test's
+/// steps: with the tests' default of 2 s (and a loss grace of 1 s, which follows from it), a
+/// ZooKeeper that stalls for a second on a busy machine (another test of this binary writes
+/// 10,000 monitors to it) loses the lock; 5 s stalls were seen with a 10 s session.
+const PATIENT: &[(&str, &str)] = &[("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "30000")];
+
 /// Takes the explicit lock of document `index`/`id` for 4 minutes; answers its `lock_id` and
 /// `token`.
 async fn take_doc_lock(s: &Service, index: &str, id: &str) -> (String, u64) {
@@ -482,7 +496,7 @@ async fn take_doc_lock(s: &Service, index: &str, id: &str) -> (String, u64) {
 /// the log names who released it, when and why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_discard_replay_all_and_force_release_from_the_page_in_a_browser() {
-    let (env, s) = start("ui-ops");
+    let (env, s) = start_with("ui-ops", PATIENT);
     let tag = uuid_tag();
     let discarded = park(&env, &s, &format!("ui-ops-a-{tag}")).await;
     let replayed = [
@@ -550,7 +564,7 @@ async fn operators_discard_replay_all_and_force_release_from_the_page_in_a_brows
 /// Elasticsearch with its old token is fenced out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_force_released_lock_fences_its_holder() {
-    let (_env, s) = start("ui-force");
+    let (_env, s) = start_with("ui-force", PATIENT);
     let index = format!("ui-force-{}", uuid_tag());
     let monitor = format!("{index}:1");
     let c = authorized();
