@@ -124,10 +124,12 @@ async fn the_fuzzer_finds_no_server_error_and_no_answer_outside_the_document() {
 }
 
 /// `/docs` is served by the service itself: a page whose only script is the vendored Redoc
-/// bundle (byte for byte), loaded by a relative URL, and nothing on the page points elsewhere.
-/// With bearer tokens configured, the page, its script and the document need one, as `/v1` does.
+/// bundle (with its two documented substitutions: the logo from the service, NDJSON examples as
+/// text), loaded by a relative URL, and nothing on the page points elsewhere. With bearer tokens
+/// configured, the page, its script, its logo and the document still open without one (they
+/// hold no data, and a browser cannot send one), while `/v1` needs one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_api_docs_are_served_offline_behind_the_apis_tokens() {
+async fn the_api_docs_are_served_offline_without_the_apis_tokens() {
     let env = Env::new(&shared_zk().connect_string(), "docs");
     let token = "docs-test-token-0123456789abcdef0123456789";
     let file = env.dir.path().join("tokens");
@@ -135,24 +137,16 @@ async fn the_api_docs_are_served_offline_behind_the_apis_tokens() {
     let env = env.with("ZKGUARD_SERVER_AUTH_TOKENS_FILE", file.to_str().unwrap());
     let s = env.start("docs");
     let c = client();
-    for path in [
-        "/docs",
-        "/docs/redoc.standalone.js",
-        "/openapi.json",
-        "/v1/locks",
-    ] {
-        let r = c.get(s.url(path)).send().await.unwrap();
-        assert_eq!(
-            r.status(),
-            StatusCode::UNAUTHORIZED,
-            "{path} without a token"
-        );
-    }
-    let get = |path: &str| {
-        c.get(s.url(path))
-            .header("authorization", format!("Bearer {token}"))
-            .send()
-    };
+    let r = c.get(s.url("/v1/locks")).send().await.unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::UNAUTHORIZED,
+        "/v1/locks without a token"
+    );
+    let get = |path: &str| c.get(s.url(path)).send();
+    let logo = get("/docs/redoc-logo.svg").await.unwrap();
+    assert_eq!(logo.status(), StatusCode::OK);
+    assert_eq!(logo.headers()["content-type"], "image/svg+xml");
     let page = get("/docs").await.unwrap();
     assert_eq!(page.status(), StatusCode::OK);
     assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
@@ -172,13 +166,23 @@ async fn the_api_docs_are_served_offline_behind_the_apis_tokens() {
         script.headers()["content-type"],
         "text/javascript; charset=utf-8"
     );
-    let vendored = std::fs::read(
+    let vendored = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/redoc/redoc.standalone.js"),
     )
-    .unwrap();
+    .unwrap()
+    .replacen(
+        r#"src:"https://cdn.redoc.ly/redoc/logo-mini.svg""#,
+        r#"src:"docs/redoc-logo.svg""#,
+        1,
+    )
+    .replacen(
+        "function ea(e){return-1!==e.search(/json/i)}",
+        "function ea(e){return-1!==e.search(/json/i)&&-1===e.search(/ndjson/i)}",
+        1,
+    );
     assert!(
-        script.bytes().await.unwrap() == vendored,
-        "the served script is not the vendored bundle"
+        script.text().await.unwrap() == vendored,
+        "the served script is not the vendored bundle with its two substitutions"
     );
     let doc = get("/openapi.json").await.unwrap();
     assert_eq!(doc.status(), StatusCode::OK);

@@ -33,7 +33,15 @@ fn authorized() -> Client {
 /// A service that needs a bearer token, parks a background write after one attempt, and waits
 /// at most 300 ms for a background lock.
 fn start(tag: &str) -> (Env, Service) {
-    let env = Env::new(&shared_zk().connect_string(), tag);
+    start_with(tag, &[])
+}
+
+/// As [`start`], with more settings (`extra`, as environment variables).
+fn start_with(tag: &str, extra: &[(&str, &str)]) -> (Env, Service) {
+    let mut env = Env::new(&shared_zk().connect_string(), tag);
+    for (key, value) in extra {
+        env = env.with(key, value);
+    }
     let tokens = env.dir.path().join("tokens");
     std::fs::write(&tokens, format!("{TOKEN}\n")).unwrap();
     let env = env
@@ -410,6 +418,282 @@ async fn the_page_shows_the_elasticsearch_leases() {
     assert!(html.contains("nightly reindex"), "{html}");
     assert!(html.contains(r#"class="kind">background<"#), "{html}");
     assert!(html.contains(&format!("token {}", lock["token"])), "{html}");
+    // The lease's end, and the explicit lock's id.
+    assert!(
+        html.contains("lease until <span class=\"expires\">"),
+        "{html}"
+    );
+    let lock_id = lock["lock_id"].as_str().unwrap();
+    assert!(
+        html.contains(&format!(r#"<code class="lock-id">{lock_id}</code>"#)),
+        "{html}"
+    );
     // The acquisition is among the recent events.
     assert!(html.contains(r#"<tr class="event acquired">"#), "{html}");
+}
+
+/// Runs the browser script in `mode` against `s` with `scenario` (the token added) and returns
+/// the steps it printed; fails the test, with the script's errors and the service's log, when
+/// the script fails.
+async fn browse(s: &Service, mut scenario: Value) -> Vec<String> {
+    scenario["token"] = json!(TOKEN);
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/ui_support/status_page.py"
+    );
+    let run = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg(&s.base)
+        .arg(scenario.to_string())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the browser scenario ends within 120 s")
+        .expect("python3 with selenium (scripts/install-deps.sh)");
+    let steps: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("step ").map(str::to_string))
+        .collect();
+    assert!(
+        out.status.success(),
+        "the browser scenario {scenario} failed after steps {steps:?}:\n{}\nservice log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log()
+    );
+    steps
+}
+
+/// A ZooKeeper session of 30 s for a service whose explicit lock must outlast the test's
+/// steps: with the tests' default of 2 s (and a loss grace of 1 s, which follows from it), a
+/// ZooKeeper that stalls for a second on a busy machine (another test of this binary writes
+/// 10,000 monitors to it) loses the lock; 5 s stalls were seen with a 10 s session.
+const PATIENT: &[(&str, &str)] = &[("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "30000")];
+
+/// Takes the explicit lock of document `index`/`id` for 4 minutes; answers its `lock_id` and
+/// `token`.
+async fn take_doc_lock(s: &Service, index: &str, id: &str) -> (String, u64) {
+    let (status, lock) = call(
+        &authorized(),
+        Method::POST,
+        &s.url(&format!(
+            "/v1/locks?index={index}&id={id}&ttl=4m&info=nightly%20reindex"
+        )),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{lock}");
+    (
+        lock["lock_id"].as_str().unwrap().to_string(),
+        lock["token"].as_u64().unwrap(),
+    )
+}
+
+/// The operator's actions on the status page, in a browser: the page says which instance it is
+/// and shows an explicit lock's `lock_id`, lease and expiry; *Discard* and *Replay all* act on
+/// the dead letters and *Force release* releases the lock, each only once confirmed (a
+/// dismissed confirmation does nothing); the holder's next write under the lock is refused and
+/// the log names who released it, when and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_discard_replay_all_and_force_release_from_the_page_in_a_browser() {
+    let (env, s) = start_with("ui-ops", PATIENT);
+    let tag = uuid_tag();
+    let discarded = park(&env, &s, &format!("ui-ops-a-{tag}")).await;
+    let replayed = [
+        park(&env, &s, &format!("ui-ops-b-{tag}")).await,
+        park(&env, &s, &format!("ui-ops-c-{tag}")).await,
+    ];
+    let index = format!("ui-ops-lock-{tag}");
+    let (lock_id, _) = take_doc_lock(&s, &index, "7").await;
+    let listen = s.base.trim_start_matches("http://").to_string();
+
+    let steps = browse(
+        &s,
+        json!({
+            "mode": "actions",
+            "listen": listen,
+            "lock_id": lock_id,
+            "lock_monitor": format!("{index}:7"),
+            "discard": discarded,
+            "replay": replayed,
+            "reason": "stuck nightly job",
+        }),
+    )
+    .await;
+    assert_eq!(
+        steps,
+        ["shown", "kept", "discarded", "replayed-all", "forced"]
+    );
+
+    // The discarded one is rejected, the others applied; no dead letter is left.
+    let c = authorized();
+    assert_eq!(op_status(&c, &s, &discarded).await["status"], "rejected");
+    for id in &replayed {
+        assert_eq!(op_status(&c, &s, id).await["status"], "applied");
+    }
+    let (_, letters) = call(&c, Method::GET, &s.url("/v1/deadletters"), None).await;
+    assert_eq!(letters, json!([]));
+
+    // The holder's next write under the lock is refused, naming the force release.
+    let (status, v) = call(
+        &c,
+        Method::PUT,
+        &s.url(&format!("/v1/indices/{index}/docs/7?lock_id={lock_id}")),
+        Some(json!({"title": "late"}).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    let message = v["message"].as_str().unwrap();
+    assert!(
+        message.contains("force-released") && message.contains("stuck nightly job"),
+        "{v}"
+    );
+    let log = s.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("force-released") && l.contains(&lock_id))
+        .unwrap_or_else(|| panic!("no force release of {lock_id} in the log:\n{log}"));
+    for part in ["stuck nightly job", "127.0.0.1", "token 1"] {
+        assert!(line.contains(part), "{part} missing from {line}");
+    }
+}
+
+/// Force release over HTTP: the token is needed, the lock must be named exactly, and once
+/// released the holder's keep-alive, write and release are refused naming the force release,
+/// while the next holder gets a greater token, so that the old holder's own write to
+/// Elasticsearch with its old token is fenced out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_released_lock_fences_its_holder() {
+    let (_env, s) = start_with("ui-force", PATIENT);
+    let index = format!("ui-force-{}", uuid_tag());
+    let monitor = format!("{index}:1");
+    let c = authorized();
+    let (lock_id, token) = take_doc_lock(&s, &index, "1").await;
+    let under = |id: &str| s.url(&format!("/v1/indices/{index}/docs/1?lock_id={id}"));
+    let (status, v) = call(
+        &c,
+        Method::PUT,
+        &under(&lock_id),
+        Some(json!({"n": 1}).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+
+    let force = |m: &str, id: &str| {
+        s.url(&format!(
+            "/v1/locks/{}/{id}/force-release?reason=holder%20hung",
+            encoded(m)
+        ))
+    };
+    let (status, _) = call(&client(), Method::POST, &force(&monitor, &lock_id), None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, v) = call(&c, Method::POST, &force("other", &lock_id), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    assert_eq!(v["error"], "unknown_lock", "{v}");
+    let (status, v) = call(&c, Method::POST, &force(&monitor, &lock_id), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        v,
+        json!({"lock_id": lock_id, "monitor": monitor, "token": token, "released": true,
+               "forced": true, "reason": "holder hung"})
+    );
+
+    // The holder learns why, on every call with the lock.
+    let keepalive = s.url(&format!(
+        "/v1/locks/{}/{lock_id}/keepalive",
+        encoded(&monitor)
+    ));
+    let release = s.url(&format!("/v1/locks/{}/{lock_id}", encoded(&monitor)));
+    for (method, url, body) in [
+        (
+            Method::PUT,
+            under(&lock_id),
+            Some(json!({"n": 2}).to_string()),
+        ),
+        (Method::POST, keepalive, None),
+        (Method::DELETE, release, None),
+        (Method::POST, force(&monitor, &lock_id), None),
+    ] {
+        let (status, v) = call(&c, method.clone(), &url, body).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {url}: {v}");
+        assert_eq!(v["error"], "unknown_lock", "{v}");
+        let message = v["message"].as_str().unwrap();
+        assert!(
+            message.contains("force-released") && message.contains("holder hung"),
+            "{v}"
+        );
+    }
+    assert_eq!(es_doc(&c, &index, "1").await["_source"]["n"], 1);
+
+    // The next holder's token is greater: its write fences the old holder's own writes.
+    let (next_id, next_token) = take_doc_lock(&s, &index, "1").await;
+    assert!(next_token > token, "{next_token} after {token}");
+    let (status, v) = call(
+        &c,
+        Method::PUT,
+        &under(&next_id),
+        Some(json!({"n": 3}).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let direct = format!(
+        "{}/{index}/_doc/1?version={token}&version_type=external_gte",
+        shared_es().url()
+    );
+    let (status, v) = call(&c, Method::PUT, &direct, Some(json!({"n": 4}).to_string())).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert_eq!(es_doc(&c, &index, "1").await["_source"]["n"], 3);
+
+    // The loss is among the lock events, with its reason.
+    let html = client()
+        .get(s.url("/ui/status"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("force-released: holder hung"), "{html}");
+}
+
+/// `/docs` and `/openapi.json` open without a token (they hold no data), with a content
+/// policy that allows the service's own origin only; everything the page loads comes from the
+/// binary (no CDN logo); in a browser the page renders with no policy violation and shows the
+/// NDJSON request example of `POST /v1/bulk` as lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_docs_open_offline_without_a_token_in_a_browser() {
+    let (_env, s) = start("ui-docs");
+    let c = client();
+    for path in [
+        "/docs",
+        "/docs/redoc.standalone.js",
+        "/docs/redoc-logo.svg",
+        "/openapi.json",
+    ] {
+        let resp = c.get(s.url(path)).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+        let policy = resp
+            .headers()
+            .get("content-security-policy")
+            .unwrap_or_else(|| panic!("{path} has no content policy"))
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(policy.contains("default-src 'none'"), "{path}: {policy}");
+        assert!(
+            !policy.contains("http") && !policy.contains('*'),
+            "{path}: {policy}"
+        );
+        let body = resp.text().await.unwrap();
+        assert!(!body.contains("cdn.redoc.ly"), "{path} names a CDN");
+    }
+    let (status, doc) = call(&c, Method::GET, &s.url("/openapi.json"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(doc["paths"]["/v1/locks/{monitor}/{lock_id}/force-release"].is_object());
+    // The API still needs the token.
+    let (status, _) = call(&c, Method::GET, &s.url("/v1/deadletters"), None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    let steps = browse(&s, json!({"mode": "docs"})).await;
+    assert_eq!(steps, ["rendered", "ndjson"]);
 }

@@ -1,5 +1,7 @@
 // The status page of `zkguard serve` (GET /ui): refreshes the live part every second and runs
-// the actions (replay a dead letter, clear a stray mutex) through the /v1 API. The bearer token
+// the actions (replay a dead letter or all of them, discard one, clear a stray mutex,
+// force-release an explicit lock; the ones that cannot be undone after a confirmation) through
+// the /v1 API. The bearer token
 // is typed into the page and kept in this tab's sessionStorage; it is sent in the Authorization
 // header only, never in a cookie. Everything shown comes from the server, HTML-escaped.
 (function () {
@@ -62,6 +64,20 @@
     if (code !== 200) {
       return 'Refused (' + code + ' ' + (body.error || '') + '): ' + (body.message || '');
     }
+    if (action === 'replay-all') {
+      var counts = ['applied', 'already_applied', 'still_parked', 'not_removed', 'superseded']
+        .filter(function (k) { return body[k]; })
+        .map(function (k) { return body[k] + ' ' + k.replace(/_/g, ' '); });
+      return 'Replayed ' + (body.replayed || 0) + ' dead letter' + (body.replayed === 1 ? '' : 's') +
+        (counts.length ? ': ' + counts.join(', ') : '') + '.';
+    }
+    if (action === 'discard') {
+      return 'Discarded ' + body.id + ' (' + body.summary + '): its operation is rejected.';
+    }
+    if (action === 'force-release') {
+      return 'Force-released lock ' + body.lock_id + ' on ' + body.monitor + ' (token ' + body.token +
+        '): its holder\'s next call with it is refused.';
+    }
     if (action === 'replay') {
       // The older entries of the same document are replayed first: say how they went too.
       var results = body.results || [];
@@ -77,16 +93,56 @@
     return 'Stray mutex of ' + body.monitor + ': ' + String(body.outcome).replace(/_/g, ' ') + '.';
   }
 
+  // The request of `action` on `button`, or null when the operator did not confirm it.
+  function request(action, button) {
+    var id = button.getAttribute('data-id');
+    var monitor = button.getAttribute('data-monitor');
+    if (action === 'replay') {
+      return { method: 'POST', url: 'v1/deadletters/replay', body: JSON.stringify({ id: id }) };
+    }
+    if (action === 'clear-stray') {
+      return { method: 'POST', url: 'v1/locks/' + encodeURIComponent(monitor) + '/clear-stray' };
+    }
+    if (action === 'replay-all') {
+      var n = button.getAttribute('data-count');
+      if (!window.confirm('Replay all ' + n + ' dead letters? Each runs again under its lock, ' +
+          'oldest first; those that fail again stay parked.')) {
+        return null;
+      }
+      return { method: 'POST', url: 'v1/deadletters/replay', body: JSON.stringify({ all: true }) };
+    }
+    if (action === 'discard') {
+      if (!window.confirm('Discard dead letter ' + id + ' (' + button.getAttribute('data-summary') +
+          ')? It is removed for good without being written; its operation becomes rejected.')) {
+        return null;
+      }
+      return {
+        method: 'DELETE',
+        url: 'v1/deadletters/' + encodeURIComponent(id) + '?reason=' +
+          encodeURIComponent('discarded from the status page')
+      };
+    }
+    if (action === 'force-release') {
+      var lock = button.getAttribute('data-lock-id');
+      var reason = window.prompt('Force-release lock ' + lock + ' on ' + monitor + '? Its holder ' +
+        'loses it: its next write, keep-alive or release with it is refused. Reason (for the log):', '');
+      if (reason === null) {
+        return null;
+      }
+      return {
+        method: 'POST',
+        url: 'v1/locks/' + encodeURIComponent(monitor) + '/' + encodeURIComponent(lock) +
+          '/force-release' + (reason.trim() ? '?reason=' + encodeURIComponent(reason.trim()) : '')
+      };
+    }
+    return null;
+  }
+
   function act(button) {
     var action = button.getAttribute('data-action');
-    var url;
-    var body;
-    if (action === 'replay') {
-      url = 'v1/deadletters/replay';
-      body = JSON.stringify({ id: button.getAttribute('data-id') });
-    } else if (action === 'clear-stray') {
-      url = 'v1/locks/' + encodeURIComponent(button.getAttribute('data-monitor')) + '/clear-stray';
-    } else {
+    var asked = request(action, button);
+    if (!asked) {
+      pressed = false;
       return;
     }
     var headers = { 'Content-Type': 'application/json' };
@@ -96,7 +152,9 @@
     }
     button.disabled = true;
     say('Working…', true);
-    fetch(url, { method: 'POST', headers: headers, body: body, credentials: 'omit', cache: 'no-store' })
+    fetch(asked.url, {
+      method: asked.method, headers: headers, body: asked.body, credentials: 'omit', cache: 'no-store'
+    })
       .then(function (r) {
         return r.text().then(function (text) {
           var parsed = {};

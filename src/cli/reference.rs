@@ -407,8 +407,8 @@ pub fn http(openapi: &str) -> Result<String, serde_json::Error> {
     out.push_str(
         "\nBesides the API:\n\n\
          | method | path | what it does |\n| --- | --- | --- |\n\
-         | `GET` | `/openapi.json` | the OpenAPI document above |\n\
-         | `GET` | `/docs` | the API's documentation, rendered by Redoc served by the service itself |\n\
+         | `GET` | `/openapi.json` | the OpenAPI document above (no token needed) |\n\
+         | `GET` | `/docs` | the API's documentation, rendered by Redoc served by the service itself (no token needed) |\n\
          | `GET` | `/ui` | the status page for operators ([operations](../operations.md#the-status-page)); `server.ui.enabled=false` removes it |\n\
          | `GET` | `/ui/status` | the status page's data |\n\
          | any | `server.gateway.listen` | the [Elasticsearch-compatible gate](../gateway.md) |\n",

@@ -152,15 +152,29 @@ impl Tokens {
     /// Whether `presented` is one of the tokens. Every token is compared, each in constant
     /// time, so the answer's timing does not tell which bytes matched.
     fn accepts(&self, presented: &[u8]) -> bool {
+        self.position(presented).is_some()
+    }
+
+    /// The position (from 1) of `presented` among the tokens, if it is one. Every token is
+    /// compared, each in constant time.
+    fn position(&self, presented: &[u8]) -> Option<usize> {
         let tokens = self.tokens.read().unwrap_or_else(|p| p.into_inner());
-        tokens
-            .iter()
-            .fold(subtle::Choice::from(0), |found, t| {
-                found | t.as_slice().ct_eq(presented)
-            })
-            .into()
+        let mut found = None;
+        for (i, t) in tokens.iter().enumerate() {
+            let equal: bool = t.as_slice().ct_eq(presented).into();
+            if equal && found.is_none() {
+                found = Some(i + 1);
+            }
+        }
+        found
     }
 }
+
+/// Which accepted token a request carried: its position, from 1, among the tokens of
+/// `server.auth.tokens.file` (what the log says of who acted; never the token itself). Set by
+/// [`authenticate`] on the requests it lets through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Credential(pub usize);
 
 /// The token of an `Authorization: Bearer <token>` header value.
 fn bearer(value: &str) -> Option<&str> {
@@ -183,7 +197,7 @@ fn unauthorized(message: &str) -> Response {
 /// Refuses API requests without an accepted bearer token (401), when tokens are configured.
 pub async fn authenticate(
     State(tokens): State<Arc<Tokens>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     if !tokens.enabled() {
@@ -199,10 +213,15 @@ pub async fn authenticate(
         None => unauthorized(
             "the Authorization header is not a bearer token: send `Authorization: Bearer <token>`",
         ),
-        Some(t) if tokens.accepts(t.as_bytes()) => next.run(request).await,
-        Some(_) => unauthorized(
-            "the bearer token is not accepted: use a token listed in server.auth.tokens.file",
-        ),
+        Some(t) => match tokens.position(t.as_bytes()) {
+            Some(n) => {
+                request.extensions_mut().insert(Credential(n));
+                next.run(request).await
+            }
+            None => unauthorized(
+                "the bearer token is not accepted: use a token listed in server.auth.tokens.file",
+            ),
+        },
     }
 }
 

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use futures::StreamExt;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -274,14 +275,16 @@ pub async fn serve(
         tasks.spawn(async move {
             let timeout = conns.header_timeout;
             match tls {
-                None => run(tcp, app, &conns, &conn, stop, timeout).await,
+                None => run(tcp, peer, app, &conns, &conn, stop, timeout).await,
                 Some(acceptor) => {
                     let handshake = tokio::select! {
                         h = tokio::time::timeout(timeout, acceptor.accept(tcp)) => h,
                         _ = conn.evict.notified() => Ok(Err(io::Error::other("evicted"))),
                     };
                     match handshake {
-                        Ok(Ok(stream)) => run(stream, app, &conns, &conn, stop, timeout).await,
+                        Ok(Ok(stream)) => {
+                            run(stream, peer, app, &conns, &conn, stop, timeout).await
+                        }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => {
                             conns.metrics.connections_timed_out.inc();
@@ -298,9 +301,16 @@ pub async fn serve(
     Ok(())
 }
 
-/// Serves one connection until it closes, is evicted, or (on `stop`) has finished its request.
+/// The address of the client that sent a request (a request extension), for the log of
+/// operators' actions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub std::net::SocketAddr);
+
+/// Serves one connection from `peer` until it closes, is evicted, or (on `stop`) has finished
+/// its request.
 async fn run<S>(
     stream: S,
+    peer: std::net::SocketAddr,
     app: Router,
     conns: &Connections,
     conn: &Arc<Conn>,
@@ -310,7 +320,8 @@ async fn run<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let counted = conn.clone();
-    let service = hyper::service::service_fn(move |request| {
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        request.extensions_mut().insert(ClientAddr(peer));
         let mut app = app.clone();
         counted.busy.fetch_add(1, Ordering::AcqRel);
         let busy = Busy(counted.clone());

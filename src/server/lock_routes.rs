@@ -193,7 +193,7 @@ async fn hold_for_caller(
             format!("{problem}; retry when /readyz answers 200"),
         ));
     }
-    let request = zkguard::LockRequest::new(monitor.clone(), info)
+    let request = zkguard::LockRequest::new(monitor.clone(), info.clone())
         .with_type(params.lock_type)
         .with_timeout(state.lock_wait(params.timeout));
     let started = std::time::Instant::now();
@@ -216,9 +216,12 @@ async fn hold_for_caller(
     let ttl = params.ttl.unwrap_or(state.settings.lock_ttl);
     let metrics = state.metrics.clone();
     let held_since = std::time::Instant::now();
-    match state.explicit.insert(guard, ttl, move |ended| {
+    match state.explicit.insert(guard, info, ttl, move |ended| {
         metrics.lock_used(lock_type, waited, held_since.elapsed());
-        if ended == super::locks::Ended::Lost {
+        if matches!(
+            ended,
+            super::locks::Ended::Lost | super::locks::Ended::Forced
+        ) {
             metrics.locks_lost.inc();
         }
     }) {
@@ -245,7 +248,7 @@ async fn hold_for_caller(
     tag = "locks",
     responses(
         (status = 200, description = "The lease runs `ttl` from now.", body = super::openapi::Lock),
-        (status = 404, description = "`unknown_lock`: released, lapsed or lost; take it again.", body = super::openapi::Error),
+        (status = 404, description = "`unknown_lock`: released, lapsed, lost or force-released by an operator (the message says which); take it again.", body = super::openapi::Error),
     )
 )]
 /// `POST /v1/locks/{monitor}/{lock_id}/keepalive`: extends the lease by its ttl (or `ttl`).
@@ -261,7 +264,7 @@ pub(super) async fn keep_alive(
         .explicit
         .keep_alive(&monitor, &id, params.ttl)
         .map(Json)
-        .map_err(|_| unknown_lock(&monitor, &id))
+        .map_err(|_| lock_gone(&state, &monitor, &id))
 }
 
 #[utoipa::path(
@@ -272,7 +275,7 @@ pub(super) async fn keep_alive(
     tag = "locks",
     responses(
         (status = 200, description = "Released.", body = super::openapi::Released),
-        (status = 404, description = "`unknown_lock`: released already, lapsed or lost.", body = super::openapi::Error),
+        (status = 404, description = "`unknown_lock`: released already, lapsed, lost or force-released by an operator (the message says which).", body = super::openapi::Error),
     )
 )]
 /// `DELETE /v1/locks/{monitor}/{lock_id}`: releases the lock; answered once it is released.
@@ -288,10 +291,103 @@ pub(super) async fn release_lock(
         .explicit
         .release(&monitor, &id)
         .await
-        .map_err(|_| unknown_lock(&monitor, &id))?;
+        .map_err(|_| lock_gone(&state, &monitor, &id))?;
     Ok(Json(
         json!({"lock_id": id.to_string(), "monitor": monitor, "token": token, "released": true}),
     ))
+}
+
+/// The longest reason of a force release, in bytes.
+const MAX_REASON: usize = 1024;
+
+#[utoipa::path(
+    post,
+    path = "/v1/locks/{monitor}/{lock_id}/force-release",
+    summary = "Force-release a caller's lock (operators)",
+    description = "Releases an explicit lock this instance holds for a caller, as an operator: for a holder that hangs or is gone, instead of waiting for its lease to lapse. Writes in flight under it finish first. The release is logged at warn level with who asked (the client's address and which token of `server.auth.tokens.file`), the lock, its holder's `info` and the `reason`, and streamed as a `lost` event with reason `force-released: ...`. The holder's next keep-alive, release or write with the `lock_id` is refused (404 `unknown_lock`, naming the force release); its own writes with the old token are fenced once the next holder has written. The status page's *Force release* button calls it.",
+    params(super::openapi::LockPath, super::openapi::ForceReleaseQuery),
+    tag = "locks",
+    responses(
+        (status = 200, description = "Released.", body = super::openapi::ForceReleased),
+        (status = 404, description = "`unknown_lock`: no such lock is held here (released, lapsed, lost, or held by another instance).", body = super::openapi::Error),
+    )
+)]
+/// `POST /v1/locks/{monitor}/{lock_id}/force-release[?reason=TEXT]`: an operator releases a
+/// caller's explicit lock; logged with who asked and why.
+pub(super) async fn force_release(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    client: Option<axum::Extension<super::conns::ClientAddr>>,
+    credential: Option<axum::Extension<super::access::Credential>>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let Path((monitor, id)) = path.map_err(path_error)?;
+    let id = lock_id(&id)?;
+    let reason = force_reason(query.as_deref())?;
+    let by = format!(
+        "client {}, {}",
+        client.map_or_else(|| "unknown".to_string(), |c| c.0 .0.to_string()),
+        credential.map_or_else(
+            || "no token (server.auth.tokens.file is unset)".to_string(),
+            |c| format!("token {} of server.auth.tokens.file", c.0 .0)
+        )
+    );
+    let token = state
+        .explicit
+        .force_release(&monitor, &id, by, reason.clone())
+        .await
+        .map_err(|_| lock_gone(&state, &monitor, &id))?;
+    Ok(Json(json!({
+        "lock_id": id.to_string(), "monitor": monitor, "token": token, "released": true,
+        "forced": true, "reason": reason,
+    })))
+}
+
+/// The `reason` of a force release (the only query parameter).
+fn force_reason(raw: Option<&str>) -> Result<Option<String>, ApiError> {
+    let raw = raw.unwrap_or_default();
+    refuse_repeated(raw)?;
+    let mut reason = None;
+    for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
+        match key.as_ref() {
+            "reason" if value.len() > MAX_REASON => {
+                return Err(ApiError::bad(
+                    "bad_parameter",
+                    format!("reason is longer than {MAX_REASON} bytes; say it shorter"),
+                ))
+            }
+            "reason" => reason = Some(value.trim().to_string()).filter(|r| !r.is_empty()),
+            other => {
+                return Err(ApiError::bad(
+                    "bad_parameter",
+                    format!("unknown query parameter `{other}`; the known one is reason"),
+                ))
+            }
+        }
+    }
+    Ok(reason)
+}
+
+/// The answer to a call with lock `id` that is not held here: 404 `unknown_lock`, saying who
+/// force-released it and why when an operator did.
+pub(super) fn lock_gone(state: &AppState, monitor: &str, id: &uuid::Uuid) -> ApiError {
+    let Some(forced) = state.explicit.forced(id) else {
+        return unknown_lock(monitor, id);
+    };
+    let at = chrono::DateTime::from_timestamp_millis(forced.at_ms as i64)
+        .map_or_else(String::new, |t| {
+            t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+        });
+    ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "unknown_lock",
+        format!(
+            "lock {id} on `{}` was force-released by an operator at {at} ({}; reason: {}); nothing was done with it. Take the lock again (and do not write with its old token)",
+            forced.monitor,
+            forced.by,
+            forced.reason.as_deref().unwrap_or("none given")
+        ),
+    )
 }
 
 #[utoipa::path(

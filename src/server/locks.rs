@@ -3,8 +3,8 @@
 //! the service; its fencing token still fences the late writer, since every later holder's token
 //! is greater.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
@@ -24,6 +24,8 @@ pub enum Ended {
     Lapsed,
     /// The lock backend lost it (session expired, lease taken over).
     Lost,
+    /// An operator force-released it (`POST /v1/locks/{monitor}/{lock_id}/force-release`).
+    Forced,
 }
 
 /// The guard of an explicit lock, shared by its task (which releases it) and the writes made
@@ -38,7 +40,10 @@ struct Held {
     guard: SharedGuard,
     token: u64,
     lock_type: LockType,
+    info: String,
     ttl: Duration,
+    /// Set (to the event's reason) before an operator's force release drops `deadline`.
+    forced: Arc<OnceLock<String>>,
     /// The lease's end; dropping the sender asks the lock's task to release it.
     deadline: watch::Sender<Instant>,
     expires_ms: u64,
@@ -62,6 +67,41 @@ pub struct LockView {
     pub ttl_ms: u64,
 }
 
+/// An explicit lock as the status page lists it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HeldView {
+    /// The lock's id in this service.
+    pub lock_id: String,
+    /// The monitor object.
+    pub monitor: String,
+    /// The fencing token.
+    pub token: u64,
+    /// `foreground` or `background`.
+    pub lock_type: LockType,
+    /// The holder's description (`info`).
+    pub info: String,
+    /// The lease, in milliseconds.
+    pub ttl_ms: u64,
+    /// End of the lease, in milliseconds since the Unix epoch.
+    pub expires: u64,
+}
+
+/// A lock an operator force-released: what its holder hears on its next call with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forced {
+    /// The monitor it guarded.
+    pub monitor: String,
+    /// When, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Who asked (the client's address and credential).
+    pub by: String,
+    /// Why, as the operator said.
+    pub reason: Option<String>,
+}
+
+/// How many force releases are remembered for their holders' next calls.
+const FORCED_KEPT: usize = 1024;
+
 /// Why an explicit-lock request was refused.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Refused {
@@ -77,6 +117,8 @@ pub struct ExplicitLocks {
     held: Arc<Mutex<HashMap<Uuid, Held>>>,
     max: usize,
     events: Arc<Hub>,
+    /// The latest force releases, oldest first, at most [`FORCED_KEPT`].
+    forced: Mutex<VecDeque<(Uuid, Forced)>>,
 }
 
 fn epoch_ms_after(d: Duration) -> u64 {
@@ -93,6 +135,7 @@ impl ExplicitLocks {
             held: Arc::new(Mutex::new(HashMap::new())),
             max,
             events,
+            forced: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -113,11 +156,13 @@ impl ExplicitLocks {
         self.table().len()
     }
 
-    /// Takes charge of an acquired lock for `ttl`: a task releases it when the lease lapses, when
-    /// the holder releases it, or notes its loss. `on_end` is called once with the reason.
+    /// Takes charge of an acquired lock (described by `info`) for `ttl`: a task releases it
+    /// when the lease lapses, when the holder (or an operator) releases it, or notes its loss.
+    /// `on_end` is called once with the reason.
     pub fn insert(
         &self,
         guard: Box<dyn Guard>,
+        info: String,
         ttl: Duration,
         on_end: impl FnOnce(Ended) + Send + 'static,
     ) -> Result<LockView, (Refused, Box<dyn Guard>)> {
@@ -134,6 +179,8 @@ impl ExplicitLocks {
         let task_monitor = monitor.clone();
         let shared: SharedGuard = Arc::new(tokio::sync::RwLock::new(Some(guard)));
         let slot = shared.clone();
+        let forced = Arc::new(OnceLock::new());
+        let forced_reason = forced.clone();
         // Published before the task starts, so that its end comes after it on every stream.
         let held_since = Instant::now();
         self.events.publish(
@@ -159,7 +206,9 @@ impl ExplicitLocks {
                             break Ended::Lapsed;
                         }
                     }
-                    changed = rx.changed() => if changed.is_err() { break Ended::Released },
+                    changed = rx.changed() => if changed.is_err() {
+                        break if forced_reason.get().is_some() { Ended::Forced } else { Ended::Released };
+                    },
                     _ = guard.lost() => {
                         held_table.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
                         break Ended::Lost;
@@ -173,7 +222,7 @@ impl ExplicitLocks {
                 Ended::Lost => {
                     tracing::warn!(lock = %id, monitor = %task_monitor, token, "explicit lock lost by the lock backend")
                 }
-                Ended::Released => {
+                Ended::Released | Ended::Forced => {
                     tracing::debug!(lock = %id, monitor = %task_monitor, "explicit lock released")
                 }
             }
@@ -191,6 +240,8 @@ impl ExplicitLocks {
                     Happened::lock(Kind::Lost, &task_monitor, lock_type).reason("lapsed")
                 }
                 Ended::Lost => Happened::lock(Kind::Lost, &task_monitor, lock_type).reason("lost"),
+                Ended::Forced => Happened::lock(Kind::Lost, &task_monitor, lock_type)
+                    .reason(forced_reason.get().cloned().unwrap_or_default()),
             };
             events.publish(event.token(token).lock_id(id).held(held_since.elapsed()));
             on_end(ended);
@@ -204,7 +255,9 @@ impl ExplicitLocks {
                 guard: shared,
                 token,
                 lock_type,
+                info,
                 ttl,
+                forced,
                 deadline,
                 expires_ms,
                 task,
@@ -257,18 +310,89 @@ impl ExplicitLocks {
 
     /// Releases lock `id` on `monitor` and waits until the backend has released it.
     pub async fn release(&self, monitor: &str, id: &Uuid) -> Result<u64, Refused> {
-        let held = {
-            let mut table = self.table();
-            match table.get(id) {
-                Some(h) if h.monitor == monitor => table.remove(id),
-                _ => None,
-            }
-        }
-        .ok_or(Refused::Unknown)?;
+        let held = self.take(monitor, id)?;
         let token = held.token;
         drop(held.deadline);
         let _ = held.task.await;
         Ok(token)
+    }
+
+    /// An operator's release of lock `id` on `monitor`, by `by` for `reason`: released as by its
+    /// holder (waiting for the writes in flight under it), logged, published as a loss, and
+    /// remembered so that the holder's next call with the lock is told why it is gone.
+    pub async fn force_release(
+        &self,
+        monitor: &str,
+        id: &Uuid,
+        by: String,
+        reason: Option<String>,
+    ) -> Result<u64, Refused> {
+        let held = self.take(monitor, id)?;
+        let token = held.token;
+        let event_reason = match &reason {
+            Some(r) => format!("force-released: {r}"),
+            None => "force-released".to_string(),
+        };
+        let _ = held.forced.set(event_reason);
+        tracing::warn!(
+            lock = %id, monitor, token, holder_info = %held.info, by = %by,
+            reason = reason.as_deref().unwrap_or("none given"),
+            "explicit lock force-released by an operator; the holder's next call with it is refused"
+        );
+        let forced = Forced {
+            monitor: monitor.to_string(),
+            at_ms: super::hub::now_ms(),
+            by,
+            reason,
+        };
+        {
+            let mut kept = self.forced.lock().unwrap_or_else(|p| p.into_inner());
+            if kept.len() >= FORCED_KEPT {
+                kept.pop_front();
+            }
+            kept.push_back((*id, forced));
+        }
+        drop(held.deadline);
+        let _ = held.task.await;
+        Ok(token)
+    }
+
+    /// The force release of lock `id`, if an operator released it lately.
+    pub fn forced(&self, id: &Uuid) -> Option<Forced> {
+        let kept = self.forced.lock().unwrap_or_else(|p| p.into_inner());
+        kept.iter()
+            .rev()
+            .find(|(k, _)| k == id)
+            .map(|(_, f)| f.clone())
+    }
+
+    /// Every lock held, by monitor then id.
+    pub fn list(&self) -> Vec<HeldView> {
+        let mut all: Vec<HeldView> = self
+            .table()
+            .iter()
+            .map(|(id, h)| HeldView {
+                lock_id: id.to_string(),
+                monitor: h.monitor.clone(),
+                token: h.token,
+                lock_type: h.lock_type,
+                info: h.info.clone(),
+                ttl_ms: h.ttl.as_millis() as u64,
+                expires: h.expires_ms,
+            })
+            .collect();
+        all.sort_by(|a, b| (&a.monitor, &a.lock_id).cmp(&(&b.monitor, &b.lock_id)));
+        all
+    }
+
+    /// Removes lock `id` on `monitor` from the table.
+    fn take(&self, monitor: &str, id: &Uuid) -> Result<Held, Refused> {
+        let mut table = self.table();
+        match table.get(id) {
+            Some(h) if h.monitor == monitor => table.remove(id),
+            _ => None,
+        }
+        .ok_or(Refused::Unknown)
     }
 
     /// Releases every lock (shutdown) and waits up to `limit` for the backend.

@@ -235,6 +235,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     let bound = listener
         .local_addr()
         .map_err(|e| CliError::new(EX_SOFTWARE, e))?;
+    state.ui.set_listening(bound.to_string());
     let gate_listener = match state.settings.gateway.listen {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| {

@@ -48,6 +48,7 @@ fn api_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(lock_routes::release_lock))
         .routes(routes!(lock_routes::keep_alive))
         .routes(routes!(lock_routes::clear_stray))
+        .routes(routes!(lock_routes::force_release))
         .routes(routes!(super::events::stream))
 }
 
@@ -67,8 +68,9 @@ pub fn document() -> utoipa::openapi::OpenApi {
 }
 
 /// The application: API routes under `/v1` (bearer tokens when configured, concurrency limit,
-/// request timeout, body limit), the OpenAPI document and the API docs (bearer tokens too), the
-/// status page `/ui` (read without a token; concurrency limit and request timeout),
+/// request timeout, body limit), the OpenAPI document and the API docs (without a token: they
+/// hold no data, and a browser cannot send one), the status page `/ui` (read without a token;
+/// concurrency limit and request timeout),
 /// `/healthz`, `/readyz`, `/metrics`; JSON errors for unknown routes and methods; request
 /// counting; panics turned into 500 answers.
 pub fn router(state: Arc<AppState>, tokens: Arc<super::access::Tokens>) -> Router {
@@ -88,10 +90,7 @@ pub fn router(state: Arc<AppState>, tokens: Arc<super::access::Tokens>) -> Route
         )
         .route("/docs", get(openapi::docs_page))
         .route("/docs/redoc.standalone.js", get(openapi::docs_asset))
-        .route_layer(middleware::from_fn_with_state(
-            tokens.clone(),
-            super::access::authenticate,
-        ));
+        .route("/docs/redoc-logo.svg", get(openapi::docs_logo));
     // The status page reads without a token (its actions are `/v1` routes, which need one).
     let status_page = Router::new()
         .route("/ui", get(super::ui::page))

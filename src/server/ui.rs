@@ -1,9 +1,12 @@
-//! The status page, `GET /ui`: the lock backend's state, the monitors that have a holder or
-//! waiters (paged, filtered by name), the journal, the dead letters and the recent events,
+//! The status page, `GET /ui`: which instance it is, the lock backend's state, the monitors
+//! that have a holder or waiters (paged, filtered by name), the explicit locks this instance
+//! holds (lease, expiry, `lock_id`), the journal, the dead letters and the recent events,
 //! rendered on the server from the templates in `assets/ui/` (compiled into the binary,
 //! HTML-escaped by the template engine). A small script (`assets/ui/ui.js`) refreshes the live
 //! part (`GET /ui/status`) every second and runs the page's actions through the `/v1` API,
-//! with the bearer token typed into the page in the `Authorization` header.
+//! with the bearer token typed into the page in the `Authorization` header: replay a dead
+//! letter, replay them all, discard one, clear a stray mutex, force-release an explicit lock
+//! (all but replaying one and clearing a stray after a confirmation).
 //!
 //! The page reads without a token; the actions are `/v1` routes, so they need one when
 //! `server.auth.tokens.file` is set. No cookie is used, so no other site can act for the
@@ -152,6 +155,11 @@ struct HolderRow {
     lock_type: String,
     age: String,
     node: Option<String>,
+    /// The end of the holder's lease (the Elasticsearch lease lock, or an explicit lock of this
+    /// instance), in UTC.
+    expires: Option<String>,
+    /// The explicit lock's id, when this instance holds the lock for a caller.
+    lock_id: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -194,6 +202,8 @@ fn zk_row(m: zkguard::zk::MonitorState) -> MonitorRow {
         lock_type: h.lock_type.clone().unwrap_or_else(|| class_of(&h.class).0),
         age: age_ms(h.age_ms),
         node: Some(h.node.clone()),
+        expires: None,
+        lock_id: None,
     });
     let waiters = m
         .queue
@@ -237,6 +247,8 @@ fn es_row(row: &serde_json::Value) -> MonitorRow {
             lock_type: text("lock_type").unwrap_or_default(),
             age: since_epoch_ms(row["acquired_ms"].as_u64().unwrap_or(0)),
             node: None,
+            expires: row["expires_ms"].as_u64().map(utc),
+            lock_id: None,
         }),
         waiters: Vec::new(),
         waiting: row["foreground_waiters"].as_u64().unwrap_or(0) as usize,
@@ -307,6 +319,88 @@ struct LetterRow {
     age: String,
 }
 
+/// An explicit lock this instance holds for a caller.
+#[derive(Debug, Serialize)]
+struct ExplicitRow {
+    lock_id: String,
+    monitor: String,
+    token: u64,
+    lock_type: String,
+    info: String,
+    /// The lease each keep-alive renews.
+    lease: String,
+    /// The lease's end, in UTC.
+    expires: String,
+    /// How long until then.
+    expires_in: String,
+}
+
+fn explicit_rows(state: &AppState) -> Vec<ExplicitRow> {
+    let now = super::hub::now_ms();
+    state
+        .explicit
+        .list()
+        .into_iter()
+        .map(|l| ExplicitRow {
+            expires: utc(l.expires),
+            expires_in: age_ms(l.expires.saturating_sub(now)),
+            lease: age_ms(l.ttl_ms),
+            lock_id: l.lock_id,
+            monitor: l.monitor,
+            token: l.token,
+            lock_type: l.lock_type.as_str().to_string(),
+            info: l.info,
+        })
+        .collect()
+}
+
+/// Names, on the holders that are explicit locks of this instance (same monitor and token),
+/// their `lock_id` and the end of their lease.
+fn mark_explicit(state: &AppState, rows: &mut [MonitorRow]) {
+    let held = state.explicit.list();
+    if held.is_empty() {
+        return;
+    }
+    for row in rows {
+        let Some(holder) = row.holder.as_mut() else {
+            continue;
+        };
+        if let Some(l) = held
+            .iter()
+            .find(|l| l.monitor == row.monitor && Some(l.token) == row.token)
+        {
+            holder.lock_id = Some(l.lock_id.clone());
+            holder.expires = Some(utc(l.expires));
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch as `2026-11-28 12:00:00 UTC`.
+fn utc(ms: u64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms as i64).map_or_else(String::new, |t| {
+        t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+    })
+}
+
+/// Which instance serves the page: its host, address, owner id (written into the lock nodes
+/// or lease documents it creates), process and version.
+fn instance(state: &AppState) -> Value {
+    let host = hostname::get()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    let id = match &state.backend {
+        Backend::ZooKeeper(s) => s.owner_id().to_string(),
+        Backend::Elasticsearch(s) => s.owner_prefix().to_string(),
+    };
+    context! {
+        host,
+        listen => state.ui.listening().unwrap_or("not bound yet"),
+        id,
+        pid => std::process::id(),
+        version => env!("CARGO_PKG_VERSION"),
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct EventRow {
     #[serde(flatten)]
@@ -320,7 +414,7 @@ async fn status_html(state: &AppState, q: &Query) -> Result<String, ApiError> {
         Backend::ZooKeeper(s) => ("ZooKeeper", s.is_connected()),
         Backend::Elasticsearch(_) => ("Elasticsearch lease lock", state.lock_problem().is_none()),
     };
-    let (listed, listing_error) = match monitors(state, q).await {
+    let (mut listed, listing_error) = match monitors(state, q).await {
         Ok(listed) => (listed, None),
         Err(e) => {
             tracing::debug!(error = %e, "the status page cannot list the locks");
@@ -336,6 +430,7 @@ async fn status_html(state: &AppState, q: &Query) -> Result<String, ApiError> {
             )
         }
     };
+    mark_explicit(state, &mut listed.rows);
     let pages = listed.total.div_ceil(q.per_page).max(1);
     let first = (q.page - 1) * q.per_page + 1;
     let letters = state.ui.deadletters(state.executor.sink().as_ref()).await;
@@ -378,6 +473,7 @@ async fn status_html(state: &AppState, q: &Query) -> Result<String, ApiError> {
         .collect();
     let journal = &state.journal;
     let view = context! {
+        instance => instance(state),
         backend => context! { kind, connected },
         es_ok => state.es_problem().is_none(),
         journal => context! {
@@ -387,6 +483,7 @@ async fn status_html(state: &AppState, q: &Query) -> Result<String, ApiError> {
             problem => journal.problem().is_some(),
         },
         explicit => state.explicit.len(),
+        explicit_locks => Serde(explicit_rows(state)),
         generated => chrono::Utc::now().format("%Y-%m-%d %H:%M:%S UTC").to_string(),
         filter => &q.filter,
         total => listed.total,
@@ -543,6 +640,8 @@ mod tests {
                 lock_type: "foreground".into(),
                 age: "1.0 s".into(),
                 node: Some("A-0000000001".into()),
+                expires: Some("2026-11-28 12:00:00 UTC".into()),
+                lock_id: Some("5b1c".into()),
             }),
             waiters: vec![WaiterRow {
                 node: "B-0000000002".into(),
@@ -572,6 +671,17 @@ mod tests {
             es_ok => false,
             journal => context! { depth => 2, oldest => Some("3.0 s"), bytes => "1 B", problem => false },
             explicit => 1,
+            explicit_locks => Serde(vec![ExplicitRow {
+                lock_id: "5b1c".into(),
+                monitor: evil.into(),
+                token: 9,
+                lock_type: "foreground".into(),
+                info: evil.into(),
+                lease: "30 s".into(),
+                expires: "2026-11-28 12:00:00 UTC".into(),
+                expires_in: "29 s".into(),
+            }]),
+            instance => context! { host => evil, listen => "127.0.0.1:7717", id => evil, pid => 1, version => "0" },
             generated => "now",
             filter => evil,
             total => 1, held => Some(1), queued => 2, page => 1, pages => 1, first => 1, last => 1,
@@ -606,6 +716,14 @@ mod tests {
             "the caller's key beside the id: {status}"
         );
         assert!(status.contains(r#"data-action="clear-stray""#), "{status}");
+        for action in [
+            r#"data-action="discard" data-id="0b0e""#,
+            r#"data-action="replay-all""#,
+            r#"data-action="force-release""#,
+            r#"data-lock-id="5b1c""#,
+        ] {
+            assert!(status.contains(action), "{action}: {status}");
+        }
         let page = render(
             "page.html",
             context! {

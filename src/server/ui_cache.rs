@@ -1,7 +1,8 @@
 //! What the status page (`GET /ui`) shares between its viewers: the dead-letter listing, read
-//! at most every [`DEAD_LETTERS_FRESH`] however many pages are open.
+//! at most every [`DEAD_LETTERS_FRESH`] however many pages are open, and the address this
+//! instance listens on (which the page names).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use zkguard::write::deadletter::{DeadLetter, DeadLetterSink};
@@ -18,9 +19,20 @@ pub type Letters = Arc<Result<Vec<DeadLetter>, String>>;
 #[derive(Debug, Default)]
 pub struct UiCache {
     letters: Mutex<Option<(Instant, Letters)>>,
+    listening: OnceLock<String>,
 }
 
 impl UiCache {
+    /// Records the address the service listens on (once bound).
+    pub fn set_listening(&self, address: String) {
+        let _ = self.listening.set(address);
+    }
+
+    /// The address the service listens on, once bound.
+    pub fn listening(&self) -> Option<&str> {
+        self.listening.get().map(String::as_str)
+    }
+
     /// Forgets the dead-letter listing (after a replay or a discard).
     pub fn forget_deadletters(&self) {
         *self.letters.lock().unwrap_or_else(|p| p.into_inner()) = None;

@@ -21,7 +21,7 @@ use super::errors::{from_guarded, ApiError};
 use super::journal::{Entry, Finished, OpState};
 use super::params::{
     body_error, check_doc_id, check_index, check_monitor, document_monitor, parse_json,
-    parse_op_id, parse_params, path_error, unknown_lock, WriteParams, WriteRoute, INFO,
+    parse_op_id, parse_params, path_error, WriteParams, WriteRoute, INFO,
 };
 use super::state::AppState;
 
@@ -266,7 +266,7 @@ async fn under_lock(
     let (monitor, shared) = state
         .explicit
         .guard(&lock_id)
-        .map_err(|_| unknown_lock(&op.monitor, &lock_id))?;
+        .map_err(|_| super::lock_routes::lock_gone(state, &op.monitor, &lock_id))?;
     if monitor != op.monitor {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -276,7 +276,7 @@ async fn under_lock(
     }
     let held = shared.read().await;
     let Some(guard) = held.as_ref() else {
-        return Err(unknown_lock(&op.monitor, &lock_id));
+        return Err(super::lock_routes::lock_gone(state, &op.monitor, &lock_id));
     };
     let result = state.writer.write_under(guard.as_ref(), &op).await;
     drop(held);

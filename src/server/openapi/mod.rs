@@ -18,5 +18,5 @@ pub use answers::WriteAnswers;
 pub use doc::{base, finish};
 pub use params::*;
 pub use schemas::*;
-pub use site::{docs_asset, docs_page, openapi_json};
+pub use site::{docs_asset, docs_logo, docs_page, openapi_json};
 pub use txn_schemas::*;

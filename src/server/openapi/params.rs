@@ -183,6 +183,16 @@ pub struct DiscardQuery {
     pub reason: Option<String>,
 }
 
+/// Why an operator force-releases a lock.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ForceReleaseQuery {
+    /// Why (logged with the release, and told to the holder on its next call with the lock; at
+    /// most 1024 bytes).
+    #[param(example = "holder hung since 02:00")]
+    pub reason: Option<String>,
+}
+
 /// A transaction.
 #[derive(IntoParams)]
 #[into_params(parameter_in = Path)]

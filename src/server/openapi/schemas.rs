@@ -141,6 +141,23 @@ pub struct Released {
     pub released: bool,
 }
 
+/// An explicit lock an operator force-released.
+#[derive(ToSchema)]
+pub struct ForceReleased {
+    /// The lock's id.
+    pub lock_id: String,
+    /// The monitor object.
+    pub monitor: String,
+    /// The token it held.
+    pub token: u64,
+    /// Always `true` in a 200.
+    pub released: bool,
+    /// Always `true`: an operator released it, not its holder.
+    pub forced: bool,
+    /// The reason given, if any.
+    pub reason: Option<String>,
+}
+
 /// What clearing a monitor's stray mutex did.
 #[derive(ToSchema)]
 pub struct StrayCleared {
