@@ -21,8 +21,10 @@ use futures::{Stream, StreamExt};
 use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::gate::MAX_BODY;
 use super::reply::{Dress, GateError};
+
+/// The largest request body the gate reads (Elasticsearch's default `http.max_content_length`).
+pub const MAX_BODY: usize = 100 << 20;
 
 /// What went wrong with a request's body, if anything.
 #[derive(Debug, Clone, PartialEq, Eq)]

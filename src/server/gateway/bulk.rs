@@ -614,7 +614,7 @@ fn routed(routing: &Option<String>) -> Vec<(String, String)> {
 /// The documents `to_read` (index, id, routing) as the `_mget` `answer` found them, each
 /// `Ok(None)` when absent. One stored document the gate cannot read makes the whole answer
 /// unreadable: the documents are then read one by one, so that only that document's items
-/// fail ([`super::single::unreadable`]) and none is taken for absent.
+/// fail ([`super::current::unreadable`]) and none is taken for absent.
 ///
 /// # Errors
 /// The cluster's refusal or failure of the `_mget`.

@@ -1,7 +1,10 @@
 //! The stored document a guarded write reads under its lock, shared by the single-document
 //! routes, `_bulk` and the writes of ids `.` and `..`.
 
+use axum::http::StatusCode;
 use serde_json::Value;
+
+use super::reply::GateError;
 
 /// A stored document, as a realtime GET found it.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,4 +29,18 @@ impl Current {
             version: found["_version"].as_i64().unwrap_or(-1),
         })
     }
+}
+
+/// 422 `zkguard_unreadable_document_exception`: the stored document `concrete/id`, which the
+/// write depends on, cannot be read by the gate (`why`: the JSON parser's reason). Not 5xx,
+/// which clients retry in vain; not 404 or 409, which would misstate what is stored.
+pub fn unreadable(concrete: &str, id: &str, why: &str) -> GateError {
+    GateError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "zkguard_unreadable_document_exception",
+        format!(
+            "zkguard: the stored document [{concrete}/{id}] cannot be read by the gate ({why}; the gate reads no lone UTF-16 surrogate escape such as \\ud800 and no nesting deeper than 128 levels), and this write depends on it (create, update, if_seq_no); nothing was written: replace the document whole (an index, which does not read it) or delete it, then send the write again"
+        ),
+    )
+    .about(concrete, id)
 }

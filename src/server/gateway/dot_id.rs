@@ -10,10 +10,10 @@ use axum::http::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
 use super::backend::Answer;
+use super::current::unreadable;
 use super::current::Current;
 use super::gate::{encode, unavailable, Gateway};
 use super::reply::GateError;
-use super::single::unreadable;
 
 /// Whether `id` (decoded) is one a path cannot carry through the gate's HTTP client.
 pub fn is_dot(id: &str) -> bool {

@@ -18,8 +18,6 @@ use super::reply::GateError;
 use crate::server::access::Tokens;
 use crate::server::state::AppState;
 
-/// The largest request body the gate reads (Elasticsearch's default `http.max_content_length`).
-pub const MAX_BODY: usize = 100 << 20;
 /// How long a name found to be a concrete index (not an alias) is remembered.
 const CONCRETE_FOR: Duration = Duration::from_secs(60);
 

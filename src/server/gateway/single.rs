@@ -13,6 +13,7 @@ use zkguard::{Guard, LockRequest};
 
 use crate::server::hub::{Happened, Kind};
 
+use super::current::unreadable;
 use super::gate::{encode, lock_failed, lock_lost, unavailable, Gateway, LockPlan, TOKEN_ANSWER};
 use super::merge::merge;
 use super::params::{cas_errors, check, validation, Checked, Shape, SourceFilter};
@@ -20,20 +21,6 @@ use super::reply::{Dress, GateError};
 use super::route::DocOp;
 
 pub use super::current::Current;
-
-/// 422 `zkguard_unreadable_document_exception`: the stored document `concrete/id`, which the
-/// write depends on, cannot be read by the gate (`why`: the JSON parser's reason). Not 5xx,
-/// which clients retry in vain; not 404 or 409, which would misstate what is stored.
-pub fn unreadable(concrete: &str, id: &str, why: &str) -> GateError {
-    GateError::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "zkguard_unreadable_document_exception",
-        format!(
-            "zkguard: the stored document [{concrete}/{id}] cannot be read by the gate ({why}; the gate reads no lone UTF-16 surrogate escape such as \\ud800 and no nesting deeper than 128 levels), and this write depends on it (create, update, if_seq_no); nothing was written: replace the document whole (an index, which does not read it) or delete it, then send the write again"
-        ),
-    )
-    .about(concrete, id)
-}
 
 /// The document of a realtime GET answer's `body` (`concrete/id`); `None` when not found.
 ///
