@@ -617,6 +617,27 @@ async fn final_documents(ctx: &Ctx, es: &str) -> HashMap<String, Value> {
     }
 }
 
+/// How often, by the service's logs, a writer found a stopped transaction's mark under its lock
+/// and finished or undid it there, and the service's recovery decided a transaction.
+fn settlements(dir: &std::path::Path) -> String {
+    let mut logs = String::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        if entry.path().extension().is_some_and(|e| e == "log") {
+            logs += &std::fs::read_to_string(entry.path()).unwrap_or_default();
+        }
+    }
+    let count = |what: &str| logs.lines().filter(|l| l.contains(what)).count();
+    format!(
+        "marks of stopped transactions finished by a later writer {}, undone by a later writer \
+         {}; transactions decided by recovery {}",
+        count("finishing a committed transaction's write found under the lock"),
+        count("undoing another transaction's write found under the lock"),
+        logs.lines()
+            .filter(|l| l.contains("multi::recover") && l.contains(" recovered"))
+            .count()
+    )
+}
+
 /// Creates the index and the accounts, straight in the cluster.
 async fn open_accounts(http: &Client, es: &str, index: &str, accounts: &[String]) {
     let stored = json!({"type": "object", "enabled": false});
@@ -662,6 +683,8 @@ pub async fn run_bank(plan: BankPlan, zk: &ZkServer, es: &str, seed: u64) -> Ban
         extra: [
             ("ZKGUARD_SERVER_GATEWAY_LISTEN", "127.0.0.1:0".to_string()),
             ("ZKGUARD_TXN_RECOVERY_AFTER", "2000".to_string()),
+            // For the counts of marks settled and transactions recovered (`settlements`).
+            ("RUST_LOG", "warn,zkguard::txn::multi=info".to_string()),
             ("ZKGUARD_TXN_LOG_INDEX", format!("bank-txn-log-{tag}")),
             (
                 "ZKGUARD_SERVER_JOURNAL_PATH",
@@ -748,6 +771,7 @@ pub async fn run_bank(plan: BankPlan, zk: &ZkServer, es: &str, seed: u64) -> Ban
         eprintln!("  {kind}: {n}");
     }
     eprintln!("{report}");
+    eprintln!("  from the service's logs: {}", settlements(dir.path()));
     if !report.violations.is_empty() {
         // Keep the service's logs, journal and dead letters for whoever reads the failure.
         let kept = dir.path().display().to_string();
