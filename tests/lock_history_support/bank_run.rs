@@ -501,6 +501,9 @@ async fn faults(
                 while ctx.txns_in_flight.load(Ordering::SeqCst) == 0 && Instant::now() < wait {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
+                // At some point of its way: locking, logging, applying, committing, clearing.
+                let point = rng.gen_range(0..80);
+                tokio::time::sleep(Duration::from_millis(point)).await;
                 let in_flight = ctx.txns_in_flight.load(Ordering::SeqCst);
                 services.current.take().unwrap().kill();
                 *faults
