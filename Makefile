@@ -25,11 +25,13 @@ test-busy: deps
 test-docker: deps
 	cargo test --features docker --test docker_guarded -- --nocapture
 
-# The lock's fault-injection history test (tests/lock_history.rs) for as long as asked:
-# DURATION seconds of workload (default 600), split between a standalone ZooKeeper and a
-# 3-member ensemble, then the checker's verdict and the counts of operations and faults; then
-# the model check's random walks (tests/lock_model.rs) for DURATION seconds more.
-# `make test` runs the same tests for about 40 seconds each, the walks for 10 seconds.
+# The fault-injection history test (tests/lock_history.rs) for as long as asked: DURATION
+# seconds of workload (default 600), split in three: the lock against a standalone ZooKeeper and
+# against a 3-member ensemble, and the bank through `zkguard serve`'s gate and /v1 with the
+# service SIGKILLed and ZooKeeper killed and paused; each prints the checker's verdict and the
+# counts of operations and faults. Then the model check's random walks (tests/lock_model.rs)
+# for DURATION seconds more. `make test` runs the same tests for about 30-45 seconds each, the
+# walks for 10 seconds.
 DURATION ?= 600
 torture: deps
 	ZKGUARD_TORTURE_SECS=$(DURATION) cargo test --release --test lock_history -- --nocapture

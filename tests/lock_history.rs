@@ -38,22 +38,30 @@
 //! pins down the overtake the history once found: a background contender that had just read the
 //! queue took the mutex without verifying it, ahead of a foreground contender queued in between.
 //!
-//! The two runs take about 40 seconds each (longer if a fault has not been injected yet), one
+//! The bank run (`bank_through_the_gate_and_v1_under_service_and_zookeeper_faults`) checks the
+//! same way what `zkguard serve` acknowledges: depositors write accounts through the gate and
+//! `/v1` in every way the service takes a write while the service is SIGKILLed and ZooKeeper
+//! killed and paused, and `lock_history_support::bank` finds every acknowledged write in the
+//! final documents (docs/testing.md, "The history test").
+//!
+//! The two lock runs take about 40 seconds each (longer if a fault has not been injected yet), one
 //! after the other (they share the machine's two cores with four ZooKeeper servers). `make torture DURATION=600` runs them for as long as asked
-//! (`ZKGUARD_TORTURE_SECS`, split between them) and prints the counts of operations and faults;
+//! (`ZKGUARD_TORTURE_SECS`, split between the three runs) and prints the counts of operations and faults;
 //! `ZKGUARD_HISTORY_SEED` repeats a run's random choices (not their timing), and
 //! `ZKGUARD_HISTORY_DUMP=DIR` writes each history there, one event per line.
 
 mod common;
 mod lock_history_support;
+mod serve_support;
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use lock_history_support::bank_run::{run_bank, BankPlan};
 use lock_history_support::checker::Report;
 use lock_history_support::faults::Cluster;
 use lock_history_support::history::FaultKind;
-use lock_history_support::run::{run, workload, Plan};
+use lock_history_support::run::{run, seed, workload, Plan};
 use zkguard::testkit::{OsmemServer, ZkEnsemble, ZkServer};
 
 /// The runs share one osmem-server (each writes an index of its own) and take turns: the
@@ -103,7 +111,7 @@ async fn history_against_a_standalone_zookeeper_under_faults() {
         child_slots: 2,
         monitors: 3,
         session_timeout: Duration::from_millis(2000),
-        workload: workload(Duration::from_secs(30), 0.5),
+        workload: workload(Duration::from_secs(30), 1.0 / 3.0),
         quiet_gap: Duration::from_millis(1500),
     };
     let report = run(plan, &cluster, es).await;
@@ -142,9 +150,41 @@ async fn history_against_an_ensemble_under_leader_kills_and_isolation() {
         child_slots: 1,
         monitors: 3,
         session_timeout: Duration::from_millis(3000),
-        workload: workload(Duration::from_secs(25), 0.5),
+        workload: workload(Duration::from_secs(25), 1.0 / 3.0),
         quiet_gap: Duration::from_millis(2000),
     };
     let report = run(plan, &cluster, es).await;
     assert_clean("ensemble", &report);
+}
+
+/// The bank through `zkguard serve`: depositors write accounts through the gate (`_update`,
+/// plain `_bulk`, read-modify-write `PUT` with `if_seq_no`, transfers as atomic `_bulk`s) and
+/// through `/v1` (merge patches, transfers as `POST /v1/transactions`, background `/v1/bulk`
+/// operations), while the service is SIGKILLed and started again on its journal (killing the
+/// coordinators of the transactions in flight) and ZooKeeper is killed and paused. The checker
+/// (`lock_history_support::bank`, shown able to fail in `bank_tests`) finds every acknowledged
+/// write in the final documents, no write answered as failed, every transfer all or nothing,
+/// every background operation applied or parked and no transaction's mark left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bank_through_the_gate_and_v1_under_service_and_zookeeper_faults() {
+    common::init_tracing();
+    let _turn = TURN.lock().await;
+    let es = tokio::task::spawn_blocking(osmem).await.unwrap();
+    let zk = tokio::task::spawn_blocking(|| ZkServer::builder().tick_time(500).start())
+        .await
+        .unwrap()
+        .expect("start ZooKeeper (run scripts/install-deps.sh)");
+    let plan = BankPlan {
+        accounts: 5,
+        depositors: 6,
+        workload: workload(Duration::from_secs(45), 1.0 / 3.0),
+        quiet_gap: Duration::from_secs(3),
+    };
+    let report = run_bank(plan, &zk, es.url(), seed()).await;
+    assert!(
+        report.violations.is_empty(),
+        "[bank] the checker found {} violation(s):\n{}",
+        report.violations.len(),
+        report.violations.join("\n")
+    );
 }

@@ -1,9 +1,15 @@
 //! The fault-injection history test of the ZooKeeper priority lock: the history it records
 //! ([`history`]), the checker over it ([`checker`], shown able to fail in `checker_tests`), the
 //! contenders ([`workers`] in this process, [`children`] as `zkguard exec` processes), the
-//! faults ([`faults`]) and the run that ties them together ([`run`]).
+//! faults ([`faults`]) and the run that ties them together ([`run`]); and the bank through
+//! `zkguard serve` ([`bank`] its history and checker, shown able to fail in `bank_tests`;
+//! [`bank_run`] the depositors, the faults and the final state).
 #![allow(dead_code)]
 
+pub mod bank;
+pub mod bank_run;
+#[cfg(test)]
+mod bank_tests;
 pub mod checker;
 #[cfg(test)]
 mod checker_tests;

@@ -50,7 +50,7 @@ pub fn workload(default: Duration, share: f64) -> Duration {
 }
 
 /// The seed of the run's random choices: `ZKGUARD_HISTORY_SEED`, or a fresh one (printed).
-fn seed() -> u64 {
+pub fn seed() -> u64 {
     std::env::var("ZKGUARD_HISTORY_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
