@@ -228,9 +228,9 @@ const NO_SERIAL_ORDER: u8 = u8::MAX;
 
 /// The serial specification of document `d`: its acknowledged writes applied in token order.
 pub fn expected(w: &TxnWorld, d: usize) -> Option<Content> {
-    w.acked[d]
-        .iter()
-        .fold(Some(vec![0]), |doc, &(_, effect)| match effect {
+    let mut doc = Some(vec![0]);
+    for &(_, effect) in &w.acked[d] {
+        doc = match effect {
             Effect::Index(id) => Some(vec![id]),
             Effect::Append(id) => {
                 let mut c = doc.unwrap_or_else(|| vec![NO_SERIAL_ORDER]);
@@ -238,7 +238,9 @@ pub fn expected(w: &TxnWorld, d: usize) -> Option<Content> {
                 Some(c)
             }
             Effect::Delete => None,
-        })
+        };
+    }
+    doc
 }
 
 fn ack(w: &mut TxnWorld, d: usize, token: u64, effect: Effect) {
