@@ -3,6 +3,7 @@
 //! session each, with the faults the explorer may inject.
 
 mod client;
+pub mod txn;
 pub mod zk;
 
 use std::collections::VecDeque;

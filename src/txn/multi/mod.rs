@@ -41,6 +41,7 @@ use serde_json::Value;
 use crate::es::EsError;
 use crate::lock::{LockError, LockType};
 
+pub mod decide;
 mod engine;
 mod plan;
 mod record;

@@ -256,9 +256,8 @@ pub(super) fn marked_by(source: &Value, id: &str) -> bool {
 /// transaction must not rewrite it. A document read without its version (`-1`) counts as the
 /// transaction's.
 pub(super) fn is_own_write(doc: &Doc) -> bool {
-    doc.meta.version < 0
-        || Stamp::of(&doc.source)
-            .is_some_and(|s| i64::try_from(s.token).is_ok_and(|t| t == doc.meta.version))
+    super::decide::Rules::PRODUCT
+        .own_write(Stamp::of(&doc.source).map(|s| s.token), doc.meta.version)
 }
 
 /// `source` without the mark of transaction `id` (anything else as it is).

@@ -7,6 +7,7 @@ use serde::Serialize;
 use serde_json::json;
 use tracing::{info, warn, Instrument};
 
+use super::decide::{DocStep, Recovery, Rules, Settle};
 use super::engine::{canonical, clear_action, if_match, is_marked, store_err, Held, Locking};
 use super::plan::{after_image, op_id, rewritten, stamped};
 use super::record::{user_source, without_mark, TxnRecord};
@@ -127,15 +128,15 @@ impl Transactions {
             };
             // Read again under the locks: the state may have moved since the search.
             let result = match self.get(id).await {
-                Ok(Some(mut record)) => match record.state {
-                    MultiState::Committed => self.finish(&mut record, &held).await,
-                    MultiState::Pending | MultiState::RollingBack => {
+                Ok(Some(mut record)) => match Rules::PRODUCT.recovery(record.state) {
+                    Recovery::Finish => self.finish(&mut record, &held).await,
+                    Recovery::RollBack { .. } => {
                         let reason = record.reason.clone().unwrap_or_else(|| {
                             format!("undone by recovery: its coordinator stopped before the commit (the log said {})", record.state)
                         });
                         self.roll_back(&mut record, &held, &reason, true).await
                     }
-                    MultiState::Finished | MultiState::RolledBack => Ok(()),
+                    Recovery::Nothing => Ok(()),
                 }
                 .map(|()| Some(record.state)),
                 Ok(None) => Err(MultiError::NotFound {
@@ -167,7 +168,7 @@ impl Transactions {
         fence_all: bool,
     ) -> Result<(), MultiError> {
         let id = record.transaction_id.clone();
-        if record.state == MultiState::Pending {
+        if let Recovery::RollBack { move_log: true } = Rules::PRODUCT.recovery(record.state) {
             record.state = MultiState::RollingBack;
             record.reason = Some(reason.to_string());
             record.modified = now_rfc3339();
@@ -181,8 +182,9 @@ impl Transactions {
             let doc = docs[i].as_ref();
             let undo_id = op_id(&id, i, true);
             let part = &record.participants[i];
-            if is_marked(doc, record) {
-                writes.push(match &part.before {
+            let how = Settle::RollBack { fence_all };
+            match Rules::PRODUCT.settle_doc(how, is_marked(doc, record), doc.is_some()) {
+                DocStep::Before => writes.push(match &part.before {
                     Some(before) => BulkAction::Index {
                         index: op.index.clone(),
                         id: op.id.clone(),
@@ -201,17 +203,20 @@ impl Transactions {
                         id: op.id.clone(),
                         condition: crate::write::fence::condition(token),
                     },
-                });
-            } else if let (true, Some(doc)) = (fence_all, doc) {
-                writes.push(BulkAction::Index {
-                    index: op.index.clone(),
-                    id: op.id.clone(),
-                    // A copy of this transaction's mark on a later write loses it here, so
-                    // that the rewrite (whose version matches its stamp) is never taken for
-                    // the transaction's own write.
-                    source: without_mark(rewritten(&doc.source, token), &id),
-                    condition: crate::write::fence::condition(token),
-                });
+                }),
+                DocStep::Fence => {
+                    let doc = doc.expect("only an existing document is fenced");
+                    writes.push(BulkAction::Index {
+                        index: op.index.clone(),
+                        id: op.id.clone(),
+                        // A copy of this transaction's mark on a later write loses it here, so
+                        // that the rewrite (whose version matches its stamp) is never taken for
+                        // the transaction's own write.
+                        source: without_mark(rewritten(&doc.source, token), &id),
+                        condition: crate::write::fence::condition(token),
+                    });
+                }
+                DocStep::Leave | DocStep::After => {}
             }
         }
         self.write_all(&id, &writes, "undoing").await?;
@@ -231,7 +236,10 @@ impl Transactions {
         let docs = self.read_all(&record.operations).await?;
         let mut writes = Vec::new();
         for i in canonical(&record.operations) {
-            if !is_marked(docs[i].as_ref(), record) {
+            let doc = docs[i].as_ref();
+            let step =
+                Rules::PRODUCT.settle_doc(Settle::Finish, is_marked(doc, record), doc.is_some());
+            if step != DocStep::After {
                 continue;
             }
             let op = &record.operations[i];

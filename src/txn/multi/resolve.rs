@@ -4,10 +4,12 @@
 //! document (its after-image written unmarked), an undecided one is rolled back on this document
 //! at once (its other documents are left to its own recovery). A mark that is not the
 //! transaction's own write (a later writer copied the `zkguard` object along with the document:
-//! see [`super::record::is_own_write`]) decides nothing: the writer drops it.
+//! see [`super::record::is_own_write`]) decides nothing: the writer drops it. What to do is
+//! [`super::decide::Rules::on_mark`]'s decision.
 
 use tracing::info;
 
+use super::decide::{OnMark, Rules};
 use super::engine::{clear_action, store_err, Held};
 use super::plan::{after_image, op_id, rewritten, stamped};
 use super::record::{is_own_write, user_source, TxnRecord};
@@ -58,7 +60,9 @@ impl Transactions {
     /// Decides transaction `other` on `doc` (of `op`), which carries its mark: finishes it there
     /// when it is committed, rolls it back there when it is not; `true` when the document was
     /// written. Nothing is done for a mark that is not the transaction's own write, or whose
-    /// transaction is final or unknown: the caller writes the document without it.
+    /// transaction is unknown (or was rolled back before anything was logged): the caller
+    /// writes the document without it. The own write of a final transaction is settled again
+    /// as its log says ([`Rules::on_mark`]).
     async fn undo_if_undecided(
         &self,
         other: &str,
@@ -66,25 +70,25 @@ impl Transactions {
         doc: &Doc,
         token: u64,
     ) -> Result<bool, MultiError> {
-        let Some(mut record) = self.get(other).await? else {
-            // No record: the mark cannot be told apart from data; leave it.
-            return Ok(false);
-        };
-        if !is_own_write(doc) {
+        let mut record = self.get(other).await?;
+        let own = is_own_write(doc);
+        if record.is_some() && !own {
             info!(txn = %other, index = %op.index, id = %op.id, "a copy of a transaction's mark on a later write; it is dropped by this write");
-            return Ok(false);
         }
         // Another settler (a writer of another of its documents, or recovery) may move the
         // record between the read and the CAS: the loser reads it again and goes on from the
         // state the other left. Each lost CAS means the record moved on, and it moves at most
         // through pending, rolling-back/committed and a final state, so this ends.
         for attempt in 0.. {
-            match record.state {
-                MultiState::Finished | MultiState::RolledBack => return Ok(false),
-                MultiState::Committed => return self.finish_one(&record, op, token).await,
-                MultiState::RollingBack => break,
-                MultiState::Pending => {
-                    let mut moved = record.clone();
+            match Rules::PRODUCT.on_mark(record.as_ref().map(|r| r.state), own) {
+                OnMark::Leave => return Ok(false),
+                OnMark::Finish => {
+                    let record = record.as_ref().expect("a committed record was read");
+                    return self.finish_one(record, op, token).await;
+                }
+                OnMark::Restore => break,
+                OnMark::MoveThenRestore => {
+                    let mut moved = record.clone().expect("an undecided record was read");
                     moved.state = MultiState::RollingBack;
                     moved.reason = Some(format!(
                         "undone: its coordinator stopped before the commit, and a later writer of `{}/{}` found its mark",
@@ -94,21 +98,27 @@ impl Transactions {
                     match self.log_cas(&moved).await {
                         Ok(meta) => {
                             moved.meta = meta;
-                            record = moved;
+                            record = Some(moved);
                             break;
                         }
                         Err(MultiError::Fenced { .. }) if attempt < SETTLE_TRIES => {
                             info!(txn = %other, index = %op.index, id = %op.id, "another writer moved the transaction's log first; going on from its state");
-                            record =
-                                self.get(other).await?.ok_or_else(|| MultiError::NotFound {
+                            record = Some(self.get(other).await?.ok_or_else(|| {
+                                MultiError::NotFound {
                                     id: other.to_string(),
                                     index: self.settings.log_index.clone(),
-                                })?;
+                                }
+                            })?);
                         }
                         Err(e) => return Err(e),
                     }
                 }
             }
+        }
+        let record = record.expect("an undecided record was read");
+        if record.participants.is_empty() {
+            // Rolled back before anything was logged: it wrote nothing to restore.
+            return Ok(false);
         }
         let Some(i) = record
             .operations
@@ -230,8 +240,8 @@ impl crate::write::marks::MarkResolver for Transactions {
     /// Decides transaction `txn` on `index/id`: when it is committed the document gets its
     /// after-image unmarked (a deleted one is deleted); otherwise the transaction is moved to
     /// `rolling-back` and the document gets its logged before-image back. A mark that is a
-    /// later writer's copy, or of a final or unknown transaction, is left to the caller, which
-    /// writes without it.
+    /// later writer's copy, or of an unknown transaction, is left to the caller, which writes
+    /// without it.
     async fn resolve(
         &self,
         txn: &str,
