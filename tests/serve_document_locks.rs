@@ -174,7 +174,8 @@ async fn a_lock_that_stays_taken_is_423_even_when_the_wait_reaches_the_request_t
 
 /// `GET /v1/locks/{monitor}?wait=...&index=N` is a blocking query: its answer names the
 /// monitor's change index (`X-Zkguard-Index`), and a caller that sends it back waits until the
-/// holder or the queue changes; a waiter hears a release within 100 ms of it.
+/// holder or the queue changes; a waiter hears a release when it happens (woken by the change,
+/// well before its wait ends: the bound leaves what a busy machine adds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocking_query_on_a_monitor_answers_when_its_holder_changes() {
     let env = Env::new(&shared_zk().connect_string(), "lockwait");
@@ -235,8 +236,8 @@ async fn a_blocking_query_on_a_monitor_answers_when_its_holder_changes() {
     assert_eq!(v, json!([]), "the monitor is free");
     let after = answered.duration_since(released);
     assert!(
-        after < std::time::Duration::from_millis(100),
-        "the waiter heard {after:?} after the release"
+        after < std::time::Duration::from_secs(5),
+        "the waiter heard {after:?} after the release, as if its 20 s wait had to end first"
     );
     let m = scrape(&c, &s).await;
     assert_eq!(

@@ -146,9 +146,11 @@ async fn a_waiter_sees_its_operation_applied_as_soon_as_the_lock_is_released() {
     assert_eq!(v["status"], "applied", "{v}");
     assert!(v["token"].as_u64().is_some(), "{v}");
     let after = answered.duration_since(released);
+    // Woken by the write, not by the end of its 20 s wait (the bound leaves what a busy
+    // machine adds: 355 ms beside stress-ng, against 250 ms before).
     assert!(
-        after < std::time::Duration::from_millis(250),
-        "the waiter heard {after:?} after the release"
+        after < std::time::Duration::from_secs(5),
+        "the waiter heard {after:?} after the release, as if its 20 s wait had to end first"
     );
     let m = scrape(&c, &s).await;
     assert_eq!(

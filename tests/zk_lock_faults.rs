@@ -956,3 +956,85 @@ async fn a_waiter_dropped_while_giving_up_disconnected_leaves_no_node_on_its_liv
     next.unlock().await.unwrap();
     drop(sc);
 }
+
+/// A starving background waiter is re-queued as foreground: its new node exists, and the delete
+/// of its old background node never reaches the server (the connection is cut before it, and
+/// reconnections are refused). Cancelled while that delete waits for the connection, the waiter
+/// hands its old node (of its old attempt id) to the session's reaper, which deletes it once the
+/// session reaches the server again, and the new one (found by its new attempt id): no
+/// background node is left on the live session, where later background contenders would wait
+/// behind it for as long as it lives (issue 48, item 5's kind; the model check's
+/// `a_promoted_waiter_cancelled_while_its_old_node_goes_holds_every_property`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_waiter_cancelled_while_its_old_node_goes_leaves_no_node_on_its_live_session() {
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let mut settings = zk_settings(&proxy.connect_string(), "ghost-promoted");
+    // The session outlives the whole test: only the reaper can remove the nodes.
+    settings.session_timeout = Duration::from_secs(40);
+    settings.background_max_wait = Some(Duration::from_millis(500));
+    let mut direct_settings = settings.clone();
+    direct_settings.servers = direct.clone();
+    let monitor = format!("{}/G2", settings.lock_root);
+
+    let sh = session(&direct_settings).await;
+    let holder = ZkBlockingWriteLock::new("h", &sh, "G2")
+        .unwrap()
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    let sc = session(&settings).await;
+    // The waiter's first single delete is the promotion's delete of its old node: it never
+    // reaches the server. (Its queueing sends creates and multis, never a single delete.)
+    proxy.cut_before_and_block(OP_DELETE);
+    let waiter = ZkBlockingWriteLock::new("w", &sc, "G2")
+        .unwrap()
+        .with_type(LockType::Background)
+        .with_timeout(Duration::from_secs(30));
+    let waiting = tokio::spawn(async move { waiter.lock_with_timeout().await });
+    eventually(
+        Duration::from_secs(20),
+        "the promoted waiter's new node exists and the delete of its old one was cut",
+        || async {
+            proxy.cuts() == 1
+                && queued(&direct, &monitor, "A-").await == 2
+                && queued(&direct, &monitor, "B-").await == 1
+        },
+    )
+    .await;
+    waiting.abort();
+    if let Ok(result) = waiting.await {
+        assert!(result.is_err(), "the waiter cannot take a held lock");
+    }
+    assert_eq!(
+        (
+            queued(&direct, &monitor, "A-").await,
+            queued(&direct, &monitor, "B-").await
+        ),
+        (2, 1),
+        "both of the cancelled waiter's nodes are there while its session cannot reach the server"
+    );
+
+    // The session reaches the server again: its reaper removes both nodes.
+    proxy.unblock();
+    eventually(
+        Duration::from_secs(20),
+        "the cancelled waiter's old and new nodes are removed",
+        || async {
+            queued(&direct, &monitor, "B-").await == 0 && queued(&direct, &monitor, "A-").await == 1
+        },
+    )
+    .await;
+    holder.unlock().await.unwrap();
+    let next = ZkBlockingWriteLock::new("next", &sh, "G2")
+        .unwrap()
+        .with_type(LockType::Background)
+        .with_timeout(Duration::from_secs(10))
+        .lock_with_timeout()
+        .await
+        .expect("no node of the cancelled waiter blocks the monitor's background contenders");
+    next.unlock().await.unwrap();
+    drop(sc);
+}

@@ -48,8 +48,18 @@ async fn a_release_goes_out_before_it_returns_and_the_next_acquisition_finds_it_
     let (zk, settings) = counted_server("pipelined");
     let c = session(&settings).await;
     let lock = ZkBlockingWriteLock::new("w", &c, "R1").unwrap();
-    // Warm up: creates the root and the monitor node.
-    lock.try_lock().await.unwrap().unlock().await.unwrap();
+    // Warm up: creates the root and the monitor node. A lock with a timeout, not a try: a try
+    // gives up 1 s (`DEADLINE_OVERRUN`) after its zero timeout, which a fresh server's first
+    // creates can take on a busy machine.
+    ZkBlockingWriteLock::new("w", &c, "R1")
+        .unwrap()
+        .with_timeout(Duration::from_secs(30))
+        .lock_with_timeout()
+        .await
+        .unwrap()
+        .unlock()
+        .await
+        .unwrap();
     let cycles = 100u64;
     let before = zk.packets_received().unwrap();
     let mut releasing = lock.try_lock().await.unwrap().release();
