@@ -1962,6 +1962,45 @@ async fn concurrent_large_bulks_stay_within_a_memory_bound() {
     }
     let total: usize = counts.iter().flatten().sum();
     assert!(total > MEMORY_BULKS * MEMORY_ITEMS / 2, "{counts:?}");
+
+    // Four concurrent bulks of 100,000 items, beyond server.gateway.bulk.max.items: each is
+    // refused whole (413, naming the key) while it is parsed, before anything is locked, and
+    // the service's peak stays where the accepted bulks left it (before the bound, four such
+    // bulks peaked at 5 GB).
+    let huge: Vec<_> = (0..MEMORY_BULKS)
+        .map(|b| {
+            let mut body = String::with_capacity(100_000 * 40);
+            for k in 0..100_000 {
+                body.push_str(&format!("{{\"index\":{{\"_id\":\"{k}\"}}}}\n{{\"n\":1}}\n"));
+            }
+            let (c, url) = (c.clone(), format!("{g}/gate-mem-{tag}-huge-{b}/_bulk"));
+            tokio::spawn(async move {
+                let r = c
+                    .post(url)
+                    .header("content-type", "application/x-ndjson")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
+                (r.status(), r.text().await.unwrap_or_default())
+            })
+        })
+        .collect();
+    for run in huge {
+        let (status, text) = run.await.unwrap();
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{text}");
+        assert!(text.contains("server.gateway.bulk.max.items"), "{text}");
+    }
+    let after = peak_memory(s.child.id());
+    eprintln!(
+        "{MEMORY_BULKS} bulks of 100000 items: peak {} MB",
+        after >> 20
+    );
+    assert!(
+        after < 600 << 20,
+        "the service peaked at {} MB",
+        after >> 20
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
