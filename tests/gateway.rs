@@ -204,7 +204,9 @@ async fn a_gate_write_whose_lock_is_lost_on_the_way_is_fenced() {
     let zk = shared_zk().connect_string();
     let partition = zkguard::testkit::Partition::start(&zk).unwrap();
     let front = Front::start(shared_es().url());
-    let env = gate_env(partition.connect_string(), "stale", &front.url);
+    // The test waits for the service's session to expire: a short one.
+    let env = gate_env(partition.connect_string(), "stale", &front.url)
+        .with("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000");
     let s = env.start("a");
     let g = gate(&s);
     let c = client();

@@ -685,6 +685,8 @@ pub async fn run_bank(plan: BankPlan, zk: &ZkServer, es: &str, seed: u64) -> Ban
         dir: dir.clone(),
         extra: [
             ("ZKGUARD_SERVER_GATEWAY_LISTEN", "127.0.0.1:0".to_string()),
+            // A 2 s session, so that ZooKeeper's pauses of 1 to 3.5 s expire it (a fault).
+            ("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000".to_string()),
             ("ZKGUARD_TXN_RECOVERY_AFTER", "2000".to_string()),
             // For the counts of marks settled and transactions recovered (`settlements`).
             ("RUST_LOG", "warn,zkguard::txn::multi=info".to_string()),
