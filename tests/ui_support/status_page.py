@@ -95,6 +95,24 @@ def message(driver):
     return driver.find_element(By.ID, "message").text
 
 
+def texts(driver, what, css, parts):
+    """The text of the element `css` and of its `parts` (CSS selectors inside it), read
+    together, again if the page's refresh replaced the element while they were read."""
+
+    def attempt(d):
+        try:
+            found = d.find_elements(By.CSS_SELECTOR, css)
+            if not found:
+                return False
+            read = {p: found[0].find_element(By.CSS_SELECTOR, p).text for p in parts}
+            read[""] = found[0].text
+            return read
+        except StaleElementReferenceException:
+            return False
+
+    return wait(driver, what, attempt)
+
+
 def browser(scenario):
     options = webdriver.ChromeOptions()
     for arg in (
@@ -205,23 +223,23 @@ def actions(driver, base, scenario):
     """The operator's actions: the instance and an explicit lock shown; a dead letter
     discarded, the others replayed, the lock force-released, each only once confirmed."""
     driver.get(base + "/ui")
-    instance = wait(driver, "the instance", lambda d: d.find_elements(By.ID, "instance-listen"))
-    assert instance[0].text == scenario["listen"], instance[0].text
     host = socket.gethostname()
-    assert driver.find_element(By.ID, "instance-host").text == host
-    assert driver.find_element(By.ID, "instance-id").text.startswith(host + ":")
+    instance = texts(driver, "the instance", "body", ["#instance-listen", "#instance-host", "#instance-id"])
+    assert instance["#instance-listen"] == scenario["listen"], instance
+    assert instance["#instance-host"] == host, instance
+    assert instance["#instance-id"].startswith(host + ":"), instance
     lock = 'tr.explicit-lock[data-lock-id="%s"]' % scenario["lock_id"]
-    row = wait(driver, "the explicit lock " + scenario["lock_id"], lambda d: d.find_elements(By.CSS_SELECTOR, lock))[0]
-    assert row.find_element(By.CSS_SELECTOR, ".lock-id").text == scenario["lock_id"], row.text
-    assert row.find_element(By.CSS_SELECTOR, ".lock-monitor").text == scenario["lock_monitor"], row.text
-    assert row.find_element(By.CSS_SELECTOR, ".lease").text == "4 min 0 s", row.text
-    assert "UTC" in row.find_element(By.CSS_SELECTOR, ".expires").text, row.text
-    assert "nightly reindex" in row.text, row.text
+    row = texts(driver, "the explicit lock " + scenario["lock_id"], lock, [".lock-id", ".lock-monitor", ".lease", ".expires"])
+    assert row[".lock-id"] == scenario["lock_id"], row
+    assert row[".lock-monitor"] == scenario["lock_monitor"], row
+    assert row[".lease"] == "4 min 0 s", row
+    assert "UTC" in row[".expires"], row
+    assert "nightly reindex" in row[""], row
     # The monitor's holder says it is that explicit lock, with its lease's end.
     held = 'article.monitor[data-monitor="%s"] .holder' % scenario["lock_monitor"]
-    holder = wait(driver, "the holder of " + scenario["lock_monitor"], lambda d: d.find_elements(By.CSS_SELECTOR, held))[0]
-    assert holder.find_element(By.CSS_SELECTOR, ".lock-id").text == scenario["lock_id"], holder.text
-    assert "UTC" in holder.find_element(By.CSS_SELECTOR, ".expires").text, holder.text
+    holder = texts(driver, "the holder of " + scenario["lock_monitor"], held, [".lock-id", ".expires"])
+    assert holder[".lock-id"] == scenario["lock_id"], holder
+    assert "UTC" in holder[".expires"], holder
     step("shown")
 
     driver.find_element(By.ID, "token").send_keys(scenario["token"])
