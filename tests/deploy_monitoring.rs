@@ -431,17 +431,7 @@ async fn the_page_has_process_metrics_build_info_and_the_dead_letters_parked_now
     assert_eq!(m["zkguard_deadletters"], 0.0);
 
     // A patch of a document that does not exist can never apply: it is parked.
-    let (status, v) = call(
-        &c,
-        Method::PATCH,
-        &s.url(&format!("/v1/indices/{index}/docs/gone?type=background")),
-        Some(json!({"views": 1}).to_string()),
-    )
-    .await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
-    let id = v["operation_id"].as_str().unwrap().to_string();
-    let done = wait_finished(&c, &s, std::slice::from_ref(&id)).await;
-    assert_eq!(done[&id]["status"], "parked", "{:?}", done[&id]);
+    let id = park_one(&c, &s, &index).await;
     let m = scrape(&c, &s).await;
     assert_eq!(m["zkguard_deadletters"], 1.0);
     assert_eq!(m["zkguard_deadletters_parked_total"], 1.0);

@@ -429,7 +429,19 @@ fn random_walks_on_larger_configurations_hold_every_property() {
 /// Explores `model` until a safety property fails, and returns the moves that break it, which
 /// must be one of `properties`.
 fn counterexample(model: LockModel, properties: &[&'static str]) -> String {
-    let flaw = model.flaw;
+    let flaw = format!("{:?}", model.flaw);
+    first_counterexample(model, &flaw, properties)
+}
+
+/// Explores `model` (broken by `flaw`, named in the report and the failure) breadth first
+/// until a safety property fails, and returns the moves that break it, which must be one of
+/// `properties`: the lock's and the transactions' broken variants alike.
+fn first_counterexample<M>(model: M, flaw: &str, properties: &[&'static str]) -> String
+where
+    M: Model + Send + Sync + 'static,
+    M::State: std::hash::Hash + Send + Sync + Clone + PartialEq + 'static,
+    M::Action: std::fmt::Debug + Clone + PartialEq,
+{
     let checker = model
         .checker()
         .threads(threads())
@@ -437,13 +449,13 @@ fn counterexample(model: LockModel, properties: &[&'static str]) -> String {
         .timeout(Duration::from_secs(60))
         .spawn_bfs()
         .join();
-    report(&format!("{flaw:?}"), &checker);
+    report(flaw, &checker);
     let path = properties
         .iter()
         .find_map(|property| checker.discovery(property))
         .unwrap_or_else(|| {
             panic!(
-                "no counterexample of {properties:?} with {flaw:?}; found: {:?}",
+                "no counterexample of {properties:?} with {flaw}; found: {:?}",
                 checker.discoveries().keys().collect::<Vec<_>>()
             )
         });
@@ -623,27 +635,11 @@ fn large_scope_document_transactions_hold_every_property() {
 /// Explores a transaction model with `flaw` until a safety property fails; the property must
 /// be one of `properties`.
 fn txn_counterexample(model: TxnModel, flaw: TxnFlaw, properties: &[&'static str]) -> String {
-    let checker = TxnModel {
+    let model = TxnModel {
         rules: Rules { flaw: Some(flaw) },
         ..model
-    }
-    .checker()
-    .threads(threads())
-    .finish_when(HasDiscoveries::AnyFailures)
-    .timeout(Duration::from_secs(60))
-    .spawn_bfs()
-    .join();
-    report(&format!("{flaw:?}"), &checker);
-    let path = properties
-        .iter()
-        .find_map(|property| checker.discovery(property))
-        .unwrap_or_else(|| {
-            panic!(
-                "no counterexample of {properties:?} with {flaw:?}; found: {:?}",
-                checker.discoveries().keys().collect::<Vec<_>>()
-            )
-        });
-    format!("{:?}", path.into_actions())
+    };
+    first_counterexample(model, &format!("{flaw:?}"), properties)
 }
 
 /// Recovery that takes any marked document for the transaction's write (before the stamp's

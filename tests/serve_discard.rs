@@ -18,17 +18,7 @@ async fn a_parked_operation_that_cannot_apply_is_discarded_with_its_reason() {
     let index = format!("discard-{}", uuid_tag());
 
     // A patch of a document that does not exist can never apply: it is parked.
-    let (status, v) = call(
-        &c,
-        Method::PATCH,
-        &s.url(&format!("/v1/indices/{index}/docs/gone?type=background")),
-        Some(json!({"views": 1}).to_string()),
-    )
-    .await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
-    let id = v["operation_id"].as_str().unwrap().to_string();
-    let done = wait_finished(&c, &s, std::slice::from_ref(&id)).await;
-    assert_eq!(done[&id]["status"], "parked", "{:?}", done[&id]);
+    let id = park_one(&c, &s, &index).await;
 
     // Bad requests name what is wrong; an id, or an idempotency key, that names no entry is a
     // 404 naming it.

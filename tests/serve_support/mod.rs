@@ -264,6 +264,23 @@ pub async fn wait_finished(c: &Client, s: &Service, ids: &[String]) -> HashMap<S
     done
 }
 
+/// Parks one background operation on `index`: a patch of a document that does not exist,
+/// which can never apply. Returns its operation id once the service says it is parked.
+pub async fn park_one(c: &Client, s: &Service, index: &str) -> String {
+    let (status, v) = call(
+        c,
+        Method::PATCH,
+        &s.url(&format!("/v1/indices/{index}/docs/gone?type=background")),
+        Some(serde_json::json!({"views": 1}).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let id = v["operation_id"].as_str().unwrap().to_string();
+    let done = wait_finished(c, s, std::slice::from_ref(&id)).await;
+    assert_eq!(done[&id]["status"], "parked", "{:?}", done[&id]);
+    id
+}
+
 /// The stored document, straight from Elasticsearch.
 pub async fn es_doc(c: &Client, index: &str, id: &str) -> Value {
     let url = format!("{}/{index}/_doc/{id}", shared_es().url());

@@ -44,3 +44,20 @@ pub fn unreadable(concrete: &str, id: &str, why: &str) -> GateError {
     )
     .about(concrete, id)
 }
+
+/// 503 `zkguard_cluster_unavailable_exception`: the realtime read of `concrete/id` under the
+/// lock was answered `status` with `why` (the cluster's error); nothing was written.
+pub fn read_failed(
+    concrete: &str,
+    id: &str,
+    status: StatusCode,
+    why: impl std::fmt::Display,
+) -> GateError {
+    GateError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "zkguard_cluster_unavailable_exception",
+        format!(
+            "zkguard: reading {concrete}/{id} under the lock failed ({status}): {why}; nothing was written"
+        ),
+    )
+}

@@ -10,8 +10,8 @@ use axum::http::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
 use super::backend::Answer;
-use super::current::unreadable;
 use super::current::Current;
+use super::current::{read_failed, unreadable};
 use super::gate::{encode, unavailable, Gateway};
 use super::reply::GateError;
 
@@ -53,14 +53,7 @@ pub(super) async fn read(
     let found = parsed["docs"][0].clone();
     if !answer.status.is_success() || found.get("error").is_some() || found.is_null() {
         let why = found.get("error").cloned().unwrap_or_else(|| answer.json());
-        return Err(GateError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "zkguard_cluster_unavailable_exception",
-            format!(
-                "zkguard: reading {concrete}/{id} under the lock failed ({}): {why}; nothing was written",
-                answer.status
-            ),
-        ));
+        return Err(read_failed(concrete, id, answer.status, why));
     }
     Ok(Current::of(&found))
 }

@@ -13,7 +13,7 @@ use zkguard::{Guard, LockRequest};
 
 use crate::server::hub::{Happened, Kind};
 
-use super::current::unreadable;
+use super::current::{read_failed, unreadable};
 use super::gate::{encode, lock_failed, lock_lost, unavailable, Gateway, LockPlan, TOKEN_ANSWER};
 use super::merge::merge;
 use super::params::{cas_errors, check, validation, Checked, Shape, SourceFilter};
@@ -353,13 +353,11 @@ pub(super) async fn read(
     match answer.status {
         StatusCode::NOT_FOUND => Ok(None),
         s if s.is_success() => found(concrete, id, &answer.body),
-        s => Err(GateError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "zkguard_cluster_unavailable_exception",
-            format!(
-                "zkguard: reading {concrete}/{id} under the lock failed ({s}): {}; nothing was written",
-                String::from_utf8_lossy(&answer.body)
-            ),
+        s => Err(read_failed(
+            concrete,
+            id,
+            s,
+            String::from_utf8_lossy(&answer.body),
         )),
     }
 }
