@@ -13,6 +13,10 @@ use std::path::Path;
 use std::process::Command;
 
 const OVERRIDE: &str = "ZKGUARD_BUILD_COMMIT";
+/// The variable the commit is compiled in from. Not a `ZKGUARD_` name: `cargo run` and `cargo
+/// test` also set it for the programs they start, and a zkguard started so would warn of an
+/// unknown `ZKGUARD_` variable.
+const COMPILED_AS: &str = "BUILT_FROM_COMMIT";
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -23,7 +27,7 @@ fn main() {
         .filter(|c| !c.is_empty())
         .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
         .unwrap_or_else(|| "unknown".to_string());
-    println!("cargo:rustc-env={OVERRIDE}={commit}");
+    println!("cargo:rustc-env={COMPILED_AS}={commit}");
     if std::env::var("PROFILE").as_deref() == Ok("release") {
         watch_head();
     }

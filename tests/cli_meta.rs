@@ -349,3 +349,47 @@ fn man_page_is_roff_for_every_subcommand() {
         "a test-only option is in the man page"
     );
 }
+
+/// The variables `cargo run` and `cargo test` give to what they start: every
+/// `cargo:rustc-env=NAME=VALUE` of zkguard's build script, read from the output of its latest
+/// run in this target directory (the one of the build that made the binary under test).
+fn build_script_variables() -> Vec<(String, String)> {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_zkguard"));
+    let build = bin.parent().unwrap().join("build");
+    let latest = std::fs::read_dir(&build)
+        .unwrap()
+        .flatten()
+        .filter(|d| d.file_name().to_string_lossy().starts_with("zkguard-"))
+        .map(|d| d.path().join("output"))
+        .filter_map(|output| Some((output.metadata().ok()?.modified().ok()?, output)))
+        .max()
+        .expect("an output of zkguard's build script");
+    std::fs::read_to_string(latest.1)
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.strip_prefix("cargo:rustc-env=")?.split_once('='))
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect()
+}
+
+#[test]
+fn a_zkguard_started_by_cargo_run_warns_of_no_variable_of_its_build() {
+    let vars = build_script_variables();
+    assert!(
+        !vars.is_empty(),
+        "no output of zkguard's build script found"
+    );
+    let file = properties("zookeeper.servers=127.0.0.1:1\nelasticsearch.url=http://127.0.0.1:1\n");
+    let out = run(zkguard().envs(vars.iter().map(|(k, v)| (k, v))).args([
+        "--config",
+        file.path().to_str().unwrap(),
+        "config",
+        "check",
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("warning"),
+        "with {vars:?}: {}",
+        text(&out.stderr)
+    );
+}

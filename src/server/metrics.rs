@@ -105,7 +105,7 @@ pub struct BuildLabels {
 }
 
 /// The git commit this binary was built from, as build.rs found it (`unknown` without git).
-pub const BUILD_COMMIT: &str = env!("ZKGUARD_BUILD_COMMIT");
+pub const BUILD_COMMIT: &str = env!("BUILT_FROM_COMMIT");
 
 type HistogramFamily = Family<TypeLabels, Histogram, fn() -> Histogram>;
 
