@@ -144,20 +144,21 @@ async fn ids_a_node_name_cannot_hold_get_an_escaped_monitor() {
     );
 }
 
-/// A lock wait configured at or above `server.request.timeout` (here 5 s against 1.5 s) ends a
-/// little before the request's own timeout: a lock that stays taken is a 423 (nothing written,
-/// safe to retry), never a 503 `request_timeout` (outcome unknown).
+/// A lock wait configured at or above `server.request.timeout` (here 5 s against 3 s) ends
+/// before the request's own timeout, early enough for the acquisition to give up in order: a
+/// lock that stays taken is a 423 (nothing written, safe to retry), never a 503
+/// `request_timeout` (outcome unknown).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_that_stays_taken_is_423_even_when_the_wait_reaches_the_request_timeout() {
     let env = Env::new(&shared_zk().connect_string(), "waitcap")
-        .with("ZKGUARD_SERVER_REQUEST_TIMEOUT", "1500")
+        .with("ZKGUARD_SERVER_REQUEST_TIMEOUT", "3000")
         .with("ZKGUARD_ZOOKEEPER_FOREGROUND_TASK_TIMEOUT", "5000");
     let s = env.start("waitcap");
     let c = client();
     let index = format!("waitcap-{}", uuid_tag());
     let (_holder, _guard) = hold_lock(&env, &format!("{index}:1")).await;
     let doc = format!("/v1/indices/{index}/docs/1");
-    for path in [doc.clone(), format!("{doc}?timeout=1500ms")] {
+    for path in [doc.clone(), format!("{doc}?timeout=3000ms")] {
         let (status, v) = put(&c, &s, &path, &json!({"n": 1})).await;
         assert_eq!(status, StatusCode::LOCKED, "{path}: {v}");
         assert_eq!(v["error"], "lock_timeout", "{path}: {v}");
@@ -170,6 +171,62 @@ async fn a_lock_that_stays_taken_is_423_even_when_the_wait_reaches_the_request_t
     )
     .await;
     assert_eq!(status, StatusCode::LOCKED, "{v}");
+}
+
+/// A lock wait gives up within its deadline plus the acquisition's stated bound for giving up
+/// in order (`DEADLINE_OVERRUN`, 1 s), whatever ZooKeeper does; the service ends the wait early
+/// enough for that bound to fit in `server.request.timeout`. Here ZooKeeper stops answering
+/// while a write waits, so giving up cannot remove the waiter's node: the answer must still be
+/// one that says nothing was written (423, or 503 `lock_unavailable`), never 503
+/// `request_timeout` (outcome unknown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_gives_up_while_zookeeper_is_silent_still_answers_nothing_written() {
+    let zk = zk_server();
+    let env = Env::new(&zk.connect_string(), "silentcap")
+        .with("ZKGUARD_SERVER_REQUEST_TIMEOUT", "3000")
+        .with("ZKGUARD_ZOOKEEPER_FOREGROUND_TASK_TIMEOUT", "10000");
+    let s = env.start("silentcap");
+    let c = client();
+    let index = format!("silentcap-{}", uuid_tag());
+    let monitor = format!("{index}:1");
+    let (_holder, _guard) = hold_lock(&env, &monitor).await;
+    let (url, body) = (
+        s.url(&format!("/v1/indices/{index}/docs/1")),
+        json!({"n": 1}),
+    );
+    let write = tokio::spawn({
+        let c = c.clone();
+        async move {
+            let r = c.put(url).json(&body).send().await.unwrap();
+            let status = r.status();
+            (status, r.json::<serde_json::Value>().await.unwrap())
+        }
+    });
+    // The write is queued behind the holder: then ZooKeeper stops answering.
+    // (a blocking query on the monitor answers when its queue changes)
+    let mut index = 0i64;
+    loop {
+        let url = s.url(&format!("/v1/locks/{monitor}?wait=1s&index={index}"));
+        let r = c.get(url).send().await.unwrap();
+        index = r.headers()["x-zkguard-index"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let v: serde_json::Value = r.json().await.unwrap();
+        if v[0]["queue"].as_array().is_some_and(|q| q.len() >= 2) {
+            break;
+        }
+    }
+    zk.pause();
+    let (status, v) = write.await.unwrap();
+    zk.resume();
+    assert_ne!(v["error"], "request_timeout", "{status}: {v}");
+    assert!(
+        (status == StatusCode::LOCKED && v["error"] == "lock_timeout")
+            || (status == StatusCode::SERVICE_UNAVAILABLE && v["error"] == "lock_unavailable"),
+        "an answer that says nothing was written: {status}: {v}"
+    );
 }
 
 /// `GET /v1/locks/{monitor}?wait=...&index=N` is a blocking query: its answer names the

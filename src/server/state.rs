@@ -92,11 +92,18 @@ const COUNTED_TOKENS: usize = 4096;
 /// Receives the operations the dispatcher feeds to the executor.
 pub type QueueReceiver = mpsc::UnboundedReceiver<Operation>;
 
-/// The longest lock wait of a request: a little less than `server.request.timeout` (a tenth of
-/// it, at most one second less), so that a lock that stays taken is answered 423 `lock_timeout`
-/// (nothing written, safe to retry) rather than 503 `request_timeout` (outcome unknown).
+/// What a request keeps of `server.request.timeout` beyond its lock wait: an acquisition gives
+/// up in order within [`zkguard::zk::DEADLINE_OVERRUN`] of its deadline, whatever ZooKeeper
+/// does, and then the answer is written.
+const LOCK_WAIT_MARGIN: Duration =
+    zkguard::zk::DEADLINE_OVERRUN.saturating_add(Duration::from_millis(250));
+
+/// The longest lock wait of a request: `server.request.timeout` less [`LOCK_WAIT_MARGIN`]
+/// (1.25 s; half the timeout when that is shorter than 2.5 s), so that a lock that stays taken
+/// is answered 423 `lock_timeout`, or a silent ZooKeeper 503 `lock_unavailable` (both: nothing
+/// written, safe to retry), rather than 503 `request_timeout` (outcome unknown).
 pub fn lock_wait_cap(request_timeout: Duration) -> Duration {
-    request_timeout.saturating_sub((request_timeout / 10).min(Duration::from_secs(1)))
+    request_timeout.saturating_sub(LOCK_WAIT_MARGIN.min(request_timeout / 2))
 }
 
 impl AppState {
