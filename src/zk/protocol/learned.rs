@@ -77,8 +77,8 @@ impl SessionKnowledge {
     /// Whether this session's recent acquisitions of `monitor` met other contenders: then the
     /// next one queues without trying the fast path, whose multi would only fail (a wasted
     /// write: ZooKeeper logs a failed transaction too). A saturating score: each acquisition
-    /// that met others raises it (up to [`CONTENTION_MAX`]), each that did not lowers it; the
-    /// fast path is skipped from [`CONTENTION_SKIP_FAST_PATH`] on. One contended acquisition
+    /// that met others raises it (up to `CONTENTION_MAX`), each that did not lowers it; the
+    /// fast path is skipped from `CONTENTION_SKIP_FAST_PATH` on. One contended acquisition
     /// among quiet ones keeps the fast path, which costs less than queueing unless the monitor
     /// is usually busy.
     pub fn contended(&self, monitor: &str) -> bool {
