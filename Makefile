@@ -101,3 +101,4 @@ check:
 	cargo clippy --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features testkit
 	python3 scripts/import-cycles.py
+	python3 scripts/function-length.py

@@ -166,3 +166,40 @@ fn a_module_missing_from_the_architecture_is_reported() {
     );
     assert!(!report.contains("stamping.rs is not named"), "{report}");
 }
+
+/// No function of the lock's driver, the gate, the service's start-up, the demo's run or the
+/// configuration's validation is longer than 150 lines (`scripts/function-length.py`, which
+/// `make check` runs too); and the check names one that is, with its length.
+#[test]
+fn no_function_over_150_lines_where_decisions_hid() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/function-length.py");
+    let run = |args: &[&std::ffi::OsStr]| {
+        Command::new("python3")
+            .arg(&script)
+            .args(args)
+            .output()
+            .expect("run python3 scripts/function-length.py")
+    };
+    let out = run(&[]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let dir = tempfile::tempdir().unwrap();
+    let long = dir.path().join("src/zk/long.rs");
+    std::fs::create_dir_all(long.parent().unwrap()).unwrap();
+    let body: String = (0..150)
+        .map(|i| format!("    let _x{i} = \"{{\";\n"))
+        .collect();
+    std::fs::write(
+        &long,
+        format!("/// Short.\nfn short() {{}}\n\nfn long() {{\n{body}}}\n"),
+    )
+    .unwrap();
+    let out = run(&["--root".as_ref(), dir.path().as_os_str()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let report = text(&out);
+    assert!(
+        report.contains("src/zk/long.rs:4: fn long is 152 lines (at most 150)"),
+        "{report}"
+    );
+    assert!(!report.contains("fn short"), "{report}");
+}

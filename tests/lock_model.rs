@@ -6,16 +6,21 @@
 //! clients, and injects faults: a connection lost with some of the requests in flight applied
 //! and their answers lost (the session then reads from a server that lags behind them until a
 //! `sync` or a write), a session expiry, an acquisition cancelled mid-request (its
-//! clean-up then runs on the session's reaper), a deadline, a starving background waiter's
-//! promotion, the container reaper deleting an emptied monitor. Releases run beside the same
-//! client's next acquisition, on the same session, as `LockGuard::release` does.
+//! clean-up then runs on the session's reaper), time passing to a deadline or to a starving
+//! background waiter's promotion (the core decides both from the time it is given, and says
+//! when it needs to be woken, `Acquisition::poll_timeout`), the container reaper deleting an
+//! emptied monitor. Releases run beside the same client's next acquisition, on the same session,
+//! as `LockGuard::release` does; the core decides whether a release rides in the next
+//! acquisition's first multi, and what each session learned (its ACL's refusals, a monitor's
+//! contention, which skips the fast path) carries over to its next acquisitions.
 //!
 //! Properties: at most one holder with a live session at any state; fencing tokens (the
 //! zxids of the takes) strictly increase in holding order; a background contender's take does
 //! not become a hold while a foreground node queued before the take is still there, nor any
 //! take while a waiter whose node sorts before the taker's is still there; a live
 //! holder whose mutex nobody deleted owns the mutex it
-//! took and its queue node (so inspection never calls it stray); nothing is left under the
+//! took and its queue node (so inspection never calls it stray); no waiter sleeps past its
+//! deadline or its promotion; nothing is left under the
 //! monitor once every client finished; every client finishes (no waiter stuck while nobody
 //! holds the lock).
 //!
@@ -205,6 +210,20 @@ fn a_node_ahead_guessed_without_its_creation_order_is_caught() {
             )
         },
         &["no waiter is overtaken by a contender queued behind it"],
+    );
+}
+
+/// A core that asks to be woken only at its deadline: a starving background waiter sleeps past
+/// its promotion (its driver's sleep follows `Acquisition::poll_timeout`).
+#[test]
+fn a_wake_up_that_ignores_the_promotion_is_caught() {
+    counterexample(
+        LockModel {
+            promotion: true,
+            flaw: Some(Flaw::WakeOnlyAtDeadline),
+            ..model(vec![(true, false, 1), (false, true, 1)], 0)
+        },
+        &["no waiter sleeps past a moment it must act on"],
     );
 }
 

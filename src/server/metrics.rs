@@ -21,7 +21,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use zkguard::write::background::ExecutorStats;
 
 /// Labels of HTTP request counts.
@@ -214,250 +214,267 @@ impl Default for Metrics {
     }
 }
 
+/// The name (without the `zkguard_` prefix) and help text of every metric but `build_info`,
+/// in the order of the exposition.
+const HELP: &[(&str, &str)] = &[
+    (
+        "http_requests",
+        "HTTP requests by route, method and status",
+    ),
+    (
+        "lock_wait_seconds",
+        "Time spent waiting for a lock, by lock type",
+    ),
+    (
+        "lock_hold_seconds",
+        "Time a lock was held, by lock type",
+    ),
+    (
+        "lock_acquisitions",
+        "Locks acquired, by lock type",
+    ),
+    (
+        "lock_timeouts",
+        "Locks not acquired in time, by lock type",
+    ),
+    (
+        "locks_lost",
+        "Locks lost before the write was sent",
+    ),
+    (
+        "fenced_rejections",
+        "Writes rejected by fencing (the document holds a newer version: a newer lock holder, or a writer outside zkguard, set it)",
+    ),
+    (
+        "operations",
+        "Write operations by lock type and outcome",
+    ),
+    (
+        "background_retries",
+        "Background attempts after the first",
+    ),
+    (
+        "deadletters_parked",
+        "Operations parked in the dead-letter sink",
+    ),
+    (
+        "deadletters_replayed",
+        "Dead letters replayed into their documents",
+    ),
+    (
+        "journal_depth",
+        "Accepted background operations not finished yet",
+    ),
+    (
+        "journal_oldest_seconds",
+        "Seconds the oldest accepted background operation not finished yet has been queued (0 when none is)",
+    ),
+    (
+        "explicit_locks",
+        "Explicit locks held for callers (POST /v1/locks)",
+    ),
+    (
+        "background_queue_depth",
+        "Background operations waiting for the executor",
+    ),
+    (
+        "lock_backend_connected",
+        "1 when the ZooKeeper session (or the Elasticsearch lock backend) is usable",
+    ),
+    (
+        "lock_backend_reconnects",
+        "Times the lock backend became usable again after an outage",
+    ),
+    (
+        "waiters",
+        "Requests waiting now (?wait= on /v1/operations/{id} and /v1/locks/{monitor})",
+    ),
+    (
+        "waits",
+        "Waits, by route (operation, lock) and how they ended (changed, timeout, refused)",
+    ),
+    (
+        "gateway_requests",
+        "Requests of the Elasticsearch-compatible gate, by route and outcome (guarded, passed, refused, conflict, lock_timeout, failed)",
+    ),
+    (
+        "gateway_bulk_items",
+        "_bulk items through the gate, by operation and outcome",
+    ),
+    (
+        "journal_queued_bytes",
+        "Bytes of accepted background operations not finished yet, as journaled",
+    ),
+    (
+        "queue_full_refusals",
+        "Background writes and bulks refused (503 queue_full) at server.queue.max, server.queue.max.bytes or server.journal.max.bytes",
+    ),
+    (
+        "http_connections",
+        "HTTP connections open",
+    ),
+    (
+        "http_connections_evicted",
+        "Idle connections closed to make room for a new one at server.max.connections",
+    ),
+    (
+        "http_connections_refused",
+        "Connections answered 503 and closed at server.max.connections, every one being busy",
+    ),
+    (
+        "http_connections_timed_out",
+        "Connections closed for not sending a request's headers within server.header.timeout",
+    ),
+    (
+        "event_streams",
+        "Event streams open (GET /v1/events)",
+    ),
+    (
+        "event_streams_refused",
+        "Event streams refused (503 too_many_streams) at server.events.max",
+    ),
+    (
+        "events",
+        "Events of the service's lock activity, by type (acquired, released, lost, applied, rejected, parked), whether or not a stream listened",
+    ),
+    (
+        "events_missed",
+        "Events that event streams missed because their client read too slowly (each told in a lagged event)",
+    ),
+    (
+        "background_stage_seconds",
+        "Time of background work by stage: lock_wait (lanes waiting for their monitors' locks), read (_mget requests), write (_bulk requests)",
+    ),
+    (
+        "background_stage_requests",
+        "Background lock acquisitions (lock_wait), _mget requests (read) and _bulk requests (write)",
+    ),
+    (
+        "journal_fsyncs",
+        "fsyncs of the journal's appended lines (one covers every line written before it)",
+    ),
+    (
+        "journal_fsync_seconds",
+        "Time spent in fsyncs of the journal's appended lines",
+    ),
+    (
+        "transactions",
+        "Document transactions decided by their coordinator, by outcome",
+    ),
+    (
+        "transactions_recovered",
+        "Document transactions recovery finished or rolled back (their coordinator stopped)",
+    ),
+    (
+        "deadletters",
+        "Dead letters in the dead-letter sink now (counted at each scrape; replicas sharing a sink each count all of them)",
+    ),
+];
+
+/// Registers `build_info`: 1, labelled with the version and the commit zkguard was built from.
+fn register_build_info(registry: &mut Registry) {
+    let build = Family::<BuildLabels, Gauge>::default();
+    registry.register(
+        "build_info",
+        "1, labelled with the version and the git commit zkguard was built from",
+        build.clone(),
+    );
+    build
+        .get_or_create(&BuildLabels {
+            version: env!("CARGO_PKG_VERSION"),
+            commit: BUILD_COMMIT,
+        })
+        .set(1);
+}
+
+/// A registry being filled: each metric registered under its name with its help text from
+/// [`HELP`].
+struct Registering(Registry);
+
+impl Registering {
+    /// Registers `metric` as `name` and returns it (a handle to the same series).
+    fn add<M: Metric + Clone>(&mut self, name: &'static str, metric: M) -> M {
+        let help = HELP
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or("", |(_, help)| help);
+        debug_assert!(!help.is_empty(), "metric {name} has no help text in HELP");
+        self.0.register(name, help, metric.clone());
+        metric
+    }
+}
+
 impl Metrics {
     /// All metrics, registered under the `zkguard` prefix.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("zkguard");
-        let http_requests = Family::<HttpLabels, Counter>::default();
-        registry.register(
-            "http_requests",
-            "HTTP requests by route, method and status",
-            http_requests.clone(),
-        );
-        let lock_wait: HistogramFamily = Family::new_with_constructor(seconds_histogram);
-        registry.register(
+        let mut r = Registering(Registry::with_prefix("zkguard"));
+        let http_requests = r.add("http_requests", Family::<HttpLabels, Counter>::default());
+        let lock_wait: HistogramFamily = r.add(
             "lock_wait_seconds",
-            "Time spent waiting for a lock, by lock type",
-            lock_wait.clone(),
+            Family::new_with_constructor(seconds_histogram),
         );
-        let lock_hold: HistogramFamily = Family::new_with_constructor(seconds_histogram);
-        registry.register(
+        let lock_hold: HistogramFamily = r.add(
             "lock_hold_seconds",
-            "Time a lock was held, by lock type",
-            lock_hold.clone(),
+            Family::new_with_constructor(seconds_histogram),
         );
-        let acquisitions = Family::<TypeLabels, Counter>::default();
-        registry.register(
+        let acquisitions = r.add(
             "lock_acquisitions",
-            "Locks acquired, by lock type",
-            acquisitions.clone(),
+            Family::<TypeLabels, Counter>::default(),
         );
-        let lock_timeouts = Family::<TypeLabels, Counter>::default();
-        registry.register(
-            "lock_timeouts",
-            "Locks not acquired in time, by lock type",
-            lock_timeouts.clone(),
-        );
-        let locks_lost = Counter::default();
-        registry.register(
-            "locks_lost",
-            "Locks lost before the write was sent",
-            locks_lost.clone(),
-        );
-        let fenced = Family::<TypeLabels, Counter>::default();
-        registry.register(
+        let lock_timeouts = r.add("lock_timeouts", Family::<TypeLabels, Counter>::default());
+        let locks_lost = r.add("locks_lost", Counter::default());
+        let fenced = r.add(
             "fenced_rejections",
-            "Writes rejected by fencing (the document holds a newer version: a newer lock holder, or a writer outside zkguard, set it)",
-            fenced.clone(),
+            Family::<TypeLabels, Counter>::default(),
         );
-        let operations = Family::<OutcomeLabels, Counter>::default();
-        registry.register(
-            "operations",
-            "Write operations by lock type and outcome",
-            operations.clone(),
-        );
-        let retries = Counter::default();
-        registry.register(
-            "background_retries",
-            "Background attempts after the first",
-            retries.clone(),
-        );
-        let parked = Counter::default();
-        registry.register(
-            "deadletters_parked",
-            "Operations parked in the dead-letter sink",
-            parked.clone(),
-        );
-        let replayed = Counter::default();
-        registry.register(
-            "deadletters_replayed",
-            "Dead letters replayed into their documents",
-            replayed.clone(),
-        );
-        let journal_depth = Gauge::default();
-        registry.register(
-            "journal_depth",
-            "Accepted background operations not finished yet",
-            journal_depth.clone(),
-        );
-        let journal_oldest = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "journal_oldest_seconds",
-            "Seconds the oldest accepted background operation not finished yet has been queued (0 when none is)",
-            journal_oldest.clone(),
-        );
-        let explicit_locks = Gauge::default();
-        registry.register(
-            "explicit_locks",
-            "Explicit locks held for callers (POST /v1/locks)",
-            explicit_locks.clone(),
-        );
-        let queue_depth = Gauge::default();
-        registry.register(
-            "background_queue_depth",
-            "Background operations waiting for the executor",
-            queue_depth.clone(),
-        );
-        let zk_connected = Gauge::default();
-        registry.register(
-            "lock_backend_connected",
-            "1 when the ZooKeeper session (or the Elasticsearch lock backend) is usable",
-            zk_connected.clone(),
-        );
-        let zk_reconnects = Counter::default();
-        registry.register(
-            "lock_backend_reconnects",
-            "Times the lock backend became usable again after an outage",
-            zk_reconnects.clone(),
-        );
-        let waiters = Gauge::default();
-        registry.register(
-            "waiters",
-            "Requests waiting now (?wait= on /v1/operations/{id} and /v1/locks/{monitor})",
-            waiters.clone(),
-        );
-        let waits = Family::<WaitLabels, Counter>::default();
-        registry.register(
-            "waits",
-            "Waits, by route (operation, lock) and how they ended (changed, timeout, refused)",
-            waits.clone(),
-        );
-        let gateway_requests = Family::<GateLabels, Counter>::default();
-        registry.register(
-            "gateway_requests",
-            "Requests of the Elasticsearch-compatible gate, by route and outcome (guarded, passed, refused, conflict, lock_timeout, failed)",
-            gateway_requests.clone(),
-        );
-        let gateway_items = Family::<GateLabels, Counter>::default();
-        registry.register(
+        let operations = r.add("operations", Family::<OutcomeLabels, Counter>::default());
+        let retries = r.add("background_retries", Counter::default());
+        let parked = r.add("deadletters_parked", Counter::default());
+        let replayed = r.add("deadletters_replayed", Counter::default());
+        let journal_depth = r.add("journal_depth", Gauge::default());
+        let journal_oldest = r.add("journal_oldest_seconds", Gauge::<f64, AtomicU64>::default());
+        let explicit_locks = r.add("explicit_locks", Gauge::default());
+        let queue_depth = r.add("background_queue_depth", Gauge::default());
+        let zk_connected = r.add("lock_backend_connected", Gauge::default());
+        let zk_reconnects = r.add("lock_backend_reconnects", Counter::default());
+        let waiters = r.add("waiters", Gauge::default());
+        let waits = r.add("waits", Family::<WaitLabels, Counter>::default());
+        let gateway_requests = r.add("gateway_requests", Family::<GateLabels, Counter>::default());
+        let gateway_items = r.add(
             "gateway_bulk_items",
-            "_bulk items through the gate, by operation and outcome",
-            gateway_items.clone(),
+            Family::<GateLabels, Counter>::default(),
         );
-        let journal_bytes = Gauge::default();
-        registry.register(
-            "journal_queued_bytes",
-            "Bytes of accepted background operations not finished yet, as journaled",
-            journal_bytes.clone(),
-        );
-        let queue_full = Counter::default();
-        registry.register(
-            "queue_full_refusals",
-            "Background writes and bulks refused (503 queue_full) at server.queue.max, server.queue.max.bytes or server.journal.max.bytes",
-            queue_full.clone(),
-        );
-        let connections = Gauge::default();
-        registry.register(
-            "http_connections",
-            "HTTP connections open",
-            connections.clone(),
-        );
-        let connections_evicted = Counter::default();
-        registry.register(
-            "http_connections_evicted",
-            "Idle connections closed to make room for a new one at server.max.connections",
-            connections_evicted.clone(),
-        );
-        let connections_refused = Counter::default();
-        registry.register(
-            "http_connections_refused",
-            "Connections answered 503 and closed at server.max.connections, every one being busy",
-            connections_refused.clone(),
-        );
-        let connections_timed_out = Counter::default();
-        registry.register(
-            "http_connections_timed_out",
-            "Connections closed for not sending a request's headers within server.header.timeout",
-            connections_timed_out.clone(),
-        );
-        let event_streams = Gauge::default();
-        registry.register(
-            "event_streams",
-            "Event streams open (GET /v1/events)",
-            event_streams.clone(),
-        );
-        let event_streams_refused = Counter::default();
-        registry.register(
-            "event_streams_refused",
-            "Event streams refused (503 too_many_streams) at server.events.max",
-            event_streams_refused.clone(),
-        );
-        let events = Family::<EventLabels, Counter>::default();
-        registry.register(
-            "events",
-            "Events of the service's lock activity, by type (acquired, released, lost, applied, rejected, parked), whether or not a stream listened",
-            events.clone(),
-        );
-        let events_missed = Counter::default();
-        registry.register(
-            "events_missed",
-            "Events that event streams missed because their client read too slowly (each told in a lagged event)",
-            events_missed.clone(),
-        );
-        let stage_seconds = Family::<StageLabels, Counter<f64, AtomicU64>>::default();
-        registry.register(
+        let journal_bytes = r.add("journal_queued_bytes", Gauge::default());
+        let queue_full = r.add("queue_full_refusals", Counter::default());
+        let connections = r.add("http_connections", Gauge::default());
+        let connections_evicted = r.add("http_connections_evicted", Counter::default());
+        let connections_refused = r.add("http_connections_refused", Counter::default());
+        let connections_timed_out = r.add("http_connections_timed_out", Counter::default());
+        let event_streams = r.add("event_streams", Gauge::default());
+        let event_streams_refused = r.add("event_streams_refused", Counter::default());
+        let events = r.add("events", Family::<EventLabels, Counter>::default());
+        let events_missed = r.add("events_missed", Counter::default());
+        let stage_seconds = r.add(
             "background_stage_seconds",
-            "Time of background work by stage: lock_wait (lanes waiting for their monitors' locks), read (_mget requests), write (_bulk requests)",
-            stage_seconds.clone(),
+            Family::<StageLabels, Counter<f64, AtomicU64>>::default(),
         );
-        let stage_requests = Family::<StageLabels, Counter>::default();
-        registry.register(
+        let stage_requests = r.add(
             "background_stage_requests",
-            "Background lock acquisitions (lock_wait), _mget requests (read) and _bulk requests (write)",
-            stage_requests.clone(),
+            Family::<StageLabels, Counter>::default(),
         );
-        let journal_fsyncs = Counter::default();
-        registry.register(
-            "journal_fsyncs",
-            "fsyncs of the journal's appended lines (one covers every line written before it)",
-            journal_fsyncs.clone(),
-        );
-        let journal_fsync_seconds = Counter::<f64, AtomicU64>::default();
-        registry.register(
+        let journal_fsyncs = r.add("journal_fsyncs", Counter::default());
+        let journal_fsync_seconds = r.add(
             "journal_fsync_seconds",
-            "Time spent in fsyncs of the journal's appended lines",
-            journal_fsync_seconds.clone(),
+            Counter::<f64, AtomicU64>::default(),
         );
-        let transactions = Family::<TxnLabels, Counter>::default();
-        registry.register(
-            "transactions",
-            "Document transactions decided by their coordinator, by outcome",
-            transactions.clone(),
-        );
-        let transactions_recovered = Family::<TxnLabels, Counter>::default();
-        registry.register(
+        let transactions = r.add("transactions", Family::<TxnLabels, Counter>::default());
+        let transactions_recovered = r.add(
             "transactions_recovered",
-            "Document transactions recovery finished or rolled back (their coordinator stopped)",
-            transactions_recovered.clone(),
+            Family::<TxnLabels, Counter>::default(),
         );
-        let deadletters = Gauge::default();
-        registry.register(
-            "deadletters",
-            "Dead letters in the dead-letter sink now (counted at each scrape; replicas sharing a sink each count all of them)",
-            deadletters.clone(),
-        );
-        let build = Family::<BuildLabels, Gauge>::default();
-        registry.register(
-            "build_info",
-            "1, labelled with the version and the git commit zkguard was built from",
-            build.clone(),
-        );
-        build
-            .get_or_create(&BuildLabels {
-                version: env!("CARGO_PKG_VERSION"),
-                commit: BUILD_COMMIT,
-            })
-            .set(1);
+        let deadletters = r.add("deadletters", Gauge::default());
+        let mut registry = r.0;
+        register_build_info(&mut registry);
         let mut process = Registry::default();
         process.register_collector(Box::new(ProcessCollector));
         for outcome in ["committed", "rolled-back"] {

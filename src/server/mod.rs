@@ -123,8 +123,132 @@ pub fn openapi_document() -> String {
 /// Configuration (78), journal in use or unreadable (78 / 70), the ZooKeeper lock backend
 /// unreachable at start (69), address in use (69).
 pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
-    // Under a file-size limit (ulimit -f) a write beyond it fails with EFBIG, which the journal
-    // reports and survives, instead of SIGXFSZ killing the service.
+    ignore_file_size_signal();
+    let listen = args.listen.unwrap_or(settings.server.listen);
+    let (journal, pending) = open_journal(&settings)?;
+    let tokens = Arc::new(
+        access::Tokens::load(settings.server.auth_tokens_file.as_deref())
+            .map_err(|e| CliError::new(EX_CONFIG, e))?,
+    );
+    for w in tokens.warnings() {
+        eprintln!("zkguard: warning: {w}");
+    }
+    let tls = match &settings.server.tls {
+        Some((cert, key)) => {
+            Some(access::acceptor(cert, key).map_err(|e| CliError::new(EX_CONFIG, e))?)
+        }
+        None => None,
+    };
+    let (state, queue, locks) = assemble(&settings, journal.clone()).await?;
+    let listeners = Listeners::bind(listen, &state, &tokens, &settings).await?;
+    let (bound, gate_bound) = (listeners.bound, listeners.gate_bound);
+    let gate = listeners.gate.as_ref().map(|(_, g)| g.clone());
+    // One attempt now: with a cluster that answers, the service is ready from its first request.
+    if let Err(problem) = startup::attempt(&state, gate.as_deref()).await {
+        tracing::warn!(%problem, "Elasticsearch does not answer at start: the service starts not ready (/readyz answers 503) and tries again until it answers; check elasticsearch.url and that the cluster runs");
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let replayed = pending.len();
+    // Queued now, started by the dispatcher once Elasticsearch has answered.
+    state.enqueue(pending);
+    let dispatcher = tokio::spawn(state::dispatch(state.clone(), queue, stop_rx.clone()));
+    let monitor = tokio::spawn(state::monitor(state.clone(), stop_rx.clone()));
+    let txn_recovery = tokio::spawn(txn_routes::recovery(state.clone(), stop_rx.clone()));
+
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
+    let reloader = spawn_reloader(tokens.clone(), stop_rx.clone())?;
+    let mut servers = listeners.serve(&state, &tokens, tls.as_ref(), &stop_rx);
+
+    let mut started = serde_json::json!({
+        "listening": bound.to_string(),
+        "backend": locks.backend_name(),
+        "journal": journal.path().display().to_string(),
+        "replayed": replayed,
+        "tls": tls.is_some(),
+        "auth": tokens.enabled(),
+    });
+    if let Some(g) = gate_bound {
+        started["gateway"] = serde_json::json!(g.to_string());
+        tracing::info!(gateway = %g, guarded = ?state.settings.gateway.indices.as_slice(), "Elasticsearch-compatible gate listening: document writes to guarded indices are locked and fenced, everything else passes through");
+    }
+    println!("{started}");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let notifier = notify_started(&state, bound, replayed);
+    let startup = {
+        let (state, stop, notifier) = (state.clone(), stop_rx.clone(), notifier.clone());
+        tokio::spawn(async move {
+            let waited = state.start_problem().is_some();
+            if startup::reach_elasticsearch(state, gate, stop).await && waited {
+                notifier.send(&format!(
+                    "STATUS=listening on {bound}, {replayed} operations replayed from the journal"
+                ));
+            }
+        })
+    };
+    let watchdog = spawn_watchdog(&notifier, &stop_rx);
+    log_access(&tokens, bound);
+    tracing::info!(%bound, replayed, max_connections = servers.max_connections, backend = locks.backend_name(), "zkguard serve started");
+
+    let (api_server, gate_server) = (&mut servers.api, &mut servers.gate);
+    let gate_done = async {
+        match gate_server.as_mut() {
+            Some(g) => g.await,
+            None => std::future::pending().await,
+        }
+    };
+    let early = tokio::select! {
+        _ = sigterm.recv() => None,
+        _ = sigint.recv() => None,
+        r = api_server => Some(r),
+        r = gate_done => Some(r),
+    };
+    if let Some(r) = early {
+        let _ = stop_tx.send(true);
+        let detail = match r {
+            Ok(Ok(())) => "the server stopped".to_string(),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        return Err(CliError::new(
+            EX_SOFTWARE,
+            format!("the HTTP server failed: {detail}"),
+        ));
+    }
+
+    tracing::info!(
+        drain_ms = state.settings.drain_timeout.as_millis() as u64,
+        "shutting down: no new requests, in-flight ones may finish"
+    );
+    notifier.send("STOPPING=1\nSTATUS=shutting down: draining requests");
+    state.draining.store(true, Ordering::Release);
+    // Event streams never finish on their own: they end now, so they do not hold up the drain.
+    state.events.close();
+    let _ = stop_tx.send(true);
+    servers.drain(state.settings.drain_timeout).await;
+    let released = state.explicit.release_all(Duration::from_secs(5)).await;
+    if released > 0 {
+        tracing::info!(released, "explicit locks released");
+    }
+    let _ = reloader.await;
+    if let Some(w) = watchdog {
+        let _ = w.await;
+    }
+    startup.abort();
+    let _ = dispatcher.await;
+    let _ = monitor.await;
+    txn_recovery.abort();
+    finish(state, &journal).await;
+    drop(locks);
+    tracing::info!("zkguard serve stopped");
+    Ok(0)
+}
+
+/// Under a file-size limit (ulimit -f) a write beyond it fails with EFBIG, which the journal
+/// reports and survives, instead of SIGXFSZ killing the service.
+fn ignore_file_size_signal() {
     // SAFETY: ignoring a signal installs no handler code.
     unsafe {
         let _ = nix::sys::signal::signal(
@@ -132,7 +256,14 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
             nix::sys::signal::SigHandler::SigIgn,
         );
     }
-    let listen = args.listen.unwrap_or(settings.server.listen);
+}
+
+/// Opens the journal (`server.journal.*`) with its limits: the journal and the operations it
+/// holds from the last run. In use or unreadable, it is the service's configuration (78), its
+/// data (65) or the machine (70) that is wrong.
+fn open_journal(
+    settings: &Settings,
+) -> Result<(Arc<journal::Journal>, Vec<zkguard::write::ops::Operation>), CliError> {
     let (journal, pending) = journal::Journal::open(
         &settings.server.journal_path,
         settings.server.journal_skip_corrupt,
@@ -149,20 +280,23 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         bytes: settings.server.queue_max_bytes,
         file_bytes: settings.server.journal_max_bytes,
     });
+    Ok((journal, pending))
+}
 
-    let tokens = Arc::new(
-        access::Tokens::load(settings.server.auth_tokens_file.as_deref())
-            .map_err(|e| CliError::new(EX_CONFIG, e))?,
-    );
-    for w in tokens.warnings() {
-        eprintln!("zkguard: warning: {w}");
-    }
-    let tls = match &settings.server.tls {
-        Some((cert, key)) => {
-            Some(access::acceptor(cert, key).map_err(|e| CliError::new(EX_CONFIG, e))?)
-        }
-        None => None,
-    };
+/// Builds the library's parts the service runs on (the document store, the lock backend, the
+/// guarded writer, the background executor and its dead-letter sink, the transactions) and
+/// the service's state over them: the state, its queue's receiving end, and the lock service.
+async fn assemble(
+    settings: &Settings,
+    journal: Arc<journal::Journal>,
+) -> Result<
+    (
+        Arc<AppState>,
+        state::QueueReceiver,
+        Arc<dyn zkguard::LockService>,
+    ),
+    CliError,
+> {
     // EsStore::new reaches nothing: what it refuses (URLs, credentials, TLS files) is configuration.
     let store =
         Arc::new(EsStore::new(&settings.elasticsearch).map_err(|e| CliError::new(EX_CONFIG, e))?);
@@ -176,7 +310,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         }
         LockBackendKind::Elasticsearch => {
             let service = zkguard::eslock::EsLockService::from_settings(
-                &settings,
+                settings,
                 store.clone() as Arc<dyn DocStore>,
             )?;
             (Arc::new(service.clone()), Backend::Elasticsearch(service))
@@ -214,7 +348,7 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     let (state, queue) = AppState::new(
         writer,
         executor,
-        journal.clone(),
+        journal,
         backend,
         store,
         settings.server.clone(),
@@ -223,138 +357,180 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         coordinator,
         transactions,
     );
+    Ok((state, queue, locks))
+}
 
-    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
-        CliError::new(
-            EX_UNAVAILABLE,
-            format!(
-                "cannot listen on {listen}: {e}; choose another --listen address or server.listen"
-            ),
-        )
-    })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| CliError::new(EX_SOFTWARE, e))?;
-    state.ui.set_listening(bound.to_string());
-    let gate_listener = match state.settings.gateway.listen {
-        Some(addr) => {
-            let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-                CliError::new(
-                    EX_UNAVAILABLE,
-                    format!("cannot listen on {addr} for the gate: {e}; choose another server.gateway.listen address"),
+/// The service's listening sockets: the API's and, with the gate on, the gate's.
+struct Listeners {
+    api: tokio::net::TcpListener,
+    bound: SocketAddr,
+    gate: Option<(tokio::net::TcpListener, Arc<gateway::Gateway>)>,
+    gate_bound: Option<SocketAddr>,
+}
+
+/// The servers running on [`Listeners`].
+struct Servers {
+    api: tokio::task::JoinHandle<std::io::Result<()>>,
+    gate: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// The API's connection limit (fitted to the open-files limit).
+    max_connections: usize,
+}
+
+impl Listeners {
+    /// Binds `listen` and, with `server.gateway.listen` set, the gate's address (the gate
+    /// built then). An address in use is unavailable (69), a gate that cannot start is
+    /// configuration (78).
+    async fn bind(
+        listen: SocketAddr,
+        state: &Arc<AppState>,
+        tokens: &Arc<access::Tokens>,
+        settings: &Settings,
+    ) -> Result<Self, CliError> {
+        let api = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+            CliError::new(
+                EX_UNAVAILABLE,
+                format!(
+                    "cannot listen on {listen}: {e}; choose another --listen address or server.listen"
+                ),
+            )
+        })?;
+        let bound = api
+            .local_addr()
+            .map_err(|e| CliError::new(EX_SOFTWARE, e))?;
+        state.ui.set_listening(bound.to_string());
+        let gate = match state.settings.gateway.listen {
+            Some(addr) => {
+                let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                    CliError::new(
+                        EX_UNAVAILABLE,
+                        format!("cannot listen on {addr} for the gate: {e}; choose another server.gateway.listen address"),
+                    )
+                })?;
+                let gate = gateway::Gateway::new(
+                    state.clone(),
+                    tokens.clone(),
+                    &settings.elasticsearch,
                 )
-            })?;
-            let gate =
-                gateway::Gateway::new(state.clone(), tokens.clone(), &settings.elasticsearch)
-                    .map_err(|e| CliError::new(EX_CONFIG, format!("the gate cannot start: {e}")))?;
-            Some((l, std::sync::Arc::new(gate)))
-        }
-        None => None,
-    };
-    let gate_bound = match &gate_listener {
-        Some((l, _)) => Some(l.local_addr().map_err(|e| CliError::new(EX_SOFTWARE, e))?),
-        None => None,
-    };
-
-    let gate = gate_listener.as_ref().map(|(_, g)| g.clone());
-    // One attempt now: with a cluster that answers, the service is ready from its first request.
-    if let Err(problem) = startup::attempt(&state, gate.as_deref()).await {
-        tracing::warn!(%problem, "Elasticsearch does not answer at start: the service starts not ready (/readyz answers 503) and tries again until it answers; check elasticsearch.url and that the cluster runs");
+                .map_err(|e| CliError::new(EX_CONFIG, format!("the gate cannot start: {e}")))?;
+                Some((l, std::sync::Arc::new(gate)))
+            }
+            None => None,
+        };
+        let gate_bound = match &gate {
+            Some((l, _)) => Some(l.local_addr().map_err(|e| CliError::new(EX_SOFTWARE, e))?),
+            None => None,
+        };
+        Ok(Self {
+            api,
+            bound,
+            gate,
+            gate_bound,
+        })
     }
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let replayed = pending.len();
-    // Queued now, started by the dispatcher once Elasticsearch has answered.
-    state.enqueue(pending);
-    let dispatcher = tokio::spawn(state::dispatch(state.clone(), queue, stop_rx.clone()));
-    let monitor = tokio::spawn(state::monitor(state.clone(), stop_rx.clone()));
-    let txn_recovery = tokio::spawn(txn_routes::recovery(state.clone(), stop_rx.clone()));
+    /// Serves the API (and the gate) until `stop`. With the gate on, the two addresses'
+    /// connections are fitted to the open-files limit together.
+    fn serve(
+        self,
+        state: &Arc<AppState>,
+        tokens: &Arc<access::Tokens>,
+        tls: Option<&tokio_rustls::TlsAcceptor>,
+        stop: &watch::Receiver<bool>,
+    ) -> Servers {
+        let app = routes::router(state.clone(), tokens.clone());
+        let (connections, gate_connections) = if self.gate.is_some() {
+            let (api, gate) = conns::Connections::pair(
+                state.settings.max_connections,
+                state.settings.header_timeout,
+                state.metrics.clone(),
+            );
+            (Arc::new(api), Some(Arc::new(gate)))
+        } else {
+            let api = conns::Connections::new(
+                state.settings.max_connections,
+                state.settings.header_timeout,
+                state.metrics.clone(),
+            );
+            (Arc::new(api), None)
+        };
+        let max_connections = connections.max();
+        let api = tokio::spawn(conns::serve(
+            self.api,
+            tls.cloned(),
+            app,
+            connections,
+            stop.clone(),
+        ));
+        let gate = self
+            .gate
+            .zip(gate_connections)
+            .map(|((l, gate), connections)| {
+                tokio::spawn(conns::serve(
+                    l,
+                    tls.cloned(),
+                    gateway::router(gate),
+                    connections,
+                    stop.clone(),
+                ))
+            });
+        Servers {
+            api,
+            gate,
+            max_connections,
+        }
+    }
+}
 
-    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
-    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
+impl Servers {
+    /// Lets the requests in flight finish for `drain` (the gate's for a second), then abandons
+    /// them (their locks are released).
+    async fn drain(&mut self, drain: Duration) {
+        if tokio::time::timeout(drain, &mut self.api).await.is_err() {
+            tracing::warn!("requests still running after server.drain.timeout; abandoning them (their locks are released)");
+            self.api.abort();
+        }
+        if let Some(g) = self.gate.as_mut() {
+            if tokio::time::timeout(Duration::from_secs(1), &mut *g)
+                .await
+                .is_err()
+            {
+                g.abort();
+            }
+        }
+    }
+}
 
+/// Reloads the bearer tokens on SIGHUP until `stop`.
+fn spawn_reloader(
+    tokens: Arc<access::Tokens>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, CliError> {
     let mut sighup = signal(SignalKind::hangup()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
-    let reloader = {
-        let tokens = tokens.clone();
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = sighup.recv() => {}
-                    _ = stop.changed() => return,
-                }
-                if !tokens.enabled() {
-                    tracing::info!(
-                        "SIGHUP: no server.auth.tokens.file is configured; nothing to reload"
-                    );
-                    continue;
-                }
-                match tokens.reload() {
-                    Ok(n) => tracing::info!(tokens = n, "SIGHUP: bearer tokens reloaded"),
-                    Err(e) => {
-                        tracing::error!(error = %e, "SIGHUP: the bearer tokens were not reloaded; the previous ones stay in use")
-                    }
+    Ok(tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = sighup.recv() => {}
+                _ = stop.changed() => return,
+            }
+            if !tokens.enabled() {
+                tracing::info!(
+                    "SIGHUP: no server.auth.tokens.file is configured; nothing to reload"
+                );
+                continue;
+            }
+            match tokens.reload() {
+                Ok(n) => tracing::info!(tokens = n, "SIGHUP: bearer tokens reloaded"),
+                Err(e) => {
+                    tracing::error!(error = %e, "SIGHUP: the bearer tokens were not reloaded; the previous ones stay in use")
                 }
             }
-        })
-    };
+        }
+    }))
+}
 
-    let app = routes::router(state.clone(), tokens.clone());
-    // With the gate on, the two addresses' connections are fitted to the open-files limit
-    // together.
-    let (connections, gate_connections) = if gate_listener.is_some() {
-        let (api, gate) = conns::Connections::pair(
-            state.settings.max_connections,
-            state.settings.header_timeout,
-            state.metrics.clone(),
-        );
-        (Arc::new(api), Some(Arc::new(gate)))
-    } else {
-        let api = conns::Connections::new(
-            state.settings.max_connections,
-            state.settings.header_timeout,
-            state.metrics.clone(),
-        );
-        (Arc::new(api), None)
-    };
-    let max_connections = connections.max();
-    let mut server = tokio::spawn(conns::serve(
-        listener,
-        tls.clone(),
-        app,
-        connections,
-        stop_rx.clone(),
-    ));
-
-    let mut gate_server = gate_listener
-        .zip(gate_connections)
-        .map(|((l, gate), connections)| {
-            tokio::spawn(conns::serve(
-                l,
-                tls.clone(),
-                gateway::router(gate),
-                connections,
-                stop_rx.clone(),
-            ))
-        });
-    let mut started = serde_json::json!({
-        "listening": bound.to_string(),
-        "backend": locks.backend_name(),
-        "journal": journal.path().display().to_string(),
-        "replayed": replayed,
-        "tls": tls.is_some(),
-        "auth": tokens.enabled(),
-    });
-    if let Some(g) = gate_bound {
-        started["gateway"] = serde_json::json!(g.to_string());
-        tracing::info!(gateway = %g, guarded = ?state.settings.gateway.indices.as_slice(), "Elasticsearch-compatible gate listening: document writes to guarded indices are locked and fenced, everything else passes through");
-    }
-    println!("{started}");
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-    // systemd (Type=notify): started now, the journal replayed and the listeners bound (with
-    // Elasticsearch not answering yet, STATUS says so until it does); and the watchdog pinged
-    // while the runtime runs.
+/// Tells systemd (Type=notify) that the service started: the journal replayed and the
+/// listeners bound (with Elasticsearch not answering yet, STATUS says so until it does).
+fn notify_started(state: &AppState, bound: SocketAddr, replayed: usize) -> notify::Notifier {
     let notifier = notify::Notifier::from_env();
     let status = match state.start_problem() {
         None => format!("listening on {bound}, {replayed} operations replayed from the journal"),
@@ -367,21 +543,18 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         "READY=1\nSTATUS={status}\nMAINPID={}",
         std::process::id()
     ));
-    let startup = {
-        let (state, stop, notifier) = (state.clone(), stop_rx.clone(), notifier.clone());
-        tokio::spawn(async move {
-            let waited = state.start_problem().is_some();
-            if startup::reach_elasticsearch(state, gate, stop).await && waited {
-                notifier.send(&format!(
-                    "STATUS=listening on {bound}, {replayed} operations replayed from the journal"
-                ));
-            }
-        })
-    };
-    let watchdog = notify::watchdog_interval()
+    notifier
+}
+
+/// Pings systemd's watchdog while the runtime runs, when systemd asked for it.
+fn spawn_watchdog(
+    notifier: &notify::Notifier,
+    stop: &watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    notify::watchdog_interval()
         .filter(|_| notifier.enabled())
         .map(|every| {
-            let mut stop = stop_rx.clone();
+            let mut stop = stop.clone();
             let pings = notifier.clone();
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(every);
@@ -392,7 +565,12 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
                     }
                 }
             })
-        });
+        })
+}
+
+/// Says who may write: bearer tokens, loopback only, or (a warning) anyone who reaches the
+/// address.
+fn log_access(tokens: &access::Tokens, bound: SocketAddr) {
     if tokens.enabled() {
         tracing::info!(
             "bearer tokens required on /v1 (server.auth.tokens.file; SIGHUP reloads it)"
@@ -402,69 +580,12 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     } else {
         tracing::warn!(%bound, "listening beyond loopback without authentication: every client that reaches this address can write; set server.auth.tokens.file");
     }
-    tracing::info!(%bound, replayed, max_connections, backend = locks.backend_name(), "zkguard serve started");
+}
 
-    let gate_done = async {
-        match gate_server.as_mut() {
-            Some(g) => g.await,
-            None => std::future::pending().await,
-        }
-    };
-    let early = tokio::select! {
-        _ = sigterm.recv() => None,
-        _ = sigint.recv() => None,
-        r = &mut server => Some(r),
-        r = gate_done => Some(r),
-    };
-    if let Some(r) = early {
-        let _ = stop_tx.send(true);
-        let detail = match r {
-            Ok(Ok(())) => "the server stopped".to_string(),
-            Ok(Err(e)) => e.to_string(),
-            Err(e) => e.to_string(),
-        };
-        return Err(CliError::new(
-            EX_SOFTWARE,
-            format!("the HTTP server failed: {detail}"),
-        ));
-    }
-
-    tracing::info!(
-        drain_ms = state.settings.drain_timeout.as_millis() as u64,
-        "shutting down: no new requests, in-flight ones may finish"
-    );
-    notifier.send("STOPPING=1\nSTATUS=shutting down: draining requests");
-    state.draining.store(true, Ordering::Release);
-    // Event streams never finish on their own: they end now, so they do not hold up the drain.
-    state.events.close();
-    let _ = stop_tx.send(true);
-    if tokio::time::timeout(state.settings.drain_timeout, &mut server)
-        .await
-        .is_err()
-    {
-        tracing::warn!("requests still running after server.drain.timeout; abandoning them (their locks are released)");
-        server.abort();
-    }
-    if let Some(mut g) = gate_server {
-        if tokio::time::timeout(Duration::from_secs(1), &mut g)
-            .await
-            .is_err()
-        {
-            g.abort();
-        }
-    }
-    let released = state.explicit.release_all(Duration::from_secs(5)).await;
-    if released > 0 {
-        tracing::info!(released, "explicit locks released");
-    }
-    let _ = reloader.await;
-    if let Some(w) = watchdog {
-        let _ = w.await;
-    }
-    startup.abort();
-    let _ = dispatcher.await;
-    let _ = monitor.await;
-    txn_recovery.abort();
+/// The end of a shutdown, once the servers and the tasks stopped: stops the background
+/// operations (left in the journal for the next start), records the outcomes of applied ones,
+/// and closes the ZooKeeper session, which deletes whatever it still had queued.
+async fn finish(state: Arc<AppState>, journal: &Arc<journal::Journal>) {
     let stopped = state.stop_running(Duration::from_secs(5)).await;
     if state.journal.problem().is_some() {
         if let Err(e) = journal.checkpoint().await {
@@ -485,7 +606,4 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         }
     }
     drop(state);
-    drop(locks);
-    tracing::info!("zkguard serve stopped");
-    Ok(0)
 }

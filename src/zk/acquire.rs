@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tracing::{debug, info, instrument};
-use zookeeper_client::EventType;
+use zookeeper_client::{EventType, OneshotWatcher};
 
 use super::acl::{acl_list, check_lock_root};
 use super::carried::{Joined, NextOps};
@@ -18,7 +18,9 @@ use super::driver::{add_ops, lock_error, perform, root_depth, Contents};
 use super::guard::{keep_until_fired, Held, LockGuard, WatchEvent};
 use super::handover::After;
 use super::node::{attempt_id, now_ms, NodeData, Paths};
-use super::protocol::{Acquisition, Action, Fired, Input, Now, Outcome, Reply, Request, Spec};
+use super::protocol::{
+    Acquisition, Action, Fired, Input, Outcome, Previous, Reply, Request, Send as Requests, Spec,
+};
 use super::reaper::Reap;
 use super::session::{Slot, ZkSession};
 use super::successor::Waiter;
@@ -241,7 +243,8 @@ async fn acquire_with(
 }
 
 /// The acquisition of [`acquire_with`]: queue, wait, take, or give up `timeout` after
-/// `started`.
+/// `started`. The core decides every step ([`Acquisition`]); this loop performs what it asks
+/// ([`Run`]) and tells it how long the acquisition has run.
 async fn acquire_by(
     session: &ZkSession,
     request: LockRequest,
@@ -250,14 +253,88 @@ async fn acquire_by(
     timeout: Duration,
 ) -> Result<LockGuard, LockError> {
     let settings = session.settings();
-    let try_once = timeout.is_zero();
-    let deadline = started + timeout;
     let slot = session.slot().await?;
     let paths = Paths::new(
         &settings.lock_root,
         &request.monitor,
         acl_list(&settings.acl),
     );
+    check_lock_root_once(session, &slot).await?;
+    let data = node_data(session, &request);
+    // Each request fits `zookeeper.max.request.bytes`, or none is sent.
+    let data_len = super::node::encode(&data).len();
+    slot.limit
+        .check_acquisition(&settings.lock_root, paths.acl(), data_len)?;
+    let previous = handover.previous.take();
+    let spec = spec_of(
+        session,
+        &request,
+        &data,
+        &slot,
+        &paths,
+        timeout,
+        previous.as_ref(),
+    );
+    let core = Acquisition::new(spec, &slot.learned(), &paths.mutex);
+    // The lock this acquisition releases: in its first multi where the core carries it, else
+    // on its own at once.
+    let carrier = match previous {
+        Some(previous) if core.carrying() => Some(After::new(previous, &mut handover.release)),
+        Some(previous) => {
+            handover.release = Some(previous.release());
+            None
+        }
+        None => None,
+    };
+    let mut run = Run {
+        contender: Contender {
+            slot: slot.clone(),
+            paths,
+            core,
+            waiter: None,
+        },
+        data,
+        carrier,
+        watcher: None,
+        started,
+        deadline: started + timeout,
+        blocked_by: None,
+        ended: None,
+        backoff: crate::Backoff::new(Duration::from_millis(20), Duration::from_secs(1)),
+    };
+    let mut action = run.contender.core.start(started.elapsed());
+    loop {
+        tracing::trace!(?action, "acquisition step");
+        let input = match action {
+            Action::Send(send) => run.send(send).await,
+            Action::AwaitWatch => run.await_watch().await?,
+            Action::AwaitConnected => {
+                debug!("connection loss; waiting to reconnect");
+                wait_connected(&slot, run.deadline).await?;
+                Input::Connected
+            }
+            Action::Backoff => {
+                tokio::time::sleep(run.backoff.next_delay()).await;
+                Input::Woke
+            }
+            Action::Describe => {
+                let contender = &run.contender;
+                run.blocked_by = describe(&slot, &contender.paths, &contender.core).await;
+                Input::Described
+            }
+            Action::Done => break,
+        };
+        tracing::trace!(?input, "acquisition input");
+        action = run.contender.core.handle(input, started.elapsed());
+        run.contender.learn();
+    }
+    run.outcome(request)
+}
+
+/// Checks the lock root's ACL against `zookeeper.acl` once per session (an open ACL needs no
+/// check).
+async fn check_lock_root_once(session: &ZkSession, slot: &Slot) -> Result<(), LockError> {
+    let settings = session.settings();
     if settings.acl != ZkAcl::Open && !slot.lock_root_checked.load(Ordering::Acquire) {
         check_lock_root(
             &slot.client,
@@ -268,7 +345,12 @@ async fn acquire_by(
         .await?;
         slot.lock_root_checked.store(true, Ordering::Release);
     }
-    let mut data = NodeData {
+    Ok(())
+}
+
+/// The data of the nodes an acquisition of `request` creates.
+fn node_data(session: &ZkSession, request: &LockRequest) -> NodeData {
+    NodeData {
         info: request.info.clone(),
         owner: session.owner_id().to_string(),
         attempt: attempt_id(),
@@ -278,214 +360,215 @@ async fn acquire_by(
         created_ms: now_ms(),
         node: None,
         promoted: false,
-    };
-    // Each request fits `zookeeper.max.request.bytes`, or none is sent.
-    let data_len = super::node::encode(&data).len();
-    slot.limit
-        .check_acquisition(&settings.lock_root, paths.acl(), data_len)?;
-    let promote_at = match (request.lock_type, settings.background_max_wait) {
-        (LockType::Background, Some(wait)) => Some(started + wait),
-        _ => None,
-    };
-    // The lock this acquisition releases, in its first multi when it is of this session.
-    let carried = match handover.previous.take() {
-        // A lock that a waiter of this session is next for goes to it in one transaction.
-        Some(p) if !try_once && p.can_release_with(&slot) && !p.has_successor() => Some(p),
-        Some(p) => {
-            handover.release = Some(p.release());
-            None
-        }
-        None => None,
-    };
-    let spec = Spec {
+    }
+}
+
+/// What the core needs to know of the acquisition of `request`: who it is, its class, its
+/// deadline and promotion, and the lock before it releases (`previous`).
+fn spec_of(
+    session: &ZkSession,
+    request: &LockRequest,
+    data: &NodeData,
+    slot: &Arc<Slot>,
+    paths: &Paths,
+    timeout: Duration,
+    previous: Option<&LockGuard>,
+) -> Spec {
+    let settings = session.settings();
+    Spec {
         me: slot.client.session_id().0,
         attempt: data.attempt.clone(),
         promoted_attempt: attempt_id(),
         prefix: settings.prefix(request.lock_type).to_string(),
         foreground: settings.foreground_prefix.clone(),
         background: settings.background_prefix.clone(),
-        try_once,
-        // Fast path: one multi that recreates the monitor node, empty, with our queue node and
-        // the mutex in it; skipped on a monitor that was busy lately.
-        contended_before: slot.contended(&paths.mutex) && !try_once,
-        carry: carried.is_some(),
-        carried_take: carried.as_ref().and_then(|p| p.take_zxid_on(&paths.mutex)),
-        root_depth: root_depth(&settings.lock_root),
-        recreate: slot.recreating_fast_path.load(Ordering::Relaxed),
-        versioned: slot.versioned_takes.load(Ordering::Relaxed),
-        flaw: None,
-    };
-    let mut carrier = carried.map(|previous| After::new(previous, &mut handover.release));
-    let mut contender = Contender {
-        slot: slot.clone(),
-        paths: paths.clone(),
-        core: Acquisition::new(spec),
-        waiter: None,
-    };
-    let now = || {
-        let now = Instant::now();
-        Now {
-            past_deadline: now >= deadline,
-            promote_due: promote_at.is_some_and(|at| now >= at),
-        }
-    };
-    // When a wait ends on its own: at the deadline, or when a starving background waiter is
-    // due to be promoted.
-    let wake_at = |prefix: &str| {
-        promote_at
-            .filter(|_| prefix != settings.foreground_prefix)
-            .map_or(deadline, |at| at.min(deadline))
-    };
-    let mut watcher = None;
-    let mut blocked_by = None;
-    let mut ended = None;
-    let mut backoff = crate::Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
-    let mut action = contender.core.start(now());
-    loop {
-        tracing::trace!(?action, "acquisition step");
-        let input = match action {
-            Action::Send(send) => {
-                data.attempt = contender.core.attempt().to_string();
-                data.promoted = contender.core.promoted();
-                let contents = Contents { data: &data };
-                let replies = if send.carry {
-                    perform_carried(&slot, &paths, &contents, &send.requests, &mut carrier).await
-                } else {
-                    if let Some(after) = carrier.take() {
-                        after.release_alone();
-                    }
-                    match send.requests.as_slice() {
-                        [Request::Multi(ops)] if contender.core.sending_fast_path() => {
-                            let bytes = ops.iter().map(|op| contents.bytes_of(op)).collect();
-                            let attempt = contender.core.attempt();
-                            vec![
-                                slot.fast_paths
-                                    .send(&paths, ops.clone(), bytes, attempt)
-                                    .await,
-                            ]
-                        }
-                        requests => {
-                            let (replies, w) =
-                                perform(&slot.client, &paths, Some(&contents), requests).await;
-                            if w.is_some() {
-                                watcher = w;
-                            }
-                            replies
-                        }
-                    }
-                };
-                Input::Replies(replies)
-            }
-            Action::AwaitWatch => {
-                let mut health = slot.health_watch();
-                let Some(w) = watcher.take() else {
-                    return Err(LockError::Backend {
-                        context: "waiting for the lock".into(),
-                        detail: "no watch to wait on".into(),
-                    });
-                };
-                // Where a holder of this session may hand the lock over, it may say so.
-                let waiter = contender.core.hand_over_point().map(|(awaits, ops)| {
-                    let contents = Contents { data: &data };
-                    let bytes = ops.iter().map(|op| contents.bytes_of(op)).collect();
-                    slot.successors.register(&paths, awaits, ops, bytes)
-                });
-                contender.waiter = waiter.clone();
-                let claimed = async {
-                    match &waiter {
-                        Some(waiter) => waiter.claimed().await,
-                        None => std::future::pending().await,
-                    }
-                };
-                let mut fired: WatchEvent = Box::pin(w.changed());
-                let (input, watch_fired) = tokio::select! {
-                    event = &mut fired => (Input::Fired(match event.event_type {
-                        EventType::NodeDataChanged => Fired::DataChanged,
-                        EventType::NodeDeleted => Fired::Deleted,
-                        _ => Fired::Session,
-                    }), true),
-                    () = claimed => (Input::Woke, false),
-                    _ = tokio::time::sleep_until(wake_at(contender.core.prefix()).into()) => (Input::Woke, false),
-                    e = health_failure(&mut health) => { ended = Some(e); (Input::Ended, false) }
-                };
-                match contender.take_claim() {
-                    // Handed over: the holder's release carried this acquisition's take, whose
-                    // answer is the answer of that multi, whatever woke the wait.
-                    Some(answer) => {
-                        // The multi fires the watch: kept until then, it costs no request.
-                        if !watch_fired {
-                            tokio::spawn(keep_until_fired(Some(fired)));
-                        }
-                        contender.core.handed();
-                        ended = None;
-                        Input::Replies(vec![super::handover::joined_reply(answer).await])
-                    }
-                    None => input,
-                }
-            }
-            Action::AwaitConnected => {
-                debug!("connection loss; waiting to reconnect");
-                wait_connected(&slot, deadline).await?;
-                Input::Connected
-            }
-            Action::Backoff => {
-                tokio::time::sleep(backoff.next_delay()).await;
-                Input::Woke
-            }
-            Action::Describe => {
-                blocked_by = describe(&slot, &paths, &contender.core).await;
-                Input::Described
-            }
-            Action::Done => break,
-        };
-        tracing::trace!(?input, "acquisition input");
-        action = contender.core.handle(input, now());
-        contender.note_session_flags();
-    }
-    contender.note_session_flags();
-    let outcome = contender.core.outcome().cloned();
-    match outcome {
-        Some(Outcome::Acquired {
-            zxid,
-            version,
-            alone,
-            node,
-            others_seen,
-        }) => {
-            let token = super::protocol::from_zxid(zxid as u64);
-            slot.set_contended(&paths.mutex, others_seen);
-            info!(node = %node, token, others_seen, waited_ms = started.elapsed().as_millis() as u64, "lock acquired");
-            let attempt = contender.core.attempt().to_string();
-            Ok(LockGuard::start(
-                slot.clone(),
-                paths,
-                node,
-                attempt,
-                request,
-                Held {
-                    token,
-                    version,
-                    alone,
-                },
-            ))
-        }
-        Some(Outcome::TimedOut) => {
-            debug!(blocked_by = ?blocked_by, "timed out; queue node removed");
-            Err(LockError::Timeout {
-                monitor: request.monitor.clone(),
-                lock_type: request.lock_type,
-                waited: started.elapsed(),
-                blocked_by,
-            })
-        }
-        Some(Outcome::Ended) => Err(ended.unwrap_or(LockError::SessionExpired {
-            context: "waiting for the lock".into(),
-        })),
-        Some(Outcome::Failed { code, context }) => Err(lock_error(&code, context)),
-        None => Err(LockError::Backend {
-            context: "acquiring the lock".into(),
-            detail: "the acquisition ended without an outcome".into(),
+        try_once: timeout.is_zero(),
+        deadline: Some(timeout),
+        promote_after: settings
+            .background_max_wait
+            .filter(|_| request.lock_type == LockType::Background),
+        previous: previous.map(|p| Previous {
+            held_here: p.can_release_with(slot),
+            awaited: p.has_successor(),
+            take_here: p.take_zxid_on(&paths.mutex),
         }),
+        root_depth: root_depth(&settings.lock_root),
+        flaw: None,
+    }
+}
+
+/// One acquisition being driven: the contender, and what performing its core's actions needs.
+struct Run<'r> {
+    contender: Contender,
+    /// The data of the nodes it creates (its attempt id and promotion follow the core's).
+    data: NodeData,
+    /// The lock released in this acquisition's first multi, until it goes.
+    carrier: Option<After<'r>>,
+    /// The watch the last requests left, for [`Action::AwaitWatch`].
+    watcher: Option<OneshotWatcher>,
+    started: Instant,
+    /// The deadline, for the wait for a reconnection.
+    deadline: Instant,
+    /// What stood in the way when it gave up.
+    blocked_by: Option<Box<Blocker>>,
+    /// Why the session ended while it waited.
+    ended: Option<LockError>,
+    /// The pause before a retry after a connection loss.
+    backoff: crate::Backoff,
+}
+
+impl Run<'_> {
+    /// Sends the core's requests: with the release of the lock before where the core carries
+    /// it, with the session's other fast paths where it sends its fast path alone, else
+    /// pipelined on their own.
+    async fn send(&mut self, send: Requests) -> Input {
+        let core = &self.contender.core;
+        let (slot, paths) = (&self.contender.slot, &self.contender.paths);
+        self.data.attempt = core.attempt().to_string();
+        self.data.promoted = core.promoted();
+        let contents = Contents { data: &self.data };
+        if send.carry {
+            let replies =
+                perform_carried(slot, paths, &contents, &send.requests, &mut self.carrier).await;
+            return Input::Replies(replies);
+        }
+        if let Some(after) = self.carrier.take() {
+            after.release_alone();
+        }
+        let replies = match send.requests.as_slice() {
+            [Request::Multi(ops)] if core.sending_fast_path() => {
+                let bytes = ops.iter().map(|op| contents.bytes_of(op)).collect();
+                let attempt = core.attempt();
+                vec![
+                    slot.fast_paths
+                        .send(paths, ops.clone(), bytes, attempt)
+                        .await,
+                ]
+            }
+            requests => {
+                let (replies, w) = perform(&slot.client, paths, Some(&contents), requests).await;
+                if w.is_some() {
+                    self.watcher = w;
+                }
+                replies
+            }
+        };
+        Input::Replies(replies)
+    }
+
+    /// Waits for the watch the last requests left, for the core's next wake-up
+    /// ([`Acquisition::poll_timeout`]), for the session's end, or, at a hand-over point, for a
+    /// holder of the session to hand the lock over.
+    async fn await_watch(&mut self) -> Result<Input, LockError> {
+        let slot = self.contender.slot.clone();
+        let mut health = slot.health_watch();
+        let Some(w) = self.watcher.take() else {
+            return Err(LockError::Backend {
+                context: "waiting for the lock".into(),
+                detail: "no watch to wait on".into(),
+            });
+        };
+        // Where a holder of this session may hand the lock over, it may say so.
+        let waiter = self.contender.core.hand_over_point().map(|(awaits, ops)| {
+            let contents = Contents { data: &self.data };
+            let bytes = ops.iter().map(|op| contents.bytes_of(op)).collect();
+            slot.successors
+                .register(&self.contender.paths, awaits, ops, bytes)
+        });
+        self.contender.waiter = waiter.clone();
+        let claimed = async {
+            match &waiter {
+                Some(waiter) => waiter.claimed().await,
+                None => std::future::pending().await,
+            }
+        };
+        // The core's next wake-up: its deadline, or a starving background waiter's promotion.
+        let wake_at =
+            (self.contender.core.poll_timeout()).and_then(|at| self.started.checked_add(at));
+        let wake = async move {
+            match wake_at {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let mut fired: WatchEvent = Box::pin(w.changed());
+        let (input, watch_fired) = tokio::select! {
+            event = &mut fired => (Input::Fired(match event.event_type {
+                EventType::NodeDataChanged => Fired::DataChanged,
+                EventType::NodeDeleted => Fired::Deleted,
+                _ => Fired::Session,
+            }), true),
+            () = claimed => (Input::Woke, false),
+            () = wake => (Input::Woke, false),
+            e = health_failure(&mut health) => { self.ended = Some(e); (Input::Ended, false) }
+        };
+        let Some(answer) = self.contender.take_claim() else {
+            return Ok(input);
+        };
+        // Handed over: the holder's release carried this acquisition's take, whose answer is
+        // the answer of that multi, whatever woke the wait.
+        if !watch_fired {
+            // The multi fires the watch: kept until then, it costs no request.
+            tokio::spawn(keep_until_fired(Some(fired)));
+        }
+        self.contender.core.handed();
+        self.ended = None;
+        Ok(Input::Replies(vec![
+            super::handover::joined_reply(answer).await,
+        ]))
+    }
+
+    /// The acquisition's result, once the core is done.
+    fn outcome(self, request: LockRequest) -> Result<LockGuard, LockError> {
+        let Run {
+            contender,
+            started,
+            blocked_by,
+            ended,
+            ..
+        } = self;
+        match contender.core.outcome().cloned() {
+            Some(Outcome::Acquired {
+                zxid,
+                version,
+                alone,
+                node,
+                others_seen,
+            }) => {
+                let token = super::protocol::from_zxid(zxid as u64);
+                info!(node = %node, token, others_seen, waited_ms = started.elapsed().as_millis() as u64, "lock acquired");
+                let attempt = contender.core.attempt().to_string();
+                Ok(LockGuard::start(
+                    contender.slot.clone(),
+                    contender.paths.clone(),
+                    node,
+                    attempt,
+                    request,
+                    Held {
+                        token,
+                        version,
+                        alone,
+                    },
+                ))
+            }
+            Some(Outcome::TimedOut) => {
+                debug!(blocked_by = ?blocked_by, "timed out; queue node removed");
+                Err(LockError::Timeout {
+                    monitor: request.monitor.clone(),
+                    lock_type: request.lock_type,
+                    waited: started.elapsed(),
+                    blocked_by,
+                })
+            }
+            Some(Outcome::Ended) => Err(ended.unwrap_or(LockError::SessionExpired {
+                context: "waiting for the lock".into(),
+            })),
+            Some(Outcome::Failed { code, context }) => Err(lock_error(&code, context)),
+            None => Err(LockError::Backend {
+                context: "acquiring the lock".into(),
+                detail: "the acquisition ended without an outcome".into(),
+            }),
+        }
     }
 }
 
@@ -507,17 +590,15 @@ impl Contender {
         self.slot.successors.close(&waiter)
     }
 
-    /// Keeps what the core learnt of the session's permissions for its later acquisitions.
-    fn note_session_flags(&self) {
-        if !self.core.recreate() && self.slot.recreating_fast_path.load(Ordering::Relaxed) {
+    /// Hands what the core's last step learnt of the session to the session's knowledge, for
+    /// its later acquisitions (and says what it learnt).
+    fn learn(&self) {
+        let lessons = self.core.teach(&mut self.slot.learned(), &self.paths.mutex);
+        if lessons.no_recreate {
             debug!("zookeeper.acl does not let this session recreate and write monitor nodes: the fast path reads the queue instead");
-            self.slot
-                .recreating_fast_path
-                .store(false, Ordering::Relaxed);
         }
-        if !self.core.versioned() && self.slot.versioned_takes.load(Ordering::Relaxed) {
+        if lessons.no_versioned_takes {
             debug!("zookeeper.acl does not let this session write monitor nodes: its releases go without the check of the monitor's version");
-            self.slot.versioned_takes.store(false, Ordering::Relaxed);
         }
     }
 }

@@ -1,6 +1,5 @@
 //! One ZooKeeper session shared by many locks, replaced after expiry.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, RwLock};
 use std::time::{Duration, Instant};
@@ -16,14 +15,8 @@ use crate::lock::LockError;
 
 use super::confirm::Confirmation;
 use super::map_zk;
+use super::protocol::SessionKnowledge;
 use super::reaper::Reap;
-
-/// How many contended monitors one session remembers (see [`Slot::contended`]).
-const CONTENTION_CAPACITY: usize = 4096;
-/// The highest contention score of a monitor.
-const CONTENTION_MAX: u8 = 3;
-/// The contention score from which a monitor's acquisitions skip the fast path.
-const CONTENTION_SKIP_FAST_PATH: u8 = 2;
 
 /// The state of every session this process opened, so that [`wait_for_sessions_to_end`] can let
 /// them end in order before the runtime goes away.
@@ -88,22 +81,15 @@ pub(crate) struct Slot {
     health: watch::Receiver<Health>,
     /// When the quorum last answered for this session, and its confirmer (`zk::confirm`).
     confirmation: Confirmation,
-    /// Per monitor (mutex path), how contended this session's recent acquisitions were: see
-    /// [`Slot::contended`]. Only monitors that met contention are kept.
-    contention: StdMutex<HashMap<String, u8>>,
+    /// What this session's acquisitions learned about it (its ACL's refusals, the monitors
+    /// busy lately), kept by the lock's core: see [`SessionKnowledge`].
+    pub learned: StdMutex<SessionKnowledge>,
     reaper: mpsc::UnboundedSender<Reap>,
     /// Whether the lock root's ACL was checked against `zookeeper.acl` in this session.
     pub lock_root_checked: AtomicBool,
     /// Whether releases may mark the holder's queue node (`release::release_held`): cleared
     /// when `zookeeper.acl` does not let this session write its own nodes.
     pub mark_releases: AtomicBool,
-    /// Whether the fast path may recreate the monitor node in its multi (`queue::fast_path`):
-    /// cleared when `zookeeper.acl` does not let this session do so.
-    pub recreating_fast_path: AtomicBool,
-    /// Whether takes of the mutex also set the monitor's data, so that releases can check it
-    /// (`release::add_release`): cleared when `zookeeper.acl` does not let this session write
-    /// monitor nodes.
-    pub versioned_takes: AtomicBool,
     /// The fast paths of this session's acquisitions on their way, sent together
     /// (`zk::batch`).
     pub fast_paths: Arc<super::batch::FastPaths>,
@@ -190,42 +176,9 @@ impl Slot {
         }
     }
 
-    /// Whether this session's recent acquisitions of the monitor whose mutex is `path` met other
-    /// contenders: then the next one queues without trying the fast path, whose multi would
-    /// only fail (a wasted write: ZooKeeper logs a failed transaction too). A saturating score:
-    /// each acquisition that met others raises it (up to
-    /// [`CONTENTION_MAX`]), each that did not lowers it; the fast path is skipped from
-    /// [`CONTENTION_SKIP_FAST_PATH`] on. One contended acquisition among quiet ones keeps the fast
-    /// path, which costs less than queueing unless the monitor is usually busy.
-    pub fn contended(&self, path: &str) -> bool {
-        self.contention
-            .lock()
-            .expect("contention map")
-            .get(path)
-            .is_some_and(|&score| score >= CONTENTION_SKIP_FAST_PATH)
-    }
-
-    /// Records what an acquisition of the monitor met (see [`Slot::contended`]).
-    pub fn set_contended(&self, path: &str, contended: bool) {
-        let mut map = self.contention.lock().expect("contention map");
-        match (map.get_mut(path), contended) {
-            (Some(score), true) => *score = (*score + 1).min(CONTENTION_MAX),
-            (Some(score), false) if *score > 1 => *score -= 1,
-            (Some(_), false) => {
-                map.remove(path);
-            }
-            (None, true) => {
-                if map.len() >= CONTENTION_CAPACITY {
-                    // Forget the quieter half; only the choice of the first request depends on it.
-                    map.retain(|_, score| *score >= CONTENTION_SKIP_FAST_PATH);
-                    if map.len() >= CONTENTION_CAPACITY {
-                        map.clear();
-                    }
-                }
-                map.insert(path.to_string(), 1);
-            }
-            (None, false) => {}
-        }
+    /// What this session's acquisitions learned about it.
+    pub fn learned(&self) -> std::sync::MutexGuard<'_, SessionKnowledge> {
+        self.learned.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -525,11 +478,9 @@ impl ZkSession {
             grace,
             health: health_rx,
             confirmation,
-            contention: StdMutex::new(HashMap::new()),
+            learned: StdMutex::new(SessionKnowledge::new()),
             lock_root_checked: AtomicBool::new(false),
             mark_releases: AtomicBool::new(true),
-            recreating_fast_path: AtomicBool::new(true),
-            versioned_takes: AtomicBool::new(true),
             fast_paths,
             releases,
             limit,

@@ -8,7 +8,9 @@ use zkguard::zk::protocol::{
 };
 use zkguard::zk::QueueNode;
 
-use super::{Carrier, Client, Held, LockModel, Via, Wait, Who, World, BACKGROUND, FOREGROUND};
+use super::{
+    Carrier, Client, Held, LockModel, Via, Wait, Who, World, BACKGROUND, FOREGROUND, MONITOR,
+};
 
 impl LockModel {
     /// Performs what a machine asked, until it waits for the world.
@@ -80,6 +82,8 @@ impl LockModel {
                         return;
                     }
                 }
+                // A wait whose wake-up has come already ends at once, as the driver's sleep.
+                Action::AwaitWatch if w.clients[c].alive && self.wake_due(w, c) => Input::Woke,
                 Action::AwaitWatch if w.clients[c].alive => {
                     self.set_wait(w, c, who, Wait::Watch);
                     return;
@@ -115,12 +119,26 @@ impl LockModel {
         }
     }
 
-    /// Hands `input` to a machine; its next action.
+    /// Whether the client's acquisition asked to be woken by its clock's time.
+    fn wake_due(&self, w: &World, c: usize) -> bool {
+        let client = &w.clients[c];
+        client
+            .acq
+            .as_ref()
+            .is_some_and(|(acq, _)| acq.poll_timeout().is_some_and(|at| at <= client.clock))
+    }
+
+    /// Hands `input` to a machine; its next action. What an acquisition's step learnt of its
+    /// session goes to the session's knowledge, as the driver's `Contender::learn`.
     pub(super) fn handle(&self, w: &mut World, c: usize, who: Who, input: Input) -> Option<Action> {
         let client = &mut w.clients[c];
-        let now = client.now;
+        let clock = client.clock;
         match who {
-            Who::Acq => client.acq.as_mut().map(|(a, _)| a.handle(input, now)),
+            Who::Acq => client.acq.as_mut().map(|(a, _)| {
+                let action = a.handle(input, clock);
+                a.teach(&mut client.knowledge, MONITOR);
+                action
+            }),
             Who::Rel(slot) => client
                 .rels
                 .get_mut(slot)
@@ -225,7 +243,7 @@ impl LockModel {
     pub(super) fn end_acquisition(&self, w: &mut World, c: usize) {
         let client = &mut w.clients[c];
         client.cycles_left = client.cycles_left.saturating_sub(1);
-        client.now = Default::default();
+        client.clock = Default::default();
         client.overtook.clear();
         client.ahead_at_take.clear();
     }

@@ -7,15 +7,23 @@ pub mod txn;
 pub mod zk;
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use stateright::{Model, Property};
 use zk::Zk;
 use zkguard::zk::protocol::{
-    Acquisition, Code, Fired, Flaw, Input, Now, Removal, Reply, Request, Spec, Target,
+    Acquisition, Code, Fired, Flaw, Input, Previous, Removal, Reply, Request, SessionKnowledge,
+    Spec, Target,
 };
 
 pub(crate) const FOREGROUND: &str = "A";
 pub(crate) const BACKGROUND: &str = "B";
+/// The one monitor's key in a session's knowledge (its contention).
+pub(crate) const MONITOR: &str = "m";
+/// When a background waiter is due to be promoted (`LockModel::promotion`).
+pub(crate) const PROMOTE_AFTER: Duration = Duration::from_secs(1);
+/// When a client with a deadline gives up.
+pub(crate) const DEADLINE: Duration = Duration::from_secs(2);
 
 /// Which of a client's machines a request belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -94,7 +102,11 @@ pub struct Client {
     /// A lock the acquisition under way releases in its first multi.
     pub carrier: Option<Carrier>,
     pub cycles_left: u8,
-    pub now: Now,
+    /// How long its acquisition under way has run: the time the explorer lets pass
+    /// ([`Move::Elapse`]), which its core decides with.
+    pub clock: Duration,
+    /// What its session's acquisitions learned about it (reset with a new session).
+    pub knowledge: SessionKnowledge,
     /// The foreground nodes (and their creation zxids) queued when its current take of the
     /// mutex was applied: none may still exist when the take becomes a hold.
     pub overtook: Vec<(Target, i64)>,
@@ -140,8 +152,10 @@ pub enum Move {
     /// The client's next acquisition queues while it still holds its lock: a waiter of the
     /// holder's own session, which the release may hand the lock to.
     QueueWhileHolding(usize),
-    Deadline(usize),
-    Promote(usize),
+    /// Time passes for a client's acquisition, to one of the moments it must act on (a
+    /// background waiter's promotion, its deadline); its driver wakes it if its core asked to
+    /// be woken by then ([`Acquisition::poll_timeout`]).
+    Elapse(usize, Duration),
     Reconnect(usize),
     Expire(usize),
     Cancel(usize),
@@ -178,7 +192,7 @@ pub struct LockModel {
 }
 
 impl LockModel {
-    fn spec(&self, client: &Client, i: usize, carried: Option<&Held>) -> Spec {
+    fn spec(&self, client: &Client, i: usize, previous: Option<&Held>) -> Spec {
         // An acquisition queued while the client holds is of the next cycle: attempt ids are
         // unique, as production's random ones are.
         let cycle = self.clients[i].2 - client.cycles_left + u8::from(client.holding.is_some());
@@ -195,33 +209,79 @@ impl LockModel {
             foreground: FOREGROUND.into(),
             background: BACKGROUND.into(),
             try_once: false,
-            contended_before: false,
-            carry: carried.is_some(),
-            // As `LockGuard::take_zxid_on`: a take that set the monitor's data.
-            carried_take: carried.filter(|h| h.version.is_some()).map(|h| h.zxid),
+            deadline: self.clients[i].1.then_some(DEADLINE),
+            promote_after: self.promotion.then_some(PROMOTE_AFTER),
+            // Carried only while held (the move is offered so), never awaited by a waiter of
+            // the client (it has no other acquisition under way).
+            previous: previous.map(|h| Previous {
+                held_here: true,
+                awaited: false,
+                // As `LockGuard::take_zxid_on`: a take that set the monitor's data.
+                take_here: h.version.is_some().then_some(h.zxid),
+            }),
             root_depth: 1,
-            recreate: !self.acl_fallback,
-            versioned: !self.acl_fallback,
             flaw: self.flaw,
         }
     }
 
-    fn start(&self, w: &mut World, c: usize, carrier: Option<Held>) {
-        let spec = self.spec(&w.clients[c], c, carrier.as_ref());
-        w.clients[c].carrier = carrier.map(|held| Carrier {
-            held,
-            waiting: false,
-        });
-        let mut acq = Acquisition::new(spec);
-        let action = acq.start(w.clients[c].now);
+    /// Starts the client's next acquisition, which releases `previous` (`release_and_acquire`)
+    /// in its first multi where its core carries it, else on its own first.
+    fn start(&self, w: &mut World, c: usize, previous: Option<Held>) {
+        let spec = self.spec(&w.clients[c], c, previous.as_ref());
+        let client = &mut w.clients[c];
+        client.clock = Duration::ZERO;
+        let mut acq = Acquisition::new(spec, &client.knowledge, MONITOR);
+        match previous {
+            Some(held) if acq.carrying() => {
+                client.carrier = Some(Carrier {
+                    held,
+                    waiting: false,
+                });
+            }
+            Some(held) => self.release_alone(w, c, held),
+            None => {}
+        }
+        let action = acq.start(Duration::ZERO);
         w.clients[c].acq = Some((acq, Wait::Backoff));
         self.run(w, c, Who::Acq, action);
     }
 
-    /// A waiting acquisition looks again (the deadline or the time to promote came).
+    /// Time passes for the client's acquisition: a waiting one looks again if its core asked
+    /// to be woken by now.
     fn woke(&self, w: &mut World, c: usize) {
-        if self.wait_of(w, c, Who::Acq) == Some(Wait::Watch) {
+        let client = &w.clients[c];
+        let due = |acq: &Acquisition| acq.poll_timeout().is_some_and(|at| at <= client.clock);
+        if matches!(&client.acq, Some((acq, Wait::Watch)) if due(acq)) {
             self.feed(w, c, Who::Acq, Input::Woke);
+        }
+    }
+
+    /// The moments the client's acquisition must act on, as the model sees them: its
+    /// promotion (a background client's, with promotion on) and its deadline.
+    fn moments(&self, c: &Client) -> impl Iterator<Item = Duration> {
+        let promotion = (self.promotion && !c.foreground).then_some(PROMOTE_AFTER);
+        promotion
+            .into_iter()
+            .chain(c.has_deadline.then_some(DEADLINE))
+    }
+
+    /// A waiting acquisition asleep past a moment it must act on: a background waiter past its
+    /// promotion, any waiter past its deadline.
+    fn overslept(&self, c: &Client) -> bool {
+        let Some((acq, Wait::Watch)) = &c.acq else {
+            return false;
+        };
+        let promote = self.promotion && acq.prefix() == BACKGROUND && c.clock >= PROMOTE_AFTER;
+        promote || (c.has_deadline && c.clock >= DEADLINE)
+    }
+
+    /// A new session's knowledge: with the ACL fallback, a session that learned already that
+    /// it may not write monitor nodes.
+    fn new_knowledge(&self) -> SessionKnowledge {
+        if self.acl_fallback {
+            SessionKnowledge::without_monitor_writes()
+        } else {
+            SessionKnowledge::new()
         }
     }
 
@@ -238,6 +298,7 @@ impl LockModel {
         client.outbox.clear();
         client.inbox.clear();
         client.lagging = None;
+        client.knowledge = self.new_knowledge();
     }
 }
 
@@ -284,7 +345,8 @@ impl Model for LockModel {
                 holding: None,
                 carrier: None,
                 cycles_left: cycles,
-                now: Now::default(),
+                clock: Duration::ZERO,
+                knowledge: self.new_knowledge(),
                 overtook: Vec::new(),
                 ahead_at_take: Vec::new(),
                 has_deadline,
@@ -325,11 +387,10 @@ impl Model for LockModel {
                     moves.push(Move::QueueWhileHolding(i));
                 }
             }
-            if c.has_deadline && c.acq.is_some() && !c.now.past_deadline {
-                moves.push(Move::Deadline(i));
-            }
-            if self.promotion && !c.foreground && c.acq.is_some() && !c.now.promote_due {
-                moves.push(Move::Promote(i));
+            if c.acq.is_some() {
+                for at in self.moments(c).filter(|&at| at > c.clock) {
+                    moves.push(Move::Elapse(i, at));
+                }
             }
             let reconnecting =
                 |wait: Option<&Wait>| matches!(wait, Some(Wait::Connect | Wait::Backoff));
@@ -403,12 +464,8 @@ impl Model for LockModel {
                 self.end_acquisition(&mut w, c);
                 self.start(&mut w, c, Some(held));
             }
-            Move::Deadline(c) => {
-                w.clients[c].now.past_deadline = true;
-                self.woke(&mut w, c);
-            }
-            Move::Promote(c) => {
-                w.clients[c].now.promote_due = true;
+            Move::Elapse(c, at) => {
+                w.clients[c].clock = at;
                 self.woke(&mut w, c);
             }
             Move::Reconnect(c) => {
@@ -527,6 +584,10 @@ impl Model for LockModel {
                     }) && node.is_some_and(|n| n.owner == c.session)
                 })
             }),
+            Property::always(
+                "no waiter sleeps past a moment it must act on",
+                |model: &LockModel, w: &World| !w.clients.iter().any(|c| model.overslept(c)),
+            ),
             Property::always(
                 "nothing is left once every client finished",
                 |_, w: &World| !all_finished(w) || w.zk.children(&Target::Monitor).is_empty(),

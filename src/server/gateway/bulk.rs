@@ -113,6 +113,76 @@ pub async fn run(
             return dress.error(&e);
         }
     };
+    let Sorted {
+        mut answers,
+        passed,
+        groups,
+    } = match sort_items(gate, headers, &mut items).await {
+        Ok(sorted) => sorted,
+        Err(e) => {
+            metrics.gate("bulk", "refused");
+            return dress.error(&e);
+        }
+    };
+
+    let pass_run = async {
+        if passed.is_empty() {
+            return Vec::new();
+        }
+        pass_items(gate, &items, &passed, default_index.as_deref(), &params).await
+    };
+    let guarded_run = guarded(gate, &items, &groups, &bp.forward);
+    let (pass_answers, guarded_answers) = futures::join!(pass_run, guarded_run);
+    for (n, a) in pass_answers {
+        answers[n] = Some(Answered::of(&a));
+    }
+    for (n, a) in guarded_answers {
+        answers[n] = Some(a);
+    }
+    metrics.gate("bulk", "guarded");
+    let took = started.elapsed().as_millis() as u64;
+    let errors = answers.iter().flatten().any(|a| a.error);
+    let retry = answers.iter().flatten().any(|a| a.retry);
+    if bp.filter_path.is_none() && !bp.pretty {
+        let body = Answered::join(took, errors, &answers);
+        return with_retry_after(dress.bytes(StatusCode::OK, body), retry);
+    }
+    let items_out: Vec<Value> = answers
+        .iter()
+        .map(|a| {
+            a.as_ref()
+                .and_then(|a| serde_json::from_str(&a.json).ok())
+                .unwrap_or(Value::Null)
+        })
+        .collect();
+    drop(answers);
+    let mut answer = json!({"took": took, "errors": errors, "items": items_out});
+    if let Some(f) = &bp.filter_path {
+        answer = filter_path(answer, f);
+    }
+    with_retry_after(answered(dress, &bp, &answer), retry)
+}
+
+/// Where the items of a guarded `_bulk` go.
+struct Sorted {
+    /// Per item, its answer when it was refused before anything was sent.
+    answers: Vec<Option<Answered>>,
+    /// The items passed through unguarded (an index the gate does not guard, a new document
+    /// with an id Elasticsearch picks).
+    passed: Vec<usize>,
+    /// The guarded items, grouped by the monitor of their lock.
+    groups: Vec<Group>,
+}
+
+/// Sorts the items of a `_bulk`: refuses those the gate does not take (naming why), passes
+/// those it does not guard, and groups the guarded ones by the monitor of their lock (their
+/// index resolved to the concrete one). `Err` when the request's lock plan is refused, which
+/// refuses the whole request.
+async fn sort_items(
+    gate: &Gateway,
+    headers: &HeaderMap,
+    items: &mut [Item],
+) -> Result<Sorted, GateError> {
     let mut answers: Vec<Option<Answered>> = Vec::new();
     answers.resize_with(items.len(), || None);
     let mut passed = Vec::new();
@@ -120,6 +190,7 @@ pub async fn run(
     let mut by_monitor: HashMap<String, usize> = HashMap::new();
     let mut concrete_of: HashMap<String, Result<String, GateError>> = HashMap::new();
     let mut alias_of: HashMap<String, Result<bool, GateError>> = HashMap::new();
+    let metrics = &gate.state.metrics;
     for (n, item) in items.iter_mut().enumerate() {
         let refuse = |e: GateError| {
             Some(Answered::of(&item_error(
@@ -208,13 +279,8 @@ pub async fn run(
                 continue;
             }
         };
-        let plan = match gate.lock_plan(headers, &concrete) {
-            Ok(p) => p,
-            Err(e) => {
-                metrics.gate("bulk", "refused");
-                return dress.error(&e);
-            }
-        };
+        // A lock plan refused refuses the whole request.
+        let plan = gate.lock_plan(headers, &concrete)?;
         let monitor = plan
             .monitor
             .unwrap_or_else(|| zkguard::lock::document_monitor(&concrete, &id));
@@ -238,43 +304,11 @@ pub async fn run(
             metrics.gate_item(items[n].op.name(), "refused");
         }
     }
-
-    let pass_run = async {
-        if passed.is_empty() {
-            return Vec::new();
-        }
-        pass_items(gate, &items, &passed, default_index.as_deref(), &params).await
-    };
-    let guarded_run = guarded(gate, &items, &groups, &bp.forward);
-    let (pass_answers, guarded_answers) = futures::join!(pass_run, guarded_run);
-    for (n, a) in pass_answers {
-        answers[n] = Some(Answered::of(&a));
-    }
-    for (n, a) in guarded_answers {
-        answers[n] = Some(a);
-    }
-    metrics.gate("bulk", "guarded");
-    let took = started.elapsed().as_millis() as u64;
-    let errors = answers.iter().flatten().any(|a| a.error);
-    let retry = answers.iter().flatten().any(|a| a.retry);
-    if bp.filter_path.is_none() && !bp.pretty {
-        let body = Answered::join(took, errors, &answers);
-        return with_retry_after(dress.bytes(StatusCode::OK, body), retry);
-    }
-    let items_out: Vec<Value> = answers
-        .iter()
-        .map(|a| {
-            a.as_ref()
-                .and_then(|a| serde_json::from_str(&a.json).ok())
-                .unwrap_or(Value::Null)
-        })
-        .collect();
-    drop(answers);
-    let mut answer = json!({"took": took, "errors": errors, "items": items_out});
-    if let Some(f) = &bp.filter_path {
-        answer = filter_path(answer, f);
-    }
-    with_retry_after(answered(dress, &bp, &answer), retry)
+    Ok(Sorted {
+        answers,
+        passed,
+        groups,
+    })
 }
 
 /// An item's answer, serialized as soon as it is known: a `Value` costs several times its
@@ -659,7 +693,9 @@ enum Known {
     Failed(GateError),
 }
 
-/// Plans, checks and sends the items of a batch of held locks in one `_bulk`.
+/// Plans, checks and sends the items of a batch of held locks in one `_bulk`: reads what
+/// their writes depend on ([`read_stored`]), plans each item's line ([`plan_item`]) and sends
+/// the lines of the locks still held ([`send_lines`]).
 async fn flush(
     gate: &Gateway,
     items: &[Item],
@@ -668,8 +704,48 @@ async fn flush(
     params: &[(String, String)],
 ) -> Vec<(usize, Value)> {
     let metrics = &gate.state.metrics;
+    let mut known = match read_stored(gate, items, groups, batch).await {
+        Ok(known) => known,
+        Err(answers) => return answers,
+    };
     let mut out = Vec::new();
-    // One `_mget` for the documents whose writes depend on what is stored.
+    let mut lines: Vec<Line> = Vec::new();
+    for (g, guard) in batch {
+        let token = guard.fencing_token();
+        let mut group_lines = Vec::new();
+        for &n in &groups[*g].items {
+            match plan_item(gate, &items[n], n, &groups[*g], token, &mut known) {
+                Planned::Line(line) => group_lines.push(line),
+                Planned::Answer(answer) => out.push((n, answer)),
+            }
+        }
+        if guard.is_held() {
+            lines.extend(group_lines);
+        } else {
+            let e = lock_lost(guard.as_ref());
+            for l in group_lines {
+                let it = &items[l.item];
+                metrics.gate_item(it.op.name(), "failed");
+                out.push((l.item, item_error(it.op, &it.index, it.id.as_deref(), &e)));
+            }
+        }
+    }
+    if !lines.is_empty() {
+        send_lines(gate, items, &lines, params, &mut out).await;
+    }
+    out
+}
+
+/// What a flush knows of each document that a write of the batch depends on (a group that
+/// needs a read: updates, creates, `if_seq_no`), read in one `_mget` under the locks and
+/// settled (a document transaction's mark decided). `Err` holds every item's failed answer
+/// when the read failed.
+async fn read_stored(
+    gate: &Gateway,
+    items: &[Item],
+    groups: &[Group],
+    batch: &[(usize, Box<dyn Guard>)],
+) -> Result<HashMap<(String, String), Known>, Vec<(usize, Value)>> {
     let mut to_read: Vec<(String, String, Option<String>)> = Vec::new();
     let mut read_tokens: Vec<u64> = Vec::new();
     for (g, guard) in batch {
@@ -689,227 +765,254 @@ async fn flush(
         }
     }
     let mut known: HashMap<(String, String), Known> = HashMap::new();
-    if !to_read.is_empty() {
-        let docs: Vec<Value> = to_read
-            .iter()
-            .map(|(i, id, r)| {
-                let mut d = json!({"_index": i, "_id": id});
-                if let Some(r) = r {
-                    d["routing"] = json!(r);
-                }
-                d
-            })
-            .collect();
-        let body = serde_json::to_vec(&json!({"docs": docs})).unwrap_or_default();
-        let answer = gate
-            .cluster
-            .own(
-                Method::POST,
-                "/_mget?realtime=true",
-                "application/json",
-                Some(body),
-            )
-            .await;
-        let found = match documents(gate, answer, &to_read).await {
-            Ok(found) => found,
-            Err(e) => {
-                for (g, _) in batch {
-                    for &n in &groups[*g].items {
-                        let it = &items[n];
-                        metrics.gate_item(it.op.name(), "failed");
-                        out.push((n, e.item(it.op, &it.index, it.id.as_deref())));
-                    }
-                }
-                return out;
+    if to_read.is_empty() {
+        return Ok(known);
+    }
+    let docs: Vec<Value> = to_read
+        .iter()
+        .map(|(i, id, r)| {
+            let mut d = json!({"_index": i, "_id": id});
+            if let Some(r) = r {
+                d["routing"] = json!(r);
             }
+            d
+        })
+        .collect();
+    let body = serde_json::to_vec(&json!({"docs": docs})).unwrap_or_default();
+    let answer = gate
+        .cluster
+        .own(
+            Method::POST,
+            "/_mget?realtime=true",
+            "application/json",
+            Some(body),
+        )
+        .await;
+    let found = match documents(gate, answer, &to_read).await {
+        Ok(found) => found,
+        Err(e) => {
+            let mut out = Vec::new();
+            for (g, _) in batch {
+                for &n in &groups[*g].items {
+                    let it = &items[n];
+                    gate.state.metrics.gate_item(it.op.name(), "failed");
+                    out.push((n, e.item(it.op, &it.index, it.id.as_deref())));
+                }
+            }
+            return Err(out);
+        }
+    };
+    for (k, ((i, id, routing), doc)) in to_read.iter().zip(found).enumerate() {
+        let settled = match doc {
+            Ok(doc) => {
+                super::single::settled(gate, i, id, doc, read_tokens[k], &routed(routing)).await
+            }
+            Err(e) => Err(e),
         };
-        for (k, ((i, id, routing), doc)) in to_read.iter().zip(found).enumerate() {
-            let settled = match doc {
-                Ok(doc) => {
-                    super::single::settled(gate, i, id, doc, read_tokens[k], &routed(routing)).await
-                }
-                Err(e) => Err(e),
-            };
-            let doc = match settled {
-                Ok(doc) => Known::Read(doc),
-                Err(e) => Known::Failed(e),
-            };
-            known.insert((i.clone(), id.clone()), doc);
-        }
+        let doc = match settled {
+            Ok(doc) => Known::Read(doc),
+            Err(e) => Known::Failed(e),
+        };
+        known.insert((i.clone(), id.clone()), doc);
     }
+    Ok(known)
+}
 
-    let mut lines: Vec<Line> = Vec::new();
-    for (g, guard) in batch {
-        let token = guard.fencing_token();
-        let mut group_lines = Vec::new();
-        for &n in &groups[*g].items {
-            let it = &items[n];
-            let id = it.id.clone().unwrap_or_default();
-            let key = (it.index.clone(), id.clone());
-            let state = known.get(&key).cloned();
-            let answer = |e: GateError| item_error(it.op, &it.index, Some(&id), &e);
-            if let Some(Known::Failed(e)) = &state {
-                metrics.gate_item(it.op.name(), "failed");
-                out.push((n, answer(e.clone())));
-                continue;
+/// What planning one item of a flush gave.
+enum Planned {
+    /// A line of the `_bulk`.
+    Line(Line),
+    /// Its answer, without a write (a conflict, a failure, an update that changes nothing).
+    Answer(Value),
+}
+
+/// Plans item `n` (`it`, of `group`, fenced with `token`): checks it against what is known of
+/// its document (`if_seq_no`, a create's existing document), builds its fenced line, and notes
+/// what it writes for the items after it.
+fn plan_item(
+    gate: &Gateway,
+    it: &Item,
+    n: usize,
+    group: &Group,
+    token: u64,
+    known: &mut HashMap<(String, String), Known>,
+) -> Planned {
+    let metrics = &gate.state.metrics;
+    let id = it.id.clone().unwrap_or_default();
+    let key = (it.index.clone(), id.clone());
+    let state = known.get(&key).cloned();
+    let answer = |e: GateError| item_error(it.op, &it.index, Some(&id), &e);
+    if let Some(Known::Failed(e)) = &state {
+        metrics.gate_item(it.op.name(), "failed");
+        return Planned::Answer(answer(e.clone()));
+    }
+    // Optimistic concurrency against the stored document.
+    if let Some((seq, term)) = it.if_match {
+        let check = match &state {
+            Some(Known::Read(c)) => {
+                super::single::check_if_match(&it.index, &id, Some((seq, term)), c.as_ref())
             }
-            // Optimistic concurrency against the stored document.
-            if let Some((seq, term)) = it.if_match {
-                let check = match &state {
-                    Some(Known::Read(c)) => {
-                        super::single::check_if_match(&it.index, &id, Some((seq, term)), c.as_ref())
-                    }
-                    _ => Err(GateError::conflict(&it.index, &id, format!(
-                        "[{id}]: version conflict, required seqNo [{seq}], primary term [{term}]. the document was changed by an earlier item of this request"
-                    ))),
+            _ => Err(GateError::conflict(&it.index, &id, format!(
+                "[{id}]: version conflict, required seqNo [{seq}], primary term [{term}]. the document was changed by an earlier item of this request"
+            ))),
+        };
+        if let Err(e) = check {
+            metrics.gate_item(it.op.name(), "conflict");
+            return Planned::Answer(answer(e));
+        }
+    }
+    let stored: Option<Option<Value>> = match &state {
+        Some(Known::Read(c)) => Some(c.as_ref().map(|c| c.source.clone())),
+        Some(Known::Written(v)) => Some(v.clone()),
+        Some(Known::Unknown | Known::Failed(_)) | None => None,
+    };
+    let fence = match super::single::fence(token) {
+        Ok(fence) => fence,
+        Err(e) => {
+            metrics.gate_item(it.op.name(), "failed");
+            return Planned::Answer(answer(e));
+        }
+    };
+    let mut action = json!({"_index": it.index, "_id": id});
+    action.as_object_mut().expect("an object").extend(fence);
+    if let Some(r) = &it.routing {
+        action["routing"] = json!(r);
+    }
+    let line = |action: Value, source: Option<Vec<u8>>| Line {
+        item: n,
+        lock_type: group.lock_type,
+        action,
+        source,
+        created: None,
+        get: None,
+    };
+    match it.op {
+        DocOp::Index | DocOp::Create => {
+            if it.op == DocOp::Create && matches!(&stored, Some(Some(_))) {
+                let version = match &state {
+                    Some(Known::Read(Some(c))) => c.version,
+                    _ => token as i64,
                 };
-                if let Err(e) = check {
-                    metrics.gate_item(it.op.name(), "conflict");
-                    out.push((n, answer(e)));
-                    continue;
-                }
+                metrics.gate_item("create", "conflict");
+                return Planned::Answer(answer(GateError::conflict(&it.index, &id, format!(
+                    "[{id}]: version conflict, document already exists (current version [{version}])"
+                ))));
             }
-            let stored: Option<Option<Value>> = match &state {
-                Some(Known::Read(c)) => Some(c.as_ref().map(|c| c.source.clone())),
-                Some(Known::Written(v)) => Some(v.clone()),
-                Some(Known::Unknown | Known::Failed(_)) | None => None,
-            };
-            let fence = match super::single::fence(token) {
-                Ok(fence) => fence,
-                Err(e) => {
-                    metrics.gate_item(it.op.name(), "failed");
-                    out.push((n, answer(e)));
-                    continue;
-                }
-            };
-            let mut action = json!({"_index": it.index, "_id": id});
-            action.as_object_mut().expect("an object").extend(fence);
-            if let Some(r) = &it.routing {
-                action["routing"] = json!(r);
+            if group.needs_read {
+                let written = it
+                    .source
+                    .as_ref()
+                    .and_then(|b| serde_json::from_slice::<Value>(b).ok());
+                known.insert(
+                    key,
+                    written.map_or(Known::Unknown, |v| Known::Written(Some(v))),
+                );
             }
-            let parsed = |s: &Option<Bytes>| {
-                s.as_ref()
-                    .and_then(|b| serde_json::from_slice::<Value>(b).ok())
-            };
-            match it.op {
-                DocOp::Index | DocOp::Create => {
-                    if it.op == DocOp::Create {
-                        let exists = match &stored {
-                            Some(s) => s.is_some(),
-                            None => false,
-                        };
-                        if exists {
-                            let version = match &state {
-                                Some(Known::Read(Some(c))) => c.version,
-                                _ => token as i64,
-                            };
-                            metrics.gate_item("create", "conflict");
-                            out.push((n, answer(GateError::conflict(&it.index, &id, format!(
-                                "[{id}]: version conflict, document already exists (current version [{version}])"
-                            )))));
-                            continue;
-                        }
-                    }
-                    if groups[*g].needs_read {
-                        known.insert(
-                            key,
-                            parsed(&it.source).map_or(Known::Unknown, |v| Known::Written(Some(v))),
-                        );
-                    }
-                    with_ingest(&mut action, it, true);
-                    group_lines.push(Line {
-                        item: n,
-                        lock_type: groups[*g].lock_type,
-                        action: json!({"index": action}),
-                        source: it.source.as_ref().map(|b| b.to_vec()),
-                        created: None,
-                        get: None,
-                    });
-                }
-                DocOp::Delete => {
-                    if groups[*g].needs_read {
-                        known.insert(key, Known::Written(None));
-                    }
-                    group_lines.push(Line {
-                        item: n,
-                        lock_type: groups[*g].lock_type,
-                        action: json!({"delete": action}),
-                        source: None,
-                        created: None,
-                        get: None,
-                    });
-                }
-                DocOp::Update => {
-                    let Some(stored) = stored else {
-                        metrics.gate_item("update", "conflict");
-                        out.push((n, answer(GateError::conflict(&it.index, &id, format!("[{id}]: version conflict, an earlier item of this request wrote a document that is not JSON")))));
-                        continue;
-                    };
-                    let update = it.update.as_ref().expect("parsed above");
-                    match apply_update(&it.index, &id, update, stored.as_ref()) {
-                        Err(e) => {
-                            metrics.gate_item("update", "failed");
-                            out.push((n, answer(e)));
-                        }
-                        Ok(UpdateOutcome::Noop) => {
-                            let (version, seq, term) = match &state {
-                                Some(Known::Read(Some(c))) => (c.version, c.seq_no, c.primary_term),
-                                _ => (token as i64, -1, -1),
-                            };
-                            metrics.gate_item("update", "guarded");
-                            let mut inner = json!({
-                                "_index": it.index, "_id": id, "_version": version, "result": "noop",
-                                "_shards": {"total": 0, "successful": 0, "failed": 0},
-                                "_seq_no": seq, "_primary_term": term, "status": 200,
-                            });
-                            if let (Some(f), Some(s)) =
-                                (it.fetch.as_ref().filter(|f| f.fetch), &stored)
-                            {
-                                inner["get"] = json!({"_seq_no": seq, "_primary_term": term, "found": true, "_source": filter_source(s, f)});
-                            }
-                            out.push((n, json!({ "update": inner })));
-                        }
-                        Ok(UpdateOutcome::Write { source, created }) => {
-                            let bytes = serde_json::to_vec(&source).unwrap_or_default();
-                            let get = it
-                                .fetch
-                                .as_ref()
-                                .filter(|f| f.fetch)
-                                .map(|f| filter_source(&source, f));
-                            // Elasticsearch runs an update's pipeline on its `upsert` document only.
-                            if created && update.upsert.is_some() && !update.doc_as_upsert {
-                                with_ingest(&mut action, it, false);
-                            }
-                            known.insert(key, Known::Written(Some(source)));
-                            group_lines.push(Line {
-                                item: n,
-                                lock_type: groups[*g].lock_type,
-                                action: json!({"index": action}),
-                                source: Some(bytes),
-                                created: Some(created),
-                                get,
-                            });
-                        }
-                    }
-                }
-            }
+            with_ingest(&mut action, it, true);
+            let source = it.source.as_ref().map(|b| b.to_vec());
+            Planned::Line(line(json!({"index": action}), source))
         }
-        if guard.is_held() {
-            lines.extend(group_lines);
-        } else {
-            let e = lock_lost(guard.as_ref());
-            for l in group_lines {
-                let it = &items[l.item];
-                metrics.gate_item(it.op.name(), "failed");
-                out.push((l.item, item_error(it.op, &it.index, it.id.as_deref(), &e)));
+        DocOp::Delete => {
+            if group.needs_read {
+                known.insert(key, Known::Written(None));
             }
+            Planned::Line(line(json!({"delete": action}), None))
+        }
+        DocOp::Update => {
+            let Some(stored) = stored else {
+                metrics.gate_item("update", "conflict");
+                return Planned::Answer(answer(GateError::conflict(&it.index, &id, format!("[{id}]: version conflict, an earlier item of this request wrote a document that is not JSON"))));
+            };
+            plan_update(
+                gate,
+                it,
+                n,
+                group,
+                token,
+                action,
+                stored,
+                state.as_ref(),
+                known,
+            )
         }
     }
-    if lines.is_empty() {
-        return out;
+}
+
+/// Plans an `update` item (see [`plan_item`]) on the document as known (`stored`, `state`):
+/// its merged source as a fenced `index` line, or the answer of an update that changes
+/// nothing or fails.
+#[allow(clippy::too_many_arguments)]
+fn plan_update(
+    gate: &Gateway,
+    it: &Item,
+    n: usize,
+    group: &Group,
+    token: u64,
+    mut action: Value,
+    stored: Option<Value>,
+    state: Option<&Known>,
+    known: &mut HashMap<(String, String), Known>,
+) -> Planned {
+    let metrics = &gate.state.metrics;
+    let id = it.id.clone().unwrap_or_default();
+    let update = it.update.as_ref().expect("parsed above");
+    match apply_update(&it.index, &id, update, stored.as_ref()) {
+        Err(e) => {
+            metrics.gate_item("update", "failed");
+            Planned::Answer(item_error(it.op, &it.index, Some(&id), &e))
+        }
+        Ok(UpdateOutcome::Noop) => {
+            let (version, seq, term) = match state {
+                Some(Known::Read(Some(c))) => (c.version, c.seq_no, c.primary_term),
+                _ => (token as i64, -1, -1),
+            };
+            metrics.gate_item("update", "guarded");
+            let mut inner = json!({
+                "_index": it.index, "_id": id, "_version": version, "result": "noop",
+                "_shards": {"total": 0, "successful": 0, "failed": 0},
+                "_seq_no": seq, "_primary_term": term, "status": 200,
+            });
+            if let (Some(f), Some(s)) = (it.fetch.as_ref().filter(|f| f.fetch), &stored) {
+                inner["get"] = json!({"_seq_no": seq, "_primary_term": term, "found": true, "_source": filter_source(s, f)});
+            }
+            Planned::Answer(json!({ "update": inner }))
+        }
+        Ok(UpdateOutcome::Write { source, created }) => {
+            let bytes = serde_json::to_vec(&source).unwrap_or_default();
+            let get = it
+                .fetch
+                .as_ref()
+                .filter(|f| f.fetch)
+                .map(|f| filter_source(&source, f));
+            // Elasticsearch runs an update's pipeline on its `upsert` document only.
+            if created && update.upsert.is_some() && !update.doc_as_upsert {
+                with_ingest(&mut action, it, false);
+            }
+            known.insert((it.index.clone(), id), Known::Written(Some(source)));
+            Planned::Line(Line {
+                item: n,
+                lock_type: group.lock_type,
+                action: json!({"index": action}),
+                source: Some(bytes),
+                created: Some(created),
+                get,
+            })
+        }
     }
+}
+
+/// Sends the planned `lines` in one `_bulk` and adds each item's answer to `out`, as
+/// Elasticsearch words it (an update's `result` and `get`), counting fenced writes.
+async fn send_lines(
+    gate: &Gateway,
+    items: &[Item],
+    lines: &[Line],
+    params: &[(String, String)],
+    out: &mut Vec<(usize, Value)>,
+) {
+    let metrics = &gate.state.metrics;
     let mut body = Vec::with_capacity(lines.len() * 128);
-    for l in &lines {
+    for l in lines {
         body.extend(serde_json::to_vec(&l.action).unwrap_or_default());
         body.push(b'\n');
         if let Some(s) = &l.source {
@@ -925,12 +1028,12 @@ async fn flush(
     let results = match listed(answer, "items", "the cluster's answer to the _bulk") {
         Ok(results) => results,
         Err(e) => {
-            for l in &lines {
+            for l in lines {
                 let it = &items[l.item];
                 metrics.gate_item(it.op.name(), "failed");
                 out.push((l.item, e.item(it.op, &it.index, it.id.as_deref())));
             }
-            return out;
+            return;
         }
     };
     for (k, l) in lines.iter().enumerate() {
@@ -981,5 +1084,4 @@ async fn flush(
         wrapped.insert(it.op.name().to_string(), inner);
         out.push((l.item, Value::Object(wrapped)));
     }
-    out
 }

@@ -7,22 +7,28 @@
 //! - [`Acquisition`]: queue (the fast path, a plain create, a create carried by the release of
 //!   the lock before), find what a lost create made, wait for the node ahead or the mutex, take
 //!   the mutex (verifying the order where the class needs it), give it back, promote a starving
-//!   background waiter, give up at the deadline.
+//!   background waiter, give up at the deadline; whether to carry the release of the lock
+//!   before, and when to wake while waiting ([`Acquisition::poll_timeout`]), from the time the
+//!   driver passes in.
+//! - [`SessionKnowledge`]: what a session's acquisitions learned about it (its ACL's refusals,
+//!   the monitors busy lately), which the next ones decide with.
 //! - [`Removal`]: the release multi, the careful deletes once it is not certain what is ours,
 //!   and the session reaper's search for what an abandoned create made.
 //! - [`TOKEN_BASE`]: the token space, shared by both lock backends and the write path.
 
 mod acquire;
+mod learned;
 mod remove;
 mod token;
 mod types;
 
-pub use acquire::{Acquisition, Awaits, Leftovers, Outcome, Spec};
+pub use acquire::{Acquisition, Awaits, Leftovers, Outcome, Previous, Spec};
+pub use learned::{Lessons, SessionKnowledge};
 pub use remove::{child, is_ours, release_ops, Removal};
 pub(crate) use token::from_zxid;
 pub use token::{is_token, TOKEN_BASE};
 pub use types::{
-    Action, Code, Content, Fired, Input, Mode, MultiError, Now, Op, OpResult, Read, Reply, Request,
+    Action, Code, Content, Fired, Input, Mode, MultiError, Op, OpResult, Read, Reply, Request,
     Send, Stat, Target,
 };
 
@@ -49,4 +55,7 @@ pub enum Flaw {
     /// it as the node just ahead without checking that it was created before the released
     /// lock's take (another contender's node may sit between them).
     GuessUnordered,
+    /// A waiter's next wake-up ([`Acquisition::poll_timeout`]) ignores a starving background
+    /// waiter's promotion: it sleeps until its deadline or its watch.
+    WakeOnlyAtDeadline,
 }

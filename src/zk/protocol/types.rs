@@ -239,8 +239,8 @@ pub enum Action {
     /// Send these and answer with [`Input::Replies`].
     Send(Send),
     /// Wait for the watch just set to fire ([`Input::Fired`]), for the time to look again
-    /// ([`Input::Woke`]: the deadline, or a starving background waiter's promotion) or for the
-    /// session to end ([`Input::Ended`]).
+    /// ([`Input::Woke`] at `Acquisition::poll_timeout`: the deadline, or a starving background
+    /// waiter's promotion) or for the session to end ([`Input::Ended`]).
     AwaitWatch,
     /// Wait until connected ([`Input::Connected`]); the driver gives up with a connection loss
     /// at the deadline (the core's nodes, and what a request in doubt may have made, go to the
@@ -269,13 +269,4 @@ pub enum Input {
     Ended,
     /// What stood in the way was read.
     Described,
-}
-
-/// The moment, as far as the core's decisions need it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Now {
-    /// The acquisition's deadline has passed.
-    pub past_deadline: bool,
-    /// A background waiter has waited `zookeeper.background.max.wait`.
-    pub promote_due: bool,
 }

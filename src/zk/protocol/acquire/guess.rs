@@ -16,7 +16,7 @@
 
 use super::super::types::{Action, Code, Reply, Request, Target};
 use super::super::Flaw;
-use super::{code_of, Acquisition, St, Step};
+use super::{code_of, Acquisition, Awaiting, Step};
 use crate::zk::names::{Queue, QueueNode};
 
 impl Acquisition {
@@ -24,7 +24,7 @@ impl Acquisition {
     /// it unless the node ahead can be found without it.
     pub(super) fn carried_create(&self) -> Vec<Request> {
         let mut requests = vec![Request::Multi(vec![self.new_node()])];
-        if self.spec.carried_take.is_none() {
+        if self.carried_take.is_none() {
             requests.push(Request::GetChildren(Target::Monitor));
         }
         requests
@@ -34,12 +34,11 @@ impl Acquisition {
     /// node the sequence numbers name as just ahead, or list the queue.
     pub(super) fn guess_ahead(&mut self, name: &str) -> Action {
         let guess = self
-            .spec
             .carried_take
             .and_then(|before| Some((QueueNode::parse(name)?.two_before()?, before)));
         match guess {
             Some((ahead, before)) => self.send(
-                St::WatchingGuess {
+                Awaiting::WatchOnGuessSet {
                     ahead: ahead.clone(),
                     before,
                 },
@@ -56,7 +55,7 @@ impl Acquisition {
                 // Just ahead of us. Not known to be the head: woken by its deletion (it gave
                 // up), we list the queue; by its release's mark, we are first.
                 self.others_seen = true;
-                self.st = St::AwaitAhead {
+                self.awaiting = Awaiting::AheadToGo {
                     was_second: false,
                     ahead,
                 };
@@ -66,7 +65,9 @@ impl Acquisition {
             // queue changed. The queue says who is ahead (a watch left on the node is
             // replaced by the next one, or fires unheard).
             Reply::Data(Ok(_) | Err(Code::NoNode)) => self.step(Step::Wait(Queue::default())),
-            Reply::Data(Err(code)) if code.is_lost() => self.await_connected(St::LookAgainConnect),
+            Reply::Data(Err(code)) if code.is_lost() => {
+                self.await_connected(Awaiting::ReconnectionToLookAgain)
+            }
             other => self.fail(code_of(other), "watching the node ahead"),
         }
     }

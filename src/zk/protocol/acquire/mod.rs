@@ -1,9 +1,12 @@
 //! The acquisition as a state machine: every decision of the priority-lock recipe (queue with
 //! the fast path or a plain create, find what a lost create made, who is ahead, what to watch,
 //! when to take the mutex and whether to verify, give it back, promote a starving waiter, give
-//! up), with no I/O. [`Acquisition::start`] and [`Acquisition::handle`] return the next
-//! [`Action`]; the driver (`zk::acquire` in production, the model check in the tests) performs
-//! it and answers with an [`Input`].
+//! up, whether to carry the release of the lock before, when to wake), with no I/O and no
+//! clock of its own. [`Acquisition::start`] and [`Acquisition::handle`] take the time the
+//! acquisition has run and return the next [`Action`]; the driver (`zk::acquire` in
+//! production, the model check in the tests) performs it and answers with an [`Input`]. While
+//! it waits, [`Acquisition::poll_timeout`] says when the core next needs to look again without
+//! any event (as `quinn-proto`'s `poll_timeout`).
 //!
 //! See `docs/zookeeper-lock.md` for the recipe and its arguments.
 
@@ -15,13 +18,16 @@ mod take;
 pub use take::Awaits;
 
 use super::remove::Removal;
+use std::time::Duration;
+
+use super::learned::{Lessons, SessionKnowledge};
 use super::types::{
-    Action, Code, Content, Fired, Input, Mode, MultiError, Now, Op, Reply, Request, Send, Target,
+    Action, Code, Content, Fired, Input, Mode, MultiError, Op, Reply, Request, Send, Target,
 };
 use super::Flaw;
 use crate::zk::names::Queue;
 
-/// What an acquisition is, and what its session knows.
+/// What an acquisition is. What its session learned comes with it to [`Acquisition::new`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Spec {
     /// This session's id (the owner of its ephemeral nodes).
@@ -38,24 +44,35 @@ pub struct Spec {
     pub background: String,
     /// A zero timeout: one fast-path round trip, never queued.
     pub try_once: bool,
-    /// The monitor met contention lately: queue with a plain create, skipping the fast path.
-    pub contended_before: bool,
-    /// A lock of this session is to be released in this acquisition's first multi.
-    pub carry: bool,
-    /// The zxid that created the `privateLock` of the lock released in this acquisition's
-    /// first multi, when it is a lock of the same monitor and that zxid is exactly its mutex's
-    /// creation (a take that set the monitor's data, or read the mutex's `czxid`). The new
-    /// queue node then finds the node just ahead of it without reading the queue (see
-    /// `docs/zookeeper-lock.md`, "The node ahead without a listing"). `None` otherwise.
-    pub carried_take: Option<i64>,
+    /// How long after its start the acquisition gives up (`None`: never).
+    pub deadline: Option<Duration>,
+    /// How long a waiter of a class other than the foreground one waits before it is
+    /// re-queued as foreground (`zookeeper.background.max.wait`; `None`: never).
+    pub promote_after: Option<Duration>,
+    /// The lock `release_and_acquire` releases, if any.
+    pub previous: Option<Previous>,
     /// How many nodes the lock root has, from the top (`/zkguard/locks`: 2).
     pub root_depth: usize,
-    /// The session may delete and recreate monitor nodes (the fast path's multi).
-    pub recreate: bool,
-    /// The session may write monitor nodes (takes set its data; releases check it).
-    pub versioned: bool,
     /// A deliberate flaw, to show that the model check finds one. `None` in production.
     pub flaw: Option<Flaw>,
+}
+
+/// The lock that an acquisition releases (`release_and_acquire`), as far as the choice of
+/// carrying its release in the acquisition's first multi needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Previous {
+    /// It is held through the acquisition's own session (a lock of another session, or one
+    /// lost, is released on its own first).
+    pub held_here: bool,
+    /// A waiter of this session waits at a hand-over point for it: its release hands it to
+    /// that waiter, on its own.
+    pub awaited: bool,
+    /// The zxid that created its `privateLock`, when it is a lock of the same monitor and that
+    /// zxid is exactly its mutex's creation (a take that set the monitor's data, or read the
+    /// mutex's `czxid`). A queue node created in its release's multi then finds the node just
+    /// ahead of it without reading the queue (see `docs/zookeeper-lock.md`, "The node ahead
+    /// without a listing"). `None` otherwise.
+    pub take_here: Option<i64>,
 }
 
 /// How an acquisition ended.
@@ -115,15 +132,16 @@ enum Step {
     Busy,
 }
 
-/// Which queueing loop a create belongs to.
+/// Which queueing round a create belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Mode2 {
+enum QueueRound {
     /// The first: fast path, carried release, deadline checked.
-    First,
+    FirstTry,
     /// After the contender's node disappeared while its session lives.
-    Again,
-    /// Re-queueing a starving background waiter as foreground.
-    Promote {
+    AfterNodeLost,
+    /// Re-queueing a starving background waiter as foreground; its old node (of the old
+    /// attempt id) goes once the new one exists.
+    Promotion {
         old: Option<String>,
         old_attempt: String,
     },
@@ -131,78 +149,86 @@ enum Mode2 {
 
 /// Where to go once the mutex was given back.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Yielded {
+enum OnceGivenBack {
     /// Continue with the step; a failure fails the acquisition.
-    Step(Step),
+    Continue(Step),
     /// The fast path for sessions that may not recreate monitors: a failure is the queueing's.
-    Listed(Step),
+    ListedFastPath(Step),
     /// Recovery after a lost create: a failure is the recovery's.
-    Recovered(Mode2),
+    Recovery(QueueRound),
 }
 
+/// What the acquisition waits for: the answer to the requests it sent, an event (a watch, a
+/// reconnection, the wake-up of [`Acquisition::poll_timeout`]) or a removal it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum St {
-    Start,
-    FastPath {
-        carried: bool,
-    },
-    Listed,
-    Plain(Mode2),
-    After,
-    /// Creating the monitor node (`root == None`) or the lock root's `root`-th node.
-    Ensure {
-        mode: Mode2,
+enum Awaiting {
+    /// Nothing sent yet.
+    NotStarted,
+    /// The fast path's multi (carried by the release of the lock before, or not).
+    FastPathAnswer { carried: bool },
+    /// The multi of the fast path of a session that may not recreate monitors.
+    ListedFastPathAnswer,
+    /// A plain create of the queue node.
+    CreateAnswer(QueueRound),
+    /// The create of the queue node carried by the release of the lock before, and the reads
+    /// behind it.
+    CarriedCreateAnswer,
+    /// The create of the monitor node (`root == None`) or of the lock root's `root`-th node.
+    ParentCreateAnswer {
+        mode: QueueRound,
         root: Option<usize>,
         again: bool,
     },
-    RecConnect(Mode2),
-    RecList(Mode2),
-    RecRead {
-        mode: Mode2,
+    /// The reconnection, to search for what a create whose answer was lost made.
+    ReconnectionToRecover(QueueRound),
+    /// The queue's listing of that search.
+    RecoveryListing(QueueRound),
+    /// The reads of the search's candidate nodes, `names[next]` on.
+    RecoveryReads {
+        mode: QueueRound,
         names: Vec<String>,
         next: usize,
     },
-    RecMutex(Mode2),
-    Reading,
-    ReadConnect,
-    WatchingAhead {
-        was_second: bool,
-        ahead: String,
-    },
-    /// Watching the node that the sequence numbers say is just ahead, if it was created
-    /// before `before` (the zxid of the take of the lock released in the same multi).
-    WatchingGuess {
-        ahead: String,
-        before: i64,
-    },
-    AwaitAhead {
-        was_second: bool,
-        ahead: String,
-    },
-    WatchingMutex,
-    AwaitMutex,
-    LookAgainConnect,
-    Taking {
-        verify: bool,
-    },
-    TakeConnect,
-    TakeCheck,
-    TakeVerify {
-        zxid: i64,
-    },
-    Yielding {
+    /// The read of the mutex in that search.
+    RecoveryMutexRead(QueueRound),
+    /// The queue's listing.
+    QueueListing,
+    /// The reconnection, to list the queue.
+    ReconnectionToList,
+    /// The watch on the node ahead to be set.
+    WatchOnAheadSet { was_second: bool, ahead: String },
+    /// The watch to be set on the node that the sequence numbers say is just ahead, if it was
+    /// created before `before` (the zxid of the take of the lock released in the same multi).
+    WatchOnGuessSet { ahead: String, before: i64 },
+    /// The node ahead to go (its watch to fire).
+    AheadToGo { was_second: bool, ahead: String },
+    /// The watch on the mutex to be set.
+    WatchOnMutexSet,
+    /// The mutex to go (its watch to fire).
+    MutexToGo,
+    /// The reconnection, to look at the queue again.
+    ReconnectionToLookAgain,
+    /// The take of the mutex (verifying the order in the same round trip, or not).
+    TakeAnswer { verify: bool },
+    /// The reconnection, to find out whether a take whose answer was lost went through.
+    ReconnectionToCheckTake,
+    /// The read of the mutex behind a sync, after that reconnection.
+    TakeCheckAnswer,
+    /// The listing that verifies the order after a take (made by `zxid`).
+    TakeVerifyAnswer { zxid: i64 },
+    /// The removal that gives the mutex back, then goes on as `then` says.
+    MutexGivenBack {
         removal: Removal,
-        then: Yielded,
+        then: OnceGivenBack,
     },
-    Unqueueing {
-        removal: Removal,
-        step: Step,
-    },
-    Describing,
-    GivingUp {
-        removal: Removal,
-    },
-    Done,
+    /// The removal of a promoted waiter's old node, then `step`.
+    OldNodeRemoved { removal: Removal, step: Step },
+    /// The driver's description of what stands in the way, before giving up.
+    BlockerDescribed,
+    /// The removal of its nodes, giving up.
+    NodesRemoved { removal: Removal },
+    /// Nothing more: finished.
+    Nothing,
 }
 
 /// One acquisition of one monitor.
@@ -226,16 +252,36 @@ pub struct Acquisition {
     tried: bool,
     /// A lock of this session waits to be released with this acquisition's next multi.
     carrier: bool,
+    /// The zxid of the carried lock's take on this monitor (see [`Previous::take_here`]), when
+    /// its release is carried.
+    carried_take: Option<i64>,
+    /// The monitor met contention lately: queue with a plain create, skipping the fast path.
+    contended_before: bool,
+    /// The session may delete and recreate monitor nodes (refused once: never again).
     recreate: bool,
+    /// The session may write monitor nodes (takes set its data; releases check it).
     versioned: bool,
-    now: Now,
-    st: St,
+    /// How long the acquisition has run, as of the last call.
+    elapsed: Duration,
+    awaiting: Awaiting,
     outcome: Option<Outcome>,
 }
 
 impl Acquisition {
-    /// A new acquisition.
-    pub fn new(spec: Spec) -> Self {
+    /// A new acquisition of `monitor` (the key of its contention in `session`, the knowledge
+    /// of the session it runs on). It carries the release of the lock before
+    /// ([`Spec::previous`]) when that lock is held here, nobody of the session awaits it and
+    /// the acquisition may queue: see [`Acquisition::carrying`].
+    pub fn new(spec: Spec, session: &SessionKnowledge, monitor: &str) -> Self {
+        let carry = spec
+            .previous
+            .as_ref()
+            .is_some_and(|p| !spec.try_once && p.held_here && !p.awaited);
+        let carried_take = spec
+            .previous
+            .as_ref()
+            .filter(|_| carry)
+            .and_then(|p| p.take_here);
         Self {
             prefix: spec.prefix.clone(),
             attempt: spec.attempt.clone(),
@@ -249,11 +295,15 @@ impl Acquisition {
             armed: true,
             others_seen: false,
             tried: false,
-            carrier: spec.carry,
-            recreate: spec.recreate,
-            versioned: spec.versioned,
-            now: Now::default(),
-            st: St::Start,
+            carrier: carry,
+            carried_take,
+            // Fast path: one multi that recreates the monitor node, empty, with our queue node
+            // and the mutex in it; skipped on a monitor that was busy lately.
+            contended_before: session.contended(monitor) && !spec.try_once,
+            recreate: session.recreate(),
+            versioned: session.versioned(),
+            elapsed: Duration::ZERO,
+            awaiting: Awaiting::NotStarted,
             outcome: None,
             spec,
         }
@@ -279,6 +329,57 @@ impl Acquisition {
         self.promoted
     }
 
+    /// Whether a lock waits to be released with this acquisition's next multi. Right after
+    /// [`Acquisition::new`], `false` while [`Spec::previous`] is set means that the driver
+    /// releases that lock on its own, at once.
+    pub fn carrying(&self) -> bool {
+        self.carrier
+    }
+
+    /// When (how long after its start) the acquisition next needs to look again if nothing
+    /// happens: its deadline, or, for a waiter of a class other than the foreground one, its
+    /// promotion; `None` when neither comes. The driver wakes it then
+    /// with [`Input::Woke`] while it waits for a watch.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let promotion = self
+            .spec
+            .promote_after
+            .filter(|_| self.may_be_promoted() && self.spec.flaw != Some(Flaw::WakeOnlyAtDeadline));
+        match (self.spec.deadline, promotion) {
+            (Some(deadline), Some(promotion)) => Some(deadline.min(promotion)),
+            (deadline, promotion) => deadline.or(promotion),
+        }
+    }
+
+    /// A waiter of a class other than the foreground one (its node not re-queued as
+    /// foreground yet).
+    fn may_be_promoted(&self) -> bool {
+        self.prefix != self.spec.foreground
+    }
+
+    /// Whether its deadline has passed.
+    fn past_deadline(&self) -> bool {
+        self.spec.deadline.is_some_and(|d| self.elapsed >= d)
+    }
+
+    /// Whether a starving background waiter is due to be re-queued as foreground.
+    fn promote_due(&self) -> bool {
+        self.may_be_promoted() && self.spec.promote_after.is_some_and(|d| self.elapsed >= d)
+    }
+
+    /// Teaches `session` (the knowledge of the session it runs on, which it was started with)
+    /// what its last step learnt of it: a refusal of the session's ACL at once, and, once it
+    /// acquired `monitor`, whether it met others. Call it once after every step
+    /// ([`Acquisition::handle`]), so that concurrent acquisitions of the session benefit at
+    /// once; the step that acquires is the last, so its contention counts once.
+    pub fn teach(&self, session: &mut SessionKnowledge, monitor: &str) -> Lessons {
+        let others = match &self.outcome {
+            Some(Outcome::Acquired { others_seen, .. }) => Some(*others_seen),
+            _ => None,
+        };
+        session.learn(monitor, self.recreate, self.versioned, others)
+    }
+
     /// Whether the session may still recreate monitor nodes (refused once: never again).
     pub fn recreate(&self) -> bool {
         self.recreate
@@ -292,7 +393,7 @@ impl Acquisition {
     /// Whether the last action sent is the fast path's multi alone (no release carried), which
     /// the driver may send in one multi with other acquisitions' fast paths (`zk::batch`).
     pub fn sending_fast_path(&self) -> bool {
-        matches!(self.st, St::FastPath { carried: false })
+        matches!(self.awaiting, Awaiting::FastPathAnswer { carried: false })
     }
 
     /// How it ended, once [`Action::Done`] was returned.
@@ -302,7 +403,7 @@ impl Acquisition {
 
     /// What the session's reaper must remove if the acquisition goes away now.
     pub fn leftovers(&self) -> Option<Leftovers> {
-        if let St::GivingUp { removal } = &self.st {
+        if let Awaiting::NodesRemoved { removal } = &self.awaiting {
             // Giving up: what the removal under way deletes is the acquisition's until it is
             // done (an acquisition abandoned at its deadline's overrun may be here).
             let (node, mutex) = removal.targets();
@@ -313,7 +414,7 @@ impl Acquisition {
                 attempt: self.attempt.clone(),
             });
         }
-        if let St::Unqueueing { removal, .. } = &self.st {
+        if let Awaiting::OldNodeRemoved { removal, .. } = &self.awaiting {
             // A promoted waiter deleting its old node (of the old attempt id) behind its new
             // one: the old node is the removal's until it is done, and the new node (of the
             // new attempt id) is found by the reaper's search.
@@ -340,162 +441,196 @@ impl Acquisition {
         })
     }
 
-    /// The first action.
-    pub fn start(&mut self, now: Now) -> Action {
-        self.now = now;
+    /// The first action; `elapsed` is how long the acquisition has run (zero, or nearly).
+    pub fn start(&mut self, elapsed: Duration) -> Action {
+        self.elapsed = elapsed;
         self.queue_step()
     }
 
-    /// Takes the driver's answer to the last action.
-    pub fn handle(&mut self, input: Input, now: Now) -> Action {
-        self.now = now;
-        let st = std::mem::replace(&mut self.st, St::Done);
-        match (st, input) {
-            (St::FastPath { carried }, Input::Replies(r)) => self.on_fast_path(carried, r),
-            (St::Listed, Input::Replies(r)) => self.on_listed(r),
-            (St::Plain(mode), Input::Replies(r)) => self.on_plain(mode, r),
-            (St::After, Input::Replies(r)) => self.on_after(r),
-            (St::Ensure { mode, root, again }, Input::Replies(r)) => {
+    /// Takes the driver's answer to the last action, `elapsed` after the acquisition's start.
+    pub fn handle(&mut self, input: Input, elapsed: Duration) -> Action {
+        self.elapsed = self.elapsed.max(elapsed);
+        let awaiting = std::mem::replace(&mut self.awaiting, Awaiting::Nothing);
+        match (awaiting, input) {
+            (Awaiting::FastPathAnswer { carried }, Input::Replies(r)) => {
+                self.on_fast_path(carried, r)
+            }
+            (Awaiting::ListedFastPathAnswer, Input::Replies(r)) => self.on_listed(r),
+            (Awaiting::CreateAnswer(mode), Input::Replies(r)) => self.on_plain(mode, r),
+            (Awaiting::CarriedCreateAnswer, Input::Replies(r)) => self.on_after(r),
+            (Awaiting::ParentCreateAnswer { mode, root, again }, Input::Replies(r)) => {
                 self.on_ensure(mode, root, again, first(r))
             }
-            (St::RecConnect(mode), Input::Connected) => self.recover(mode),
-            (St::RecList(mode), Input::Replies(r)) => self.on_rec_list(mode, r),
-            (St::RecRead { mode, names, next }, Input::Replies(r)) => {
+            (Awaiting::ReconnectionToRecover(mode), Input::Connected) => self.recover(mode),
+            (Awaiting::RecoveryListing(mode), Input::Replies(r)) => self.on_rec_list(mode, r),
+            (Awaiting::RecoveryReads { mode, names, next }, Input::Replies(r)) => {
                 self.on_rec_read(mode, names, next, first(r))
             }
-            (St::RecMutex(mode), Input::Replies(r)) => self.on_rec_mutex(mode, first(r)),
-            (St::Reading, Input::Replies(r)) => match first(r) {
-                Reply::Children(Ok((children, _))) => {
-                    self.on_queue(Queue::from_children(&children))
-                }
-                Reply::Children(Err(Code::NoNode)) => self.on_queue(Queue::default()),
-                Reply::Children(Err(code)) if code.is_lost() => {
-                    self.await_connected(St::ReadConnect)
-                }
-                other => self.fail(code_of(other), "reading the queue"),
-            },
-            (St::ReadConnect, Input::Connected) => self.read_queue(),
-            (St::WatchingAhead { was_second, ahead }, Input::Replies(r)) => match first(r) {
-                Reply::Data(Ok(_)) => {
-                    self.st = St::AwaitAhead { was_second, ahead };
-                    Action::AwaitWatch
-                }
-                // Gone before it could be watched: as if woken by its deletion.
-                Reply::Data(Err(Code::NoNode)) if was_second => {
-                    let verify = !self.sorts_first();
-                    self.take(verify)
-                }
-                Reply::Data(Err(Code::NoNode)) => self.step(Step::Wait(Queue::default())),
-                Reply::Data(Err(code)) if code.is_lost() => {
-                    self.await_connected(St::LookAgainConnect)
-                }
-                other => self.fail(code_of(other), "watching the node ahead"),
-            },
-            (St::WatchingGuess { ahead, before }, Input::Replies(r)) => {
+            (Awaiting::RecoveryMutexRead(mode), Input::Replies(r)) => {
+                self.on_rec_mutex(mode, first(r))
+            }
+            (Awaiting::QueueListing, Input::Replies(r)) => self.on_listing(first(r)),
+            (Awaiting::ReconnectionToList, Input::Connected) => self.read_queue(),
+            (Awaiting::WatchOnAheadSet { was_second, ahead }, Input::Replies(r)) => {
+                self.on_ahead_watched(was_second, ahead, first(r))
+            }
+            (Awaiting::WatchOnGuessSet { ahead, before }, Input::Replies(r)) => {
                 self.on_guess(ahead, before, first(r))
             }
-            (St::AwaitAhead { was_second, .. }, Input::Fired(fired)) => {
-                // The node just ahead left. If it left as the holder (the hand-over mark), or
-                // it was the head at our listing, every node that was ahead of us is gone. A
-                // first-class node is then certainly first; any other verifies.
-                let handed_over = fired == Fired::DataChanged;
-                let deleted = fired == Fired::Deleted;
-                if handed_over || was_second {
-                    let first_class = self.sorts_first()
-                        || (handed_over && self.spec.flaw == Some(Flaw::MarkTrustedByAnyClass));
-                    let verify = !((handed_over || deleted) && first_class);
-                    self.take(verify)
-                } else {
-                    self.step(Step::Wait(Queue::default()))
-                }
+            (Awaiting::AheadToGo { was_second, .. }, Input::Fired(fired)) => {
+                self.on_ahead_gone(was_second, fired)
             }
-            (St::AwaitAhead { .. } | St::AwaitMutex, Input::Woke) => {
+            (Awaiting::AheadToGo { .. } | Awaiting::MutexToGo, Input::Woke) => {
                 self.step(Step::Wait(Queue::default()))
             }
-            (St::AwaitAhead { .. } | St::AwaitMutex, Input::Ended) => {
+            (Awaiting::AheadToGo { .. } | Awaiting::MutexToGo, Input::Ended) => {
                 // Session gone: its ephemeral nodes are gone too.
                 self.armed = false;
                 self.finish(Outcome::Ended)
             }
-            (St::WatchingMutex, Input::Replies(r)) => match first(r) {
-                Reply::Data(Ok(_)) => {
-                    self.st = St::AwaitMutex;
-                    Action::AwaitWatch
-                }
-                Reply::Data(Err(Code::NoNode)) => {
-                    let verify = !self.sorts_first();
-                    self.take(verify)
-                }
-                Reply::Data(Err(code)) if code.is_lost() => {
-                    self.await_connected(St::LookAgainConnect)
-                }
-                other => self.fail(code_of(other), "watching the mutex node"),
-            },
+            (Awaiting::WatchOnMutexSet, Input::Replies(r)) => self.on_mutex_watched(first(r)),
             // The end of the session: the next request says how.
-            (St::AwaitMutex, Input::Fired(Fired::Session)) => {
+            (Awaiting::MutexToGo, Input::Fired(Fired::Session)) => {
                 self.step(Step::Wait(Queue::default()))
             }
-            (St::AwaitMutex, Input::Fired(_)) => {
+            (Awaiting::MutexToGo, Input::Fired(_)) => {
                 let verify = !self.sorts_first();
                 self.take(verify)
             }
-            (St::LookAgainConnect, Input::Connected) => self.step(Step::Wait(Queue::default())),
-            (St::Taking { verify }, Input::Replies(r)) => self.on_take(verify, r),
-            (St::TakeConnect, Input::Connected) => {
-                self.st = St::TakeCheck;
+            (Awaiting::ReconnectionToLookAgain, Input::Connected) => {
+                self.step(Step::Wait(Queue::default()))
+            }
+            (Awaiting::TakeAnswer { verify }, Input::Replies(r)) => self.on_take(verify, r),
+            (Awaiting::ReconnectionToCheckTake, Input::Connected) => {
+                self.awaiting = Awaiting::TakeCheckAnswer;
                 // A lagging follower may not have applied our create yet: read after a sync.
                 send(vec![
                     Request::Sync(Target::Monitor),
                     Request::GetData(Target::Mutex),
                 ])
             }
-            (St::TakeCheck, Input::Replies(r)) => self.on_take_check(r),
-            (St::TakeVerify { zxid }, Input::Replies(r)) => self.on_take_verify(zxid, r),
-            (St::Yielding { mut removal, then }, input) => match removal.handle(input) {
-                Action::Done => self.yielded(removal, then),
-                action => {
-                    self.st = St::Yielding { removal, then };
-                    action
-                }
-            },
-            (St::Unqueueing { mut removal, step }, input) => match removal.handle(input) {
-                // Its outcome does not matter: the session's end removes a node left behind.
-                Action::Done => self.step(step),
-                action => {
-                    self.st = St::Unqueueing { removal, step };
-                    action
-                }
-            },
-            (St::Describing, Input::Described) => {
-                let mut removal = Removal::delete(
-                    self.spec.me,
-                    &self.attempt,
-                    self.node.take(),
-                    self.holds_mutex,
-                )
-                .with_flaw(self.spec.flaw);
-                self.holds_mutex = false;
-                match removal.start() {
-                    Action::Done => self.finish(Outcome::TimedOut),
+            (Awaiting::TakeCheckAnswer, Input::Replies(r)) => self.on_take_check(r),
+            (Awaiting::TakeVerifyAnswer { zxid }, Input::Replies(r)) => {
+                self.on_take_verify(zxid, r)
+            }
+            (Awaiting::MutexGivenBack { mut removal, then }, input) => {
+                match removal.handle(input) {
+                    Action::Done => self.yielded(removal, then),
                     action => {
-                        self.st = St::GivingUp { removal };
+                        self.awaiting = Awaiting::MutexGivenBack { removal, then };
                         action
                     }
                 }
             }
-            (St::GivingUp { mut removal }, input) => match removal.handle(input) {
+            (Awaiting::OldNodeRemoved { mut removal, step }, input) => {
+                match removal.handle(input) {
+                    // Its outcome does not matter: the session's end removes a node left behind.
+                    Action::Done => self.step(step),
+                    action => {
+                        self.awaiting = Awaiting::OldNodeRemoved { removal, step };
+                        action
+                    }
+                }
+            }
+            (Awaiting::BlockerDescribed, Input::Described) => self.remove_nodes(),
+            (Awaiting::NodesRemoved { mut removal }, input) => match removal.handle(input) {
                 Action::Done => self.finish(Outcome::TimedOut),
                 action => {
-                    self.st = St::GivingUp { removal };
+                    self.awaiting = Awaiting::NodesRemoved { removal };
                     action
                 }
             },
-            (st, input) => {
-                self.st = st;
+            (awaiting, input) => {
+                self.awaiting = awaiting;
                 self.fail(
                     Code::Other(format!("unexpected input {input:?}")),
                     "driving the acquisition",
                 )
+            }
+        }
+    }
+
+    /// The queue's listing came.
+    fn on_listing(&mut self, reply: Reply) -> Action {
+        match reply {
+            Reply::Children(Ok((children, _))) => self.on_queue(Queue::from_children(&children)),
+            Reply::Children(Err(Code::NoNode)) => self.on_queue(Queue::default()),
+            Reply::Children(Err(code)) if code.is_lost() => {
+                self.await_connected(Awaiting::ReconnectionToList)
+            }
+            other => self.fail(code_of(other), "reading the queue"),
+        }
+    }
+
+    /// The watch on the node ahead was set (or the node was gone already).
+    fn on_ahead_watched(&mut self, was_second: bool, ahead: String, reply: Reply) -> Action {
+        match reply {
+            Reply::Data(Ok(_)) => {
+                self.awaiting = Awaiting::AheadToGo { was_second, ahead };
+                Action::AwaitWatch
+            }
+            // Gone before it could be watched: as if woken by its deletion.
+            Reply::Data(Err(Code::NoNode)) if was_second => {
+                let verify = !self.sorts_first();
+                self.take(verify)
+            }
+            Reply::Data(Err(Code::NoNode)) => self.step(Step::Wait(Queue::default())),
+            Reply::Data(Err(code)) if code.is_lost() => {
+                self.await_connected(Awaiting::ReconnectionToLookAgain)
+            }
+            other => self.fail(code_of(other), "watching the node ahead"),
+        }
+    }
+
+    /// The node just ahead left. If it left as the holder (the hand-over mark), or it was the
+    /// head at our listing, every node that was ahead of us is gone. A first-class node is then
+    /// certainly first; any other verifies.
+    fn on_ahead_gone(&mut self, was_second: bool, fired: Fired) -> Action {
+        let handed_over = fired == Fired::DataChanged;
+        let deleted = fired == Fired::Deleted;
+        if handed_over || was_second {
+            let first_class = self.sorts_first()
+                || (handed_over && self.spec.flaw == Some(Flaw::MarkTrustedByAnyClass));
+            let verify = !((handed_over || deleted) && first_class);
+            self.take(verify)
+        } else {
+            self.step(Step::Wait(Queue::default()))
+        }
+    }
+
+    /// The watch on the mutex was set (or the mutex was gone already).
+    fn on_mutex_watched(&mut self, reply: Reply) -> Action {
+        match reply {
+            Reply::Data(Ok(_)) => {
+                self.awaiting = Awaiting::MutexToGo;
+                Action::AwaitWatch
+            }
+            Reply::Data(Err(Code::NoNode)) => {
+                let verify = !self.sorts_first();
+                self.take(verify)
+            }
+            Reply::Data(Err(code)) if code.is_lost() => {
+                self.await_connected(Awaiting::ReconnectionToLookAgain)
+            }
+            other => self.fail(code_of(other), "watching the mutex node"),
+        }
+    }
+
+    /// Giving up, once what stood in the way was described: remove its nodes.
+    fn remove_nodes(&mut self) -> Action {
+        let mut removal = Removal::delete(
+            self.spec.me,
+            &self.attempt,
+            self.node.take(),
+            self.holds_mutex,
+        )
+        .with_flaw(self.spec.flaw);
+        self.holds_mutex = false;
+        match removal.start() {
+            Action::Done => self.finish(Outcome::TimedOut),
+            action => {
+                self.awaiting = Awaiting::NodesRemoved { removal };
+                action
             }
         }
     }
@@ -507,7 +642,7 @@ impl Acquisition {
     }
 
     fn finish(&mut self, outcome: Outcome) -> Action {
-        self.st = St::Done;
+        self.awaiting = Awaiting::Nothing;
         self.outcome = Some(outcome);
         Action::Done
     }
@@ -516,20 +651,20 @@ impl Acquisition {
         self.finish(Outcome::Failed { code, context })
     }
 
-    fn await_connected(&mut self, next: St) -> Action {
-        self.st = next;
+    fn await_connected(&mut self, next: Awaiting) -> Action {
+        self.awaiting = next;
         Action::AwaitConnected
     }
 
-    fn send_carried(&mut self, st: St, requests: Vec<Request>, carry: bool) -> Action {
-        self.st = st;
+    fn send_carried(&mut self, awaiting: Awaiting, requests: Vec<Request>, carry: bool) -> Action {
+        self.awaiting = awaiting;
         // A lock waiting to be released goes on its own before an uncarried request.
         self.carrier = carry;
         Action::Send(Send { requests, carry })
     }
 
-    fn send(&mut self, st: St, requests: Vec<Request>) -> Action {
-        self.send_carried(st, requests, false)
+    fn send(&mut self, awaiting: Awaiting, requests: Vec<Request>) -> Action {
+        self.send_carried(awaiting, requests, false)
     }
 
     fn new_node(&self) -> Op {
@@ -568,14 +703,20 @@ impl Acquisition {
             Step::Wait(_) | Step::FirstInLine if self.spec.try_once => self.give_up(),
             // Our turn came while the mutex is still held: wait for it (a data watch, which
             // leaves nothing on the server when the node is already gone).
-            Step::FirstInLine => self.send(St::WatchingMutex, vec![Request::Watch(Target::Mutex)]),
+            Step::FirstInLine => self.send(
+                Awaiting::WatchOnMutexSet,
+                vec![Request::Watch(Target::Mutex)],
+            ),
             Step::Wait(queue) if queue.nodes.is_empty() => self.read_queue(),
             Step::Wait(queue) => self.on_queue(queue),
         }
     }
 
     fn read_queue(&mut self) -> Action {
-        self.send(St::Reading, vec![Request::GetChildren(Target::Monitor)])
+        self.send(
+            Awaiting::QueueListing,
+            vec![Request::GetChildren(Target::Monitor)],
+        )
     }
 
     fn on_queue(&mut self, queue: Queue) -> Action {
@@ -584,12 +725,12 @@ impl Acquisition {
         let Some(pos) = queue.position(&node) else {
             // Our node is gone while our session lives: someone deleted it. Queue again.
             self.node = None;
-            return self.plain_create(Mode2::Again);
+            return self.plain_create(QueueRound::AfterNodeLost);
         };
-        if self.now.past_deadline {
+        if self.past_deadline() {
             return self.give_up();
         }
-        if self.now.promote_due && self.prefix != self.spec.foreground {
+        if self.promote_due() {
             // A starving background waiter: a foreground node first, then the old one goes.
             let old = self.node.clone();
             let old_attempt = self.attempt.clone();
@@ -597,7 +738,7 @@ impl Acquisition {
             self.flight_attempt = Some(self.spec.promoted_attempt.clone());
             self.promoted = true;
             let prefix = std::mem::replace(&mut self.prefix, self.spec.foreground.clone());
-            let action = self.plain_create(Mode2::Promote { old, old_attempt });
+            let action = self.plain_create(QueueRound::Promotion { old, old_attempt });
             // The new node is of the foreground class; `prefix` changes once it exists.
             self.prefix = prefix;
             if let Action::Send(mut send) = action {
@@ -625,7 +766,7 @@ impl Acquisition {
             .predecessor(&node)
             .map_or_else(String::new, |p| p.name.clone());
         self.send(
-            St::WatchingAhead {
+            Awaiting::WatchOnAheadSet {
                 was_second: pos == 1,
                 ahead: pred.clone(),
             },
@@ -638,7 +779,7 @@ impl Acquisition {
     /// Timeout (or busy, trying once): find out what stands in the way, remove our nodes
     /// (retrying on connection loss), then report.
     fn give_up(&mut self) -> Action {
-        self.st = St::Describing;
+        self.awaiting = Awaiting::BlockerDescribed;
         Action::Describe
     }
 }
@@ -685,14 +826,16 @@ mod tests {
             foreground: "A".into(),
             background: "B".into(),
             try_once: false,
-            contended_before: false,
-            carry: false,
-            carried_take: None,
+            deadline: Some(Duration::from_secs(10)),
+            promote_after: None,
+            previous: None,
             root_depth: 2,
-            recreate: true,
-            versioned: true,
             flaw: None,
         }
+    }
+
+    fn new(spec: Spec) -> Acquisition {
+        Acquisition::new(spec, &SessionKnowledge::new(), "m")
     }
 
     /// A create whose answer cannot be read, for whatever reason, may have been applied: the
@@ -720,14 +863,14 @@ mod tests {
                 false,
             ),
         ] {
-            let mut acq = Acquisition::new(Spec {
+            let mut acq = new(Spec {
                 try_once: !in_doubt,
                 ..spec()
             });
-            assert!(matches!(acq.start(Now::default()), Action::Send(_)));
+            assert!(matches!(acq.start(Duration::ZERO), Action::Send(_)));
             acq.handle(
                 Input::Replies(vec![Reply::Multi(Err(error))]),
-                Now::default(),
+                Duration::ZERO,
             );
             let search = acq.leftovers().and_then(|l| l.search);
             assert_eq!(search.is_some(), in_doubt, "{search:?}");
@@ -737,8 +880,8 @@ mod tests {
     /// The fast path is one request, and its success is the hold: the token is the multi's zxid.
     #[test]
     fn the_fast_path_takes_a_quiet_lock_in_one_request() {
-        let mut acq = Acquisition::new(spec());
-        let Action::Send(send) = acq.start(Now::default()) else {
+        let mut acq = new(spec());
+        let Action::Send(send) = acq.start(Duration::ZERO) else {
             panic!("the fast path sends first");
         };
         assert_eq!(send.requests.len(), 1);
@@ -761,7 +904,7 @@ mod tests {
             set,
         ]));
         assert_eq!(
-            acq.handle(Input::Replies(vec![reply]), Now::default()),
+            acq.handle(Input::Replies(vec![reply]), Duration::ZERO),
             Action::Done
         );
         assert_eq!(
@@ -775,5 +918,97 @@ mod tests {
             })
         );
         assert!(acq.leftovers().is_none());
+    }
+
+    /// The release of the lock before rides in the first multi only when that lock is held
+    /// through this session, no waiter of the session awaits it, and the acquisition queues;
+    /// the zxid of its take on the same monitor comes along only then.
+    #[test]
+    fn the_release_before_is_carried_only_where_it_can_be() {
+        let previous = Previous {
+            held_here: true,
+            awaited: false,
+            take_here: Some(5),
+        };
+        for (previous, try_once, carried) in [
+            (previous.clone(), false, true),
+            (previous.clone(), true, false),
+            (
+                Previous {
+                    held_here: false,
+                    ..previous.clone()
+                },
+                false,
+                false,
+            ),
+            (
+                Previous {
+                    awaited: true,
+                    ..previous.clone()
+                },
+                false,
+                false,
+            ),
+        ] {
+            let acq = new(Spec {
+                previous: Some(previous.clone()),
+                try_once,
+                ..spec()
+            });
+            assert_eq!(acq.carrying(), carried, "{previous:?}, try once {try_once}");
+            assert_eq!(acq.carried_take, carried.then_some(5));
+        }
+        assert!(!new(spec()).carrying());
+    }
+
+    /// The core says when it next needs to look again: at its deadline, or sooner at a
+    /// background waiter's promotion; a foreground waiter is never promoted.
+    #[test]
+    fn it_wakes_at_its_deadline_or_its_promotion() {
+        let promote = Some(Duration::from_secs(3));
+        let background = new(Spec {
+            prefix: "B".into(),
+            promote_after: promote,
+            ..spec()
+        });
+        assert_eq!(background.poll_timeout(), promote);
+        let foreground = new(Spec {
+            promote_after: promote,
+            ..spec()
+        });
+        assert_eq!(foreground.poll_timeout(), Some(Duration::from_secs(10)));
+        let endless = new(Spec {
+            deadline: None,
+            ..spec()
+        });
+        assert_eq!(endless.poll_timeout(), None);
+    }
+
+    /// A session learns its ACL's refusals at once and a monitor's contention from two
+    /// contended acquisitions; then the next acquisition of that monitor skips the fast path.
+    #[test]
+    fn a_session_learns_from_its_acquisitions() {
+        let mut session = SessionKnowledge::new();
+        for round in 0..2 {
+            let mut acq = Acquisition::new(spec(), &session, "m");
+            assert!(!acq.contended_before, "round {round}");
+            acq.start(Duration::ZERO);
+            acq.outcome = Some(Outcome::Acquired {
+                zxid: 1,
+                version: None,
+                alone: false,
+                node: "A-0000000001".into(),
+                others_seen: true,
+            });
+            assert_eq!(acq.teach(&mut session, "m"), Lessons::default());
+        }
+        assert!(session.contended("m") && !session.contended("n"));
+        assert!(Acquisition::new(spec(), &session, "m").contended_before);
+        let mut refused = Acquisition::new(spec(), &session, "n");
+        refused.recreate = false;
+        let lessons = refused.teach(&mut session, "n");
+        assert!(lessons.no_recreate && !lessons.no_versioned_takes);
+        assert!(!session.recreate() && session.versioned());
+        assert_eq!(refused.teach(&mut session, "n"), Lessons::default());
     }
 }

@@ -6,7 +6,7 @@ use super::super::remove::Removal;
 use super::super::types::{
     Action, Code, Content, Mode, MultiError, Op, OpResult, Reply, Request, Target,
 };
-use super::{code_of, code_of_opt, first, Acquisition, Mode2, St, Step, Yielded};
+use super::{code_of, code_of_opt, first, Acquisition, Awaiting, OnceGivenBack, QueueRound, Step};
 use crate::zk::names::Queue;
 
 impl Acquisition {
@@ -17,18 +17,18 @@ impl Acquisition {
     /// it), or, on a monitor busy lately, a plain create (in the multi of the lock released
     /// before, if any).
     pub(super) fn queue_step(&mut self) -> Action {
-        if self.tried && self.now.past_deadline && self.node.is_none() {
+        if self.tried && self.past_deadline() && self.node.is_none() {
             return self.give_up();
         }
         self.tried = true;
         // A try-once contender always tries the fast path, without queueing when held.
-        if self.spec.contended_before && !self.spec.try_once {
+        if self.contended_before {
             if self.carrier {
                 self.in_flight = true;
                 let requests = self.carried_create();
-                return self.send_carried(St::After, requests, true);
+                return self.send_carried(Awaiting::CarriedCreateAnswer, requests, true);
             }
-            return self.plain_create(Mode2::First);
+            return self.plain_create(QueueRound::FirstTry);
         }
         if !self.recreate {
             return self.listed();
@@ -56,7 +56,11 @@ impl Acquisition {
                 target: Target::Monitor,
             },
         ];
-        self.send_carried(St::FastPath { carried }, vec![Request::Multi(ops)], carried)
+        self.send_carried(
+            Awaiting::FastPathAnswer { carried },
+            vec![Request::Multi(ops)],
+            carried,
+        )
     }
 
     pub(super) fn on_fast_path(&mut self, carried: bool, replies: Vec<Reply>) -> Action {
@@ -101,9 +105,9 @@ impl Acquisition {
                     // The queue node goes with the release still waiting.
                     self.in_flight = true;
                     let requests = self.carried_create();
-                    return self.send_carried(St::After, requests, true);
+                    return self.send_carried(Awaiting::CarriedCreateAnswer, requests, true);
                 }
-                self.plain_create(Mode2::First)
+                self.plain_create(QueueRound::FirstTry)
             }
             Err(MultiError::Failed {
                 code: Code::NoAuth, ..
@@ -129,7 +133,7 @@ impl Acquisition {
         }
         self.in_flight = true;
         self.send(
-            St::Listed,
+            Awaiting::ListedFastPathAnswer,
             vec![Request::Multi(ops), Request::GetChildren(Target::Monitor)],
         )
     }
@@ -166,7 +170,11 @@ impl Acquisition {
                 let (children, parent) = match children {
                     Some(Reply::Children(Ok(c))) => c,
                     // Holds the mutex but could not verify the order: give it back and wait.
-                    _ => return self.yield_mutex(Yielded::Listed(Step::Wait(Queue::default()))),
+                    _ => {
+                        return self.yield_mutex(OnceGivenBack::ListedFastPath(Step::Wait(
+                            Queue::default(),
+                        )))
+                    }
                 };
                 let queue = Queue::from_children(&children);
                 if queue.position(&name) == Some(0) {
@@ -183,7 +191,7 @@ impl Acquisition {
                         version: set.map(|s| s.version),
                     })
                 } else {
-                    self.yield_mutex(Yielded::Listed(Step::Wait(queue)))
+                    self.yield_mutex(OnceGivenBack::ListedFastPath(Step::Wait(queue)))
                 }
             }
             Err(MultiError::Failed {
@@ -194,7 +202,7 @@ impl Acquisition {
                 if self.spec.try_once {
                     self.step(Step::Busy)
                 } else {
-                    self.plain_create(Mode2::First)
+                    self.plain_create(QueueRound::FirstTry)
                 }
             }
             Err(MultiError::Failed {
@@ -212,16 +220,16 @@ impl Acquisition {
     }
 
     /// Creates the queue node alone, the queue read pipelined.
-    pub(super) fn plain_create(&mut self, mode: Mode2) -> Action {
+    pub(super) fn plain_create(&mut self, mode: QueueRound) -> Action {
         self.in_flight = true;
         let requests = vec![
             Request::Single(self.new_node()),
             Request::GetChildren(Target::Monitor),
         ];
-        self.send(St::Plain(mode), requests)
+        self.send(Awaiting::CreateAnswer(mode), requests)
     }
 
-    pub(super) fn on_plain(&mut self, mode: Mode2, replies: Vec<Reply>) -> Action {
+    pub(super) fn on_plain(&mut self, mode: QueueRound, replies: Vec<Reply>) -> Action {
         let mut replies = replies.into_iter();
         let created = match replies.next() {
             Some(Reply::Created(result)) => result,
@@ -237,7 +245,7 @@ impl Acquisition {
                 self.node = Some(name);
                 let step = Step::Wait(queue);
                 match mode {
-                    Mode2::Promote { old, old_attempt } => {
+                    QueueRound::Promotion { old, old_attempt } => {
                         // The new node first, then the old one goes: never out of the queue.
                         self.prefix = self.spec.foreground.clone();
                         if let Some(new) = self.flight_attempt.take() {
@@ -248,7 +256,7 @@ impl Acquisition {
                         match removal.start() {
                             Action::Done => self.step(step),
                             action => {
-                                self.st = St::Unqueueing { removal, step };
+                                self.awaiting = Awaiting::OldNodeRemoved { removal, step };
                                 action
                             }
                         }
@@ -259,15 +267,15 @@ impl Acquisition {
             Err(code) => {
                 self.in_flight = code.is_lost();
                 match mode {
-                    Mode2::First => self.queue_error(code),
-                    Mode2::Again => match code {
-                        Code::NoNode => self.ensure(Mode2::Again),
-                        code if code.is_lost() => {
-                            self.await_connected(St::RecConnect(Mode2::Again))
-                        }
+                    QueueRound::FirstTry => self.queue_error(code),
+                    QueueRound::AfterNodeLost => match code {
+                        Code::NoNode => self.ensure(QueueRound::AfterNodeLost),
+                        code if code.is_lost() => self.await_connected(
+                            Awaiting::ReconnectionToRecover(QueueRound::AfterNodeLost),
+                        ),
                         code => self.fail(code, "queueing for the lock again"),
                     },
-                    Mode2::Promote { old, .. } => {
+                    QueueRound::Promotion { old, .. } => {
                         // Still queued with the old node, of the old attempt; the new one may
                         // exist if the answer was lost: the reaper searches for its attempt.
                         self.node = old;
@@ -313,7 +321,7 @@ impl Acquisition {
             Err(MultiError::Request(code)) => self.queue_error(code),
             Err(MultiError::NotCarried) => {
                 self.in_flight = false;
-                self.plain_create(Mode2::First)
+                self.plain_create(QueueRound::FirstTry)
             }
         }
     }
@@ -322,20 +330,22 @@ impl Acquisition {
     /// again), the answer was lost (find what the create made), or anything else.
     pub(super) fn queue_error(&mut self, code: Code) -> Action {
         match code {
-            Code::NoNode => self.ensure(Mode2::First),
-            code if code.is_lost() => self.await_connected(St::RecConnect(Mode2::First)),
+            Code::NoNode => self.ensure(QueueRound::FirstTry),
+            code if code.is_lost() => {
+                self.await_connected(Awaiting::ReconnectionToRecover(QueueRound::FirstTry))
+            }
             code => self.fail(code, "queueing for the lock"),
         }
     }
 
     /// Creates the monitor node (a container), and the lock root first if missing.
-    pub(super) fn ensure(&mut self, mode: Mode2) -> Action {
+    pub(super) fn ensure(&mut self, mode: QueueRound) -> Action {
         self.ensure_create(mode, None, false)
     }
 
     pub(super) fn ensure_create(
         &mut self,
-        mode: Mode2,
+        mode: QueueRound,
         root: Option<usize>,
         again: bool,
     ) -> Action {
@@ -351,12 +361,15 @@ impl Acquisition {
                 mode: Mode::Container,
             },
         };
-        self.send(St::Ensure { mode, root, again }, vec![Request::Single(op)])
+        self.send(
+            Awaiting::ParentCreateAnswer { mode, root, again },
+            vec![Request::Single(op)],
+        )
     }
 
     pub(super) fn on_ensure(
         &mut self,
-        mode: Mode2,
+        mode: QueueRound,
         root: Option<usize>,
         again: bool,
         reply: Reply,
@@ -380,9 +393,9 @@ impl Acquisition {
         }
     }
 
-    pub(super) fn ensured(&mut self, mode: Mode2) -> Action {
+    pub(super) fn ensured(&mut self, mode: QueueRound) -> Action {
         match mode {
-            Mode2::First => {
+            QueueRound::FirstTry => {
                 // Creating the monitor node first is not a try.
                 self.tried = false;
                 self.queue_step()

@@ -3,7 +3,7 @@
 
 use super::super::remove::is_ours;
 use super::super::types::{Action, Code, Reply, Request, Target};
-use super::{code_of, code_of_opt, Acquisition, Mode2, St, Step, Yielded};
+use super::{code_of, code_of_opt, Acquisition, Awaiting, OnceGivenBack, QueueRound, Step};
 use crate::zk::names::Queue;
 
 impl Acquisition {
@@ -11,9 +11,9 @@ impl Acquisition {
 
     /// After a connection loss during a create: find our queue node (and mutex) by session and
     /// attempt id, once the server caught up (a sync before the listing).
-    pub(super) fn recover(&mut self, mode: Mode2) -> Action {
+    pub(super) fn recover(&mut self, mode: QueueRound) -> Action {
         self.send(
-            St::RecList(mode),
+            Awaiting::RecoveryListing(mode),
             vec![
                 Request::Sync(Target::Monitor),
                 Request::GetChildren(Target::Monitor),
@@ -21,7 +21,7 @@ impl Acquisition {
         )
     }
 
-    pub(super) fn on_rec_list(&mut self, mode: Mode2, replies: Vec<Reply>) -> Action {
+    pub(super) fn on_rec_list(&mut self, mode: QueueRound, replies: Vec<Reply>) -> Action {
         let mut replies = replies.into_iter();
         let synced = replies.next();
         let listed = replies.next();
@@ -44,22 +44,30 @@ impl Acquisition {
         }
     }
 
-    pub(super) fn rec_read_from(&mut self, mode: Mode2, names: Vec<String>, next: usize) -> Action {
+    pub(super) fn rec_read_from(
+        &mut self,
+        mode: QueueRound,
+        names: Vec<String>,
+        next: usize,
+    ) -> Action {
         match names.get(next) {
             Some(name) => {
                 let target = Target::Node(name.clone());
                 self.send(
-                    St::RecRead { mode, names, next },
+                    Awaiting::RecoveryReads { mode, names, next },
                     vec![Request::GetData(target)],
                 )
             }
-            None => self.send(St::RecMutex(mode), vec![Request::GetData(Target::Mutex)]),
+            None => self.send(
+                Awaiting::RecoveryMutexRead(mode),
+                vec![Request::GetData(Target::Mutex)],
+            ),
         }
     }
 
     pub(super) fn on_rec_read(
         &mut self,
-        mode: Mode2,
+        mode: QueueRound,
         names: Vec<String>,
         next: usize,
         reply: Reply,
@@ -78,7 +86,7 @@ impl Acquisition {
         self.rec_read_from(mode, names, next + 1)
     }
 
-    pub(super) fn on_rec_mutex(&mut self, mode: Mode2, reply: Reply) -> Action {
+    pub(super) fn on_rec_mutex(&mut self, mode: QueueRound, reply: Reply) -> Action {
         match reply {
             Reply::Data(Ok(read))
                 if is_ours(&read, self.spec.me, &self.attempt, self.spec.flaw) =>
@@ -86,20 +94,20 @@ impl Acquisition {
                 // Ours: give it back and verify the order on the next step (or, without a
                 // queue node, it is stray).
                 self.holds_mutex = true;
-                self.yield_mutex(Yielded::Recovered(mode))
+                self.yield_mutex(OnceGivenBack::Recovery(mode))
             }
             Reply::Data(Ok(_) | Err(Code::NoNode)) => self.recovered(mode),
             other => self.recovery_failed(mode, code_of(other), "reading the mutex"),
         }
     }
 
-    pub(super) fn recovered(&mut self, mode: Mode2) -> Action {
+    pub(super) fn recovered(&mut self, mode: QueueRound) -> Action {
         self.in_flight = false;
         if self.node.is_some() {
             return self.step(Step::Wait(Queue::default()));
         }
         match mode {
-            Mode2::First => self.queue_step(),
+            QueueRound::FirstTry => self.queue_step(),
             mode => self.plain_create(mode),
         }
     }
@@ -108,12 +116,12 @@ impl Acquisition {
     /// and looking again; otherwise the acquisition fails.
     pub(super) fn recovery_failed(
         &mut self,
-        mode: Mode2,
+        mode: QueueRound,
         code: Code,
         context: &'static str,
     ) -> Action {
-        if mode == Mode2::First && code.is_lost() {
-            return self.await_connected(St::RecConnect(mode));
+        if mode == QueueRound::FirstTry && code.is_lost() {
+            return self.await_connected(Awaiting::ReconnectionToRecover(mode));
         }
         self.fail(code, context)
     }

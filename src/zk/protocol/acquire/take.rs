@@ -6,7 +6,7 @@ use super::super::types::{
     Action, Code, Content, MultiError, Op, OpResult, Reply, Request, Stat, Target,
 };
 use super::super::Flaw;
-use super::{code_of_opt, Acquisition, St, Step, Yielded};
+use super::{code_of_opt, Acquisition, Awaiting, OnceGivenBack, Step};
 use crate::zk::names::Queue;
 
 /// What a waiter waits for when a holder of its own session may hand it the lock
@@ -39,9 +39,9 @@ impl Acquisition {
             return None;
         }
         let node = self.node.clone()?;
-        let awaits = match &self.st {
-            St::AwaitAhead { ahead, .. } => Awaits::Node(ahead.clone()),
-            St::AwaitMutex => Awaits::Mutex,
+        let awaits = match &self.awaiting {
+            Awaiting::AheadToGo { ahead, .. } => Awaits::Node(ahead.clone()),
+            Awaiting::MutexToGo => Awaits::Mutex,
             _ => return None,
         };
         let ops = vec![
@@ -62,7 +62,7 @@ impl Acquisition {
             return false;
         }
         self.in_flight = true;
-        self.st = St::Taking { verify: false };
+        self.awaiting = Awaiting::TakeAnswer { verify: false };
         true
     }
 
@@ -88,7 +88,7 @@ impl Acquisition {
             requests.push(Request::GetChildren(Target::Monitor));
         }
         self.in_flight = true;
-        self.send(St::Taking { verify }, requests)
+        self.send(Awaiting::TakeAnswer { verify }, requests)
     }
 
     pub(super) fn on_take(&mut self, verify: bool, replies: Vec<Reply>) -> Action {
@@ -144,10 +144,10 @@ impl Acquisition {
                             self.step(acquired)
                         } else {
                             // Someone of higher priority is first: give the mutex back.
-                            self.yield_mutex(Yielded::Step(Step::Wait(queue)))
+                            self.yield_mutex(OnceGivenBack::Continue(Step::Wait(queue)))
                         }
                     }
-                    _ => self.yield_mutex(Yielded::Step(Step::Wait(Queue::default()))),
+                    _ => self.yield_mutex(OnceGivenBack::Continue(Step::Wait(Queue::default()))),
                 }
             }
             Err(Code::NodeExists) if self.spec.flaw == Some(Flaw::MutexExistsIgnored) => {
@@ -168,7 +168,7 @@ impl Acquisition {
                 // Did our create happen? Read the mutex and compare the attempt id once
                 // connected. Still disconnected at the deadline, the acquisition gives up with
                 // the take in doubt (`in_flight`): the reaper searches for it by attempt id.
-                self.await_connected(St::TakeConnect)
+                self.await_connected(Awaiting::ReconnectionToCheckTake)
             }
             Err(code) => self.fail(code, "taking the mutex"),
         }
@@ -194,7 +194,7 @@ impl Acquisition {
                 // Verify the order as usual; the monitor's data version is still the one our
                 // take left, since nobody else took the mutex since.
                 self.send(
-                    St::TakeVerify {
+                    Awaiting::TakeVerifyAnswer {
                         zxid: read.stat.czxid,
                     },
                     vec![
@@ -223,11 +223,11 @@ impl Acquisition {
             return self.step(Step::Acquired { zxid, version });
         }
         self.take_version = self.versioned.then_some(monitor.version);
-        self.yield_mutex(Yielded::Step(Step::Wait(Queue::default())))
+        self.yield_mutex(OnceGivenBack::Continue(Step::Wait(Queue::default())))
     }
 
     /// Gives the mutex back (only if it is still this attempt's, once that is in doubt).
-    pub(super) fn yield_mutex(&mut self, then: Yielded) -> Action {
+    pub(super) fn yield_mutex(&mut self, then: OnceGivenBack) -> Action {
         // Checked against the monitor's data version the take left, as a release is: should
         // someone have deleted the mutex meanwhile and the next in line taken it, the blind
         // delete would remove the new holder's mutex.
@@ -237,25 +237,27 @@ impl Acquisition {
         match removal.start() {
             Action::Done => self.yielded(removal, then),
             action => {
-                self.st = St::Yielding { removal, then };
+                self.awaiting = Awaiting::MutexGivenBack { removal, then };
                 action
             }
         }
     }
 
-    pub(super) fn yielded(&mut self, removal: Removal, then: Yielded) -> Action {
+    pub(super) fn yielded(&mut self, removal: Removal, then: OnceGivenBack) -> Action {
         match removal.outcome().cloned().unwrap_or(Ok(())) {
             Ok(()) | Err(Code::NoNode) => {
                 self.holds_mutex = false;
                 match then {
-                    Yielded::Step(step) | Yielded::Listed(step) => self.step(step),
-                    Yielded::Recovered(mode) => self.recovered(mode),
+                    OnceGivenBack::Continue(step) | OnceGivenBack::ListedFastPath(step) => {
+                        self.step(step)
+                    }
+                    OnceGivenBack::Recovery(mode) => self.recovered(mode),
                 }
             }
             Err(code) => match then {
-                Yielded::Step(_) => self.fail(code, "giving the mutex back"),
-                Yielded::Listed(_) => self.queue_error(code),
-                Yielded::Recovered(mode) => {
+                OnceGivenBack::Continue(_) => self.fail(code, "giving the mutex back"),
+                OnceGivenBack::ListedFastPath(_) => self.queue_error(code),
+                OnceGivenBack::Recovery(mode) => {
                     self.recovery_failed(mode, code, "giving the mutex back")
                 }
             },
