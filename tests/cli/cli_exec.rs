@@ -1,7 +1,7 @@
 //! `zkguard exec` and `zkguard locks` as users script them: exit statuses, environment,
 //! mutual exclusion between processes, killed and stopped holders.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -18,7 +18,7 @@ fn shared() -> &'static ZkServer {
 
 /// A `zkguard` command configured for `servers` and a lock root of its own.
 fn zkguard(servers: &str, root: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_zkguard"));
+    let mut c = crate::cli::zkguard();
     c.env("ZKGUARD_ZOOKEEPER_SERVERS", servers)
         .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", root)
         .env("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000")
@@ -154,7 +154,7 @@ fn bad_usage_bad_monitor_bad_config() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.properties");
     std::fs::write(&file, "zookeeper.session.timeout=abc\n").unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let o = crate::cli::zkguard()
         .arg("--config")
         .arg(&file)
         .args(["exec", "--monitor", "m", "--", "true"])

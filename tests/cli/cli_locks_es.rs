@@ -1,6 +1,5 @@
 //! `zkguard locks` with `lock.backend=elasticsearch` shows the lease documents.
 
-use std::process::Command;
 use std::sync::Arc;
 
 use zkguard::config::{LockBackendKind, Settings};
@@ -26,7 +25,7 @@ async fn locks_lists_elasticsearch_leases() {
         .await
         .unwrap();
 
-    let out = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let out = crate::cli::zkguard()
         .env("ZKGUARD_LOCK_BACKEND", "elasticsearch")
         .env("ZKGUARD_ELASTICSEARCH_URL", es.url())
         .args(["locks", "--json"])
@@ -44,7 +43,7 @@ async fn locks_lists_elasticsearch_leases() {
     assert_eq!(rows[0]["token"].as_u64(), Some(guard.fencing_token()));
     guard.unlock().await.unwrap();
 
-    let out = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let out = crate::cli::zkguard()
         .env("ZKGUARD_LOCK_BACKEND", "elasticsearch")
         .env("ZKGUARD_ELASTICSEARCH_URL", es.url())
         .args(["locks", "--monitor", "article-7"])

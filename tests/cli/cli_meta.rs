@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 /// A `zkguard` command with no `ZKGUARD_*` variable from the test's environment.
 fn zkguard() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_zkguard"));
+    let mut c = crate::cli::zkguard();
     for (name, _) in std::env::vars_os() {
         if name.as_bytes().starts_with(b"ZKGUARD_") {
             c.env_remove(name);

@@ -14,13 +14,13 @@ use zkguard::testkit::{OsmemServer, ZkServer};
 use zkguard::write::deadletter::{DeadLetterSink, FileSink};
 use zkguard::{LockService, ZkLockService, ZkSession};
 
-mod guarded_support;
-mod tutorial_support;
+use crate::guarded_support;
+use crate::tutorial_support;
 
 // The demo workload belongs to the `zkguard` binary, not to the library: these tests compile its
 // module from the binary's source tree (it uses the library's public API only).
 #[allow(dead_code, unused_imports)]
-#[path = "../src/workload/demo/mod.rs"]
+#[path = "../../src/workload/demo/mod.rs"]
 mod demo;
 use demo::{reconcile, DemoEnv, DemoPlan, DemoProgress, OpStatus};
 
@@ -443,7 +443,7 @@ fn demo_command(es_url: &str, dead_letters: &std::path::Path) -> std::process::C
             .await
             .unwrap()
     });
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_zkguard"));
+    let mut c = crate::cli::zkguard();
     c.args([
         "demo",
         "--servers",

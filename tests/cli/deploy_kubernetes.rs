@@ -3,7 +3,7 @@
 //! consistent with each other, with the service, with the container image (docker/Dockerfile),
 //! the systemd unit and the configuration and HTTP references: user and group ids, ports, probe
 //! paths, the configuration file, the state directory and the secret files
-//! (tests/deploy_support/k8s_check.py).
+//! (tests/support/deploy/k8s_check.py).
 
 use std::path::Path;
 use std::process::Command;
@@ -12,7 +12,7 @@ use std::process::Command;
 fn the_kubernetes_manifests_validate_and_agree_with_the_service() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Command::new("python3")
-        .arg(repo.join("tests/deploy_support/k8s_check.py"))
+        .arg(repo.join("tests/support/deploy/k8s_check.py"))
         .arg(repo)
         .arg(env!("CARGO_BIN_EXE_zkguard"))
         .output()

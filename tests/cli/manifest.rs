@@ -94,6 +94,6 @@ fn package_metadata_is_filled_in() {
         .find(|d| d["name"] == "elasticsearch")
         .unwrap();
     assert!(es["req"].as_str().unwrap().starts_with('='), "{es}");
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     assert!(readme.contains(&format!("`{}`", es["req"].as_str().unwrap())));
 }

@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use zkguard::config::KEYS;
 
@@ -25,7 +24,7 @@ fn read(path: &Path) -> String {
 #[test]
 fn committed_references_are_what_the_code_generates() {
     for (which, file) in REFERENCES {
-        let out = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        let out = crate::cli::zkguard()
             .args(["reference", which])
             .env_remove("ZKGUARD_CONFIG")
             .output()

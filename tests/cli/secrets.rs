@@ -28,7 +28,7 @@ fn assert_no_secret(o: &Output) {
 }
 
 fn zkguard(dir: &std::path::Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_zkguard"));
+    let mut c = crate::cli::zkguard();
     c.env_remove("ZKGUARD_CONFIG")
         .env_remove("RUST_LOG")
         .current_dir(dir)

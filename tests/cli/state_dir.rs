@@ -2,7 +2,7 @@
 //! directory, so that every command finds them whatever its working directory, and the messages
 //! name the absolute path they read.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, SystemTime};
 
 use zkguard::write::deadletter::{DeadLetter, DeadLetterSink, FileSink};
@@ -15,7 +15,7 @@ fn zkguard_in(
     state: &std::path::Path,
     args: &[&str],
 ) -> std::process::Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zkguard"));
+    let mut cmd = crate::cli::zkguard();
     for (k, _) in std::env::vars() {
         if k.starts_with("ZKGUARD_") {
             cmd.env_remove(k);

@@ -8,10 +8,10 @@
 //! summary against the service and Elasticsearch.
 //!
 //! Nothing is downloaded here: `make deps` installs openapi-python-client (pip) and the npm
-//! packages of `tests/clients_support` (`npm ci`, from its committed package-lock.json).
+//! packages of `tests/support/clients` (`npm ci`, from its committed package-lock.json).
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -27,7 +27,7 @@ fn repo() -> &'static Path {
 }
 
 fn support() -> PathBuf {
-    repo().join("tests/clients_support")
+    repo().join("tests/support/clients")
 }
 
 const DEPS: &str = "run `make deps` (scripts/install-deps.sh) to install it";
@@ -184,7 +184,7 @@ async fn the_generated_python_client_saves_bulks_locks_and_reads_dead_letters() 
     check_summary(&s, &index, &summary(&out)).await;
 }
 
-/// A tool of `tests/clients_support/node_modules`, or a panic that says how to install it.
+/// A tool of `tests/support/clients/node_modules`, or a panic that says how to install it.
 fn npm_tool(name: &str) -> PathBuf {
     let path = support().join("node_modules/.bin").join(name);
     assert!(path.exists(), "{} is missing: {DEPS}", path.display());
@@ -192,7 +192,7 @@ fn npm_tool(name: &str) -> PathBuf {
 }
 
 /// Puts the TypeScript client in `dir`: the example, the test script, the compiler settings,
-/// the packages (a link to tests/clients_support/node_modules) and the types generated from
+/// the packages (a link to tests/support/clients/node_modules) and the types generated from
 /// `document`; then type-checks and compiles them with tsc (strict, nothing written on an
 /// error). Returns tsc's output when it fails, None when it succeeds.
 fn compile_ts(dir: &Path, document: &Path) -> Option<String> {

@@ -3,9 +3,9 @@
 //! token as the document's version, the gate and `/v1` share the locks (foreground first),
 //! a stale write is fenced, what cannot be fenced is refused, the rest passes through as is.
 
-mod common;
-mod gateway_support;
-mod serve_support;
+use crate::common;
+use crate::gateway_support;
+use crate::serve_support;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -233,7 +233,7 @@ async fn a_gate_write_whose_lock_is_lost_on_the_way_is_fenced() {
     )
     .await;
     // While it holds the lock, `zkguard locks` names the gate's route as the holder's info.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let out = crate::cli::zkguard()
         .args(["locks", "--json"])
         .env("ZKGUARD_ZOOKEEPER_SERVERS", &zk)
         .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &env.root)
@@ -716,7 +716,7 @@ async fn bulk_write_conditions_are_read_as_elasticsearch_reads_them_in_plain_and
     let s = env.start("a");
     let index = format!("gate-cond-{}", uuid_tag());
     let out = python_script(
-        "tests/gateway_support/bulk_conditions.py",
+        "tests/support/gateway/bulk_conditions.py",
         "opensearch",
         &gate(&s),
         &index,
@@ -915,7 +915,7 @@ async fn the_single_document_routes_take_what_elasticsearch_takes_through_the_py
         let s = env.start("a");
         let index = format!("gate-single-{name}-{}", uuid_tag());
         let summary =
-            python_script("tests/gateway_support/single.py", name, &gate(&s), &index).await;
+            python_script("tests/support/gateway/single.py", name, &gate(&s), &index).await;
         assert!(
             summary["checks"].as_u64().unwrap() >= checks,
             "{name}: {summary}"
@@ -1407,7 +1407,7 @@ async fn aliases_of_zkguards_own_indices_are_refused_like_their_names() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bulk_item_whose_lock_was_lost_answers_429_and_the_python_helper_retries_it() {
     let front = Front::start_with(shared_es().url(), &["--plain-media-types"]);
-    let proxy = common::proxy::ZkProxy::start(&shared_zk().connect_string());
+    let proxy = crate::proxy::ZkProxy::start(&shared_zk().connect_string());
     // A short grace within a long session: the lock counts as lost long before the client
     // gives up on its silent connection (2/5 of the session timeout) and reconnects.
     let env = gate_env(&proxy.connect_string(), "lost", &front.url)
@@ -1433,7 +1433,7 @@ async fn a_bulk_item_whose_lock_was_lost_answers_429_and_the_python_helper_retri
         let (g, index) = (g.clone(), index.clone());
         tokio::spawn(async move {
             python_script(
-                "tests/gateway_support/retry.py",
+                "tests/support/gateway/retry.py",
                 "elasticsearch",
                 &g,
                 &index,
@@ -1449,7 +1449,7 @@ async fn a_bulk_item_whose_lock_was_lost_answers_429_and_the_python_helper_retri
     .await;
     // From the answer to the session's next confirmation on, ZooKeeper answers nothing: the
     // grace runs out and the lock counts as lost.
-    proxy.hold_after(common::proxy::OP_SYNC);
+    proxy.hold_after(crate::proxy::OP_SYNC);
     eventually(
         Duration::from_secs(30),
         "the gate's lock counts as lost",
@@ -2072,7 +2072,7 @@ async fn bulks_beyond_the_gates_limits_are_refused_before_anything_is_locked() {
         || {
             let (zk, root, monitor) = (env.zk.clone(), env.root.clone(), monitor.clone());
             async move {
-                let out = std::process::Command::new(env!("CARGO_BIN_EXE_zkguard"))
+                let out = crate::cli::zkguard()
                     .args(["locks", "--json", "--monitor", &monitor])
                     .env("ZKGUARD_ZOOKEEPER_SERVERS", &zk)
                     .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &root)
@@ -2234,7 +2234,7 @@ async fn an_atomic_bulk_and_a_transaction_are_bounded_by_the_request_timeout() {
 /// Whether a lock request whose info contains `info` waits on (or holds) `monitor`, as
 /// `zkguard locks` reports it.
 fn lock_listed(env: &Env, monitor: &str, info: &str) -> bool {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let out = crate::cli::zkguard()
         .args(["locks", "--json", "--monitor", monitor])
         .env("ZKGUARD_ZOOKEEPER_SERVERS", &env.zk)
         .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &env.root)

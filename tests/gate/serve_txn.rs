@@ -3,9 +3,9 @@
 //! clients, the service's own recovery of a transaction whose coordinator died, and
 //! transactions beside single writes through `/v1` and the gate and background jobs.
 
-mod common;
-mod gateway_support;
-mod serve_support;
+use crate::common;
+use crate::gateway_support;
+use crate::serve_support;
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
@@ -167,7 +167,7 @@ async fn the_gate_applies_an_atomic_bulk_all_or_nothing_with_official_clients() 
     let url = gate(&s);
     for client in ["opensearch", "elasticsearch"] {
         let ix = format!("txn-gate-{client}-{}", uuid_tag());
-        let out = python_script("tests/txn_docs_support/atomic_bulk.py", client, &url, &ix).await;
+        let out = python_script("tests/support/txn_docs/atomic_bulk.py", client, &url, &ix).await;
         assert_eq!(out["client"], client);
     }
     // Refused as a whole, with Elasticsearch's error shape: an item with no id.
@@ -200,7 +200,7 @@ fn kill_after(env: &Env, log: &str, ix: &str, docs: &[&str], id: &str, point: &s
 
 /// `zkguard txn ARGS` against the service's ZooKeeper, cluster and log index.
 fn txn_command(env: &Env, log: &str, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_zkguard"));
+    let mut command = crate::cli::zkguard();
     command
         .arg("txn")
         .args(args)

@@ -50,8 +50,14 @@
 //! `ZKGUARD_HISTORY_SEED` repeats a run's random choices (not their timing), and
 //! `ZKGUARD_HISTORY_DUMP=DIR` writes each history there, one event per line.
 
+#[path = "../support/cli.rs"]
+mod cli;
+#[path = "../support/common/mod.rs"]
 mod common;
+#[path = "../support/common/proxy.rs"]
+mod proxy;
 mod lock_history_support;
+#[path = "../support/serve/mod.rs"]
 mod serve_support;
 
 use std::sync::OnceLock;

@@ -736,7 +736,7 @@ fn exec_command(
     lock_type: &str,
     script: &str,
 ) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkguard"));
+    let mut cmd = tokio::process::Command::from(crate::cli::zkguard());
     cmd.args([
         "exec",
         "--monitor",
@@ -869,9 +869,7 @@ async fn killed_foreground_exec_does_not_block_background_forever() {
     assert_eq!(status.record.state, LockState::Free);
 }
 
-#[path = "common/wait.rs"]
-mod wait;
-use wait::eventually;
+use crate::common::eventually;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_lock_takes_a_free_lock_and_otherwise_fails_at_once_naming_what_is_in_the_way() {

@@ -1,7 +1,7 @@
 //! ZooKeeper authentication and ACLs: credentials reach the server, are never printed, and lock
 //! nodes are protected from other identities.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -12,7 +12,7 @@ use zkguard::{LockType, ZkBlockingWriteLock};
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
 
 fn zkguard(servers: &str, root: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_zkguard"));
+    let mut c = crate::cli::zkguard();
     c.env("ZKGUARD_ZOOKEEPER_SERVERS", servers)
         .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", root)
         .env("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000")
@@ -42,7 +42,7 @@ async fn client_as(servers: &str, credentials: Option<&str>) -> Client {
 
 #[test]
 fn config_show_masks_zookeeper_credentials() {
-    let out = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let out = crate::cli::zkguard()
         .env_remove("ZKGUARD_CONFIG")
         .env("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest")
         .env("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:s3cret-zk")
@@ -361,7 +361,7 @@ fn a_world_readable_properties_file_with_a_secret_is_warned_about() {
     .unwrap();
     let check = |mode: u32| {
         std::fs::set_permissions(file.path(), std::fs::Permissions::from_mode(mode)).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        let out = crate::cli::zkguard()
             .env_remove("ZKGUARD_CONFIG")
             .arg("--config")
             .arg(file.path())
@@ -527,7 +527,7 @@ fn sasl_gssapi_is_refused_as_not_built_in() {
 
 /// A ZooKeeper serving TLS on its secure client port, with a certificate of `ca`; `client_auth`
 /// is its `ssl.clientAuth` (`none` or `need`).
-fn tls_zk_server(ca: &common::certs::Ca, client_auth: &str) -> zkguard::testkit::ZkServer {
+fn tls_zk_server(ca: &crate::certs::Ca, client_auth: &str) -> zkguard::testkit::ZkServer {
     let (_, _, store) = ca.issue_key_store("zookeeper");
     zkguard::testkit::ZkServer::builder()
         .tick_time(500)
@@ -557,7 +557,7 @@ fn zkguard_tls(servers: &str, ca: &std::path::Path) -> Command {
 #[test]
 fn tls_to_zookeeper_verifies_the_server_certificate() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = common::certs::Ca::new(dir.path(), "zk");
+    let ca = crate::certs::Ca::new(dir.path(), "zk");
     let zk = tls_zk_server(&ca, "none");
     let servers = zk.secure_connect_string().unwrap();
     let out = zkguard_tls(&servers, &ca.cert())
@@ -577,7 +577,7 @@ fn tls_to_zookeeper_verifies_the_server_certificate() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
 
-    let other = common::certs::Ca::new(dir.path(), "other");
+    let other = crate::certs::Ca::new(dir.path(), "other");
     let out = zkguard_tls(&servers, &other.cert())
         .env("ZKGUARD_ZOOKEEPER_AUTH_SCHEME", "digest")
         .env("ZKGUARD_ZOOKEEPER_AUTH_CREDENTIALS", "alice:tls-s3cret-pw")
@@ -600,7 +600,7 @@ fn tls_to_zookeeper_verifies_the_server_certificate() {
 #[test]
 fn mutual_tls_to_zookeeper_with_a_client_certificate() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = common::certs::Ca::new(dir.path(), "zk");
+    let ca = crate::certs::Ca::new(dir.path(), "zk");
     let zk = tls_zk_server(&ca, "need");
     let servers = zk.secure_connect_string().unwrap();
     let (cert, key) = ca.issue("zkguard-client");

@@ -1,7 +1,7 @@
 //! `ZkSession::connection_state` against a real ZooKeeper behind a network partition, and
 //! `ZkSession::from_connector`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! A 3-node ensemble: killing the leader keeps the lock's guarantees (mutual exclusion,
 //! increasing tokens) and the lock keeps working once a new leader is elected.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -3,12 +3,12 @@
 //! a node that is no longer the one it meant (the next acquisition's queue node of the same
 //! name, the rightful successor's mutex).
 
-mod common;
+use crate::common;
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::proxy::{
+use crate::proxy::{
     ZkProxy, CONNECTED, OP_CREATE2, OP_DELETE, OP_GET_CHILDREN, OP_GET_CHILDREN2, OP_GET_DATA,
     OP_MULTI, OP_MULTI_READ, OP_PING, OP_REMOVE_WATCHES, OP_SYNC,
 };

@@ -5,7 +5,7 @@
 //! pings and reads) does not keep its holder believing. See `docs/zookeeper-lock.md`, "How long a
 //! holder may believe in its lock".
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,8 +4,8 @@
 //! every metric (and label value) the dashboard and the rules name is on the `/metrics` page of
 //! a live service. promtool comes with Debian's `prometheus` package (`make deps`).
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;

@@ -3,8 +3,7 @@
 //! API docs at `/docs` render it offline in a real browser; and a fuzzer (schemathesis) driven by
 //! the document finds no server error and no answer that departs from it.
 
-mod common;
-mod serve_support;
+use crate::serve_support;
 
 use std::path::Path;
 use std::process::Command;
@@ -21,7 +20,7 @@ const REGENERATE: &str = "the API changed without its committed document: run `m
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_served_document_is_the_committed_one_and_valid() {
-    let printed = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let printed = crate::cli::zkguard()
         .arg("openapi")
         .output()
         .expect("zkguard openapi");
@@ -92,7 +91,7 @@ async fn the_fuzzer_finds_no_server_error_and_no_answer_outside_the_document() {
         .env("SCHEMATHESIS_HOOKS", "hooks")
         .env(
             "PYTHONPATH",
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openapi_support"),
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/openapi"),
         )
         // Everything but positive_data_acceptance, which expects a 2xx for any input the
         // document admits: a valid request can still be refused by what the document cannot

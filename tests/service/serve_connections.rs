@@ -3,8 +3,8 @@
 //! room for a newcomer, a newcomer finding every connection busy gets 503 and is closed, and the
 //! limit is lowered to fit the open-files limit, so that `/healthz` keeps answering.
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use std::time::{Duration, Instant};
 

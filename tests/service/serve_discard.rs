@@ -1,8 +1,8 @@
 //! `DELETE /v1/deadletters/{id}`: an operation that can never apply is discarded for good, its
 //! entry and the reason logged, its status `rejected` with the reason.
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use common::uuid_tag;
 use reqwest::{Method, StatusCode};

@@ -2,8 +2,8 @@
 //! lock of the same monitor as a write of that document, so the writes through the service wait
 //! for it.
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use common::*;
 use reqwest::{Method, StatusCode};

@@ -2,8 +2,8 @@
 //! HTTP client against a real service (ZooKeeper, osmem-server): order and fields of the events,
 //! filters, resume with `Last-Event-ID`, bounds (streams, connections), metrics and shutdown.
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use std::time::{Duration, Instant};
 

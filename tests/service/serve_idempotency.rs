@@ -3,8 +3,8 @@
 //! applied operation ids, so the service answers a retry from its journal too; and a write under
 //! an explicit lock can go through the service (`?lock_id=`), which keeps the record.
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use common::*;
 use reqwest::{Method, StatusCode};

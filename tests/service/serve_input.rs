@@ -2,8 +2,8 @@
 //! path alike: ids Elasticsearch cannot address (`.`, `..`), and a query parameter given twice;
 //! an explicit lock's info longer than 1 KiB.
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use common::*;
 use reqwest::{Method, StatusCode};

@@ -3,8 +3,8 @@
 //! recorded outcome runs again at the next start, and once more than the document's 100
 //! remembered ids were written after it, it would go over newer data with a newer token.
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use std::time::Duration;
 

@@ -3,8 +3,8 @@
 //! (409) for another write, answered with the key, found by it, and kept by the journal across a
 //! restart and by the dead-letter sink.
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use common::uuid_tag;
 use reqwest::{Method, StatusCode};

@@ -3,8 +3,8 @@
 //! acknowledging the second and never applying it. The same operation sent again is still
 //! recognised and applied once.
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use common::*;
 use reqwest::{Method, StatusCode};

@@ -2,8 +2,8 @@
 //! document as stored, so concurrent read-modify-write clients lose no update; and the bulk
 //! `update` action.
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use common::*;
 use reqwest::{Method, StatusCode};

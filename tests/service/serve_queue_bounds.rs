@@ -2,8 +2,8 @@
 //! queued, a background write or bulk is refused with 503 `queue_full` and `Retry-After` before
 //! anything of it is acknowledged, and accepted again once the queue drains.
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use std::time::Duration;
 

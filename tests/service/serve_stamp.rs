@@ -2,8 +2,8 @@
 //! `elastic.stamp.window` operation ids, and none at all in the indices of `elastic.stamp.off`,
 //! whose writes are still fenced and whose retries the journal still recognises.
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use common::*;
 use reqwest::{Method, StatusCode};

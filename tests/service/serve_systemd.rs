@@ -3,8 +3,7 @@
 //! expect: `READY=1` once it listens (after the journal's replay), `WATCHDOG=1` at half the
 //! watchdog interval, `STOPPING=1` when SIGTERM starts the shutdown.
 
-mod common;
-mod serve_support;
+use crate::serve_support;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
@@ -97,7 +96,7 @@ fn the_systemd_unit_verifies() {
     // The man page its Documentation= names, installed as the unit's comment says.
     let man1 = dir.path().join("man/man1");
     std::fs::create_dir_all(&man1).unwrap();
-    let page = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let page = crate::cli::zkguard()
         .arg("man")
         .output()
         .unwrap();

@@ -1,11 +1,11 @@
 //! The status page of `zkguard serve` (`GET /ui`): in a real browser (headless Chromium driven
-//! by Selenium, `tests/ui_support/status_page.py`) it shows a held lock's holder and its queue
+//! by Selenium, `tests/support/ui/status_page.py`) it shows a held lock's holder and its queue
 //! in lock order, follows the lock as it passes on, replays a dead letter (refused without the
 //! bearer token, done with it) and clears a stray mutex; and with 10,000 busy monitors it
 //! answers the asked page, filtered, with the right counts.
 
-mod common;
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -164,7 +164,7 @@ async fn the_status_page_follows_the_lock_and_replays_a_dead_letter_in_a_browser
     });
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/ui_support/status_page.py"
+        "/tests/support/ui/status_page.py"
     );
     let mut browser = tokio::process::Command::new("python3")
         .arg(script)
@@ -439,7 +439,7 @@ async fn browse(s: &Service, mut scenario: Value) -> Vec<String> {
     scenario["token"] = json!(TOKEN);
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/ui_support/status_page.py"
+        "/tests/support/ui/status_page.py"
     );
     let run = tokio::process::Command::new("python3")
         .arg(script)

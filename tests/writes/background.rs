@@ -1,7 +1,7 @@
 //! Background operations: retries, dead letters and replays, against a real ZooKeeper and
 //! osmem-server.
 
-mod guarded_support;
+use crate::guarded_support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +22,8 @@ use zkguard::write::guarded::{GuardedError, GuardedWriter};
 use zkguard::write::ops::{Operation, Stamp};
 use zkguard::{LockError, LockRequest, LockType};
 
-use guarded_support::{eventually, locks, settings, settings_for, shared, source, store, tag};
+use crate::common::eventually;
+use guarded_support::{locks, settings, settings_for, shared, source, store, tag};
 
 /// A lock held longer than the whole retry budget: the background operation is tried
 /// `elastic.request.retry.count` times and parked with everything needed to replay it; a

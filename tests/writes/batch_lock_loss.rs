@@ -2,7 +2,7 @@
 //! lane's lock is lost after its last check while its writes wait in the bulk writer behind
 //! another lane's `_bulk` request: the writes must not be sent under the lost lock.
 
-mod guarded_support;
+use crate::guarded_support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -18,7 +18,8 @@ use zkguard::write::guarded::GuardedWriter;
 use zkguard::write::ops::Operation;
 use zkguard::{Guard, LockError, LockRequest, LockService, LockType, LossReason, Release};
 
-use guarded_support::{eventually, locks, settings_for, shared, source, store, tag};
+use crate::common::eventually;
+use guarded_support::{locks, settings_for, shared, source, store, tag};
 
 /// Holds the first `_bulk` request until let through; every other call passes.
 #[derive(Default)]

@@ -1,11 +1,11 @@
 //! `zkguard dlq list` and `zkguard dlq replay`, run as processes against a real ZooKeeper and
 //! osmem-server, including a replay killed between applying an operation and removing its entry.
 
-mod guarded_support;
+use crate::guarded_support;
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -17,7 +17,8 @@ use zkguard::write::ops::Operation;
 use zkguard::{LockError, LockType};
 
 use guarded_support::parked::park_shuffled;
-use guarded_support::{eventually, locks, settings_for, shared, source, store, tag};
+use crate::common::eventually;
+use guarded_support::{locks, settings_for, shared, source, store, tag};
 
 /// A properties file for the CLI with the test's servers, lock root and dead-letter sink.
 fn write_config(dir: &Path, s: &Settings) -> PathBuf {
@@ -42,7 +43,7 @@ fn write_config(dir: &Path, s: &Settings) -> PathBuf {
 }
 
 fn zkguard(config: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    crate::cli::zkguard()
         .arg("--config")
         .arg(config)
         .args(args)
@@ -216,7 +217,7 @@ async fn replay_killed_between_apply_and_remove_does_not_apply_twice() {
         .unwrap();
     let mut file_lock = fd_lock::RwLock::new(lock_file);
     let held = file_lock.write().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let mut child = crate::cli::zkguard()
         .arg("--config")
         .arg(&config)
         .args(["dlq", "replay", "--all"])

@@ -3,11 +3,11 @@
 //! the broker does not answer, `zkguard dlq list|replay` on the topic (including a replay killed
 //! half-way), bad settings, and the demo with `--deadletters kafka`.
 
-mod guarded_support;
+use crate::guarded_support;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -65,7 +65,7 @@ fn write_config(dir: &Path, s: &Settings, extra: &str) -> PathBuf {
 }
 
 fn zkguard(config: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    crate::cli::zkguard()
         .arg("--config")
         .arg(config)
         .args(args)
@@ -435,7 +435,7 @@ async fn replay_killed_half_way_and_restarted_applies_each_operation_once() {
     }
     assert_eq!(sink.fallbacks(), 0);
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let mut child = crate::cli::zkguard()
         .arg("--config")
         .arg(&config)
         .args(["dlq", "replay", "--all"])

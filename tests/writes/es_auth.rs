@@ -132,7 +132,7 @@ async fn a_password_from_a_file_is_sent_as_basic_auth() {
 
 #[test]
 fn config_show_masks_the_api_key() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let out = crate::cli::zkguard()
         .env_remove("ZKGUARD_CONFIG")
         .env("ZKGUARD_ELASTICSEARCH_API_KEY", "a2V5LWlkOmtleS1zM2NyZXQ=")
         .args(["config", "show"])
@@ -153,8 +153,7 @@ fn config_show_masks_the_api_key() {
     assert!(line.contains("***"), "{line}");
 }
 
-#[path = "common/certs.rs"]
-mod certs;
+use crate::certs;
 
 /// A TLS-terminating front for `upstream` (plain HTTP): serves a certificate of `ca` for
 /// 127.0.0.1, requires a client certificate signed by `ca` when `client_ca` is set, and keeps a
@@ -334,7 +333,7 @@ async fn basic_auth_with_a_client_certificate_over_mutual_tls() {
 }
 
 fn zkguard_es(url: &str) -> std::process::Command {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_zkguard"));
+    let mut c = crate::cli::zkguard();
     c.env_remove("ZKGUARD_CONFIG")
         .env_remove("RUST_LOG")
         .env("ZKGUARD_LOCK_BACKEND", "elasticsearch")

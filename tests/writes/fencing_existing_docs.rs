@@ -2,7 +2,7 @@
 //! from Elasticsearch's internal counter or from another tool's external versions, not from a
 //! lock. Real ZooKeeper (standalone, where transaction ids start small) and osmem-server.
 
-mod guarded_support;
+use crate::guarded_support;
 
 use serde_json::json;
 use zkguard::es::{Refresh, WriteCondition};

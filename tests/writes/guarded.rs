@@ -1,6 +1,6 @@
 //! Guarded, fenced writes against a real ZooKeeper and osmem-server.
 
-mod guarded_support;
+use crate::guarded_support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Two-phase-commit transactions against a real `osmem-server`: crashes at every step, recovery,
 //! stale and concurrent workers, lost replies, validation, and a bank of concurrent transfers.
 
-mod txn_support;
+use crate::txn_support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

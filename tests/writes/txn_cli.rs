@@ -1,7 +1,6 @@
 //! `zkguard txn` end to end: the built binary against a real `osmem-server`.
 
 use std::io::Write;
-use std::process::Command;
 
 use zkguard::testkit::OsmemServer;
 
@@ -35,7 +34,7 @@ impl Cli {
     }
 
     fn run_with_url(&self, url: &str, args: &[&str]) -> Run {
-        let out = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        let out = crate::cli::zkguard()
             .arg("--config")
             .arg(self.config.path())
             .arg("txn")
@@ -255,7 +254,7 @@ fn recover_stops_cleanly_on_sigterm() {
         );
     }
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let mut child = crate::cli::zkguard()
         .arg("--config")
         .arg(cli.config.path())
         .args(["txn", "recover", "--interval", "1h"])

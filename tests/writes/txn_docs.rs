@@ -3,8 +3,7 @@
 //! timeouts, no deadlock, serializable results beside single-document writers, and recovery
 //! after a coordinator killed (SIGKILL) after every step or stalled (SIGSTOP) past its locks.
 
-mod common;
-mod txn_docs_support;
+use crate::txn_docs_support;
 
 use std::sync::Arc;
 use std::time::Duration;

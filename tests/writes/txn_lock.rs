@@ -1,7 +1,7 @@
 //! Transactions with the ZooKeeper lock service: recovery leaves a transaction alone while a live
 //! worker holds its lock, and takes it over once the worker is gone.
 
-mod txn_support;
+use crate::txn_support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

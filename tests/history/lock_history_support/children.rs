@@ -136,7 +136,7 @@ impl ChildEnv {
             Class::Background => "background",
         };
         let spawned = now();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        let child = tokio::process::Command::from(crate::cli::zkguard())
             .arg("--config")
             .arg(&self.config)
             .args(["exec", "--json", "--monitor", &spec.monitor, "--type", kind])

@@ -4,7 +4,6 @@
 //! faults ([`faults`]) and the run that ties them together ([`run`]); and the bank through
 //! `zkguard serve` ([`bank`] its history and checker, shown able to fail in `bank_tests`;
 //! [`bank_run`] the depositors, the faults and the final state).
-#![allow(dead_code)]
 
 pub mod bank;
 pub mod bank_run;

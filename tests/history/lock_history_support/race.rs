@@ -9,7 +9,7 @@ use std::time::Duration;
 use zkguard::zk::TOKEN_BASE;
 use zkguard::{LockType, ZkBlockingWriteLock};
 
-use crate::common::proxy::{ZkProxy, OP_GET_CHILDREN2, OP_GET_DATA};
+use crate::proxy::{ZkProxy, OP_GET_CHILDREN2, OP_GET_DATA};
 use crate::common::{children, eventually, init_tracing, queued, session, zk_server, zk_settings};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,7 @@ use super::children::{ChildEnv, ChildSpec};
 use super::faults::{Cluster, FaultCtx, Observer, SessionHandle};
 use super::history::{Class, Ev, FaultKind, Recorder};
 use super::workers::{worker, Es, WorkerCtx};
-use crate::common::proxy::ZkProxy;
+use crate::proxy::ZkProxy;
 use crate::common::{uuid_tag, zk_settings};
 
 /// What a run does.

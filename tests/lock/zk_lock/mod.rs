@@ -1,8 +1,7 @@
 //! The ZooKeeper priority lock against a real ZooKeeper: the design's scenarios, timeouts,
 //! cancellation, fencing tokens, request counts, loss detection and ghost nodes.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 // The tests by topic; the helpers several of them use stay here.
 mod bulk_release;
@@ -17,7 +16,7 @@ mod waiting;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use common::proxy::{ZkProxy, OP_CREATE2, OP_MULTI};
+use crate::proxy::{ZkProxy, OP_CREATE2, OP_MULTI};
 use common::*;
 use zkguard::testkit::ZkServer;
 use zkguard::zk::{clear_stray, list_locks, StrayOutcome};

@@ -149,7 +149,7 @@ async fn bearer_tokens_are_required_and_reloaded_on_sighup() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tls_serves_clients_that_trust_its_ca_and_no_others() {
     let base = Env::new(&shared_zk().connect_string(), "tls");
-    let authority = common::certs::Ca::new(base.dir.path(), "serve");
+    let authority = crate::certs::Ca::new(base.dir.path(), "serve");
     let ca = authority.cert();
     let (cert, key) = authority.issue("server");
     let env = base
@@ -201,7 +201,7 @@ async fn tls_serves_clients_that_trust_its_ca_and_no_others() {
 fn bad_access_settings_are_refused_at_start_with_78() {
     let env = Env::new(&shared_zk().connect_string(), "access");
     let run = |vars: &[(&str, String)]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        let o = crate::cli::zkguard()
             .args(["serve", "--listen", "127.0.0.1:0"])
             .env_remove("ZKGUARD_CONFIG")
             .env("ZKGUARD_ZOOKEEPER_SERVERS", &env.zk)

@@ -277,7 +277,7 @@ async fn transfers_run_the_two_phase_commit_over_http() {
             &format!("transactions-{tag}"),
         );
     let txn_cli = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        crate::cli::zkguard()
             .arg("txn")
             .args(args)
             .env_remove("ZKGUARD_CONFIG")

@@ -201,7 +201,7 @@ async fn elasticsearch_down_at_start_is_waited_for_not_an_exit() {
 fn start_failures_exit_with_the_documented_status() {
     let env = Env::new(&shared_zk().connect_string(), "start");
     let run = |env: &Env, journal: &str| {
-        Command::new(env!("CARGO_BIN_EXE_zkguard"))
+        crate::cli::zkguard()
             .args(["serve", "--listen", "127.0.0.1:0"])
             .env_remove("ZKGUARD_CONFIG")
             .env("ZKGUARD_ZOOKEEPER_SERVERS", &env.zk)
@@ -227,7 +227,7 @@ fn start_failures_exit_with_the_documented_status() {
     assert_eq!(o.status.code(), Some(69), "{err}");
     assert!(err.contains("ZooKeeper"), "{err}");
     // A bad server.* value.
-    let o = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let o = crate::cli::zkguard()
         .args(["serve"])
         .env_remove("ZKGUARD_CONFIG")
         .env("ZKGUARD_SERVER_LISTEN", "localhost")

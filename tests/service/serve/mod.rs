@@ -2,10 +2,8 @@
 //! writes from concurrent clients, the journal across SIGKILL, a ZooKeeper outage, bad input,
 //! load limits, metrics, SIGTERM draining and two instances sharing one ZooKeeper.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../serve_support/mod.rs"]
-mod serve_support;
+use crate::common;
+use crate::serve_support;
 
 // The tests by topic; the helpers several of them use stay here.
 mod access;
@@ -59,7 +57,7 @@ fn without_ages(mut v: Value) -> Value {
 
 /// `zkguard locks --json` (plus `extra` arguments) against the service's ZooKeeper and lock root.
 fn cli_locks(env: &Env, extra: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let out = crate::cli::zkguard()
         .args(["locks", "--json"])
         .args(extra)
         .env_remove("ZKGUARD_CONFIG")

@@ -1,6 +1,6 @@
 """The generated Python client against a live `zkguard serve` (run by tests/clients.rs).
 
-    PYTHONPATH=<generated client>:examples python3 tests/clients_support/python_client.py URL INDEX
+    PYTHONPATH=<generated client>:examples python3 tests/support/clients/python_client.py URL INDEX
 
 Through the package openapi-python-client generated from docs/openapi.json, and through
 examples/generated_client.py (whose functions are the ones a user copies): parks an operation

@@ -1,5 +1,4 @@
 //! A throwaway certificate authority for the TLS tests, made with the `openssl` command.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

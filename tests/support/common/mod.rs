@@ -1,5 +1,4 @@
 //! Shared helpers of the ZooKeeper-lock integration tests.
-#![allow(dead_code)]
 
 use std::time::{Duration, Instant};
 
@@ -7,8 +6,6 @@ use zkguard::config::{Settings, ZkSettings};
 use zkguard::testkit::ZkServer;
 use zkguard::ZkSession;
 
-pub mod certs;
-pub mod proxy;
 mod wait;
 #[allow(unused_imports)]
 pub use wait::{eventually, eventually_value};

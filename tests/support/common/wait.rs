@@ -23,7 +23,6 @@ where
 }
 
 /// Waits until `attempt` yields a value, polling every 10 ms; panics after `limit`.
-#[allow(dead_code)]
 pub async fn eventually_value<T, F, Fut>(limit: Duration, mut attempt: F) -> T
 where
     F: FnMut() -> Fut,

@@ -1,7 +1,6 @@
 //! Helpers of the gate's tests: a service with the gate on, the front that plays a real
 //! Elasticsearch before osmem-server (`front.py`), and the Python clients' scenario
 //! (`clients.py`).
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -50,7 +49,7 @@ impl Front {
         let mut child = Command::new("python3")
             .arg(concat!(
                 env!("CARGO_MANIFEST_DIR"),
-                "/tests/gateway_support/front.py"
+                "/tests/support/gateway/front.py"
             ))
             .args(["--backend", backend])
             .args(args)
@@ -121,7 +120,7 @@ impl Drop for Front {
 
 /// Runs `clients.py` with the named client against `url`; returns its summary line.
 pub async fn python_clients(client: &str, url: &str, index: &str) -> Value {
-    python_script("tests/gateway_support/clients.py", client, url, index).await
+    python_script("tests/support/gateway/clients.py", client, url, index).await
 }
 
 /// Runs the Python script `script` (a path from the crate's root) with `client --url URL

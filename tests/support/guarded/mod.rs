@@ -1,6 +1,5 @@
 //! Shared helpers of the guarded-write, background and dead-letter tests: real ZooKeeper and
 //! osmem-server processes, settings pointing at them, and a few polling helpers.
-#![allow(dead_code)]
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -94,15 +93,11 @@ pub async fn source(store: &dyn DocStore, index: &str, id: &str) -> Value {
         .source
 }
 
-#[path = "../common/wait.rs"]
-mod wait;
-#[allow(unused_imports)] // not every test binary waits
-pub use wait::eventually;
 
 /// Runs a small `zkguard demo --servers local --json` (5 articles, 2 writers, 2 jobs) in `dir`,
 /// with `extra` arguments added, asserts that it exits 0, and returns its JSON report.
 pub fn small_local_demo(dir: &std::path::Path, extra: &[&str]) -> Value {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_zkguard"))
+    let output = crate::cli::zkguard()
         .args(["demo", "--servers", "local"])
         .args(extra)
         .args([

@@ -1,11 +1,10 @@
 //! Shared helpers of the `zkguard serve` tests: real ZooKeeper and osmem-server processes, a
 //! service started on a free port, HTTP calls, and checks of the stored documents.
-#![allow(dead_code)]
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -85,7 +84,7 @@ impl Env {
     /// address line.
     pub fn start(&self, name: &str) -> Service {
         let log = self.dir.path().join(format!("{name}.log"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_zkguard"));
+        let mut cmd = crate::cli::zkguard();
         cmd.args(["serve", "--listen", "127.0.0.1:0"])
             .args(&self.args)
             .env_remove("ZKGUARD_CONFIG")

@@ -1,6 +1,5 @@
 //! Shared helpers of the transaction tests: one `osmem-server` per test binary, fresh indices per
 //! test, crash/pause hooks and a store that loses replies.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

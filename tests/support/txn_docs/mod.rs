@@ -1,7 +1,6 @@
 //! Shared helpers of `tests/txn_docs.rs`: one ZooKeeper and one osmem-server per test binary,
 //! an index, a log index and a lock root per test, the CLI, and coordinators paused at a point
 //! of the protocol in a child process.
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -129,7 +128,7 @@ impl Env {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_zkguard"));
+        let mut c = crate::cli::zkguard();
         c.arg("--config")
             .arg(self.config.path())
             .arg("txn")
