@@ -8,6 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use crate::process::alive;
 use common::*;
 use zkguard::testkit::ZkServer;
 

@@ -14,7 +14,6 @@ use zkguard::testkit::{OsmemServer, ZkServer};
 use zkguard::write::deadletter::{DeadLetterSink, FileSink};
 use zkguard::{LockService, ZkLockService, ZkSession};
 
-use crate::guarded_support;
 use crate::tutorial_support;
 
 // The demo workload belongs to the `zkguard` binary, not to the library: these tests compile its
@@ -311,7 +310,7 @@ async fn the_reconciliation_catches_changes_behind_its_back() {
 #[test]
 fn zkguard_demo_runs_end_to_end_with_local_servers() {
     let dir = tempfile::tempdir().unwrap();
-    let report = guarded_support::small_local_demo(dir.path(), &[]);
+    let report = crate::local_demo::small_local_demo(dir.path(), &[]);
     assert!(report["reconciliation"]["mismatches"]
         .as_array()
         .unwrap()

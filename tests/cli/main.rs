@@ -6,8 +6,10 @@
 mod cli;
 #[path = "../support/common/mod.rs"]
 mod common;
-#[path = "../support/guarded/mod.rs"]
-mod guarded_support;
+#[path = "../support/local_demo.rs"]
+mod local_demo;
+#[path = "../support/common/process.rs"]
+mod process;
 #[path = "../support/tutorial/mod.rs"]
 mod tutorial_support;
 

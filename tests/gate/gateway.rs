@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use crate::queue::queued;
 use common::*;
 use gateway_support::*;
 use reqwest::{Method, StatusCode};

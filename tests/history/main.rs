@@ -54,9 +54,17 @@
 mod cli;
 #[path = "../support/common/mod.rs"]
 mod common;
+mod lock_history_support;
+#[path = "../support/common/logs.rs"]
+mod logs;
+#[path = "../support/common/process.rs"]
+mod process;
+#[allow(dead_code)] // the lock binary uses the rest of the proxy
 #[path = "../support/common/proxy.rs"]
 mod proxy;
-mod lock_history_support;
+#[path = "../support/common/queue.rs"]
+mod queue;
+#[allow(dead_code)] // the bank only starts services; the service binary uses all of it
 #[path = "../support/serve/mod.rs"]
 mod serve_support;
 
@@ -92,7 +100,7 @@ fn assert_clean(name: &str, report: &Report) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_against_a_standalone_zookeeper_under_faults() {
-    common::init_tracing();
+    logs::init_tracing();
     let _turn = TURN.lock().await;
     let es = tokio::task::spawn_blocking(osmem).await.unwrap();
     let zk = tokio::task::spawn_blocking(|| ZkServer::builder().tick_time(500).start())
@@ -126,7 +134,7 @@ async fn history_against_a_standalone_zookeeper_under_faults() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_against_an_ensemble_under_leader_kills_and_isolation() {
-    common::init_tracing();
+    logs::init_tracing();
     let _turn = TURN.lock().await;
     let es = tokio::task::spawn_blocking(osmem).await.unwrap();
     let ensemble = tokio::task::spawn_blocking(|| {
@@ -173,7 +181,7 @@ async fn history_against_an_ensemble_under_leader_kills_and_isolation() {
 /// every background operation applied or parked and no transaction's mark left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bank_through_the_gate_and_v1_under_service_and_zookeeper_faults() {
-    common::init_tracing();
+    logs::init_tracing();
     let _turn = TURN.lock().await;
     let es = tokio::task::spawn_blocking(osmem).await.unwrap();
     let zk = tokio::task::spawn_blocking(|| ZkServer::builder().tick_time(500).start())

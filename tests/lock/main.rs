@@ -2,14 +2,19 @@
 //! ensembles, authentication) and the Elasticsearch lock backend. One test binary: see
 //! docs/testing.md.
 
-#[path = "../support/cli.rs"]
-mod cli;
 #[path = "../support/common/certs.rs"]
 mod certs;
+#[path = "../support/cli.rs"]
+mod cli;
 #[path = "../support/common/mod.rs"]
 mod common;
+#[path = "../support/common/logs.rs"]
+mod logs;
+#[allow(dead_code)] // the history binary uses the rest of the proxy
 #[path = "../support/common/proxy.rs"]
 mod proxy;
+#[path = "../support/common/queue.rs"]
+mod queue;
 
 // The tests, one module per concern.
 mod eslock;

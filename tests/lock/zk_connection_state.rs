@@ -5,6 +5,8 @@ use crate::common;
 
 use std::time::Duration;
 
+use crate::logs::init_tracing;
+use crate::queue::queued;
 use common::*;
 use tokio::sync::watch;
 use zkguard::testkit::Partition;

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::logs::init_tracing;
 use common::*;
 use zkguard::testkit::ZkEnsemble;
 use zkguard::{LockError, ZkBlockingWriteLock};

@@ -9,6 +9,8 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use crate::logs::init_tracing;
+use crate::queue::queued;
 use common::*;
 use zkguard::testkit::ZkEnsemble;
 use zkguard::{LossReason, ZkBlockingWriteLock, ZkSession};

@@ -2,12 +2,14 @@
 //! status page, systemd and monitoring files, and the OpenAPI contract. One test binary: see
 //! docs/testing.md.
 
-#[path = "../support/cli.rs"]
-mod cli;
 #[path = "../support/common/certs.rs"]
 mod certs;
+#[path = "../support/cli.rs"]
+mod cli;
 #[path = "../support/common/mod.rs"]
 mod common;
+#[path = "../support/common/queue.rs"]
+mod queue;
 #[path = "../support/serve/mod.rs"]
 mod serve_support;
 

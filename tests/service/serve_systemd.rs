@@ -96,10 +96,7 @@ fn the_systemd_unit_verifies() {
     // The man page its Documentation= names, installed as the unit's comment says.
     let man1 = dir.path().join("man/man1");
     std::fs::create_dir_all(&man1).unwrap();
-    let page = crate::cli::zkguard()
-        .arg("man")
-        .output()
-        .unwrap();
+    let page = crate::cli::zkguard().arg("man").output().unwrap();
     assert!(page.status.success());
     std::fs::write(man1.join("zkguard.1"), page.stdout).unwrap();
     let out = Command::new("systemd-analyze")

@@ -10,6 +10,7 @@ use crate::serve_support;
 use std::process::Stdio;
 use std::time::Duration;
 
+use crate::queue::queued;
 use common::*;
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use reqwest::{Client, Method, StatusCode};

@@ -22,7 +22,7 @@ use zkguard::write::guarded::{GuardedError, GuardedWriter};
 use zkguard::write::ops::{Operation, Stamp};
 use zkguard::{LockError, LockRequest, LockType};
 
-use crate::common::eventually;
+use crate::wait::eventually;
 use guarded_support::{locks, settings, settings_for, shared, source, store, tag};
 
 /// A lock held longer than the whole retry budget: the background operation is tried

@@ -18,7 +18,7 @@ use zkguard::write::guarded::GuardedWriter;
 use zkguard::write::ops::Operation;
 use zkguard::{Guard, LockError, LockRequest, LockService, LockType, LossReason, Release};
 
-use crate::common::eventually;
+use crate::wait::eventually;
 use guarded_support::{locks, settings_for, shared, source, store, tag};
 
 /// Holds the first `_bulk` request until let through; every other call passes.

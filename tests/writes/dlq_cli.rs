@@ -16,8 +16,8 @@ use zkguard::write::guarded::{GuardedError, GuardedWriter};
 use zkguard::write::ops::Operation;
 use zkguard::{LockError, LockType};
 
+use crate::wait::eventually;
 use guarded_support::parked::park_shuffled;
-use crate::common::eventually;
 use guarded_support::{locks, settings_for, shared, source, store, tag};
 
 /// A properties file for the CLI with the test's servers, lock root and dead-letter sink.

@@ -677,7 +677,7 @@ async fn bad_kafka_settings_exit_78_or_69_with_clear_errors() {
 #[test]
 fn demo_with_kafka_dead_letters_reconciles() {
     let dir = tempfile::tempdir().unwrap();
-    let report = guarded_support::small_local_demo(dir.path(), &["--deadletters", "kafka"]);
+    let report = crate::local_demo::small_local_demo(dir.path(), &["--deadletters", "kafka"]);
     assert!(
         report["sink"]
             .as_str()

@@ -121,7 +121,6 @@ pub struct Write {
 /// One injected fault.
 #[derive(Clone, Debug)]
 pub struct Window {
-    pub fault: u64,
     pub kind: FaultKind,
     pub target: Target,
     pub start: Ns,
@@ -238,7 +237,6 @@ pub fn fold(events: &[Event]) -> Folded {
             } => {
                 windows.insert(*fault, f.windows.len());
                 f.windows.push(Window {
-                    fault: *fault,
                     kind: *kind,
                     target: target.clone(),
                     start: e.at,
@@ -337,26 +335,6 @@ pub struct Counts {
 }
 
 impl Counts {
-    pub fn add(&mut self, o: &Counts) {
-        self.calls += o.calls;
-        self.acquisitions_foreground += o.acquisitions_foreground;
-        self.acquisitions_background += o.acquisitions_background;
-        self.releases_ok += o.releases_ok;
-        self.releases_not_ok += o.releases_not_ok;
-        self.timeouts += o.timeouts;
-        self.errors += o.errors;
-        self.writes_accepted += o.writes_accepted;
-        self.writes_rejected += o.writes_rejected;
-        self.writes_unknown += o.writes_unknown;
-        for (k, n) in &o.faults {
-            *self.faults.entry(*k).or_default() += n;
-        }
-        self.overlaps_under_faults += o.overlaps_under_faults;
-        self.stale_writes_fenced += o.stale_writes_fenced;
-        self.priority_kept += o.priority_kept;
-        self.priority_undecided += o.priority_undecided;
-    }
-
     /// The counts as printed after a run.
     pub fn render(&self, title: &str) -> String {
         let mut s = format!("== {title}\n");

@@ -80,7 +80,6 @@ pub struct ChildSpec {
 pub struct Held {
     pub pid: i32,
     pub token: u64,
-    pub at: Ns,
 }
 
 /// A child under way.
@@ -196,7 +195,7 @@ fn lines(file: &Path) -> Vec<Line> {
         .collect()
 }
 
-pub use crate::common::alive;
+pub use crate::process::alive;
 
 /// Sends `signal` to `pid` (it may be gone already).
 pub fn signal(pid: i32, signal: nix::sys::signal::Signal) {
@@ -212,7 +211,6 @@ impl Running {
             .map(|l| Held {
                 pid: l.pid,
                 token: l.token,
-                at: l.at,
             })
     }
 

@@ -9,8 +9,10 @@ use std::time::Duration;
 use zkguard::zk::TOKEN_BASE;
 use zkguard::{LockType, ZkBlockingWriteLock};
 
+use crate::common::{children, eventually, session, zk_server, zk_settings};
+use crate::logs::init_tracing;
 use crate::proxy::{ZkProxy, OP_GET_CHILDREN2, OP_GET_DATA};
-use crate::common::{children, eventually, init_tracing, queued, session, zk_server, zk_settings};
+use crate::queue::queued;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreground_contender_queued_between_a_background_ones_read_and_take_goes_first() {

@@ -15,8 +15,8 @@ use super::children::{ChildEnv, ChildSpec};
 use super::faults::{Cluster, FaultCtx, Observer, SessionHandle};
 use super::history::{Class, Ev, FaultKind, Recorder};
 use super::workers::{worker, Es, WorkerCtx};
-use crate::proxy::ZkProxy;
 use crate::common::{uuid_tag, zk_settings};
+use crate::proxy::ZkProxy;
 
 /// What a run does.
 pub struct Plan {

@@ -16,7 +16,9 @@ mod waiting;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::logs::init_tracing;
 use crate::proxy::{ZkProxy, OP_CREATE2, OP_MULTI};
+use crate::queue::queued;
 use common::*;
 use zkguard::testkit::ZkServer;
 use zkguard::zk::{clear_stray, list_locks, StrayOutcome};
@@ -101,4 +103,18 @@ fn foreign_node_data(lock_type: &str) -> Vec<u8> {
         "pid": 1, "type": lock_type, "created_ms": 0
     }))
     .unwrap()
+}
+
+/// Runs `lock` in a task that records `label` in `order` while it holds the lock.
+pub fn take_turn(
+    lock: zkguard::ZkBlockingWriteLock,
+    order: &std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
+    label: &'static str,
+) -> tokio::task::JoinHandle<()> {
+    let order = order.clone();
+    tokio::spawn(async move {
+        let g = lock.lock_with_timeout().await.unwrap();
+        order.lock().unwrap().push(label);
+        g.unlock().await.unwrap();
+    })
 }

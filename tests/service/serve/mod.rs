@@ -19,6 +19,7 @@ use std::process::{Command, Stdio};
 
 use std::time::Duration;
 
+use crate::queue::queued;
 use common::*;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{json, Value};

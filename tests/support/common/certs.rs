@@ -110,18 +110,4 @@ impl Ca {
         );
         (self.dir.join(cert), self.dir.join(key))
     }
-
-    /// `issue`, plus one file holding the private key and the certificate (a PEM key store, as
-    /// ZooKeeper's `ssl.keyStore.type=PEM` reads it).
-    pub fn issue_key_store(&self, leaf: &str) -> (PathBuf, PathBuf, PathBuf) {
-        let (cert, key) = self.issue(leaf);
-        let store = self.dir.join(format!("{leaf}-store.pem"));
-        let text = format!(
-            "{}{}",
-            std::fs::read_to_string(&key).unwrap(),
-            std::fs::read_to_string(&cert).unwrap()
-        );
-        std::fs::write(&store, text).unwrap();
-        (cert, key, store)
-    }
 }

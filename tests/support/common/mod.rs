@@ -7,8 +7,7 @@ use zkguard::testkit::ZkServer;
 use zkguard::ZkSession;
 
 mod wait;
-#[allow(unused_imports)]
-pub use wait::{eventually, eventually_value};
+pub use wait::eventually;
 
 /// A standalone ZooKeeper (tickTime 500 ms, so 1 s sessions are allowed).
 pub fn zk_server() -> ZkServer {
@@ -61,51 +60,5 @@ pub async fn children(servers: &str, path: &str) -> Vec<String> {
         }
         Err(zookeeper_client::Error::NoNode) => Vec::new(),
         Err(e) => panic!("list {path}: {e}"),
-    }
-}
-
-/// How many children of `path` start with `prefix` (e.g. `A-` for foreground queue nodes).
-pub async fn queued(servers: &str, path: &str, prefix: &str) -> usize {
-    children(servers, path)
-        .await
-        .iter()
-        .filter(|k| k.starts_with(prefix))
-        .count()
-}
-
-/// Runs `lock` in a task that records `label` in `order` while it holds the lock.
-pub fn take_turn(
-    lock: zkguard::ZkBlockingWriteLock,
-    order: &std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
-    label: &'static str,
-) -> tokio::task::JoinHandle<()> {
-    let order = order.clone();
-    tokio::spawn(async move {
-        let g = lock.lock_with_timeout().await.unwrap();
-        order.lock().unwrap().push(label);
-        g.unlock().await.unwrap();
-    })
-}
-
-/// Logs to the test output when RUST_LOG is set.
-pub fn init_tracing() {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
-}
-
-/// Whether `pid` is a live process (a zombie waiting for its new parent to reap it is dead).
-pub fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name, which is in parentheses.
-        Ok(stat) => !matches!(
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next()),
-            Some('Z' | 'X')
-        ),
-        Err(_) => false,
     }
 }

@@ -183,15 +183,6 @@ impl ZkProxy {
             }
         }
     }
-
-    /// Drops the answers held and cuts their connection: the client never hears them.
-    pub fn cut_held(&self) {
-        let mut held = self.state.held.lock().unwrap();
-        if let Some((client, _)) = held.take() {
-            self.state.cuts.fetch_add(1, Ordering::AcqRel);
-            let _ = client.shutdown(Shutdown::Both);
-        }
-    }
 }
 
 impl Drop for ZkProxy {

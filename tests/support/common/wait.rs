@@ -21,19 +21,3 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
-
-/// Waits until `attempt` yields a value, polling every 10 ms; panics after `limit`.
-pub async fn eventually_value<T, F, Fut>(limit: Duration, mut attempt: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let end = Instant::now() + limit;
-    loop {
-        if let Some(v) = attempt().await {
-            return v;
-        }
-        assert!(Instant::now() < end, "no value within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
