@@ -20,8 +20,9 @@ use crate::tutorial_support;
 // module from the binary's source tree (it uses the library's public API only).
 #[allow(dead_code, unused_imports)]
 #[path = "../../src/workload/demo/mod.rs"]
-mod demo;
+mod workload;
 use demo::{reconcile, DemoEnv, DemoPlan, DemoProgress, OpStatus};
+use workload as demo;
 
 struct Servers {
     zk: ZkServer,
