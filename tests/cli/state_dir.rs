@@ -16,11 +16,6 @@ fn zkguard_in(
     args: &[&str],
 ) -> std::process::Output {
     let mut cmd = crate::cli::zkguard();
-    for (k, _) in std::env::vars() {
-        if k.starts_with("ZKGUARD_") {
-            cmd.env_remove(k);
-        }
-    }
     cmd.current_dir(cwd)
         .env("XDG_STATE_HOME", state)
         .args(args)
