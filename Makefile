@@ -23,9 +23,9 @@ test-busy: deps
 # Guarded writes against real Elasticsearch 8 and ZooKeeper 3.9 images, with a Docker daemon
 # (without one, every test says why it skipped and passes).
 test-docker: deps
-	cargo test --features docker --test docker_guarded -- --nocapture
+	cargo test --features docker --test writes docker_guarded -- --nocapture
 
-# The fault-injection history test (tests/lock_history.rs) for as long as asked: DURATION
+# The fault-injection history test (tests/history/main.rs) for as long as asked: DURATION
 # seconds of workload (default 600), split in three: the lock against a standalone ZooKeeper and
 # against a 3-member ensemble, and the bank through `zkguard serve`'s gate and /v1 with the
 # service SIGKILLed and ZooKeeper killed and paused; each prints the checker's verdict and the
@@ -38,7 +38,7 @@ test-docker: deps
 # seconds, and the model check's small scopes.
 DURATION ?= 600
 torture: deps
-	ZKGUARD_TORTURE_SECS=$(DURATION) cargo test --release --test lock_history -- --nocapture
+	ZKGUARD_TORTURE_SECS=$(DURATION) cargo test --release --test history -- --nocapture
 	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release --test lock_model random_walks -- --nocapture
 	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release --test lock_model large_scope -- --ignored --nocapture --test-threads 1
 
@@ -81,13 +81,13 @@ deps:
 	scripts/install-deps.sh
 
 # Rewrites docs/openapi.json, the OpenAPI document of `zkguard serve`, from the handlers
-# (tests/openapi.rs fails while the committed one differs from what the service serves).
+# (tests/service/openapi.rs fails while the committed one differs from what the service serves).
 openapi:
 	cargo run --quiet --features testkit --bin zkguard -- openapi > docs/openapi.json
 
 # Rewrites the references under docs/reference/ from the code: every command and option (the
 # command-line definition), configuration key (the settings' definitions), exit status and HTTP
-# route (the OpenAPI document). tests/reference.rs fails while a committed one differs, and when
+# route (the OpenAPI document). tests/cli/reference.rs fails while a committed one differs, and when
 # the README or the docs name a command, option or key that does not exist.
 reference:
 	for r in cli config exit-status http; do \

@@ -17,7 +17,7 @@
  *     node generated_client.mjs --url http://127.0.0.1:7717 [--token TOKEN] [--index articles] \
  *         [--article 42] [--jobs 5]
  *
- * tests/clients.rs does the same with the versions pinned in tests/clients_support.
+ * tests/clients.rs does the same with the versions pinned in tests/support/clients.
  *
  * It does what examples/generated_client.py does: a foreground save, a bulk job of background
  * writes waited for, the article's explicit lock (keep-alive, a write under it, release), and

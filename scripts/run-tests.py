@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""The whole test suite, compiled once and run two test binaries at a time (`make test`).
+"""The whole test suite, compiled once and run two test processes at a time (`make test`).
 
 `cargo test` runs its test binaries one after another, and most of them spend their time
 waiting for the servers they start (ZooKeeper, osmem-server, tansu, chromium), so a 2-core
 machine sat half idle. This script builds every test binary once (`cargo test --no-run`),
 runs them ZKGUARD_TEST_JOBS at a time (default 2; 1 runs them one after another), the longest
-first, then the doc tests, and prints each binary's output in one piece when it ends. Every
-binary runs to the end whatever the others do; the script fails if any did, and says which.
+first, then the doc tests, and prints each run's output in one piece when it ends. Every run
+goes to the end whatever the others do; the script fails if any did, and says which.
 
-Arguments after `--` go to every test binary (for example `-- --nocapture`).
+A test binary of a group (tests/<group>/main.rs) runs as one process per test file of the
+group (`lock/zk_lock`: the tests of tests/lock/zk_lock/, by their exact names), so that the
+long files run side by side as they did when each file was its own binary; the other binaries
+run whole. Arguments after `--` go to every run (for example `-- --nocapture`); with a test
+name filter among them, every binary runs whole.
 """
 
 import json
@@ -20,24 +24,27 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Run first: the longest binaries (seconds on a 2-core machine), so that the rest fill in
-# around them instead of one of them running alone at the end.
+# Run first: the longest runs (seconds on a 2-core machine), so that the rest fill in around
+# them instead of one of them running alone at the end.
 LONGEST = [
-    "lock_history",
+    "history",
     "lock_model",
-    "bench_cli",
-    "demo",
-    "zk_lock",
-    "openapi",
-    "dlq_kafka",
-    "clients",
-    "gateway",
-    "serve",
+    "cli/bench_cli",
+    "cli/demo",
+    "lock/zk_lock",
+    "service/openapi",
+    "writes/dlq_kafka",
+    "gate/clients",
+    "gate/gateway",
+    "service/serve",
 ]
+
+# The binaries of the groups under tests/, run as one process per test file (module).
+GROUPS = {"lock", "writes", "service", "gate", "cli"}
 
 
 def build():
-    """Compiles every test binary; returns (name, path) for each, in the order to run."""
+    """Compiles every test binary; returns (name, path) for each."""
     cmd = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics"]
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
@@ -54,11 +61,35 @@ def build():
         name = target["name"] if kind == "test" else f"{target['name']} ({kind})"
         binaries.append((name, msg["executable"]))
 
+    return binaries
+
+
+def runs(binaries, extra):
+    """(name, command) of every run, the longest first: a group's binary once per module."""
+    whole = any(not arg.startswith("-") for arg in extra)
+    work = []
+    for name, path in binaries:
+        if whole or name not in GROUPS:
+            work.append((name, [path, *extra]))
+            continue
+        listed = subprocess.run(
+            [path, "--list", "--format", "terse"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
+        if listed.returncode != 0:
+            sys.exit(f"run-tests: `{path} --list` failed (exit {listed.returncode})")
+        modules = {}
+        for line in listed.stdout.splitlines():
+            if line.endswith(": test"):
+                test = line[: -len(": test")]
+                modules.setdefault(test.split("::")[0], []).append(test)
+        for module, tests in sorted(modules.items()):
+            work.append((f"{name}/{module}", [path, "--exact", *tests, *extra]))
+
     def rank(item):
         name = item[0]
         return (LONGEST.index(name) if name in LONGEST else len(LONGEST), name)
 
-    return sorted(binaries, key=rank)
+    return sorted(work, key=rank)
 
 
 def main():
@@ -68,9 +99,13 @@ def main():
     if jobs < 1:
         sys.exit("run-tests: ZKGUARD_TEST_JOBS must be at least 1")
     started = time.monotonic()
-    work = [(name, [path, *extra]) for name, path in build()]
+    binaries = build()
+    work = runs(binaries, extra)
     work.append(("doc tests", ["cargo", "test", "--doc", "--", *extra]))
-    print(f"run-tests: {len(work)} test binaries, {jobs} at a time", flush=True)
+    print(
+        f"run-tests: {len(binaries)} test binaries in {len(work)} runs, {jobs} at a time",
+        flush=True,
+    )
     lock = threading.Lock()
     failed = []
     queue = list(work)

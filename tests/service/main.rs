@@ -1,0 +1,33 @@
+//! `zkguard serve` through HTTP against real servers: /v1, the journal, limits, events, the
+//! status page, systemd and monitoring files, and the OpenAPI contract. One test binary: see
+//! docs/testing.md.
+
+#[path = "../support/common/certs.rs"]
+mod certs;
+#[path = "../support/cli.rs"]
+mod cli;
+#[path = "../support/common/mod.rs"]
+mod common;
+#[path = "../support/common/queue.rs"]
+mod queue;
+#[path = "../support/serve/mod.rs"]
+mod serve_support;
+
+// The tests, one module per concern.
+mod deploy_monitoring;
+mod openapi;
+mod serve;
+mod serve_connections;
+mod serve_discard;
+mod serve_document_locks;
+mod serve_events;
+mod serve_idempotency;
+mod serve_input;
+mod serve_journal_full;
+mod serve_keys;
+mod serve_op_ids;
+mod serve_patch;
+mod serve_queue_bounds;
+mod serve_stamp;
+mod serve_systemd;
+mod serve_ui;
