@@ -6,6 +6,7 @@
 mod common;
 mod serve_support;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use common::*;
@@ -183,4 +184,199 @@ async fn a_full_disk_refuses_background_writes_and_loses_nothing() {
     let m = scrape(&c, &s).await;
     assert_eq!(m["zkguard_journal_depth"], 0.0, "{m:?}");
     assert_eq!(m["zkguard_journal_oldest_seconds"], 0.0, "{m:?}");
+}
+
+/// A service journaling in Kafka (`server.journal.backend=kafka`) on `broker`, in a topic and
+/// progress index of its own, named `instance` among its fleet, its state in `state_dir`.
+fn kafka_env(
+    broker: &zkguard::testkit::TansuServer,
+    tag: &str,
+    instance: &str,
+    state_dir: &std::path::Path,
+) -> Env {
+    Env::new(&shared_zk().connect_string(), tag)
+        .with("ZKGUARD_SERVER_JOURNAL_BACKEND", "kafka")
+        .with("ZKGUARD_SERVER_JOURNAL_KAFKA_BROKERS", &broker.brokers())
+        .with(
+            "ZKGUARD_SERVER_JOURNAL_KAFKA_TOPIC",
+            &format!("journal-{tag}"),
+        )
+        .with("ZKGUARD_SERVER_JOURNAL_KAFKA_PARTITIONS", "3")
+        .with(
+            "ZKGUARD_SERVER_JOURNAL_KAFKA_INDEX",
+            &format!("zkguard-journal-{tag}"),
+        )
+        .with("ZKGUARD_SERVER_INSTANCE_ID", instance)
+        .with("ZKGUARD_STATE_DIR", state_dir.to_str().unwrap())
+}
+
+/// A monitor whose operations go to journal partition `p` of 3 (and no other of `others`).
+fn monitor_in(p: usize, prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|m| zkguard::write::deadletter::kafka::partition_for(m.as_bytes(), 3) == p)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_applies_every_operation_once_after_a_kill_that_loses_the_state_directory() {
+    let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
+    let tag = uuid_tag();
+    let state_a = tempfile::tempdir().unwrap();
+    let env = kafka_env(&broker, &tag, "a", state_a.path());
+    let s = env.start("kafka-a");
+    assert_eq!(
+        s.started["journal"],
+        format!("kafka:journal-{tag}"),
+        "{}",
+        s.started
+    );
+    let c = client();
+    let index = format!("kafka-{tag}");
+    // Three documents in three partitions; the first one's lock is held, so its operations
+    // are still unapplied when the service dies.
+    let monitors: Vec<String> = (0..3).map(|p| monitor_in(p, &tag)).collect();
+    let (_holder, guard) = hold_lock(&env, &monitors[0]).await;
+    let mut ids = Vec::new();
+    let mut last = HashMap::new();
+    for n in 0..30 {
+        let d = n % 3;
+        let op_id = uuid::Uuid::new_v4().to_string();
+        let (status, v) = put(
+            &c,
+            &s,
+            &format!(
+                "/v1/indices/{index}/docs/d{d}?type=background&monitor={}&op_id={op_id}",
+                monitors[d]
+            ),
+            &json!({"n": n}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        ids.push((d, op_id));
+        last.insert(d, n);
+    }
+    // The free documents' operations are applied from the topic.
+    let free: Vec<String> = ids
+        .iter()
+        .filter(|(d, _)| *d != 0)
+        .map(|(_, id)| id.clone())
+        .collect();
+    let done = wait_finished(&c, &s, &free).await;
+    assert!(done.values().all(|v| v["status"] == "applied"), "{done:?}");
+
+    // SIGKILL, and the state directory is gone with the host.
+    s.kill();
+    std::fs::remove_dir_all(state_a.path()).unwrap();
+    guard.unlock().await.unwrap();
+
+    // Another instance takes the partitions over once the dead one's session expired, and
+    // answers for the operations the first one accepted and applied.
+    let state_b = tempfile::tempdir().unwrap();
+    let env_b = env
+        .clone()
+        .with("ZKGUARD_SERVER_INSTANCE_ID", "b")
+        .with("ZKGUARD_STATE_DIR", state_b.path().to_str().unwrap());
+    let s = env_b.start("kafka-b");
+    // An operation accepted by the dead instance is unknown here until this one reads it from
+    // the topic or finds its outcome: `?wait=` looks for it until then.
+    let mut done = HashMap::new();
+    for (_, id) in &ids {
+        let v = eventually_value(Duration::from_secs(60), || async {
+            let url = s.url(&format!("/v1/operations/{id}?wait=5s"));
+            let (status, v) = call(&client(), Method::GET, &url, None).await;
+            (status == StatusCode::OK && v["status"] != "queued").then_some(v)
+        })
+        .await;
+        assert_eq!(v["status"], "applied", "{v}");
+        done.insert(id.clone(), v);
+    }
+    for d in 0..3 {
+        let tokens: HashMap<String, u64> = ids
+            .iter()
+            .filter(|(doc, _)| *doc == d)
+            .map(|(_, id)| (id.clone(), done[id]["token"].as_u64().unwrap()))
+            .collect();
+        check_doc(&c, &index, &format!("d{d}"), &tokens).await;
+        let doc = es_doc(&c, &index, &format!("d{d}")).await;
+        assert_eq!(doc["_source"]["n"], json!(last[&d]), "{doc}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_owner_whose_progress_a_newer_owner_claimed_applies_nothing_more() {
+    let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
+    let tag = uuid_tag();
+    let state = tempfile::tempdir().unwrap();
+    let env = kafka_env(&broker, &tag, "a", state.path());
+    let s = env.start("kafka-fenced");
+    let c = client();
+    let es = shared_es().url().to_string();
+    let progress = format!(
+        "{}/zkguard-journal-{tag}/_doc/progress-journal-{tag}-0",
+        es.trim_end_matches('/')
+    );
+    // The instance owns partition 0: its claim is there, with its token as the version.
+    let token = eventually_value(Duration::from_secs(30), || async {
+        let (status, v) = call(&client(), Method::GET, &progress, None).await;
+        (status == StatusCode::OK && v["_source"]["owner"] == "a")
+            .then(|| v["_version"].as_u64())
+            .flatten()
+    })
+    .await;
+    // A newer owner (a greater token) claims it.
+    let newer = token + 1_000_000;
+    let (status, v) = call(
+        &c,
+        Method::PUT,
+        &format!("{progress}?version={newer}&version_type=external_gte"),
+        Some(json!({"offset": 0, "accepted": 0, "owner": "newer", "token": newer}).to_string()),
+    )
+    .await;
+    assert!(status.is_success(), "{v}");
+
+    let index = format!("fenced-{tag}");
+    let m0 = monitor_in(0, &tag);
+    let m1 = monitor_in(1, &tag);
+    let op = |m: &str, d: &str| {
+        let path = format!("/v1/indices/{index}/docs/{d}?type=background&monitor={m}");
+        let (c, s) = (&c, &s);
+        async move {
+            let (status, v) = put(c, s, &path, &json!({"n": 1})).await;
+            assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+            v["operation_id"].as_str().unwrap().to_string()
+        }
+    };
+    let fenced = op(&m0, "d0").await;
+    let free = op(&m1, "d1").await;
+    // The other partitions go on; partition 0's applier finds its token refused and stops
+    // before queueing what it read, and every later claim of this instance is refused too.
+    let done = wait_finished(&c, &s, std::slice::from_ref(&free)).await;
+    assert_eq!(done[&free]["status"], "applied", "{done:?}");
+    eventually(
+        Duration::from_secs(30),
+        "the deposed applier stops",
+        || async {
+            let log = s.log();
+            log.contains("no longer owned here")
+                && log.contains("cannot claim a journal partition's progress")
+        },
+    )
+    .await;
+    assert_eq!(op_status(&c, &s, &fenced).await["status"], "queued");
+    let (status, _) = call(
+        &c,
+        Method::GET,
+        &format!("{}/{index}/_doc/d0", es.trim_end_matches('/')),
+        None,
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "the deposed owner wrote the document"
+    );
+    let (_, v) = call(&c, Method::GET, &progress, None).await;
+    assert_eq!(v["_source"]["owner"], "newer", "{v}");
+    assert_eq!(v["_version"].as_u64(), Some(newer), "{v}");
 }
