@@ -380,3 +380,66 @@ async fn kafka_journal_owner_whose_progress_a_newer_owner_claimed_applies_nothin
     assert_eq!(v["_source"]["owner"], "newer", "{v}");
     assert_eq!(v["_version"].as_u64(), Some(newer), "{v}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_that_cannot_take_writes_refuses_background_writes_and_readyz_says_so() {
+    let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
+    let tag = uuid_tag();
+    let state = tempfile::tempdir().unwrap();
+    let env = kafka_env(&broker, &tag, "a", state.path())
+        .with("ZKGUARD_SERVER_JOURNAL_KAFKA_TIMEOUT", "1000");
+    let s = env.start("kafka-down");
+    let c = client();
+    let index = format!("down-{tag}");
+    let write = |n: u32| {
+        let url = s.url(&format!("/v1/indices/{index}/docs/d?type=background"));
+        let c = c.clone();
+        async move {
+            c.put(url)
+                .header("content-type", "application/json")
+                .body(json!({ "n": n }).to_string())
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let first = write(0).await;
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    let first: serde_json::Value = first.json().await.unwrap();
+
+    // A frozen broker acknowledges nothing: the write is refused, not answered 202.
+    broker.pause();
+    let refused = write(1).await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(refused.headers().contains_key("retry-after"));
+    let v: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(v["error"], "journal_unavailable", "{v}");
+    let (status, v) = call(&c, Method::GET, &s.url("/readyz"), None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+
+    // Back: writes are taken again, and every acknowledged one is applied.
+    broker.resume();
+    let second = eventually_value(Duration::from_secs(30), || async {
+        let r = write(2).await;
+        if r.status() == StatusCode::ACCEPTED {
+            r.json::<serde_json::Value>().await.ok()
+        } else {
+            None
+        }
+    })
+    .await;
+    eventually(Duration::from_secs(30), "/readyz answers 200", || async {
+        call(&client(), Method::GET, &s.url("/readyz"), None)
+            .await
+            .0
+            == StatusCode::OK
+    })
+    .await;
+    let ids: Vec<String> = [&first, &second]
+        .iter()
+        .map(|v| v["operation_id"].as_str().unwrap().to_string())
+        .collect();
+    let done = wait_finished(&c, &s, &ids).await;
+    assert!(done.values().all(|v| v["status"] == "applied"), "{done:?}");
+    assert_eq!(es_doc(&c, &index, "d").await["_source"]["n"], json!(2));
+}
