@@ -443,3 +443,45 @@ async fn kafka_journal_that_cannot_take_writes_refuses_background_writes_and_rea
     assert!(done.values().all(|v| v["status"] == "applied"), "{done:?}");
     assert_eq!(es_doc(&c, &index, "d").await["_source"]["n"], json!(2));
 }
+
+/// `server.journal.*` combinations that cannot work are refused, naming the key.
+#[test]
+fn kafka_journal_settings_that_cannot_work_are_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let load = |text: &str| {
+        let path = dir.path().join("zkguard.properties");
+        std::fs::write(&path, text).unwrap();
+        zkguard::config::Settings::load_with_env(Some(&path), |_| None)
+    };
+    for (text, key) in [
+        ("server.journal.backend=kafka\n", "server.journal.kafka.brokers"),
+        ("server.journal.backend=queue\n", "server.journal.backend"),
+        (
+            "server.journal.backend=kafka\nserver.journal.kafka.brokers=k1:9092\nlock.backend=elasticsearch\n",
+            "server.journal.backend",
+        ),
+        (
+            "server.journal.backend=kafka\nserver.journal.kafka.brokers=k1\n",
+            "server.journal.kafka.brokers",
+        ),
+        ("server.journal.kafka.partitions=0\n", "server.journal.kafka.partitions"),
+        ("server.journal.kafka.topic=a/b\n", "server.journal.kafka.topic"),
+        ("server.instance.id=a/b\n", "server.instance.id"),
+    ] {
+        let err = load(text).expect_err(text).to_string();
+        assert!(err.contains(key), "{text:?}: {err}");
+    }
+    let ok = load("server.journal.backend=kafka\nserver.journal.kafka.brokers=k1:9092,k2:9092\n")
+        .unwrap();
+    assert_eq!(
+        ok.server.journal_backend,
+        zkguard::config::JournalBackendKind::Kafka
+    );
+    assert_eq!(ok.server.journal_kafka.topic, "zkguard-journal");
+    assert_eq!(ok.server.journal_kafka.brokers, ["k1:9092", "k2:9092"]);
+    let default = load("").unwrap();
+    assert_eq!(
+        default.server.journal_backend,
+        zkguard::config::JournalBackendKind::File
+    );
+}
