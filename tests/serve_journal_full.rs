@@ -485,3 +485,76 @@ fn kafka_journal_settings_that_cannot_work_are_refused_naming_the_key() {
         zkguard::config::JournalBackendKind::File
     );
 }
+
+/// The owners named in the progress documents of the journal's 3 partitions.
+async fn owners(tag: &str) -> Vec<String> {
+    let es = shared_es().url().to_string();
+    let mut out = Vec::new();
+    for p in 0..3 {
+        let url = format!(
+            "{}/zkguard-journal-{tag}/_doc/progress-journal-{tag}-{p}",
+            es.trim_end_matches('/')
+        );
+        let (_, v) = call(&client(), Method::GET, &url, None).await;
+        out.push(v["_source"]["owner"].as_str().unwrap_or("").to_string());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_partitions_are_shared_when_an_instance_joins_and_every_instance_answers() {
+    let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
+    let tag = uuid_tag();
+    let (state_a, state_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let env = kafka_env(&broker, &tag, "a", state_a.path());
+    let a = env.start("share-a");
+    eventually(
+        Duration::from_secs(30),
+        "a owns every partition",
+        || async { owners(&tag).await.iter().all(|o| o == "a") },
+    )
+    .await;
+    let b = env
+        .clone()
+        .with("ZKGUARD_SERVER_INSTANCE_ID", "b")
+        .with("ZKGUARD_STATE_DIR", state_b.path().to_str().unwrap())
+        .start("share-b");
+    // b joins: a gives up what it owns beyond its share, and b takes it.
+    eventually(
+        Duration::from_secs(30),
+        "a and b share the partitions",
+        || async {
+            let o = owners(&tag).await;
+            o.iter().any(|o| o == "a") && o.iter().any(|o| o == "b")
+        },
+    )
+    .await;
+    // Writes sent to b for every partition are applied, and a answers for them.
+    let c = client();
+    let index = format!("share-{tag}");
+    let mut ids = Vec::new();
+    for p in 0..3 {
+        let path = format!(
+            "/v1/indices/{index}/docs/d{p}?type=background&monitor={}",
+            monitor_in(p, &tag)
+        );
+        let (status, v) = put(&c, &b, &path, &json!({"p": p})).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        ids.push(v["operation_id"].as_str().unwrap().to_string());
+    }
+    for id in &ids {
+        let (status, v) = call(
+            &c,
+            Method::GET,
+            &a.url(&format!("/v1/operations/{id}?wait=20s")),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["status"], "applied", "{v}");
+    }
+    for p in 0..3 {
+        let doc = es_doc(&c, &index, &format!("d{p}")).await;
+        assert_eq!(doc["_source"]["p"], json!(p), "{doc}");
+    }
+}
