@@ -8,8 +8,9 @@ use std::time::Duration;
 use super::reader::Reader;
 use super::secrets::split_url_credentials;
 use super::settings::{
-    DeadLetterSinkKind, EsLockSettings, EsSettings, KafkaSettings, LockBackendKind, RetrySettings,
-    ServerSettings, Settings, TxnSettings, ZkSettings,
+    DeadLetterSinkKind, EsLockSettings, EsSettings, JournalBackendKind, JournalKafkaSettings,
+    KafkaSettings, LockBackendKind, RetrySettings, ServerSettings, Settings, TxnSettings,
+    ZkSettings,
 };
 use super::{gateway, grace, stamp, state, ConfigError};
 
@@ -36,10 +37,13 @@ impl Settings {
         };
         let es_lock = es_lock(&r)?;
         let txn = txn(&r)?;
+        let journal = journal(&r, backend)?;
         let server = server(
             &r,
             &state_dir,
+            journal.clone(),
             &[
+                &journal.kafka.index,
                 &txn.accounts_index,
                 &txn.transactions_index,
                 &txn.log_index,
@@ -240,11 +244,79 @@ fn txn(r: &Reader<'_>) -> Result<TxnSettings, ConfigError> {
     Ok(txn)
 }
 
+/// `server.journal.backend` and `server.journal.kafka.*`: where accepted background operations
+/// are kept; `server.instance.id`: this instance's name among a fleet's.
+#[derive(Clone)]
+struct Journal {
+    backend: JournalBackendKind,
+    kafka: JournalKafkaSettings,
+    instance_id: String,
+}
+
+/// Reads the journal's keys; the Kafka journal needs brokers and the ZooKeeper lock backend.
+fn journal(r: &Reader<'_>, backend: LockBackendKind) -> Result<Journal, ConfigError> {
+    let kafka = JournalKafkaSettings {
+        brokers: r.kafka_brokers("server.journal.kafka.brokers")?,
+        topic: r.kafka_name("server.journal.kafka.topic")?,
+        partitions: r.int::<u32>("server.journal.kafka.partitions", 1)?,
+        replication: r.int::<u16>("server.journal.kafka.replication", 1)?,
+        timeout: r.duration_min("server.journal.kafka.timeout", Duration::from_millis(100))?,
+        index: r.index_name("server.journal.kafka.index")?,
+    };
+    let journal_backend = match r.choice("server.journal.backend", &["file", "kafka"])? {
+        "kafka" => JournalBackendKind::Kafka,
+        _ => JournalBackendKind::File,
+    };
+    if journal_backend == JournalBackendKind::Kafka {
+        if kafka.brokers.is_empty() {
+            return Err(r.err(
+                "server.journal.kafka.brokers",
+                "at least one host:port when server.journal.backend=kafka, e.g. kafka1:9092,kafka2:9092",
+            ));
+        }
+        if backend != LockBackendKind::ZooKeeper {
+            return Err(r.err(
+                "server.journal.backend",
+                "file while lock.backend=elasticsearch: the Kafka journal's partitions are owned through ZooKeeper locks (set lock.backend=zookeeper to use kafka)",
+            ));
+        }
+        if kafka.partitions > 1000 {
+            return Err(r.err(
+                "server.journal.kafka.partitions",
+                "a count from 1 to 1000 (each partition is one ZooKeeper lock and one applier)",
+            ));
+        }
+    }
+    let instance_id = match r.optional_string("server.instance.id") {
+        Some(id)
+            if id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+                && id.len() <= 100 =>
+        {
+            id
+        }
+        Some(_) => {
+            return Err(r.err(
+                "server.instance.id",
+                "1 to 100 ASCII letters, digits, - _ . or : (a ZooKeeper node name), or empty for the host name and listen port",
+            ))
+        }
+        None => String::new(),
+    };
+    Ok(Journal {
+        backend: journal_backend,
+        kafka,
+        instance_id,
+    })
+}
+
 /// `server.*`: the service and its gate. `own` are the indices of zkguard's own documents,
 /// which the service refuses to write unless `server.index.allow` names them.
 fn server(
     r: &Reader<'_>,
     state_dir: &Path,
+    journal: Journal,
     own: &[&String],
 ) -> Result<ServerSettings, ConfigError> {
     let allowed_indices: Vec<String> = r
@@ -289,6 +361,9 @@ fn server(
         },
         journal_path: state::resolve(state_dir, &r.non_empty("server.journal.path")?),
         journal_skip_corrupt: r.boolean("server.journal.skip.corrupt")?,
+        journal_backend: journal.backend,
+        journal_kafka: journal.kafka,
+        instance_id: journal.instance_id,
         queue_max: r.int::<usize>("server.queue.max", 1)?,
         queue_max_bytes: r.int::<u64>("server.queue.max.bytes", 1)?,
         // The journal keeps the outcomes of the last 10,000 operations (about 1.5 MB).

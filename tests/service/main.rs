@@ -31,3 +31,19 @@ mod serve_queue_bounds;
 mod serve_stamp;
 mod serve_systemd;
 mod serve_ui;
+
+/// Waits until `attempt` yields a value, polling every 10 ms; panics after `limit`.
+pub async fn eventually_value<T, F, Fut>(limit: std::time::Duration, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = std::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = attempt().await {
+            return v;
+        }
+        assert!(std::time::Instant::now() < end, "no value within {limit:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}

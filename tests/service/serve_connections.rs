@@ -4,6 +4,7 @@
 //! limit is lowered to fit the open-files limit, so that `/healthz` keeps answering.
 
 use crate::common;
+use crate::eventually_value;
 use crate::serve_support;
 
 use std::time::{Duration, Instant};
@@ -234,20 +235,4 @@ async fn with_the_gate_on_both_addresses_fit_the_open_files_limit_together() {
         "the service ran out of descriptors: {}",
         s.log()
     );
-}
-
-/// Waits until `attempt` yields a value, polling every 10 ms; panics after `limit`.
-async fn eventually_value<T, F, Fut>(limit: Duration, mut attempt: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let end = Instant::now() + limit;
-    loop {
-        if let Some(v) = attempt().await {
-            return v;
-        }
-        assert!(Instant::now() < end, "no value within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
