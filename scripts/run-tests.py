@@ -3,7 +3,10 @@
 
 `cargo test` runs its test binaries one after another, and most of them spend their time
 waiting for the servers they start (ZooKeeper, osmem-server, tansu, chromium), so a 2-core
-machine sat half idle. This script builds every test binary once (`cargo test --no-run`),
+machine sat half idle. This script builds every test binary of the workspace's crates once
+(`cargo test --workspace --no-run`: the integration tests in tests/, the model check in
+crates/zkguard/tests/, every crate's unit tests), runs each in its package's directory, as cargo
+does,
 runs them ZKGUARD_TEST_JOBS at a time (default 2; 1 runs them one after another), the longest
 first, then the doc tests, and prints each binary's output in one piece when it ends. Every
 binary runs to the end whatever the others do; the script fails if any did, and says which.
@@ -37,8 +40,9 @@ LONGEST = [
 
 
 def build():
-    """Compiles every test binary; returns (name, path) for each, in the order to run."""
-    cmd = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics"]
+    """Compiles every test binary; returns (name, path, package directory) for each, in the
+    order to run."""
+    cmd = ["cargo", "test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"]
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         sys.exit(f"run-tests: `{' '.join(cmd)}` failed (exit {proc.returncode}); see above")
@@ -52,7 +56,7 @@ def build():
         target = msg["target"]
         kind = target["kind"][0]
         name = target["name"] if kind == "test" else f"{target['name']} ({kind})"
-        binaries.append((name, msg["executable"]))
+        binaries.append((name, msg["executable"], os.path.dirname(msg["manifest_path"])))
 
     def rank(item):
         name = item[0]
@@ -68,8 +72,8 @@ def main():
     if jobs < 1:
         sys.exit("run-tests: ZKGUARD_TEST_JOBS must be at least 1")
     started = time.monotonic()
-    work = [(name, [path, *extra]) for name, path in build()]
-    work.append(("doc tests", ["cargo", "test", "--doc", "--", *extra]))
+    work = [(name, [path, *extra], cwd) for name, path, cwd in build()]
+    work.append(("doc tests", ["cargo", "test", "--workspace", "--doc", "--", *extra], ROOT))
     print(f"run-tests: {len(work)} test binaries, {jobs} at a time", flush=True)
     lock = threading.Lock()
     failed = []
@@ -80,10 +84,10 @@ def main():
             with lock:
                 if not queue:
                     return
-                name, cmd = queue.pop(0)
+                name, cmd, cwd = queue.pop(0)
             began = time.monotonic()
             proc = subprocess.run(
-                cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
             took = time.monotonic() - began
             verdict = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"

@@ -19,7 +19,7 @@ mod types;
 
 pub use acquire::{Acquisition, Awaits, Leftovers, Outcome, Spec};
 pub use remove::{child, is_ours, release_ops, Removal};
-pub(crate) use token::from_zxid;
+pub use token::from_zxid;
 pub use token::{is_token, TOKEN_BASE};
 pub use types::{
     Action, Code, Content, Fired, Input, Mode, MultiError, Now, Op, OpResult, Read, Reply, Request,
