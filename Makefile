@@ -102,5 +102,5 @@ reference:
 check:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --features zkguard/testkit
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --lib --features zkguard/testkit
 	python3 scripts/import-cycles.py
