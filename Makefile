@@ -41,8 +41,8 @@ test-docker: deps
 DURATION ?= 600
 torture: deps
 	ZKGUARD_TORTURE_SECS=$(DURATION) cargo test --release --test lock_history -- --nocapture
-	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release -p zkguard --test lock_model random_walks -- --nocapture
-	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release -p zkguard --test lock_model large_scope -- --ignored --nocapture --test-threads 1
+	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release --workspace --test lock_model random_walks -- --nocapture
+	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release --workspace --test lock_model large_scope -- --ignored --nocapture --test-threads 1
 
 # Benchmarks zkguard against Apache Curator and kazoo on one local ZooKeeper.
 bench: deps
