@@ -31,7 +31,7 @@ test-docker: deps
 # seconds of workload (default 600), split in three: the lock against a standalone ZooKeeper and
 # against a 3-member ensemble, and the bank through `zkguard serve`'s gate and /v1 with the
 # service SIGKILLed and ZooKeeper killed and paused; each prints the checker's verdict and the
-# counts of operations and faults. Then the model check's random walks (tests/lock_model.rs)
+# counts of operations and faults. Then the model check's random walks (crates/zkguard/tests/lock_model.rs)
 # for DURATION seconds more; then the model check's large scopes one after the other (the lock:
 # 3 clients with 2 faults, exhaustively, and 3 clients x 2 locks with 2 faults searched for
 # DURATION seconds; document transactions: 2 transactions sharing a document, 2 writers, 2
