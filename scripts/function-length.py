@@ -23,6 +23,9 @@ MAX_LINES = 150
 # Directories (ending in `/`) and files, matched against the end of a path under a `src/`.
 CHECKED = [
     "zk/",
+    # The lock core (crates/zkguard-proto/src/protocol/), which was zk/protocol/ before the
+    # workspace.
+    "protocol/",
     "server/gateway/",
     "server/mod.rs",
     "server/metrics.rs",

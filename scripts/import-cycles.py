@@ -1,7 +1,15 @@
 #!/usr/bin/env python3
-"""Reports import cycles between the source files of zkguard's two crates (the library from
-src/lib.rs, the binary from src/main.rs), imports against the directions docs/architecture.md
-allows, and source files that document does not name.
+"""Reports import cycles between the source files of zkguard's crates, imports against the
+directions docs/architecture.md allows, crate dependencies (each Cargo.toml's) other than the ones
+it documents, and source files that document does not name.
+
+The crates: the roots in DIR (`lib.rs`, `main.rs`) and, when DIR's parent holds a Cargo.toml with a
+`[workspace]`, the `src/lib.rs` of every workspace member. Module names: the root package's and
+the library's (the crate `zkguard`) are their paths inside the crate (`zk::protocol`; `lib` and
+`main` for the roots); another crate's start with its name (`zkguard_proto`,
+`zkguard_proto::protocol`), and so do its files' names (`zkguard_proto/names.rs`). A path into
+another workspace crate (`zkguard_proto::names::Queue`, or a re-export of it such as the library's
+`crate::zk::protocol`) is a use of that crate's row, when the table has one.
 
 A file depends on another when it names an item defined there: `use crate::a::b`, `use super::x`,
 or an inline path such as `super::reaper::spawn(..)`. A path is resolved to the deepest module
@@ -19,6 +27,12 @@ row names. Every source file must be named in the document too: by its path unde
 anywhere, or in a ```text block by its name indented under its directory's heading (`zk/` then
 `  session.rs`); a directory module is named by `dir/` or `dir/mod.rs`.
 
+The document's crate table, headed `| crate | depends on |`, names each workspace crate (by its
+library name: `zkguard_cli` for the package `zkguard-cli`) and, in backquotes, the workspace
+crates its Cargo.toml's `[dependencies]` name (or "nothing"); a crate without a row, or a
+`[dependencies]` entry that differs from its row, is reported. Dev-dependencies are the tests'
+and are not checked.
+
 Exit status 0 and "no import cycle" when all holds; 1 and each finding otherwise.
 Run from the repository root: `python3 scripts/import-cycles.py [--src DIR] [--doc FILE]`
 (default `src`; a crate root missing from DIR is skipped).
@@ -26,6 +40,7 @@ Run from the repository root: `python3 scripts/import-cycles.py [--src DIR] [--d
 import os
 import re
 import sys
+import tomllib
 
 SRC = "src"
 
@@ -97,8 +112,9 @@ def flatten_inline_modules(text):
 
 
 class Module:
-    def __init__(self, path, file, root_dir):
+    def __init__(self, path, file, root_dir, prefix=()):
         self.path = path  # tuple of segments from the crate root
+        self.prefix = prefix  # the crate's name in the table, () for the plain crates
         self.file = file
         self.dir = root_dir  # where its child modules live
         self.children = {}
@@ -106,11 +122,11 @@ class Module:
         self.text = flatten_inline_modules(strip_comments(open(file, encoding="utf-8").read()))
 
 
-def load_crate(root_file):
+def load_crate(root_file, prefix=()):
     mods = {}
 
     def visit(path, file, child_dir):
-        m = Module(path, file, child_dir)
+        m = Module(path, file, child_dir, prefix)
         mods[path] = m
         for attr, name in re.findall(r'(#\[path\s*=\s*""\]\s*)?(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;', m.text):
             # `#[path]` only appears in tests/, not under src/
@@ -158,12 +174,21 @@ def expand_use(tree):
     return out
 
 
+# The library names of the other workspace crates whose uses are checked (see `main`).
+OTHER_CRATES = set()
+
+
 def absolute(mod, segs):
-    """Makes a path absolute from the crate root; None when it leaves the crate."""
+    """Makes a path absolute from the crate root; None when it leaves the crate, or
+    `("@name", ...)` when it enters workspace crate `name`."""
     segs = list(segs)
     if not segs:
         return None
     base = None
+    if segs[0] in OTHER_CRATES:
+        return ("@" + segs[0],) + tuple(segs[1:])
+    if segs[0] == "::" or (segs[0] == "" and len(segs) > 1):
+        return None
     if segs[0] == "crate":
         base, segs = [], segs[1:]
     elif segs[0] in ("super", "self"):
@@ -172,7 +197,7 @@ def absolute(mod, segs):
             if segs[0] == "super":
                 base = base[:-1]
             segs = segs[1:]
-    elif segs[0] in mod.children:
+    elif segs[0] in mod.children or segs[0] in mod.reexports:
         base = list(mod.path)
     else:
         return None
@@ -185,11 +210,22 @@ def collect_reexports(mods):
             for segs in expand_use(tree):
                 full = absolute(m, segs)
                 if full:
-                    m.reexports[segs[-1]] = full
+                    alias = re.search(rf"\b{re.escape(segs[-1])}\s+as\s+(\w+)", tree)
+                    m.reexports[alias.group(1) if alias else segs[-1]] = full
+
+
+class Outside:
+    """Another workspace crate, as the target of a use."""
+
+    def __init__(self, name):
+        self.file = "crate " + name
+        self.path = (name,)
 
 
 def resolve(mods, full, seen=None):
     """The module that defines the item named by absolute path `full`."""
+    if full[0].startswith("@"):
+        return Outside(full[0][1:])
     seen = seen or set()
     i = 0
     while i < len(full) and full[: i + 1] in mods:
@@ -212,7 +248,7 @@ def edges(mods):
         for tree in re.findall(r"\buse\s+([^;]+);", text):
             paths += expand_use(tree)
         text = re.sub(r"\buse\s+[^;]+;", "", text)
-        heads = "|".join(["crate", "super", "self"] + sorted(m.children))
+        heads = "|".join(["crate", "super", "self"] + sorted(m.children) + sorted(OTHER_CRATES))
         paths += [p.split("::") for p in re.findall(rf"(?<![\w:])(?:{heads})(?:::\w+)+", text)]
         for segs in paths:
             full = absolute(m, segs)
@@ -221,6 +257,8 @@ def edges(mods):
             target = resolve(mods, full)
             if target.file != m.file:
                 graph[m.file].add(target.file)
+                if isinstance(target, Outside):
+                    graph.setdefault(target.file, set())
     return graph
 
 
@@ -258,15 +296,16 @@ def cycles(graph):
     return out
 
 
-def layer_rules(doc):
-    """{module name: (row number, allowed module names)} from the document's dependency table."""
+def layer_rules(doc, head=("module", "may use")):
+    """{module name: (row number, allowed module names)} from the document's dependency table
+    (or, with `head`, another table of the same form)."""
     rules, in_table, row = {}, False, 0
     for line in doc.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if not line.lstrip().startswith("|"):
             in_table = False
             continue
-        if len(cells) >= 2 and cells[0] == "module" and cells[1] == "may use":
+        if len(cells) >= 2 and (cells[0], cells[1]) == head:
             in_table = True
             continue
         if not in_table or set(cells[0]) <= set("-: "):
@@ -288,11 +327,12 @@ def layer_of(path, root, rules):
 
 
 def direction_findings(mods, graph, root, rules):
-    by_file = {m.file: m.path for m in mods.values()}
+    by_file = {m.file: m.prefix + m.path for m in mods.values()}
+    by_file.update({f: (f[len("crate ") :],) for f in graph if f.startswith("crate ")})
     out = []
     for m in sorted(mods.values(), key=lambda m: m.file):
-        if len(m.path) <= 1 and layer_of(m.path, root, rules) is None:
-            name = "::".join(m.path) or root
+        if len(m.path) <= 1 and layer_of(m.prefix + m.path, root, rules) is None:
+            name = "::".join(m.prefix + m.path) or root
             out.append(f"module `{name}` ({m.file}) is in no row of the architecture's dependency table")
     for f in sorted(graph):
         a = layer_of(by_file[f], root, rules)
@@ -332,7 +372,7 @@ def unnamed_files(mods, src, doc):
     found = named_in(doc)
     out = []
     for m in mods.values():
-        rel = os.path.relpath(m.file, src).replace(os.sep, "/")
+        rel = "/".join(m.prefix + (os.path.relpath(m.file, src).replace(os.sep, "/"),))
         if not m.path:
             continue
         if rel.endswith("/mod.rs") and rel[: -len("mod.rs")] in found:
@@ -340,6 +380,50 @@ def unnamed_files(mods, src, doc):
         if rel not in found:
             out.append(f"{m.file} is not named in the architecture document")
     return sorted(out)
+
+
+def workspace_crates(src):
+    """[(library name, package name, manifest, src dir)] of the workspace whose root manifest is
+    beside DIR (the root package first), or [] when there is none."""
+    root = os.path.dirname(os.path.abspath(src))
+    manifest = os.path.join(root, "Cargo.toml")
+    if not os.path.exists(manifest):
+        return []
+    with open(manifest, "rb") as f:
+        top = tomllib.load(f)
+    if "workspace" not in top:
+        return []
+    out = []
+    if "package" in top:
+        out.append((top["package"]["name"].replace("-", "_"), top["package"]["name"], manifest, src))
+    for member in top["workspace"].get("members", []):
+        path = os.path.join(root, member, "Cargo.toml")
+        with open(path, "rb") as f:
+            name = tomllib.load(f)["package"]["name"]
+        out.append((name.replace("-", "_"), name, path, os.path.join(root, member, "src")))
+    return out
+
+
+def crate_findings(crates, doc):
+    """Each crate's workspace dependencies (its Cargo.toml's) against the crate table."""
+    rows = layer_rules(doc, ("crate", "depends on"))
+    names = {package: lib for lib, package, _, _ in crates}
+    out = []
+    if not rows:
+        return ["the architecture document has no table headed `| crate | depends on |`"]
+    for lib, package, manifest, _ in crates:
+        with open(manifest, "rb") as f:
+            deps = tomllib.load(f).get("dependencies", {})
+        uses = {names[d] for d in deps if d in names}
+        if lib not in rows:
+            out.append(f"crate `{lib}` ({manifest}) is in no row of the architecture's crate table")
+            continue
+        documented = rows[lib][1]
+        for d in sorted(uses - documented):
+            out.append(f"{manifest}: `{lib}` depends on `{d}`, which its row does not list (docs/architecture.md)")
+        for d in sorted(documented - uses):
+            out.append(f"{manifest}: `{lib}` does not depend on `{d}`, which its row lists (docs/architecture.md)")
+    return out
 
 
 def main():
@@ -363,15 +447,21 @@ def main():
     if doc and not rules:
         print(f"{doc_file} has no table headed `| module | may use |`", file=sys.stderr)
         return 1
+    crates = workspace_crates(src)
+    # (crate src dir, root file, prefix of its module names); the root package's roots first.
+    roots = [(src, r, ()) for r in ("lib.rs", "main.rs")]
+    for lib, _, _, dir_ in crates[1:]:
+        roots.append((dir_, "lib.rs", () if lib in PLAIN_CRATES else (lib,)))
+    OTHER_CRATES.update(lib for lib, _, _, _ in crates if lib in rules)
     found = []
     files = 0
-    for root in ("lib.rs", "main.rs"):
-        if not os.path.exists(os.path.join(src, root)):
+    for dir_, root, prefix in roots:
+        if not os.path.exists(os.path.join(dir_, root)):
             continue
-        mods = load_crate(os.path.join(src, root))
+        mods = load_crate(os.path.join(dir_, root), prefix)
         collect_reexports(mods)
         graph = edges(mods)
-        files += len(graph)
+        files += len(mods)
         for comp in cycles(graph):
             found.append(comp)
             print("import cycle: " + " <-> ".join(comp))
@@ -379,15 +469,24 @@ def main():
                 deps = sorted(d for d in graph[f] if d in comp)
                 print(f"  {f} uses {', '.join(deps)}")
         if doc:
-            for finding in direction_findings(mods, graph, root[:-3], rules) + unnamed_files(mods, src, doc):
+            root_name = "::".join(prefix) or root[:-3]
+            for finding in direction_findings(mods, graph, root_name, rules) + unnamed_files(mods, dir_, doc):
                 found.append(finding)
                 print(finding)
+    if doc and crates:
+        for finding in crate_findings(crates, doc):
+            found.append(finding)
+            print(finding)
     if found:
         return 1
     checked = f", every import in a direction {doc_file} allows" if doc else ""
-    print(f"no import cycle between the {files} files of {src}/ (library and binary){checked}")
+    what = f"the {len(crates)} crates of the workspace" if crates else f"{src}/ (library and binary)"
+    print(f"no import cycle between the {files} files of {what}{checked}")
     return 0
 
+
+# The crates whose modules the table names without their crate's name: the library.
+PLAIN_CRATES = {"zkguard"}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,8 +3,10 @@
 
 `cargo test` runs its test binaries one after another, and most of them spend their time
 waiting for the servers they start (ZooKeeper, osmem-server, tansu, chromium), so a 2-core
-machine sat half idle. This script builds every test binary once (`cargo test --no-run`),
-runs them ZKGUARD_TEST_JOBS at a time (default 2; 1 runs them one after another), the longest
+machine sat half idle. This script builds every test binary of the workspace's crates once
+(`cargo test --workspace --no-run`: the integration tests in tests/, the model check in
+crates/zkguard/tests/, every crate's unit tests), runs each in its package's directory, as cargo
+does, ZKGUARD_TEST_JOBS at a time (default 2; 1 runs them one after another), the longest
 first, then the doc tests, and prints each run's output in one piece when it ends. Every run
 goes to the end whatever the others do; the script fails if any did, and says which.
 
@@ -44,8 +46,8 @@ GROUPS = {"lock", "writes", "service", "gate", "cli"}
 
 
 def build():
-    """Compiles every test binary; returns (name, path) for each."""
-    cmd = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics"]
+    """Compiles every test binary; returns (name, path, package directory) for each."""
+    cmd = ["cargo", "test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"]
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         sys.exit(f"run-tests: `{' '.join(cmd)}` failed (exit {proc.returncode}); see above")
@@ -59,7 +61,7 @@ def build():
         target = msg["target"]
         kind = target["kind"][0]
         name = target["name"] if kind == "test" else f"{target['name']} ({kind})"
-        binaries.append((name, msg["executable"]))
+        binaries.append((name, msg["executable"], os.path.dirname(msg["manifest_path"])))
 
     return binaries
 
@@ -68,12 +70,12 @@ def runs(binaries, extra):
     """(name, command) of every run, the longest first: a group's binary once per module."""
     whole = any(not arg.startswith("-") for arg in extra)
     work = []
-    for name, path in binaries:
+    for name, path, cwd in binaries:
         if whole or name not in GROUPS:
-            work.append((name, [path, *extra]))
+            work.append((name, [path, *extra], cwd))
             continue
         listed = subprocess.run(
-            [path, "--list", "--format", "terse"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+            [path, "--list", "--format", "terse"], cwd=cwd, stdout=subprocess.PIPE, text=True
         )
         if listed.returncode != 0:
             sys.exit(f"run-tests: `{path} --list` failed (exit {listed.returncode})")
@@ -83,7 +85,7 @@ def runs(binaries, extra):
                 test = line[: -len(": test")]
                 modules.setdefault(test.split("::")[0], []).append(test)
         for module, tests in sorted(modules.items()):
-            work.append((f"{name}/{module}", [path, "--exact", *tests, *extra]))
+            work.append((f"{name}/{module}", [path, "--exact", *tests, *extra], cwd))
 
     def rank(item):
         name = item[0]
@@ -101,7 +103,7 @@ def main():
     started = time.monotonic()
     binaries = build()
     work = runs(binaries, extra)
-    work.append(("doc tests", ["cargo", "test", "--doc", "--", *extra]))
+    work.append(("doc tests", ["cargo", "test", "--workspace", "--doc", "--", *extra], ROOT))
     print(
         f"run-tests: {len(binaries)} test binaries in {len(work)} runs, {jobs} at a time",
         flush=True,
@@ -115,10 +117,10 @@ def main():
             with lock:
                 if not queue:
                     return
-                name, cmd = queue.pop(0)
+                name, cmd, cwd = queue.pop(0)
             began = time.monotonic()
             proc = subprocess.run(
-                cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
             took = time.monotonic() - began
             verdict = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"

@@ -19,6 +19,7 @@ mod cli;
 mod exit;
 mod lock_rows;
 mod server;
+#[cfg(feature = "workload")]
 mod workload;
 
 /// ZooKeeper priority locks that fence Elasticsearch writes.
@@ -43,8 +44,10 @@ pub enum Command {
     /// Show the holder and the queue of each monitor object.
     Locks(cli::locks::LocksArgs),
     /// Measure lock latency and throughput.
+    #[cfg(feature = "workload")]
     Bench(cli::bench::BenchArgs),
     /// Run the demo: foreground and background writers on shared articles, with a report.
+    #[cfg(feature = "workload")]
     Demo(cli::demo::DemoArgs),
     /// Inspect and replay parked (dead-letter) operations.
     Dlq(cli::dlq::DlqArgs),
@@ -75,7 +78,9 @@ impl Command {
         match self {
             Self::Exec(a) => a.json,
             Self::Locks(a) => a.json,
+            #[cfg(feature = "workload")]
             Self::Bench(a) => a.json,
+            #[cfg(feature = "workload")]
             Self::Demo(a) => a.json,
             Self::Dlq(a) => match &a.command {
                 DlqCommand::List { json } => *json,
@@ -133,7 +138,10 @@ fn main() -> ExitCode {
     };
     let json = cli.command.wants_json();
     // The demo expects faults (parked operations, a fenced writer): keep its screen to the report.
+    #[cfg(feature = "workload")]
     let quiet = matches!(cli.command, Command::Demo(_));
+    #[cfg(not(feature = "workload"))]
+    let quiet = false;
     match &cli.command {
         Command::Serve(args) => server::init_tracing(cli.verbose, args.log_format),
         _ => cli::init_tracing(cli.verbose, quiet, json),
@@ -271,7 +279,9 @@ async fn dispatch(cli: Cli) -> Result<u8, cli::CliError> {
     match cli.command {
         Command::Exec(args) => cli::exec::run(settings, args).await,
         Command::Locks(args) => cli::locks::run(settings, args).await,
+        #[cfg(feature = "workload")]
         Command::Bench(args) => cli::bench::run(settings, args).await,
+        #[cfg(feature = "workload")]
         Command::Demo(args) => cli::demo::run(settings, args).await,
         Command::Dlq(args) => cli::dlq::run(settings, args).await,
         Command::Txn(args) => cli::txn::run(settings, args).await,

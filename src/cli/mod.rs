@@ -1,8 +1,10 @@
 //! The subcommands, one module each, and the setup they share; the exit-status contract lives in
 //! `crate::exit` (shared with the server) and is re-exported here.
 
+#[cfg(feature = "workload")]
 pub mod bench;
 pub mod config;
+#[cfg(feature = "workload")]
 pub mod demo;
 pub mod dlq;
 pub mod exec;

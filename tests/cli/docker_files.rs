@@ -328,7 +328,7 @@ fn the_dockerfile_builds_in_a_builder_stage_and_ships_a_slim_runtime() {
     // The builder compiles the dist profile into /out/zkguard, with the commit passed in.
     let build = builder.all("RUN").join("\n");
     assert!(
-        build.contains("cargo build --profile dist --locked --bin zkguard --features testkit"),
+        build.contains("cargo build --profile dist --locked --bin zkguard --no-default-features"),
         "{build}"
     );
     assert!(

@@ -1,9 +1,11 @@
-//! The package manifest: the command line's dependencies sit behind the default `cli` feature,
-//! so that a library user (`default-features = false`) does not compile them.
+//! The workspace's manifests: the library (`crates/zkguard`) has none of the command line's
+//! dependencies, so a library user does not compile them; the `zkguard` binary is the root
+//! package's (`zkguard-cli`).
 
 use std::process::Command;
 
-fn metadata() -> serde_json::Value {
+/// The package `name` of the workspace, as `cargo metadata` describes it.
+fn package(name: &str) -> serde_json::Value {
     let out = Command::new(env!("CARGO"))
         .args([
             "metadata",
@@ -25,28 +27,28 @@ fn metadata() -> serde_json::Value {
         .as_array()
         .unwrap()
         .iter()
-        .find(|p| p["name"] == "zkguard")
-        .expect("the zkguard package")
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("the {name} package"))
         .clone()
 }
 
+fn metadata() -> serde_json::Value {
+    package("zkguard")
+}
+
 #[test]
-fn cli_dependencies_are_optional_behind_the_default_cli_feature() {
-    let package = metadata();
-    let features = &package["features"];
-    assert!(
-        features["default"]
+fn the_library_has_none_of_the_command_lines_dependencies() {
+    let library = metadata();
+    let cli = package("zkguard-cli");
+    let deps = |p: &serde_json::Value| -> Vec<String> {
+        p["dependencies"]
             .as_array()
             .unwrap()
-            .contains(&"cli".into()),
-        "{features}"
-    );
-    let cli: Vec<&str> = features["cli"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap())
-        .collect();
+            .iter()
+            .filter(|d| d["kind"].is_null())
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect()
+    };
     for dep in [
         "clap",
         "clap_complete",
@@ -57,28 +59,30 @@ fn cli_dependencies_are_optional_behind_the_default_cli_feature() {
         "prometheus-client",
         "utoipa",
         "utoipa-axum",
+        "mimalloc",
+        "flate2",
     ] {
-        let normal = package["dependencies"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["name"] == dep && d["kind"].is_null())
-            .unwrap_or_else(|| panic!("{dep} is not a dependency"));
-        assert_eq!(normal["optional"], true, "{dep} must be optional");
         assert!(
-            cli.contains(&format!("dep:{dep}").as_str()),
-            "{dep} not in the cli feature: {cli:?}"
+            !deps(&library).contains(&dep.to_string()),
+            "the library depends on {dep}"
+        );
+        assert!(
+            deps(&cli).contains(&dep.to_string()),
+            "{dep} is not a dependency of the command line"
         );
     }
-    let bin = package["targets"]
+    let bin = cli["targets"]
         .as_array()
         .unwrap()
         .iter()
         .find(|t| t["name"] == "zkguard" && t["kind"][0] == "bin")
         .expect("the zkguard binary");
-    let required = bin["required-features"].as_array().unwrap();
-    assert!(required.contains(&"cli".into()), "{required:?}");
-    assert!(required.contains(&"testkit".into()), "{required:?}");
+    // The demo and the benchmarks are a default feature the service's image leaves out.
+    assert!(bin["required-features"].is_null(), "{bin}");
+    assert!(cli["features"]["default"]
+        .as_array()
+        .unwrap()
+        .contains(&"workload".into()));
 }
 
 #[test]

@@ -17,27 +17,20 @@
 mod acl;
 mod acquire;
 mod batch;
-mod carried;
 mod confirm;
 mod contender;
 mod driver;
 mod guard;
-mod handover;
+mod handoff;
 mod inspect;
 mod members;
-pub(crate) mod names;
 mod node;
-#[cfg(feature = "testkit")]
-pub mod protocol;
-#[cfg(not(feature = "testkit"))]
-pub(crate) mod protocol;
 mod reaper;
 mod release;
 mod release_batch;
 mod request_size;
 mod session;
 mod state;
-mod successor;
 mod tls;
 
 pub use acquire::{ZkBlockingWriteLock, ZkLockService, DEADLINE_OVERRUN};
@@ -47,6 +40,10 @@ pub use inspect::{
     MonitorWatch, StrayOutcome,
 };
 pub use names::QueueNode;
+/// The sans-IO core (the zkguard-proto crate): the queue names and the recipe's decisions.
+pub use zkguard_proto::{names, protocol};
+// The hand-off's files, by the names the driver's files use.
+pub(in crate::zk) use handoff::{carried, handover, successor};
 pub use node::NodeData;
 pub use protocol::TOKEN_BASE;
 pub use session::{wait_for_sessions_to_end, ZkSession};

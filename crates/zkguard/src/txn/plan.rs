@@ -43,7 +43,7 @@ pub(super) fn validate(
     settings: &TxnSettings,
     unstamped: &crate::write::stamping::IndexPatterns,
 ) -> Result<(), MultiError> {
-    super::super::validate_id("transaction", &req.id)
+    crate::transfer::validate_id("transaction", &req.id)
         .map_err(|e| MultiError::Invalid(e.to_string()))?;
     if req.operations.is_empty() {
         return Err(MultiError::Invalid(

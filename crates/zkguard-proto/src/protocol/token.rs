@@ -28,7 +28,7 @@ pub fn is_token(version: u64) -> bool {
 }
 
 /// The fencing token of a lock granted by transaction `zxid`.
-pub(crate) fn from_zxid(zxid: u64) -> u64 {
+pub fn from_zxid(zxid: u64) -> u64 {
     TOKEN_BASE.saturating_add(zxid)
 }
 

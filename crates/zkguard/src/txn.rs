@@ -53,6 +53,20 @@ pub use plan::parse_ndjson;
 pub use record::{read_record, Participant, TxnRecord};
 pub use recover::MultiRecovery;
 
+// The account-transfer recipe (`crate::transfer`), at the paths it had in this module.
+pub(crate) use crate::transfer::now_rfc3339;
+pub use crate::transfer::{
+    Account, Audit, Coordinator, HookAction, HookPoint, RecoveryReport, Rejection, RetryPolicy,
+    Step, StepHook, Transaction, TransferRequest, TxnError, TxnState, AUDIT_LIMIT, MAX_ID_LEN,
+};
+
+/// Document transactions at their former path, `zkguard::txn::multi`: the same items as
+/// [`crate::txn`].
+#[doc(hidden)]
+pub mod multi {
+    pub use super::*;
+}
+
 /// What an operation of a transaction does to its document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -16,10 +16,14 @@
 //!   the document-store layer [`es`];
 //! - [`eslock`]: an Elasticsearch-native lease lock behind the same [`LockService`] trait
 //!   ([`lock`]);
-//! - [`txn`]: two-phase-commit multi-document transactions.
+//! - [`txn`]: multi-document transactions (document transactions, formerly `txn::multi`);
+//! - [`transfer`]: the account-transfer recipe, a two-phase commit between account documents
+//!   (its items are also at their former paths, `zkguard::txn::Coordinator` and so on).
 //!
-//! With the `testkit` feature, `zkguard::testkit` starts local ZooKeeper and `osmem-server`
-//! processes for tests. `docs/architecture.md` shows how the modules fit together.
+//! The lock's sans-IO core is the `zkguard-proto` crate, re-exported as [`zk::protocol`],
+//! [`zk::names`] and [`zk::TOKEN_BASE`]. With the `testkit` feature, `zkguard::testkit` (the
+//! `zkguard-testkit` crate) starts local ZooKeeper and `osmem-server` processes for tests.
+//! `docs/architecture.md` shows how the crates and modules fit together.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -42,8 +46,11 @@ pub mod config;
 pub mod es;
 pub mod eslock;
 pub mod lock;
+/// Local ZooKeeper, osmem-server and tansu processes for tests, benchmarks and the demo: the
+/// zkguard-testkit crate, with the `testkit` feature.
 #[cfg(feature = "testkit")]
-pub mod testkit;
+pub use zkguard_testkit as testkit;
+pub mod transfer;
 pub mod txn;
 pub mod write;
 pub mod zk;

@@ -5,14 +5,14 @@
 use zookeeper_client::{Error as ZkError, MultiWriteError};
 
 use super::carried::{Joined, NextOps, Retry};
-use super::driver::multi_reply;
-use super::guard::LockGuard;
-use super::protocol::{MultiError, Reply};
 use crate::lock::Release;
+use crate::zk::driver::multi_reply;
+use crate::zk::guard::LockGuard;
+use crate::zk::protocol::{MultiError, Reply};
 
 /// A lock of the same session that an acquisition releases in its first multi
 /// (`LockGuard::release_with`), and where the release under way goes.
-pub(super) struct After<'r> {
+pub(in crate::zk) struct After<'r> {
     how: Carrier,
     release: &'r mut Option<Release>,
 }
@@ -26,7 +26,7 @@ enum Carrier {
 
 impl<'r> After<'r> {
     /// `previous`, whose release goes to `release` once under way.
-    pub(super) fn new(previous: LockGuard, release: &'r mut Option<Release>) -> Self {
+    pub(in crate::zk) fn new(previous: LockGuard, release: &'r mut Option<Release>) -> Self {
         Self {
             how: Carrier::Held(previous),
             release,
@@ -34,7 +34,7 @@ impl<'r> After<'r> {
     }
 
     /// Releases the lock on its own.
-    pub(super) fn release_alone(self) {
+    pub(in crate::zk) fn release_alone(self) {
         match self.how {
             Carrier::Held(previous) => *self.release = Some(previous.release()),
             // Dropped, the waiting release goes on its own.
@@ -44,7 +44,7 @@ impl<'r> After<'r> {
 
     /// Has the release send `ops` with it in one multi: before this returns for a held lock,
     /// once the release's task runs for a waiting one ([`Sent::now`]).
-    pub(super) fn send(self, ops: NextOps) -> Sent<'r> {
+    pub(in crate::zk) fn send(self, ops: NextOps) -> Sent<'r> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let now = match self.how {
             Carrier::Held(previous) => {
@@ -65,12 +65,12 @@ impl<'r> After<'r> {
 }
 
 /// Operations on their way with a release ([`After::send`]).
-pub(super) struct Sent<'r> {
+pub(in crate::zk) struct Sent<'r> {
     rx: tokio::sync::oneshot::Receiver<Joined>,
     release: &'r mut Option<Release>,
     /// Whether the request went out before `send` returned (a request sent after it is ordered
     /// behind the multi).
-    pub(super) now: bool,
+    pub(in crate::zk) now: bool,
 }
 
 impl<'r> Sent<'r> {
@@ -78,7 +78,7 @@ impl<'r> Sent<'r> {
     /// of them (nothing applied; then also the release, waiting for other operations), a lost
     /// answer, or `NotCarried` when the release's own part failed (nothing was applied, and
     /// the release went on its own).
-    pub(super) async fn answer(self) -> (Reply, Option<After<'r>>) {
+    pub(in crate::zk) async fn answer(self) -> (Reply, Option<After<'r>>) {
         let (reply, retry) = settle(self.rx.await);
         let waiting = retry.map(|retry| After {
             how: Carrier::Waiting(retry),
@@ -91,7 +91,7 @@ impl<'r> Sent<'r> {
 /// The answer of a waiter's take that a holder of its session carried in its release multi
 /// (`zk::successor`), as [`Sent::answer`] gives it; when one of the take's operations failed,
 /// the release goes on its own.
-pub(super) async fn joined_reply(answer: tokio::sync::oneshot::Receiver<Joined>) -> Reply {
+pub(in crate::zk) async fn joined_reply(answer: tokio::sync::oneshot::Receiver<Joined>) -> Reply {
     settle(answer.await).0
 }
 

@@ -25,7 +25,7 @@ mod types;
 pub use acquire::{Acquisition, Awaits, Leftovers, Outcome, Previous, Spec};
 pub use learned::{Lessons, SessionKnowledge};
 pub use remove::{child, is_ours, release_ops, Removal};
-pub(crate) use token::from_zxid;
+pub use token::from_zxid;
 pub use token::{is_token, TOKEN_BASE};
 pub use types::{
     Action, Code, Content, Fired, Input, Mode, MultiError, Op, OpResult, Read, Reply, Request,

@@ -1,8 +1,9 @@
 //! Local ZooKeeper and `osmem-server` processes on free loopback ports, for the demo, the
 //! benchmarks and the tests.
 //!
-//! Compiled with the `testkit` feature only: zkguard's own tests, examples and binary turn it on;
-//! a crate that uses zkguard adds `features = ["testkit"]` to its zkguard dev-dependency to start
+//! The library re-exports this crate as `zkguard::testkit` under its `testkit` feature: zkguard's
+//! own tests, examples and binary turn it on; a crate that uses zkguard adds `features =
+//! ["testkit"]` to its zkguard dev-dependency to start
 //! servers in its tests.
 //!
 //! Every server runs as a child process with its own temporary directory (configuration, data and
@@ -28,9 +29,9 @@
 //! temporary directories (data and logs) after the handles are dropped, for post-mortems.
 //!
 //! ```no_run
-//! use zkguard::testkit::{OsmemServer, ZkServer};
+//! use zkguard_testkit::{OsmemServer, ZkServer};
 //!
-//! # fn demo() -> Result<(), zkguard::testkit::ServerError> {
+//! # fn demo() -> Result<(), zkguard_testkit::ServerError> {
 //! let zk = ZkServer::builder().tick_time(500).start()?;
 //! let es = OsmemServer::start()?;
 //! println!("zookeeper at {}, elasticsearch API at {}", zk.connect_string(), es.url());
@@ -42,6 +43,8 @@
 // One module per server: `zookeeper` (standalone, with the TLS client port), `ensemble`,
 // `osmem`, `tansu`, `partition` (with `relay` and the ensemble's `links`); `process` (ports,
 // directories, child processes, logs), `four_letter` and `error` are shared.
+#![deny(missing_docs)]
+
 mod ensemble;
 mod error;
 mod four_letter;

@@ -636,7 +636,7 @@ fn config_path_errors_say_what_is_wrong() {
 
 #[test]
 fn shipped_properties_file_lists_every_key_with_its_default() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/zkguard.properties");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conf/zkguard.properties");
     let text = std::fs::read_to_string(&path).unwrap();
     let mut found = HashMap::new();
     java_properties::PropertiesIter::new_with_encoding(text.as_bytes(), encoding_rs::UTF_8)

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex as StdMutex};
 use tokio::sync::{oneshot, Notify};
 
 use super::carried::{Joined, NextOps};
-use super::driver::add_ops;
-use super::node::Paths;
-use super::protocol::{Awaits, Op};
+use crate::zk::driver::add_ops;
+use crate::zk::node::Paths;
+use crate::zk::protocol::{Awaits, Op};
 
 /// The waiters of one session that a holder of the same session may hand its lock to, by
 /// monitor path.
@@ -29,7 +29,7 @@ pub(crate) struct Successors {
 }
 
 /// A waiter at a hand-over point.
-pub(super) struct Waiter {
+pub(in crate::zk) struct Waiter {
     paths: Paths,
     awaits: Awaits,
     /// Its take of the mutex, and the bytes of the nodes it creates.
@@ -48,7 +48,7 @@ enum State {
 
 impl Successors {
     /// Registers a waiter of `paths`' monitor that waits for `awaits`, whose take is `ops`.
-    pub(super) fn register(
+    pub(in crate::zk) fn register(
         &self,
         paths: &Paths,
         awaits: Awaits,
@@ -73,7 +73,7 @@ impl Successors {
     }
 
     /// Ends a registration: the answer of the take a holder sent for the waiter, if one did.
-    pub(super) fn close(&self, waiter: &Arc<Waiter>) -> Option<oneshot::Receiver<Joined>> {
+    pub(in crate::zk) fn close(&self, waiter: &Arc<Waiter>) -> Option<oneshot::Receiver<Joined>> {
         {
             let mut map = self.waiting.lock().expect("successors");
             if let Some(list) = map.get_mut(&waiter.paths.monitor) {
@@ -91,7 +91,7 @@ impl Successors {
     }
 
     /// How many waiters are registered.
-    pub(super) fn len(&self) -> usize {
+    pub(in crate::zk) fn len(&self) -> usize {
         self.waiting
             .lock()
             .expect("successors")
@@ -101,7 +101,7 @@ impl Successors {
     }
 
     /// Whether a waiter of `monitor` would take a hand-over from the holder of queue node `node`.
-    pub(super) fn awaits(&self, monitor: &str, node: &str) -> bool {
+    pub(in crate::zk) fn awaits(&self, monitor: &str, node: &str) -> bool {
         self.find(monitor, node).is_some()
     }
 
@@ -120,7 +120,7 @@ impl Successors {
     /// session, if one waits for it: `release(held, ops, joined)` sends the holder's release
     /// multi carrying the waiter's take `ops` (before it returns) and tells the outcome through
     /// `joined`. `Err(held)` when no waiter is there to take it.
-    pub(super) fn hand_over<T, R>(
+    pub(in crate::zk) fn hand_over<T, R>(
         &self,
         monitor: &str,
         node: &str,
@@ -153,7 +153,7 @@ impl Successors {
 
 impl Waiter {
     /// Resolves once a holder claimed this waiter (at once if one did already).
-    pub(super) async fn claimed(&self) {
+    pub(in crate::zk) async fn claimed(&self) {
         self.claimed.notified().await;
     }
 }

@@ -1,4 +1,5 @@
-//! Multi-document transactions on Elasticsearch: a two-phase commit with a transaction log.
+//! The account-transfer recipe: a two-phase commit with a transaction log between account
+//! documents (its items are also at their former paths under `zkguard::txn`).
 //!
 //! Elasticsearch updates one document atomically, never several. A [`Coordinator`] moves units
 //! (money, stock, quota) from one account document to another so that the movement happens
@@ -46,7 +47,6 @@ use crate::es::{Doc, DocMeta, EsError};
 mod accounts;
 mod audit;
 mod coordinator;
-pub mod multi;
 mod recovery;
 mod requests;
 mod steps;
