@@ -223,6 +223,23 @@ fn a_mutex_deleted_by_an_operator_never_spreads_to_the_next_holder() {
     );
 }
 
+/// A background holder's release loses its connection before anything was applied; its careful
+/// deletes read the mutex as still its own; an operator deletes the mutex and the foreground
+/// contender first in line takes it (a new mutex, of the same data version 0); the careful
+/// delete, conditional on that version alone, would remove the new holder's mutex (issue 53's
+/// counterexample, found by the large scope). The careful delete of the mutex checks the
+/// monitor's data version read with it, which every take moves, in the same multi.
+#[test]
+fn a_careful_release_after_a_lost_connection_leaves_the_next_holders_mutex() {
+    exhaustive(
+        "2 clients x 1 cycle, operator deletes the mutex, 2 faults",
+        LockModel {
+            operator: true,
+            ..model(vec![(false, false, 1), (true, false, 1)], 2)
+        },
+    );
+}
+
 /// A client's next acquisition queues while it holds (a waiter of the holder's own session),
 /// and the release hands it the lock in one multi where it waits at a hand-over point; beside
 /// it, a client of another session and class, and a fault (lost answers included).

@@ -231,9 +231,13 @@ impl Acquisition {
         // Checked against the monitor's data version the take left, as a release is: should
         // someone have deleted the mutex meanwhile and the next in line taken it, the blind
         // delete would remove the new holder's mutex.
-        let version = self.take_version.take();
-        let mut removal =
-            Removal::give_back(self.spec.me, &self.attempt, version).with_flaw(self.spec.flaw);
+        // Without that version (a take found again after a lost answer, or a session that may
+        // not write monitor nodes), the careful deletes read the monitor's with the mutex.
+        let removal = match self.take_version.take() {
+            Some(version) => Removal::give_back(self.spec.me, &self.attempt, Some(version)),
+            None => Removal::careful(self.spec.me, &self.attempt, None, true, false),
+        };
+        let mut removal = removal.with_flaw(self.spec.flaw);
         match removal.start() {
             Action::Done => self.yielded(removal, then),
             action => {
