@@ -726,6 +726,31 @@ fn a_stalled_coordinator_holds_every_property() {
     );
 }
 
+/// Two transactions over both documents and a coordinator stalled past its session right after
+/// its lock check, its apply `_bulk` on its way: the other coordinator reads both documents, finds
+/// the first marked and undoes it, and reads again, when the second marked write has landed
+/// meanwhile. It decides the marks found by every read until one shows none: before, it took
+/// that second read's marked tombstone as its before-image and built its update on a rolled-back
+/// delete (issue 53's counterexample of "no acknowledged write is lost or reverted", found by a
+/// larger scope).
+#[test]
+fn a_late_write_seen_by_a_second_read_is_decided_too() {
+    txn_exhaustive(
+        "2 transactions x 2 documents, 1 stall",
+        TxnModel {
+            stalls: 1,
+            ..txn_model(
+                vec![
+                    [Some(Op::Update), Some(Op::Delete)],
+                    [Some(Op::Update), Some(Op::Update)],
+                ],
+                vec![],
+                0,
+            )
+        },
+    );
+}
+
 /// Recovery that undoes a pending transaction without moving its log to `rolling-back` first:
 /// the stalled coordinator's commit lands between recovery's reads and its last write, and the
 /// acknowledged commit is undone.
