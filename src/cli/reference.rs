@@ -1,7 +1,7 @@
 //! `zkguard reference cli|config|exit-status|http`: the references under `docs/reference/`,
 //! generated from their definitions (the command-line definition, the configuration keys, the
 //! exit statuses, the OpenAPI document). `make reference` rewrites the committed files and
-//! `tests/reference.rs` fails while they differ from what this prints.
+//! `tests/cli/reference.rs` fails while they differ from what this prints.
 
 use std::fmt::Write as _;
 
@@ -53,7 +53,7 @@ pub fn run(args: &ReferenceArgs, command: Command, openapi: &str) -> Result<u8, 
 
 fn generated(what: &str, command: &str) -> String {
     format!(
-        "<!-- Generated from {what} by `zkguard reference {command}`: do not edit. `make reference` rewrites this file; tests/reference.rs fails while it differs. -->\n\n"
+        "<!-- Generated from {what} by `zkguard reference {command}`: do not edit. `make reference` rewrites this file; tests/cli/reference.rs fails while it differs. -->\n\n"
     )
 }
 

@@ -355,7 +355,8 @@ async fn assemble(
             settings.txn.clone(),
         )
         .with_retry(zkguard::txn::RetryPolicy::from_settings(&settings.retry))
-        .with_stamp_settings(&settings.stamp),
+        .with_stamp_settings(&settings.stamp)
+        .with_stop_hook_for_tests(),
     );
     // A document found with a stopped transaction's mark is decided before a write builds on
     // it (src/write/marks.rs).
@@ -677,4 +678,53 @@ async fn connect_fleet(
         journal::kafka::KafkaJournalError::Partitions { .. } => CliError::new(EX_CONFIG, e),
         _ => CliError::new(EX_UNAVAILABLE, e),
     })
+}
+
+/// Fault injection for zkguard's own tests, honoured by debug builds only (release builds
+/// ignore it): with `ZKGUARD_TEST_HOOK_TXN_STOP=N@POINT` (N >= 1, POINT as `zkguard txn apply
+/// --pause-after` takes it: `committed`, `applied:1`, ...) every N-th document transaction's
+/// coordinator stops at POINT, as one killed there whose session ended: its locks go, its log
+/// and marks are left for the writers that find them and for recovery.
+trait StopHookForTests {
+    fn with_stop_hook_for_tests(self) -> Self;
+}
+
+impl StopHookForTests for zkguard::txn::multi::Transactions {
+    fn with_stop_hook_for_tests(self) -> Self {
+        let Some(spec) = std::env::var("ZKGUARD_TEST_HOOK_TXN_STOP")
+            .ok()
+            .filter(|_| cfg!(debug_assertions))
+        else {
+            return self;
+        };
+        let parsed = spec.split_once('@').and_then(|(every, point)| {
+            Some((every.parse::<u64>().ok()?.max(1), point.parse().ok()?))
+        });
+        match parsed {
+            Some((every, point)) => self.with_hook(Arc::new(StopEvery {
+                every,
+                point,
+                seen: std::sync::atomic::AtomicU64::new(0),
+            })),
+            None => panic!("ZKGUARD_TEST_HOOK_TXN_STOP={spec}: expected N@POINT, e.g. 3@committed"),
+        }
+    }
+}
+
+/// Stops every `every`-th transaction that reaches `point` there.
+struct StopEvery {
+    every: u64,
+    point: zkguard::txn::multi::Point,
+    seen: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl zkguard::txn::multi::MultiHook for StopEvery {
+    fn intervenes(&self, point: zkguard::txn::multi::Point) -> bool {
+        point == self.point
+    }
+
+    async fn stop_at(&self, _id: &str, point: zkguard::txn::multi::Point) -> bool {
+        point == self.point && self.seen.fetch_add(1, Ordering::Relaxed) % self.every == 0
+    }
 }

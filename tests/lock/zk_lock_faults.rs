@@ -357,6 +357,84 @@ async fn a_release_after_an_unseen_loss_leaves_the_next_holders_mutex() {
     next.unlock().await.unwrap();
 }
 
+/// A holder's release multi never reaches the server (the connection is cut before it): the
+/// release goes on with careful deletes, which read the mutex (still its own, version 0) and
+/// delete it by that version. Between the read and the delete, an operator deletes the mutex and
+/// the foreground contender first in line takes the lock: its mutex is version 0 too. The
+/// careful delete checks the monitor's data version, read with the mutex and moved by every
+/// take, in the same multi: it fails and leaves the new holder's mutex (issue 53's
+/// counterexample of the model check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_careful_release_leaves_the_mutex_an_operator_freed_for_the_next_holder() {
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let mut settings = zk_settings(&proxy.connect_string(), "careful-operator");
+    settings.session_timeout = Duration::from_secs(20);
+    let mut direct_settings = settings.clone();
+    direct_settings.servers = direct.clone();
+    let monitor = format!("{}/O1", settings.lock_root);
+    let mutex = format!("{monitor}/privateLock");
+
+    let sh = session(&settings).await;
+    let holder = ZkBlockingWriteLock::new("h", &sh, "O1")
+        .unwrap()
+        .with_type(LockType::Background)
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the holder watches its mutex",
+        || async { watched(zk, &mutex) },
+    )
+    .await;
+    let sf = session(&direct_settings).await;
+    let foreground = ZkBlockingWriteLock::new("f", &sf, "O1")
+        .unwrap()
+        .with_timeout(Duration::from_secs(30));
+    let next = tokio::spawn(async move { foreground.lock_with_timeout().await });
+    eventually(
+        Duration::from_secs(10),
+        "the foreground contender is first in line, waiting for the mutex",
+        || async { queued(&direct, &monitor, "A-").await == 1 },
+    )
+    .await;
+    // The release multi is cut before the server sees it; the careful deletes' reads are
+    // applied, their answers held.
+    proxy.hold_after(OP_GET_DATA);
+    proxy.cut_before(OP_MULTI);
+    let release = holder.release();
+    eventually(
+        Duration::from_secs(10),
+        "the careful deletes read the mutex, the answers held",
+        || async { proxy.cuts() == 1 && proxy.holds() == 1 },
+    )
+    .await;
+    let admin = zookeeper_client::Client::connect(&direct).await.unwrap();
+    admin.delete(&mutex, None).await.unwrap();
+    let next = next
+        .await
+        .unwrap()
+        .expect("the next in line takes the free mutex");
+    proxy.release_held();
+    let outcome = release.await;
+    let (_, stat) = admin
+        .get_data(&mutex)
+        .await
+        .unwrap_or_else(|e| panic!("the next holder's mutex is gone ({e}); release: {outcome:?}"));
+    assert_eq!(Some(stat.ephemeral_owner), sf.session_id());
+    assert!(next.is_held());
+    eventually(
+        Duration::from_secs(10),
+        "the holder's queue node went",
+        || async { queued(&direct, &monitor, "B-").await == 0 },
+    )
+    .await;
+    next.unlock().await.unwrap();
+}
+
 /// A starving background waiter is re-queued as foreground: its new node is created (the answer
 /// held) when the waiter is cancelled. Its clean-up removes both its old background node and the
 /// new one; before, the reaper checked the old node against the new attempt id and left it in

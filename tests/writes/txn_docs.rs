@@ -503,6 +503,108 @@ async fn a_transaction_never_builds_on_an_undecided_write() {
     assert_eq!(env.source("y").await, None);
 }
 
+/// Writes, once, a stalled coordinator's late marked write (`doc` with `version` on `id`) right
+/// after the first write sent through it: a transaction's first write after its read is the log
+/// move of a transaction whose mark it found.
+struct LateWrite {
+    store: Arc<dyn zkguard::es::DocStore>,
+    index: String,
+    id: String,
+    doc: std::sync::Mutex<Option<(serde_json::Value, u64)>>,
+}
+
+#[async_trait::async_trait]
+impl zkguard::es::StoreHook for LateWrite {
+    async fn after(
+        &self,
+        call: &zkguard::es::StoreCall<'_>,
+        _outcome: Result<(), &zkguard::es::EsError>,
+    ) -> Option<zkguard::es::EsError> {
+        use zkguard::es::StoreCall;
+        if !matches!(
+            call,
+            StoreCall::Index { .. } | StoreCall::Bulk { .. } | StoreCall::Delete { .. }
+        ) {
+            return None;
+        }
+        let late = self.doc.lock().unwrap().take();
+        if let Some((doc, version)) = late {
+            self.store
+                .index(
+                    &self.index,
+                    &self.id,
+                    &doc,
+                    zkguard::es::WriteCondition::ExternalGte(version),
+                    zkguard::es::Refresh::No,
+                )
+                .await
+                .expect("the late write lands (its token is above the stored version)");
+        }
+        None
+    }
+}
+
+/// A coordinator stalled past its locks with its apply `_bulk` on its way: its marked write of
+/// `x` has landed, that of `y` lands only after the next transaction read both documents (and
+/// found `x` marked). The next transaction undoes `x`, reads again and must decide the mark it
+/// now finds on `y` as well, not take the late write for `y`'s before-image: its update would
+/// carry the stalled transaction's write, which is rolled back (issue 53's counterexample of
+/// the model check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_marked_write_found_by_the_second_read_is_decided_too() {
+    let env = Env::new("late").await;
+    env.seed(&[("x", json!({"v": "0"})), ("y", json!({"v": "0"}))])
+        .await;
+    let stopping = env.transactions().await.with_hook(Arc::new(StopAfterFirst));
+    let e = stopping
+        .apply(
+            TxnRequest::new(vec![
+                TxnOp::update(&env.index, "x", json!({"a": "t1"})),
+                TxnOp::update(&env.index, "y", json!({"a": "t1"})),
+            ])
+            .with_id("t1"),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, MultiError::Interrupted { .. }), "{e}");
+    // What t1's `_bulk` would have written to `y`: its after-image, marked, with its token.
+    let t1 = env.transactions().await.get("t1").await.unwrap().unwrap();
+    let token = t1.participants[1].token;
+    let mut late = env.doc("x").await.expect("x marked by t1").source;
+    assert_eq!(late["zkguard"]["txn"], json!("t1"), "{late}");
+    late["zkguard"]["token"] = json!(token);
+    late["v"] = json!("0");
+    let hook = Arc::new(LateWrite {
+        store: env.store.clone(),
+        index: env.index.clone(),
+        id: "y".into(),
+        doc: std::sync::Mutex::new(Some((late, token))),
+    });
+    let store = Arc::new(zkguard::es::HookedStore::new(
+        env.store.clone(),
+        hook.clone(),
+    ));
+    let txns =
+        zkguard::txn::multi::Transactions::new(env.locks().await, store, env.settings.clone());
+    let out = txns
+        .apply(TxnRequest::new(vec![
+            TxnOp::update(&env.index, "x", json!({"b": "t2"})),
+            TxnOp::update(&env.index, "y", json!({"b": "t2"})),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(out.state, Decision::Committed, "{out:?}");
+    assert!(hook.doc.lock().unwrap().is_none(), "the late write landed");
+    let state = txns.recover("t1", Duration::from_secs(10)).await.unwrap();
+    assert_eq!(state, Some(MultiState::RolledBack));
+    assert_eq!(env.source("x").await, Some(json!({"v": "0", "b": "t2"})));
+    assert_eq!(
+        env.source("y").await,
+        Some(json!({"v": "0", "b": "t2"})),
+        "y carries no write of the rolled-back t1"
+    );
+}
+
 /// Stops a transaction (in this process) once the log says it is committed.
 struct StopAtCommit;
 

@@ -1,5 +1,5 @@
 //! The JSON bodies of the API as schemas: what the handlers answer and accept, field by field.
-//! The handlers build their answers with `serde_json`; the contract test (`tests/openapi.rs`)
+//! The handlers build their answers with `serde_json`; the contract test (`tests/service/openapi.rs`)
 //! and the fuzzer check that the answers conform to these.
 
 use utoipa::ToSchema;

@@ -42,7 +42,7 @@ mod stalled;
 
 pub use plan::{DemoEnv, DemoError, DemoPlan, DemoProgress};
 pub use run::run;
-// The rest of the demo's surface: the report's types and what `tests/demo.rs` (which compiles
+// The rest of the demo's surface: the report's types and what `tests/cli/demo.rs` (which compiles
 // this module tree on its own) uses; `zkguard demo` itself only prints the report.
 #[allow(unused_imports)]
 pub use {

@@ -99,7 +99,7 @@ impl Default for DemoPlan {
 
 impl DemoPlan {
     /// A smaller run (for tests and slow machines).
-    #[allow(dead_code)] // the binary does not use it; tests/demo.rs does
+    #[allow(dead_code)] // the binary does not use it; tests/cli/demo.rs does
     pub fn small() -> Self {
         Self {
             articles: 6,

@@ -1,7 +1,7 @@
 //! The priority-lock recipe's decisions as a sans-IO core: pure state machines that take
 //! ZooKeeper's answers and events and return the requests to send, in the manner of
 //! `quinn-proto` (or Curator's `LockInternalsDriver`). The async code of `zk::acquire` and
-//! `zk::release` performs what they ask; the model check (`tests/lock_model.rs`) runs the very
+//! `zk::release` performs what they ask; the model check (`crates/zkguard/tests/lock_model.rs`) runs the very
 //! same machines against a model of ZooKeeper and explores their interleavings.
 //!
 //! - [`Acquisition`]: queue (the fast path, a plain create, a create carried by the release of

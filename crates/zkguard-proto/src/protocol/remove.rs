@@ -296,7 +296,12 @@ impl Removal {
                 },
                 Input::Replies(replies),
             ) => {
-                // The read (behind the pass's sync) or the delete: the last answer.
+                // The read of the mutex comes with the monitor's (behind the pass's sync).
+                let monitor = match (deleting, on_mutex, replies.get(1)) {
+                    (false, true, Some(Reply::Data(Ok(read)))) => Some(read.stat.version),
+                    _ => None,
+                };
+                // The read or the delete: the last answer.
                 let reply = replies.into_iter().last();
                 let result: Result<Option<i32>, Code> = match (deleting, reply) {
                     // Read: ours (delete it, of that version), or not (leave it).
@@ -308,6 +313,17 @@ impl Removal {
                     (true, Some(Reply::Deleted(Ok(()) | Err(Code::NoNode | Code::BadVersion)))) => {
                         Ok(None)
                     }
+                    // The mutex's delete with the monitor's check: gone, or taken since.
+                    (true, Some(Reply::Multi(Ok(_)))) => Ok(None),
+                    (
+                        true,
+                        Some(Reply::Multi(Err(
+                            MultiError::Failed { code, .. } | MultiError::Request(code),
+                        ))),
+                    ) => match code {
+                        Code::NoNode | Code::BadVersion => Ok(None),
+                        code => Err(code),
+                    },
                     (_, Some(Reply::Data(Err(code)) | Reply::Deleted(Err(code)))) => Err(code),
                     _ => Err(Code::Other("a careful delete answered out of shape".into())),
                 };
@@ -318,10 +334,7 @@ impl Removal {
                             on_mutex,
                             deleting: true,
                         };
-                        send(vec![Request::Single(Op::Delete {
-                            target: self.careful_target(on_mutex),
-                            version: Some(version),
-                        })])
+                        send(vec![self.careful_delete(on_mutex, version, monitor)])
                     }
                     Ok(None) if on_mutex && self.node.is_some() => {
                         self.st = St::Careful {
@@ -361,27 +374,49 @@ impl Removal {
                     deleting,
                 },
                 Input::Replies(replies),
-            ) => match (deleting, replies.into_iter().next()) {
-                (false, Some(Reply::Data(Ok(read))))
-                    if is_ours(&read, self.me, &self.attempt, self.flaw) =>
-                {
-                    let target = child(&children[next]);
-                    self.st = St::SearchRead {
-                        children,
-                        next,
-                        deleting: true,
-                    };
-                    send(vec![Request::Single(Op::Delete {
-                        target,
-                        version: Some(read.stat.version),
-                    })])
+            ) => {
+                let target = child(&children[next]);
+                let on_mutex = target == Target::Mutex;
+                // The mutex's read comes after the monitor's, as in the careful deletes.
+                let monitor = match (deleting, on_mutex, replies.first()) {
+                    (false, true, Some(Reply::Data(Ok(read)))) => Some(read.stat.version),
+                    _ => None,
+                };
+                match (deleting, replies.into_iter().last()) {
+                    (false, Some(Reply::Data(Ok(read))))
+                        if is_ours(&read, self.me, &self.attempt, self.flaw) =>
+                    {
+                        self.st = St::SearchRead {
+                            children,
+                            next,
+                            deleting: true,
+                        };
+                        send(vec![self.careful_delete_of(
+                            target,
+                            read.stat.version,
+                            monitor,
+                        )])
+                    }
+                    (
+                        _,
+                        Some(
+                            Reply::Data(Err(Code::Lost(_)))
+                            | Reply::Deleted(Err(Code::Lost(_)))
+                            | Reply::Multi(Err(
+                                MultiError::Failed {
+                                    code: Code::Lost(_),
+                                    ..
+                                }
+                                | MultiError::Request(Code::Lost(_)),
+                            )),
+                        ),
+                    ) => {
+                        self.st = St::SearchBackoff;
+                        Action::Backoff
+                    }
+                    _ => self.search_from(children, next + 1),
                 }
-                (_, Some(Reply::Data(Err(Code::Lost(_))) | Reply::Deleted(Err(Code::Lost(_))))) => {
-                    self.st = St::SearchBackoff;
-                    Action::Backoff
-                }
-                _ => self.search_from(children, next + 1),
-            },
+            }
             (St::SearchBackoff, _) => {
                 self.st = St::SearchList;
                 search_list()
@@ -390,6 +425,38 @@ impl Removal {
                 self.st = st;
                 Action::Done
             }
+        }
+    }
+
+    /// The careful delete of a node read as ours at `version`. The mutex's goes in a multi that
+    /// checks the monitor's data version read right before it (`monitor`): the version of a
+    /// node names no node (every new mutex is version 0), so between the read and the delete
+    /// an operator may delete this mutex and the next in line take a new one that the delete
+    /// would remove; every take moves the monitor's version in its own transaction, and the
+    /// check fails instead. (A take by a session that may not write monitor nodes does not
+    /// move it: see `zookeeper-lock.md`, "Release".)
+    fn careful_delete(&self, on_mutex: bool, version: i32, monitor: Option<i32>) -> Request {
+        self.careful_delete_of(self.careful_target(on_mutex), version, monitor)
+    }
+
+    /// [`Removal::careful_delete`] of `target` (the mutex or a queue node).
+    fn careful_delete_of(&self, target: Target, version: i32, monitor: Option<i32>) -> Request {
+        let on_mutex = target == Target::Mutex;
+        let delete = Op::Delete {
+            target,
+            version: Some(version),
+        };
+        match (on_mutex, monitor) {
+            (true, Some(monitor)) if self.flaw != Some(Flaw::ReleaseUnchecked) => {
+                Request::Multi(vec![
+                    Op::Check {
+                        target: Target::Monitor,
+                        version: monitor,
+                    },
+                    delete,
+                ])
+            }
+            _ => Request::Single(delete),
         }
     }
 
@@ -409,10 +476,14 @@ impl Removal {
         // has not applied the lost request yet. Its read would show the node as still ours,
         // and the conditional delete, applied by the leader, would remove whoever's node has
         // that path and version by then (the next holder's mutex is version 0 again).
-        send(vec![
-            Request::Sync(Target::Monitor),
-            Request::GetData(self.careful_target(self.mutex)),
-        ])
+        // The mutex's read comes with the monitor's, read first: its data version, checked by
+        // the delete ([`Removal::careful_delete`]).
+        let mut requests = vec![Request::Sync(Target::Monitor)];
+        if self.mutex {
+            requests.push(Request::GetData(Target::Monitor));
+        }
+        requests.push(Request::GetData(self.careful_target(self.mutex)));
+        send(requests)
     }
 
     fn careful_done(&mut self, gone_before: bool) -> Action {
@@ -438,7 +509,12 @@ impl Removal {
             next,
             deleting: false,
         };
-        send(vec![Request::GetData(target)])
+        let mut requests = Vec::with_capacity(2);
+        if target == Target::Mutex {
+            requests.push(Request::GetData(Target::Monitor));
+        }
+        requests.push(Request::GetData(target));
+        send(requests)
     }
 
     fn finish(&mut self, outcome: Result<(), Code>) -> Action {

@@ -4,7 +4,7 @@
 //!
 //! The engine ([`super::Transactions`]: the coordinator, recovery and the writers that settle
 //! marks) calls these functions with [`Rules::PRODUCT`]; the model check
-//! (`tests/lock_model.rs`, `lock_model_support::txn`) explores the same functions against a
+//! (`crates/zkguard/tests/lock_model.rs`, `lock_model_support::txn`) explores the same functions against a
 //! model of Elasticsearch documents, with broken variants ([`TxnFlaw`]) that must each produce a
 //! counterexample. A change here is a change of both.
 

@@ -125,6 +125,7 @@ pub enum CoordPc {
     Read,
     /// Deciding the mark of another transaction found on its `k`-th participant.
     Resolve(usize, bool),
+    /// Reading again after deciding a mark wrote a document; its marks are decided in turn.
     Reread,
     /// Checks, then logs `pending` (or `rolled-back` when an update finds no document).
     Log,
@@ -426,14 +427,12 @@ impl TxnModel {
                 };
             }
             CoordPc::Read | CoordPc::Reread => {
+                // Every read's marks are decided, the second's too: a stalled coordinator's
+                // late write may have landed since the first (`resolve_marks`).
                 for &d in &parts {
                     c.read[d] = w.docs[d].clone();
                 }
-                c.pc = if c.pc == CoordPc::Read {
-                    CoordPc::Resolve(0, false)
-                } else {
-                    CoordPc::Log
-                };
+                c.pc = CoordPc::Resolve(0, false);
             }
             CoordPc::Resolve(k, changed) => {
                 if k == parts.len() {

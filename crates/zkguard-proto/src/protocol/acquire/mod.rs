@@ -504,8 +504,11 @@ impl Acquisition {
             (Awaiting::ReconnectionToCheckTake, Input::Connected) => {
                 self.awaiting = Awaiting::TakeCheckAnswer;
                 // A lagging follower may not have applied our create yet: read after a sync.
+                // The monitor is read first: its data version, should the mutex be ours, is the
+                // one our take left (read after the mutex, it may be a later take's).
                 send(vec![
                     Request::Sync(Target::Monitor),
+                    Request::GetData(Target::Monitor),
                     Request::GetData(Target::Mutex),
                 ])
             }

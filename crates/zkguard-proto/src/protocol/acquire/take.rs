@@ -3,7 +3,7 @@
 
 use super::super::remove::{is_ours, Removal};
 use super::super::types::{
-    Action, Code, Content, MultiError, Op, OpResult, Reply, Request, Stat, Target,
+    Action, Code, Content, MultiError, Op, OpResult, Reply, Request, Target,
 };
 use super::super::Flaw;
 use super::{code_of_opt, Acquisition, Awaiting, OnceGivenBack, Step};
@@ -177,6 +177,10 @@ impl Acquisition {
     pub(super) fn on_take_check(&mut self, replies: Vec<Reply>) -> Action {
         let mut replies = replies.into_iter();
         let synced = replies.next();
+        let monitor = match replies.next() {
+            Some(Reply::Data(Ok(read))) => Some(read.stat.version),
+            _ => None,
+        };
         let read = match (synced, replies.next()) {
             (Some(Reply::Synced(Ok(()) | Err(Code::NoNode))), Some(Reply::Data(read))) => read,
             (Some(Reply::Synced(Err(code))), _) => Err(code),
@@ -191,16 +195,16 @@ impl Acquisition {
         match read {
             Some(read) if is_ours(&read, self.spec.me, &self.attempt, self.spec.flaw) => {
                 self.holds_mutex = true;
-                // Verify the order as usual; the monitor's data version is still the one our
-                // take left, since nobody else took the mutex since.
+                // Verify the order as usual. The monitor's data version read before the mutex
+                // is the one our take left (nobody else can take the mutex while ours is
+                // there); one read later may be a later take's, should an operator delete our
+                // mutex and the next in line take it meanwhile.
+                self.take_version = if self.versioned { monitor } else { None };
                 self.send(
                     Awaiting::TakeVerifyAnswer {
                         zxid: read.stat.czxid,
                     },
-                    vec![
-                        Request::GetChildren(Target::Monitor),
-                        Request::GetData(Target::Monitor),
-                    ],
+                    vec![Request::GetChildren(Target::Monitor)],
                 )
             }
             _ => self.step(Step::Wait(Queue::default())),
@@ -213,16 +217,11 @@ impl Acquisition {
             Some(Reply::Children(Ok((children, _)))) => children,
             other => return self.fail(code_of_opt(other), "reading the queue"),
         };
-        let monitor: Stat = match replies.next() {
-            Some(Reply::Data(Ok(read))) => read.stat,
-            other => return self.fail(code_of_opt(other), "reading the monitor"),
-        };
         let queue = Queue::from_children(&children);
         if queue.position(self.node.as_deref().unwrap_or_default()) == Some(0) {
-            let version = self.versioned.then_some(monitor.version);
+            let version = self.take_version;
             return self.step(Step::Acquired { zxid, version });
         }
-        self.take_version = self.versioned.then_some(monitor.version);
         self.yield_mutex(OnceGivenBack::Continue(Step::Wait(Queue::default())))
     }
 
@@ -231,9 +230,13 @@ impl Acquisition {
         // Checked against the monitor's data version the take left, as a release is: should
         // someone have deleted the mutex meanwhile and the next in line taken it, the blind
         // delete would remove the new holder's mutex.
-        let version = self.take_version.take();
-        let mut removal =
-            Removal::give_back(self.spec.me, &self.attempt, version).with_flaw(self.spec.flaw);
+        // Without that version (a take found again after a lost answer, or a session that may
+        // not write monitor nodes), the careful deletes read the monitor's with the mutex.
+        let removal = match self.take_version.take() {
+            Some(version) => Removal::give_back(self.spec.me, &self.attempt, Some(version)),
+            None => Removal::careful(self.spec.me, &self.attempt, None, true, false),
+        };
+        let mut removal = removal.with_flaw(self.spec.flaw);
         match removal.start() {
             Action::Done => self.yielded(removal, then),
             action => {
