@@ -26,6 +26,7 @@ mod fleet_support;
 
 use std::time::Duration;
 
+use fleet_support::deploy;
 use fleet_support::run::{run, Plan};
 
 fn workload() -> Duration {
@@ -80,6 +81,24 @@ async fn a_fleet_on_the_kafka_journal_loses_nothing_across_kills_pauses_and_disk
             ));
         }
     }
+    // Every metric the fleet's alerts and dashboard name is on a live instance's page.
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&deploy::read(deploy::DASHBOARD)).unwrap();
+    let mut named = deploy::metric_names(&deploy::read(deploy::RULES));
+    for q in deploy::dashboard_queries(&dashboard) {
+        named.extend(deploy::metric_names(&q));
+    }
+    for name in named {
+        if !done
+            .metrics
+            .lines()
+            .any(|l| l.starts_with(&format!("{name}{{")))
+        {
+            problems.push(format!(
+                "{name} (named by the fleet's alerts or dashboard) is not on /metrics"
+            ));
+        }
+    }
     let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
     for v in &r.violations {
         let kind = format!("{v:?}");
@@ -109,4 +128,19 @@ async fn a_fleet_on_the_kafka_journal_loses_nothing_across_kills_pauses_and_disk
         problems.join("\n"),
         done.logs
     );
+}
+
+#[test]
+fn the_fleet_alerts_pass_promtool_are_tested_both_ways_and_documented() {
+    deploy::check_alerts();
+}
+
+#[test]
+fn every_query_of_the_fleet_dashboard_is_valid_promql() {
+    deploy::check_dashboard();
+}
+
+#[test]
+fn the_fleet_kubernetes_manifests_validate_and_keep_nothing_per_pod() {
+    deploy::check_kubernetes();
 }

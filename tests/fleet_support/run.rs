@@ -37,6 +37,8 @@ pub struct Done {
     pub report: Report,
     pub faults: Vec<Fault>,
     pub logs: String,
+    /// An instance's `/metrics` page at the end.
+    pub metrics: String,
 }
 
 /// Runs the fleet under `plan` and checks it.
@@ -75,6 +77,10 @@ pub async fn run(plan: Plan) -> Done {
     report
         .violations
         .extend(slow_takeovers(&report.takeovers, TAKEOVER_LIMIT));
+    let metrics = match Client::new().get(instances[0].url("/metrics")).send().await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(e) => format!("no /metrics: {e}"),
+    };
     let logs = instances
         .iter()
         .enumerate()
@@ -91,6 +97,7 @@ pub async fn run(plan: Plan) -> Done {
         report,
         faults,
         logs,
+        metrics,
     }
 }
 
