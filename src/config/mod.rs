@@ -57,8 +57,9 @@ pub(crate) use secrets::split_url_credentials;
 pub use secrets::{display_urls, is_secret_key, masked_value, redact_urls};
 pub use security::{EsTls, ZkAcl, ZkAclEntry, ZkAuth, ZkTls};
 pub use settings::{
-    DeadLetterSinkKind, EsLockSettings, EsSettings, KafkaSettings, LockBackendKind, RetrySettings,
-    ServerSettings, Settings, TxnSettings, ZkSettings,
+    DeadLetterSinkKind, EsLockSettings, EsSettings, JournalBackendKind, JournalKafkaSettings,
+    KafkaSettings, LockBackendKind, RetrySettings, ServerSettings, Settings, TxnSettings,
+    ZkSettings,
 };
 pub use sources::{env_var_for, EffectiveValue, ValueSource};
 pub use stamp::{StampSettings, MAX_STAMP_WINDOW};

@@ -212,6 +212,32 @@ pub struct TxnSettings {
     pub max_bytes: u64,
 }
 
+/// Where `zkguard serve` journals accepted background operations (`server.journal.backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JournalBackendKind {
+    /// A local file (`server.journal.path`): one host.
+    File,
+    /// A Kafka topic (`server.journal.kafka.*`): a fleet of instances.
+    Kafka,
+}
+
+/// The Kafka journal's settings (`server.journal.kafka.*`).
+#[derive(Debug, Clone)]
+pub struct JournalKafkaSettings {
+    /// Bootstrap brokers, `host:port` each (empty unless the backend is Kafka).
+    pub brokers: Vec<String>,
+    /// The journal topic.
+    pub topic: String,
+    /// Partitions of the topic (created with this many; another existing count is refused).
+    pub partitions: u32,
+    /// Replication factor of a topic that zkguard creates.
+    pub replication: u16,
+    /// Acknowledgement wait of a produce, and timeout of the other broker requests.
+    pub timeout: Duration,
+    /// Elasticsearch index of the partitions' progress and of the operations' outcomes.
+    pub index: String,
+}
+
 /// Settings of `zkguard serve`.
 #[derive(Debug, Clone)]
 pub struct ServerSettings {
@@ -227,6 +253,14 @@ pub struct ServerSettings {
     pub journal_max_bytes: u64,
     /// Start over a journal with damaged lines, skipping them (`server.journal.skip.corrupt`).
     pub journal_skip_corrupt: bool,
+    /// Where background operations are journaled (`server.journal.backend`).
+    pub journal_backend: JournalBackendKind,
+    /// The Kafka journal (`server.journal.kafka.*`), used when `journal_backend` is
+    /// [`JournalBackendKind::Kafka`].
+    pub journal_kafka: JournalKafkaSettings,
+    /// This instance's name among a fleet (`server.instance.id`; empty: `zkguard serve` uses the
+    /// host name and its listen port).
+    pub instance_id: String,
     /// Largest request body, in bytes.
     pub max_body: usize,
     /// Requests handled at once.

@@ -8,8 +8,9 @@ use std::time::Duration;
 use super::reader::Reader;
 use super::secrets::split_url_credentials;
 use super::settings::{
-    DeadLetterSinkKind, EsLockSettings, EsSettings, KafkaSettings, LockBackendKind, RetrySettings,
-    ServerSettings, Settings, TxnSettings, ZkSettings,
+    DeadLetterSinkKind, EsLockSettings, EsSettings, JournalBackendKind, JournalKafkaSettings,
+    KafkaSettings, LockBackendKind, RetrySettings, ServerSettings, Settings, TxnSettings,
+    ZkSettings,
 };
 use super::{gateway, grace, stamp, state, ConfigError};
 
@@ -183,7 +184,50 @@ impl Settings {
                     .collect()
             })
             .unwrap_or_default();
+        let journal_kafka = JournalKafkaSettings {
+            brokers: r.kafka_brokers("server.journal.kafka.brokers")?,
+            topic: r.kafka_name("server.journal.kafka.topic")?,
+            partitions: r.int::<u32>("server.journal.kafka.partitions", 1)?,
+            replication: r.int::<u16>("server.journal.kafka.replication", 1)?,
+            timeout: r.duration_min("server.journal.kafka.timeout", Duration::from_millis(100))?,
+            index: r.index_name("server.journal.kafka.index")?,
+        };
+        let journal_backend = match r.choice("server.journal.backend", &["file", "kafka"])? {
+            "kafka" => JournalBackendKind::Kafka,
+            _ => JournalBackendKind::File,
+        };
+        if journal_backend == JournalBackendKind::Kafka {
+            if journal_kafka.brokers.is_empty() {
+                return Err(r.err(
+                    "server.journal.kafka.brokers",
+                    "at least one host:port when server.journal.backend=kafka, e.g. kafka1:9092,kafka2:9092",
+                ));
+            }
+            if backend != LockBackendKind::ZooKeeper {
+                return Err(r.err(
+                    "server.journal.backend",
+                    "file while lock.backend=elasticsearch: the Kafka journal's partitions are owned through ZooKeeper locks (set lock.backend=zookeeper to use kafka)",
+                ));
+            }
+            if journal_kafka.partitions > 1000 {
+                return Err(r.err(
+                    "server.journal.kafka.partitions",
+                    "a count from 1 to 1000 (each partition is one ZooKeeper lock and one applier)",
+                ));
+            }
+        }
+        let instance_id = match r.optional_string("server.instance.id") {
+            Some(id) if id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c)) && id.len() <= 100 => id,
+            Some(_) => {
+                return Err(r.err(
+                    "server.instance.id",
+                    "1 to 100 ASCII letters, digits, - _ . or : (a ZooKeeper node name), or empty for the host name and listen port",
+                ))
+            }
+            None => String::new(),
+        };
         let own_indices = [
+            &journal_kafka.index,
             &txn.accounts_index,
             &txn.transactions_index,
             &txn.log_index,
@@ -220,6 +264,9 @@ impl Settings {
             },
             journal_path: state::resolve(&state_dir, &r.non_empty("server.journal.path")?),
             journal_skip_corrupt: r.boolean("server.journal.skip.corrupt")?,
+            journal_backend,
+            journal_kafka,
+            instance_id,
             queue_max: r.int::<usize>("server.queue.max", 1)?,
             queue_max_bytes: r.int::<u64>("server.queue.max.bytes", 1)?,
             // The journal keeps the outcomes of the last 10,000 operations (about 1.5 MB).

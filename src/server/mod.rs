@@ -136,17 +136,29 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         );
     }
     let listen = args.listen.unwrap_or(settings.server.listen);
-    let (journal, pending) = journal::Journal::open(
-        &settings.server.journal_path,
-        settings.server.journal_skip_corrupt,
-    )
-    .map_err(|e| match e {
-        journal::JournalError::InUse { .. } => CliError::new(EX_CONFIG, e),
-        journal::JournalError::Corrupt { .. } => CliError::new(EX_DATAERR, e),
-        journal::JournalError::Io { .. } | journal::JournalError::Full { .. } => {
-            CliError::new(EX_SOFTWARE, e)
-        }
-    })?;
+    let kafka_journal =
+        settings.server.journal_backend == zkguard::config::JournalBackendKind::Kafka;
+    let (journal, pending) = if kafka_journal {
+        // The operations are records of the topic: the table is in memory, and the partitions'
+        // owners load what they read.
+        let name = format!("kafka:{}", settings.server.journal_kafka.topic);
+        (
+            journal::Journal::in_memory(std::path::Path::new(&name)),
+            Vec::new(),
+        )
+    } else {
+        journal::Journal::open(
+            &settings.server.journal_path,
+            settings.server.journal_skip_corrupt,
+        )
+        .map_err(|e| match e {
+            journal::JournalError::InUse { .. } => CliError::new(EX_CONFIG, e),
+            journal::JournalError::Corrupt { .. } => CliError::new(EX_DATAERR, e),
+            journal::JournalError::Io { .. }
+            | journal::JournalError::Full { .. }
+            | journal::JournalError::Broker { .. } => CliError::new(EX_SOFTWARE, e),
+        })?
+    };
     journal.set_limits(journal::Limits {
         operations: settings.server.queue_max,
         bytes: settings.server.queue_max_bytes,
@@ -239,6 +251,16 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
         .local_addr()
         .map_err(|e| CliError::new(EX_SOFTWARE, e))?;
     state.ui.set_listening(bound.to_string());
+    if kafka_journal {
+        let fleet =
+            connect_fleet(&settings, &state, locks.clone(), doc_store.clone(), bound).await?;
+        tracing::info!(
+            topic = fleet.topic(),
+            instance = fleet.instance(),
+            "background operations are journaled in Kafka"
+        );
+        state.set_fleet(fleet);
+    }
     let gate_listener = match state.settings.gateway.listen {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
@@ -271,6 +293,14 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     state.enqueue(pending);
     let dispatcher = tokio::spawn(state::dispatch(state.clone(), queue, stop_rx.clone()));
     let monitor = tokio::spawn(state::monitor(state.clone(), stop_rx.clone()));
+    let fleet_owner = state.fleet().cloned().map(|fleet| {
+        let (state, mut stop) = (state.clone(), stop_rx.clone());
+        tokio::spawn(async move {
+            if state.elasticsearch_reached(&mut stop).await {
+                journal::kafka::owner::run(fleet, state, stop).await;
+            }
+        })
+    });
     let txn_recovery = tokio::spawn(txn_routes::recovery(state.clone(), stop_rx.clone()));
 
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| CliError::new(EX_SOFTWARE, e))?;
@@ -467,6 +497,9 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     startup.abort();
     let _ = dispatcher.await;
     let _ = monitor.await;
+    if let Some(owner) = fleet_owner {
+        let _ = owner.await;
+    }
     txn_recovery.abort();
     let stopped = state.stop_running(Duration::from_secs(5)).await;
     if state.journal.problem().is_some() {
@@ -491,4 +524,39 @@ pub async fn run(settings: Settings, args: ServeArgs) -> Result<u8, CliError> {
     drop(locks);
     tracing::info!("zkguard serve stopped");
     Ok(0)
+}
+
+/// Connects the Kafka journal (`server.journal.backend=kafka`): exits 78 for a topic with
+/// another partition count, 69 when the brokers or the index cannot be reached.
+async fn connect_fleet(
+    settings: &zkguard::config::Settings,
+    state: &Arc<AppState>,
+    locks: Arc<dyn zkguard::LockService>,
+    store: Arc<dyn DocStore>,
+    bound: std::net::SocketAddr,
+) -> Result<Arc<journal::kafka::KafkaJournal>, CliError> {
+    let Backend::ZooKeeper(session) = &state.backend else {
+        return Err(CliError::new(
+            EX_CONFIG,
+            "server.journal.backend=kafka needs lock.backend=zookeeper",
+        ));
+    };
+    let instance = match settings.server.instance_id.as_str() {
+        "" => format!("{}:{}", session.host(), bound.port()),
+        id => id.to_string(),
+    };
+    journal::kafka::KafkaJournal::connect(
+        &settings.server.journal_kafka,
+        instance,
+        state.journal.clone(),
+        store,
+        session.clone(),
+        locks,
+        settings.server.queue_max,
+    )
+    .await
+    .map_err(|e| match e {
+        journal::kafka::KafkaJournalError::Partitions { .. } => CliError::new(EX_CONFIG, e),
+        _ => CliError::new(EX_UNAVAILABLE, e),
+    })
 }

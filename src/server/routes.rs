@@ -361,11 +361,11 @@ async fn readyz(
             }
         });
     }
-    if let Some(p) = state.journal.problem() {
+    if let Some(p) = state.journal_problem() {
         problems.push(if detailed {
             p
         } else {
-            "the journal cannot record outcomes (send a bearer token for details)".to_string()
+            "the journal cannot record outcomes or take operations (send a bearer token for details)".to_string()
         });
     }
     if let Err(p) = state.ping_es().await {

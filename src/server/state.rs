@@ -17,6 +17,7 @@ use zkguard::write::ops::Operation;
 use zkguard::ZkSession;
 
 use super::hub::Hub;
+use super::journal::kafka::{JournalStatus, KafkaJournal};
 use super::journal::{Finished, Journal, OpState};
 use super::locks::ExplicitLocks;
 use super::metrics::Metrics;
@@ -69,6 +70,9 @@ pub struct AppState {
     pub events: Arc<Hub>,
     /// What the status page (`GET /ui`) shares between its viewers.
     pub ui: super::ui_cache::UiCache,
+    /// The Kafka journal (`server.journal.backend=kafka`), set once at start; `journal` is then
+    /// its in-memory table of operation states.
+    fleet: std::sync::OnceLock<Arc<KafkaJournal>>,
     queue: mpsc::UnboundedSender<Operation>,
     waiting: AtomicUsize,
     es_ok: watch::Sender<Result<(), String>>,
@@ -135,6 +139,7 @@ impl AppState {
             metrics,
             events,
             ui: super::ui_cache::UiCache::default(),
+            fleet: std::sync::OnceLock::new(),
             backend,
             store,
             fg_timeout,
@@ -155,6 +160,42 @@ impl AppState {
             counted_tokens: std::sync::Mutex::new(std::collections::VecDeque::new()),
         };
         (Arc::new(state), rx)
+    }
+
+    /// Sets the Kafka journal (once, at start).
+    pub fn set_fleet(&self, fleet: Arc<KafkaJournal>) {
+        let _ = self.fleet.set(fleet);
+    }
+
+    /// The Kafka journal, when `server.journal.backend=kafka`.
+    pub fn fleet(&self) -> Option<&Arc<KafkaJournal>> {
+        self.fleet.get()
+    }
+
+    /// The Kafka journal's status: each partition's owner, committed and end offsets, lag and
+    /// oldest unapplied operation (refreshed every second). `None` with the file journal.
+    #[allow(dead_code)] // read by the operator surfaces (status page, /metrics, zkguard journal)
+    pub fn journal_status(&self) -> Option<JournalStatus> {
+        self.fleet().map(|f| f.status())
+    }
+
+    /// Why the journal cannot take or record operations now, if it cannot: the file journal
+    /// cannot record outcomes, or the Kafka journal's broker does not take writes.
+    pub fn journal_problem(&self) -> Option<String> {
+        self.journal
+            .problem()
+            .or_else(|| self.fleet().and_then(|f| f.problem()))
+    }
+
+    /// Stops the background operations `ids` if they are running (their partition went to
+    /// another instance).
+    pub fn abort_ops(&self, ids: &[Uuid]) {
+        let running = self.running.borrow();
+        for id in ids {
+            if let Some(handle) = running.get(id) {
+                handle.abort();
+            }
+        }
     }
 
     /// Why the lock backend cannot be used now, if it cannot. Instant (no request).
@@ -296,6 +337,16 @@ impl AppState {
     }
 }
 
+impl super::journal::kafka::owner::Dispatch for AppState {
+    fn enqueue(&self, ops: Vec<Operation>) {
+        AppState::enqueue(self, ops);
+    }
+
+    fn abort_ops(&self, ids: &[Uuid]) {
+        AppState::abort_ops(self, ids);
+    }
+}
+
 /// Watches the lock backend and Elasticsearch: reconnects an expired ZooKeeper session, keeps
 /// the readiness gauge and the reconnect counter. Runs until `stop` turns true.
 pub async fn monitor(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
@@ -358,13 +409,20 @@ pub async fn dispatch(
     // one batch (one fsync), instead of one blocking task per operation.
     let (outcomes, mut recorded) = mpsc::unbounded_channel::<Finished>();
     let journal = state.journal.clone();
+    let fleet_state = state.clone();
     tokio::spawn(async move {
         while let Some(first) = recorded.recv().await {
             let mut all = vec![first];
             while let Ok(more) = recorded.try_recv() {
                 all.push(more);
             }
-            if let Err(e) = journal.finish_all(all).await {
+            let fleet = fleet_state.fleet().cloned();
+            let for_fleet = fleet.as_ref().map(|_| all.clone());
+            let failed = journal.finish_all(all).await;
+            if let (Some(fleet), Some(all)) = (fleet, for_fleet) {
+                fleet.finished(&all).await;
+            }
+            if let Err(e) = failed {
                 tracing::error!(error = %e, "cannot record outcomes in the journal: no background operation starts and nothing new is accepted until they are recorded");
                 journal.outcomes_failed(&e);
                 // Until the file can be rewritten with every outcome known in memory (space
@@ -396,6 +454,12 @@ pub async fn dispatch(
                 changed = journal_problem.changed() => if changed.is_err() { return },
                 _ = stop.changed() => return,
             }
+        }
+        // An operation of a Kafka journal partition no longer owned here: the new owner
+        // applies it.
+        if state.fleet().is_some_and(|f| !f.may_start(&op)) {
+            state.waiting.fetch_sub(1, Ordering::Relaxed);
+            continue;
         }
         let handle = tokio::select! {
             h = state.executor.submit(op.clone()) => h,

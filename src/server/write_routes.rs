@@ -391,8 +391,16 @@ pub(super) async fn accept(
     // operations are journaled still queues them.
     let st = state.clone();
     let journaled = tokio::spawn(async move {
-        let fresh = st.journal.accept(ops).await?;
-        st.enqueue(fresh);
+        match st.fleet() {
+            // Queued by the partition's owner once it reads the records.
+            Some(fleet) => {
+                fleet.accept(ops).await?;
+            }
+            None => {
+                let fresh = st.journal.accept(ops).await?;
+                st.enqueue(fresh);
+            }
+        }
         Ok::<(), super::journal::JournalError>(())
     })
     .await
@@ -441,6 +449,9 @@ pub(super) async fn get_operation(
     let wait =
         super::params::wait_param(&state, query.as_deref(), &[], "GET /v1/operations/{id}")?.0;
     let mut outcomes = state.journal.watch_outcomes();
+    if let Some(fleet) = state.fleet() {
+        return fleet_operation(&state, fleet, &id, &asked, wait).await;
+    }
     let mut entry = known_operation(&state, &id, &asked)?;
     let Some(wait) = wait else {
         return Ok(Json(operation_json(&id, &entry)));
@@ -460,6 +471,58 @@ pub(super) async fn get_operation(
     drop(waiting);
     state.metrics.waited("operation", outcome);
     Ok(Json(operation_json(&id, &entry)))
+}
+
+/// How often a wait on the Kafka journal looks for an outcome recorded by another instance.
+const FLEET_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// `GET /v1/operations/{id}` with the Kafka journal: the outcome recorded by whichever
+/// instance applied it (the journal's index), else queued if accepted or read here; with
+/// `wait`, looked for again on every outcome recorded here and every [`FLEET_POLL`] until the
+/// wait ends (an id unknown here is then looked for too, since another instance may have
+/// accepted it).
+async fn fleet_operation(
+    state: &Arc<AppState>,
+    fleet: &Arc<super::journal::kafka::KafkaJournal>,
+    id: &Uuid,
+    asked: &str,
+    wait: Option<std::time::Duration>,
+) -> Result<Json<Value>, ApiError> {
+    let mut outcomes = state.journal.watch_outcomes();
+    let mut entry = fleet.lookup(id).await;
+    let Some(wait) = wait else {
+        return entry
+            .map(|e| Json(operation_json(id, &e)))
+            .ok_or_else(|| unknown_operation(asked));
+    };
+    let waiting = super::params::Waiting::new(&state.metrics);
+    let deadline = tokio::time::Instant::now() + wait;
+    let outcome = loop {
+        if entry.as_ref().is_some_and(|e| e.state() != OpState::Queued) {
+            break "changed";
+        }
+        tokio::select! {
+            _ = outcomes.changed() => {}
+            _ = tokio::time::sleep(FLEET_POLL) => {}
+            _ = tokio::time::sleep_until(deadline) => break "timeout",
+        }
+        entry = fleet.lookup(id).await;
+    };
+    drop(waiting);
+    state.metrics.waited("operation", outcome);
+    entry
+        .map(|e| Json(operation_json(id, &e)))
+        .ok_or_else(|| unknown_operation(asked))
+}
+
+fn unknown_operation(asked: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_operation",
+        format!(
+            "no operation {asked} is known: it was never accepted, or its outcome is older than those kept"
+        ),
+    )
 }
 
 fn known_operation(state: &AppState, id: &Uuid, asked: &str) -> Result<Entry, ApiError> {

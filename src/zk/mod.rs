@@ -24,6 +24,7 @@ mod driver;
 mod guard;
 mod handover;
 mod inspect;
+mod members;
 pub(crate) mod names;
 mod node;
 #[cfg(feature = "testkit")]

@@ -128,6 +128,9 @@ impl Journal {
     /// that needs the room). A compaction running beside the table is superseded: it finds
     /// itself so at its end and leaves the file alone.
     pub(super) fn compact(&self, inner: &mut Inner) -> Result<(), JournalError> {
+        if self.memory {
+            return Ok(());
+        }
         inner.compacting = None;
         let tmp = sibling(&self.path, ".tmp");
         let (_, bytes) = self.write_snapshot(&tmp, &Self::snapshot(inner))?;
@@ -138,7 +141,7 @@ impl Journal {
 
     /// Whether the journal has grown enough for a compaction and none is running.
     pub(super) fn compaction_due(&self, inner: &Inner) -> bool {
-        inner.appended >= self.compact_every && inner.compacting.is_none()
+        !self.memory && inner.appended >= self.compact_every && inner.compacting.is_none()
     }
 
     /// Compacts the journal beside the table (see the module's documentation), on the calling

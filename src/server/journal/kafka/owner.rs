@@ -1,0 +1,517 @@
+//! Partition ownership and the appliers of the Kafka journal.
+//!
+//! Every second, [`run`] registers this instance as a member of the fleet
+//! (`<zookeeper.lock.root>-members/journal-<topic>/<instance>`, ephemeral), lists the members,
+//! and balances: partition `p` is preferred by member `p % n` of the sorted list, each member's
+//! fair share is `ceil(partitions / n)`. An instance tries the lock of each partition it prefers,
+//! and of any other while it owns fewer than its share (a try that never waits); it releases
+//! partitions it does not prefer while it owns more than its share (after applying what it
+//! read). A dead instance's locks go with its ZooKeeper session: the others take its partitions
+//! at their next round, within the session timeout and a second.
+//!
+//! An applier ([`apply`]) claims its partition's progress with its token, reads records from
+//! the committed offset, queues their operations for the dispatcher in partition order, and
+//! commits the offset before the first operation not finished, fenced by its token. Its lock
+//! lost or its progress written by a newer owner, it stops at once: the dispatcher starts none
+//! of its operations any more ([`Owned::may_start`]), those running are stopped, and their
+//! outcomes are not recorded ([`Owned::still_ours`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rskafka::client::error::{Error as RsError, ProtocolError};
+use rskafka::client::partition::OffsetAt;
+use tokio::sync::{watch, Notify};
+use uuid::Uuid;
+use zkguard::write::ops::Operation;
+use zkguard::{Guard, LockError, LockRequest, LockType};
+
+use super::parts::{lock, Part, PartState};
+use super::progress::{self, Progress, ProgressError};
+use super::{end_offset, KafkaJournal, PartitionStatus};
+
+/// Most operations of one partition read and not finished yet.
+const READ_AHEAD: usize = 4096;
+/// Most bytes one fetch asks for.
+const FETCH_BYTES: i32 = 4 * 1024 * 1024;
+/// How long a fetch waits for records that are not there yet.
+const FETCH_WAIT_MS: i32 = 100;
+/// Least time between two commits of a partition's progress.
+const COMMIT_EVERY: Duration = Duration::from_millis(200);
+/// How long a partition given up to another instance may take to finish what it read.
+const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+/// How often ownership is balanced and the status refreshed.
+const ROUND: Duration = Duration::from_secs(1);
+
+/// What the appliers need of the service: queueing operations for the dispatcher, and
+/// stopping those running (implemented by the service's state).
+pub trait Dispatch: Send + Sync + 'static {
+    /// Queues operations for the executor, in order.
+    fn enqueue(&self, ops: Vec<Operation>);
+    /// Stops the operations `ids` if they are running.
+    fn abort_ops(&self, ids: &[Uuid]);
+}
+
+fn monitor_of(topic: &str, partition: i32) -> String {
+    format!("zkguard-journal-{topic}-{partition}")
+}
+
+/// Balances ownership and refreshes the status every second until `stop` turns true, then
+/// gives every partition up (their progress committed). Started once Elasticsearch answered.
+pub async fn run(
+    fleet: Arc<KafkaJournal>,
+    state: Arc<dyn Dispatch>,
+    mut stop: watch::Receiver<bool>,
+) {
+    if let Err(e) = progress::ensure_index(fleet.store.as_ref(), &fleet.settings.index).await {
+        tracing::warn!(index = %fleet.settings.index, error = %e, "cannot create the journal's index; the partitions' progress cannot be committed until it can");
+    }
+    let group = format!("journal-{}", fleet.settings.topic);
+    loop {
+        if let Err(e) = fleet.session.join_members(&group, &fleet.instance).await {
+            tracing::debug!(error = %e, "cannot register as a member of the fleet yet");
+        }
+        match fleet.session.members(&group).await {
+            Ok(members) => {
+                balance(&fleet, &state, &members, &stop).await;
+                lock(&fleet.status).members = members;
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot list the fleet's members"),
+        }
+        refresh_status(&fleet).await;
+        tokio::select! {
+            _ = tokio::time::sleep(ROUND) => {}
+            _ = stop.changed() => break,
+        }
+    }
+    // The appliers see the stop and commit what finished; wait for them a little.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !lock(&fleet.owned.parts).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One round of balancing (see the module documentation).
+async fn balance(
+    fleet: &Arc<KafkaJournal>,
+    state: &Arc<dyn Dispatch>,
+    members: &[String],
+    stop: &watch::Receiver<bool>,
+) {
+    let me = fleet.instance.as_str();
+    let mut members: Vec<&str> = members.iter().map(String::as_str).collect();
+    if !members.contains(&me) {
+        members.push(me);
+        members.sort_unstable();
+    }
+    let n = members.len();
+    let count = fleet.partitions.len();
+    let share = count.div_ceil(n);
+    let preferred = |p: i32| members[p as usize % n] == me;
+    let owned = fleet.owned.owned();
+    let mut keeping: Vec<i32> = owned.iter().filter(|(_, d)| !d).map(|(p, _)| *p).collect();
+    if keeping.len() > share {
+        let mut extra: Vec<i32> = keeping.iter().copied().filter(|p| !preferred(*p)).collect();
+        extra.truncate(keeping.len() - share);
+        for p in &extra {
+            if let Some(part) = lock(&fleet.owned.parts).get(p) {
+                tracing::info!(
+                    partition = p,
+                    "giving a journal partition up to another instance"
+                );
+                part.draining.store(true, Ordering::Relaxed);
+                part.wake.notify_one();
+            }
+        }
+        keeping.retain(|p| !extra.contains(p));
+    }
+    for p in 0..count as i32 {
+        if owned.iter().any(|(o, _)| *o == p) {
+            continue;
+        }
+        if !preferred(p) && keeping.len() >= share {
+            continue;
+        }
+        if try_own(fleet, state, p, stop).await {
+            keeping.push(p);
+        }
+    }
+}
+
+/// Tries partition `p`'s lock once; on success claims its progress and starts its applier.
+async fn try_own(
+    fleet: &Arc<KafkaJournal>,
+    state: &Arc<dyn Dispatch>,
+    p: i32,
+    stop: &watch::Receiver<bool>,
+) -> bool {
+    let topic = &fleet.settings.topic;
+    let request = LockRequest::new(monitor_of(topic, p), "Journal Partition")
+        .with_type(LockType::Background)
+        .with_timeout(Duration::ZERO);
+    let guard: Arc<dyn Guard> = match fleet.locks.acquire(request).await {
+        Ok(g) => Arc::from(g),
+        Err(LockError::Timeout { .. }) => return false,
+        Err(e) => {
+            tracing::debug!(partition = p, error = %e, "cannot try a journal partition's lock");
+            return false;
+        }
+    };
+    let token = guard.fencing_token();
+    let store = fleet.store.as_ref();
+    let index = &fleet.settings.index;
+    let claimed = match progress::read(store, index, topic, p).await {
+        Ok(found) => {
+            let claim = Progress {
+                owner: Some(fleet.instance.clone()),
+                token,
+                ..found
+            };
+            progress::write(store, index, topic, p, &claim)
+                .await
+                .map(|()| claim)
+        }
+        Err(e) => Err(e),
+    };
+    let claim = match claimed {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(partition = p, error = %e, "cannot claim a journal partition's progress; its lock is released");
+            return false;
+        }
+    };
+    tracing::info!(
+        partition = p,
+        token,
+        offset = claim.offset,
+        "applying a journal partition"
+    );
+    let generation = fleet.owned.generation.fetch_add(1, Ordering::Relaxed) + 1;
+    let part = Arc::new(Part {
+        partition: p,
+        generation,
+        guard,
+        state: Mutex::new(PartState {
+            next: claim.offset,
+            last_accepted: claim.accepted,
+            committed: claim,
+            ..PartState::default()
+        }),
+        wake: Notify::new(),
+        draining: AtomicBool::new(false),
+    });
+    lock(&fleet.owned.parts).insert(p, part.clone());
+    tokio::spawn(apply(fleet.clone(), state.clone(), part, stop.clone()));
+    true
+}
+
+/// Why an applier ended.
+#[derive(Debug)]
+enum End {
+    Lost,
+    Deposed,
+    GivenUp,
+    Shutdown,
+}
+
+/// Applies one owned partition until its lock is lost, it is given up, or the service stops.
+async fn apply(
+    fleet: Arc<KafkaJournal>,
+    state: Arc<dyn Dispatch>,
+    part: Arc<Part>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let p = part.partition;
+    let mut last_commit = Instant::now();
+    let mut drain_since: Option<Instant> = None;
+    let end = loop {
+        if *stop.borrow() {
+            let _ = commit(&fleet, &part).await;
+            break End::Shutdown;
+        }
+        if !part.guard.is_held() {
+            break End::Lost;
+        }
+        let draining = part.draining.load(Ordering::Relaxed);
+        let waiting = lock(&part.state).inflight.len();
+        if draining {
+            let since = *drain_since.get_or_insert_with(Instant::now);
+            if waiting == 0 || since.elapsed() > DRAIN_LIMIT {
+                if let Err(ProgressError::Deposed { .. }) = commit(&fleet, &part).await {
+                    break End::Deposed;
+                }
+                break End::GivenUp;
+            }
+        }
+        if !draining && waiting < READ_AHEAD {
+            let next = lock(&part.state).next;
+            let pc = fleet.partitions[p as usize].clone();
+            tokio::select! {
+                fetched = pc.fetch_records(next, 1..FETCH_BYTES, FETCH_WAIT_MS) => {
+                    match fetched {
+                        Ok((records, _)) => load(&fleet, state.as_ref(), &part, records),
+                        Err(e) => fetch_failed(&fleet, &part, e).await,
+                    }
+                }
+                _ = part.guard.lost() => break End::Lost,
+                _ = stop.changed() => continue,
+            }
+        } else {
+            tokio::select! {
+                _ = part.wake.notified() => {}
+                _ = tokio::time::sleep(COMMIT_EVERY) => {}
+                _ = part.guard.lost() => break End::Lost,
+                _ = stop.changed() => continue,
+            }
+        }
+        if last_commit.elapsed() >= COMMIT_EVERY {
+            last_commit = Instant::now();
+            match commit(&fleet, &part).await {
+                Err(ProgressError::Deposed { .. }) => break End::Deposed,
+                Err(e) => {
+                    tracing::warn!(partition = p, error = %e, "cannot commit a journal partition's progress; trying again")
+                }
+                Ok(()) => {}
+            }
+        }
+    };
+    finish(&fleet, state.as_ref(), &part, end);
+}
+
+/// Loads fetched records: gives each its acceptance time in partition order, queues the
+/// operations not known yet.
+fn load(
+    fleet: &KafkaJournal,
+    state: &dyn Dispatch,
+    part: &Part,
+    records: Vec<rskafka::record::RecordAndOffset>,
+) {
+    let p = part.partition;
+    let mut fresh: Vec<Operation> = Vec::new();
+    let mut st = lock(&part.state);
+    for r in records {
+        if r.offset < st.next {
+            continue;
+        }
+        st.next = r.offset + 1;
+        let Some(value) = r.record.value.as_deref() else {
+            continue;
+        };
+        let mut op: Operation = match serde_json::from_slice(value) {
+            Ok(op) => op,
+            Err(e) => {
+                tracing::warn!(partition = p, offset = r.offset, error = %e, "skipping a journal record that is not a zkguard operation");
+                continue;
+            }
+        };
+        let at = op.accepted.unwrap_or(0).max(st.last_accepted + 1);
+        op.accepted = Some(at);
+        st.last_accepted = at;
+        st.accepted.insert(r.offset, at);
+        match fleet.table.get(&op.id) {
+            Some(e) if e.finished.is_some() => continue,
+            Some(_) => {}
+            None => {
+                fleet.table.load(&op, value.len() as u64);
+                lock(&fleet.owned.ids).insert(op.id, (p, part.generation));
+                fresh.push(op.clone());
+            }
+        }
+        st.inflight.insert(r.offset, op.id);
+        st.offsets.entry(op.id).or_default().push(r.offset);
+    }
+    drop(st);
+    state.enqueue(fresh);
+}
+
+/// A fetch failed: an offset gone from the topic (retention) moves to the earliest one, with
+/// an error naming the loss; anything else waits a moment.
+async fn fetch_failed(fleet: &KafkaJournal, part: &Part, e: RsError) {
+    let p = part.partition;
+    if let RsError::ServerError {
+        protocol_error: ProtocolError::OffsetOutOfRange,
+        ..
+    } = e
+    {
+        let pc = &fleet.partitions[p as usize];
+        if let Ok(earliest) = pc.get_offset(OffsetAt::Earliest).await {
+            let mut st = lock(&part.state);
+            if st.next < earliest {
+                tracing::error!(partition = p, from = st.next, to = earliest, "journal records were deleted by the topic's retention before they were applied: their operations are lost; raise the topic's retention.ms");
+                st.next = earliest;
+            }
+        }
+        return;
+    }
+    tracing::debug!(partition = p, error = %e, "cannot fetch journal records yet");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// Commits the offset before the first unfinished record (if it moved), fenced by the token.
+async fn commit(fleet: &KafkaJournal, part: &Part) -> Result<(), ProgressError> {
+    let progress = {
+        let st = lock(&part.state);
+        let offset = st.inflight.keys().next().copied().unwrap_or(st.next);
+        if offset <= st.committed.offset {
+            return Ok(());
+        }
+        let accepted = st
+            .accepted
+            .range(..offset)
+            .next_back()
+            .map_or(st.committed.accepted, |(_, a)| *a);
+        Progress {
+            offset,
+            accepted,
+            owner: Some(fleet.instance.clone()),
+            token: part.guard.fencing_token(),
+        }
+    };
+    if !part.guard.is_held() {
+        return Ok(());
+    }
+    let s = &fleet.settings;
+    progress::write(
+        fleet.store.as_ref(),
+        &s.index,
+        &s.topic,
+        part.partition,
+        &progress,
+    )
+    .await?;
+    let mut st = lock(&part.state);
+    let keep_from = progress.offset - 1;
+    st.accepted = st.accepted.split_off(&keep_from);
+    st.committed = progress;
+    Ok(())
+}
+
+/// An applier ended: its partition is no longer owned here; the operations it read and did not
+/// finish are forgotten (the next owner applies them) and those running are stopped.
+fn finish(fleet: &KafkaJournal, state: &dyn Dispatch, part: &Part, end: End) {
+    let p = part.partition;
+    {
+        let mut parts = lock(&fleet.owned.parts);
+        if parts
+            .get(&p)
+            .is_some_and(|o| o.generation == part.generation)
+        {
+            parts.remove(&p);
+        }
+    }
+    let ids: Vec<Uuid> = lock(&part.state).offsets.keys().copied().collect();
+    {
+        let mut all = lock(&fleet.owned.ids);
+        for id in &ids {
+            all.remove(id);
+        }
+    }
+    fleet.table.forget(&ids);
+    state.abort_ops(&ids);
+    match end {
+        End::Lost | End::Deposed => {
+            tracing::warn!(partition = p, reason = ?end, unfinished = ids.len(), "a journal partition is no longer owned here: its applier stopped (another instance applies it)")
+        }
+        End::GivenUp | End::Shutdown => {
+            tracing::info!(partition = p, reason = ?end, unfinished = ids.len(), "released a journal partition")
+        }
+    }
+    // The guard goes with the part: its lock is released in the background.
+}
+
+/// Refreshes the status: each partition's end, committed offset, owner, lag and oldest
+/// unapplied operation; the broker's problem, if it does not answer.
+async fn refresh_status(fleet: &KafkaJournal) {
+    let s = &fleet.settings;
+    let store = fleet.store.as_ref();
+    let ids: Vec<(String, String)> = (0..fleet.partitions.len() as i32)
+        .map(|p| (s.index.clone(), progress::progress_id(&s.topic, p)))
+        .collect();
+    let progress: Vec<Option<Progress>> = match store.mget(&ids).await {
+        Ok(items) => items
+            .into_iter()
+            .map(|r| {
+                r.ok()
+                    .flatten()
+                    .and_then(|d| serde_json::from_value(d.source).ok())
+            })
+            .collect(),
+        Err(_) => vec![None; ids.len()],
+    };
+    let ends =
+        futures::future::join_all(fleet.partitions.iter().map(|pc| end_offset(pc, s.timeout)))
+            .await;
+    let mut problem = None;
+    let mut total = 0i64;
+    let mut rows = Vec::with_capacity(ends.len());
+    for (p, (end, prog)) in ends.into_iter().zip(progress).enumerate() {
+        let p = p as i32;
+        let end = match end {
+            Ok(e) => e,
+            Err(e) => {
+                problem.get_or_insert(format!("partition {p}'s end offset: {e}"));
+                -1
+            }
+        };
+        let here = lock(&fleet.owned.parts).get(&p).cloned();
+        let committed = match &here {
+            Some(part) => lock(&part.state).committed.offset,
+            None => prog.as_ref().map_or(0, |g| g.offset),
+        };
+        let lag = if end >= 0 {
+            (end - committed).max(0)
+        } else {
+            0
+        };
+        total += lag;
+        let oldest = match &here {
+            Some(part) => oldest_here(fleet, part),
+            None if lag > 0 => oldest_elsewhere(fleet, p, committed).await,
+            None => None,
+        };
+        rows.push(PartitionStatus {
+            partition: p,
+            owner: match &here {
+                Some(_) => Some(fleet.instance.clone()),
+                None => prog.and_then(|g| g.owner),
+            },
+            owned_here: here.is_some(),
+            committed_offset: committed,
+            end_offset: end.max(0),
+            lag,
+            oldest_unapplied_age: oldest,
+        });
+    }
+    fleet.lag.store(total, Ordering::Relaxed);
+    fleet.set_problem(problem.map(|p| format!("the broker does not answer ({p})")));
+    lock(&fleet.status).partitions = rows;
+}
+
+fn age_of(accepted_micros: u64) -> Duration {
+    let now = zkguard::write::ops::acceptance_now();
+    Duration::from_micros(now.saturating_sub(accepted_micros))
+}
+
+fn oldest_here(fleet: &KafkaJournal, part: &Part) -> Option<Duration> {
+    let id = {
+        let st = lock(&part.state);
+        *st.inflight.values().next()?
+    };
+    let op = fleet.table.get(&id)?.op?;
+    op.accepted.map(age_of)
+}
+
+async fn oldest_elsewhere(fleet: &KafkaJournal, p: i32, committed: i64) -> Option<Duration> {
+    let pc = &fleet.partitions[p as usize];
+    let fetched = tokio::time::timeout(
+        fleet.settings.timeout,
+        pc.fetch_records(committed, 1..FETCH_BYTES, 0),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let first = fetched.0.into_iter().find(|r| r.offset >= committed)?;
+    let op: Operation = serde_json::from_slice(first.record.value.as_deref()?).ok()?;
+    op.accepted.map(age_of)
+}
