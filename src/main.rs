@@ -42,6 +42,8 @@ pub enum Command {
     Exec(cli::exec::ExecArgs),
     /// Show the holder and the queue of each monitor object.
     Locks(cli::locks::LocksArgs),
+    /// Show each partition of a fleet's Kafka journal: owner, offsets, lag, oldest unapplied.
+    Journal(server::journal_cmd::JournalArgs),
     /// Measure lock latency and throughput.
     Bench(cli::bench::BenchArgs),
     /// Run the demo: foreground and background writers on shared articles, with a report.
@@ -75,6 +77,7 @@ impl Command {
         match self {
             Self::Exec(a) => a.json,
             Self::Locks(a) => a.json,
+            Self::Journal(a) => a.json,
             Self::Bench(a) => a.json,
             Self::Demo(a) => a.json,
             Self::Dlq(a) => match &a.command {
@@ -271,6 +274,7 @@ async fn dispatch(cli: Cli) -> Result<u8, cli::CliError> {
     match cli.command {
         Command::Exec(args) => cli::exec::run(settings, args).await,
         Command::Locks(args) => cli::locks::run(settings, args).await,
+        Command::Journal(args) => server::journal_cmd::run(settings, args).await,
         Command::Bench(args) => cli::bench::run(settings, args).await,
         Command::Demo(args) => cli::demo::run(settings, args).await,
         Command::Dlq(args) => cli::dlq::run(settings, args).await,

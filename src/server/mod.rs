@@ -41,14 +41,13 @@ mod events;
 mod gateway;
 mod hub;
 mod journal;
+pub mod journal_cmd;
 mod lock_routes;
 mod locks;
 mod metrics;
 mod notify;
 mod openapi;
 mod params;
-// Rendered into /metrics once the Kafka journal's status is wired in (server.journal.backend=kafka).
-#[allow(dead_code)]
 mod partition_metrics;
 mod routes;
 mod startup;

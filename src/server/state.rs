@@ -174,7 +174,6 @@ impl AppState {
 
     /// The Kafka journal's status: each partition's owner, committed and end offsets, lag and
     /// oldest unapplied operation (refreshed every second). `None` with the file journal.
-    #[allow(dead_code)] // read by the operator surfaces (status page, /metrics, zkguard journal)
     pub fn journal_status(&self) -> Option<JournalStatus> {
         self.fleet().map(|f| f.status())
     }

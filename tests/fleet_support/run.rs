@@ -140,6 +140,7 @@ async fn inject(
     while faults.len() < 2 || t0.elapsed() < plan.workload {
         let k = round % 3;
         tokio::time::sleep(Duration::from_secs(3)).await;
+        wait_owning(seen, k, t0).await;
         instances[k].kill();
         let fault = Fault {
             instance: k,
@@ -154,6 +155,7 @@ async fn inject(
         bases.write().unwrap()[k] = instances[k].base.clone();
         tokio::time::sleep(Duration::from_secs(3)).await;
         let p = (k + 1) % 3;
+        wait_owning(seen, p, t0).await;
         instances[p].pause();
         faults.push(Fault {
             instance: p,
@@ -166,6 +168,26 @@ async fn inject(
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     faults
+}
+
+/// Waits (30 s at most) until instance `i` has said within the last second that it owns a
+/// partition: a fault then takes partitions out with it, whose takeover is measured.
+async fn wait_owning(seen: &Arc<Mutex<Vec<Seen>>>, i: usize, t0: Instant) {
+    let end = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < end {
+        let now = t0.elapsed();
+        let owning = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .take_while(|s| s.at + Duration::from_secs(1) >= now)
+            .any(|s| s.instance == i && s.owned_here);
+        if owning {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Waits until every partition the faulted instance owned was taken over, or the limit and
