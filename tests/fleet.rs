@@ -99,6 +99,21 @@ async fn a_fleet_on_the_kafka_journal_loses_nothing_across_kills_pauses_and_disk
             ));
         }
     }
+    // `zkguard journal` lists every partition, each owned by a live member, nothing left to apply.
+    let parts = done.journal["partitions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let healthy = parts.len() == fleet_support::cluster::PARTITIONS as usize
+        && parts
+            .iter()
+            .all(|p| p["owner_live"] == true && p["lag"] == 0);
+    if !healthy {
+        problems.push(format!(
+            "zkguard journal --json at the end: {}",
+            done.journal
+        ));
+    }
     let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
     for v in &r.violations {
         let kind = format!("{v:?}");

@@ -25,27 +25,6 @@ pub struct PartitionView {
     pub oldest_unapplied_age: Option<Duration>,
 }
 
-/// The partitions of this instance's journal, as the status page and `/metrics` show them
-/// (none with the file journal).
-pub fn views(state: &super::state::AppState) -> Vec<PartitionView> {
-    let Some(status) = state.journal_status() else {
-        return Vec::new();
-    };
-    status
-        .partitions
-        .into_iter()
-        .map(|p| PartitionView {
-            partition: p.partition,
-            owner: p.owner,
-            owned_here: p.owned_here,
-            committed_offset: p.committed_offset,
-            end_offset: p.end_offset,
-            lag: p.lag,
-            oldest_unapplied_age: p.oldest_unapplied_age,
-        })
-        .collect()
-}
-
 /// The gauge families, each with its help text and the value of a partition.
 type Family = (&'static str, &'static str, fn(&PartitionView) -> f64);
 

@@ -409,7 +409,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .metrics
         .count_deadletters(state.executor.sink().as_ref())
         .await;
-    let partitions = super::partition_metrics::views(&state);
+    let partitions = state.partition_views();
     let mut response = state.metrics.encode(&partitions).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -511,7 +511,7 @@ async fn status_html(state: &AppState, q: &Query) -> Result<String, ApiError> {
         },
         explicit => state.explicit.len(),
         explicit_locks => Serde(explicit_rows(state)),
-        partitions => Serde(partition_rows(super::partition_metrics::views(state))),
+        partitions => Serde(partition_rows(state.partition_views())),
         generated => chrono::Utc::now().format("%Y-%m-%d %H:%M:%S UTC").to_string(),
         filter => &q.filter,
         total => listed.total,

@@ -59,6 +59,28 @@ impl Servers {
         self.dir.path().join(format!("instance-{i}.{start}.log"))
     }
 
+    /// `zkguard journal --json` on the fleet's configuration.
+    pub fn journal_listing(&self) -> Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_zkguard"))
+            .args(["journal", "--json"])
+            .env_remove("ZKGUARD_CONFIG")
+            .env("ZKGUARD_ZOOKEEPER_SERVERS", self.zk.connect_string())
+            .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &self.root)
+            .env("ZKGUARD_ELASTICSEARCH_URL", self.es.url())
+            .env("ZKGUARD_SERVER_JOURNAL_BACKEND", "kafka")
+            .env("ZKGUARD_SERVER_JOURNAL_KAFKA_BROKERS", self.kafka.brokers())
+            .env("ZKGUARD_SERVER_JOURNAL_KAFKA_TOPIC", &self.topic)
+            .env(
+                "ZKGUARD_SERVER_JOURNAL_KAFKA_PARTITIONS",
+                PARTITIONS.to_string(),
+            )
+            .output()
+            .expect("run zkguard journal");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+            serde_json::json!({"failed": format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))})
+        })
+    }
+
     /// Starts `zkguard serve` instance `i` (its `start`-th start) on the Kafka journal and
     /// waits for its address line.
     pub fn start_instance(&self, i: usize, start: usize) -> Instance {
