@@ -6,6 +6,7 @@
 mod common;
 mod serve_support;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use common::*;
@@ -183,4 +184,377 @@ async fn a_full_disk_refuses_background_writes_and_loses_nothing() {
     let m = scrape(&c, &s).await;
     assert_eq!(m["zkguard_journal_depth"], 0.0, "{m:?}");
     assert_eq!(m["zkguard_journal_oldest_seconds"], 0.0, "{m:?}");
+}
+
+/// A service journaling in Kafka (`server.journal.backend=kafka`) on `broker`, in a topic and
+/// progress index of its own, named `instance` among its fleet, its state in `state_dir`.
+fn kafka_env(
+    broker: &zkguard::testkit::TansuServer,
+    tag: &str,
+    instance: &str,
+    state_dir: &std::path::Path,
+) -> Env {
+    Env::new(&shared_zk().connect_string(), tag)
+        .with("ZKGUARD_SERVER_JOURNAL_BACKEND", "kafka")
+        .with("ZKGUARD_SERVER_JOURNAL_KAFKA_BROKERS", &broker.brokers())
+        .with(
+            "ZKGUARD_SERVER_JOURNAL_KAFKA_TOPIC",
+            &format!("journal-{tag}"),
+        )
+        .with("ZKGUARD_SERVER_JOURNAL_KAFKA_PARTITIONS", "3")
+        .with(
+            "ZKGUARD_SERVER_JOURNAL_KAFKA_INDEX",
+            &format!("zkguard-journal-{tag}"),
+        )
+        .with("ZKGUARD_SERVER_INSTANCE_ID", instance)
+        .with("ZKGUARD_STATE_DIR", state_dir.to_str().unwrap())
+}
+
+/// A monitor whose operations go to journal partition `p` of 3 (and no other of `others`).
+fn monitor_in(p: usize, prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|m| zkguard::write::deadletter::kafka::partition_for(m.as_bytes(), 3) == p)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_applies_every_operation_once_after_a_kill_that_loses_the_state_directory() {
+    let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
+    let tag = uuid_tag();
+    let state_a = tempfile::tempdir().unwrap();
+    let env = kafka_env(&broker, &tag, "a", state_a.path());
+    let s = env.start("kafka-a");
+    assert_eq!(
+        s.started["journal"],
+        format!("kafka:journal-{tag}"),
+        "{}",
+        s.started
+    );
+    let c = client();
+    let index = format!("kafka-{tag}");
+    // Three documents in three partitions; the first one's lock is held, so its operations
+    // are still unapplied when the service dies.
+    let monitors: Vec<String> = (0..3).map(|p| monitor_in(p, &tag)).collect();
+    let (_holder, guard) = hold_lock(&env, &monitors[0]).await;
+    let mut ids = Vec::new();
+    let mut last = HashMap::new();
+    for n in 0..30 {
+        let d = n % 3;
+        let op_id = uuid::Uuid::new_v4().to_string();
+        let (status, v) = put(
+            &c,
+            &s,
+            &format!(
+                "/v1/indices/{index}/docs/d{d}?type=background&monitor={}&op_id={op_id}",
+                monitors[d]
+            ),
+            &json!({"n": n}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        ids.push((d, op_id));
+        last.insert(d, n);
+    }
+    // The free documents' operations are applied from the topic.
+    let free: Vec<String> = ids
+        .iter()
+        .filter(|(d, _)| *d != 0)
+        .map(|(_, id)| id.clone())
+        .collect();
+    let done = wait_finished(&c, &s, &free).await;
+    assert!(done.values().all(|v| v["status"] == "applied"), "{done:?}");
+
+    // SIGKILL, and the state directory is gone with the host.
+    s.kill();
+    std::fs::remove_dir_all(state_a.path()).unwrap();
+    guard.unlock().await.unwrap();
+
+    // Another instance takes the partitions over once the dead one's session expired, and
+    // answers for the operations the first one accepted and applied.
+    let state_b = tempfile::tempdir().unwrap();
+    let env_b = env
+        .clone()
+        .with("ZKGUARD_SERVER_INSTANCE_ID", "b")
+        .with("ZKGUARD_STATE_DIR", state_b.path().to_str().unwrap());
+    let s = env_b.start("kafka-b");
+    // An operation accepted by the dead instance is unknown here until this one reads it from
+    // the topic or finds its outcome: `?wait=` looks for it until then.
+    let mut done = HashMap::new();
+    for (_, id) in &ids {
+        let v = eventually_value(Duration::from_secs(60), || async {
+            let url = s.url(&format!("/v1/operations/{id}?wait=5s"));
+            let (status, v) = call(&client(), Method::GET, &url, None).await;
+            (status == StatusCode::OK && v["status"] != "queued").then_some(v)
+        })
+        .await;
+        assert_eq!(v["status"], "applied", "{v}");
+        done.insert(id.clone(), v);
+    }
+    for d in 0..3 {
+        let tokens: HashMap<String, u64> = ids
+            .iter()
+            .filter(|(doc, _)| *doc == d)
+            .map(|(_, id)| (id.clone(), done[id]["token"].as_u64().unwrap()))
+            .collect();
+        check_doc(&c, &index, &format!("d{d}"), &tokens).await;
+        let doc = es_doc(&c, &index, &format!("d{d}")).await;
+        assert_eq!(doc["_source"]["n"], json!(last[&d]), "{doc}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_owner_whose_progress_a_newer_owner_claimed_applies_nothing_more() {
+    let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
+    let tag = uuid_tag();
+    let state = tempfile::tempdir().unwrap();
+    let env = kafka_env(&broker, &tag, "a", state.path());
+    let s = env.start("kafka-fenced");
+    let c = client();
+    let es = shared_es().url().to_string();
+    let progress = format!(
+        "{}/zkguard-journal-{tag}/_doc/progress-journal-{tag}-0",
+        es.trim_end_matches('/')
+    );
+    // The instance owns partition 0: its claim is there, with its token as the version.
+    let token = eventually_value(Duration::from_secs(30), || async {
+        let (status, v) = call(&client(), Method::GET, &progress, None).await;
+        (status == StatusCode::OK && v["_source"]["owner"] == "a")
+            .then(|| v["_version"].as_u64())
+            .flatten()
+    })
+    .await;
+    // A newer owner (a greater token) claims it.
+    let newer = token + 1_000_000;
+    let (status, v) = call(
+        &c,
+        Method::PUT,
+        &format!("{progress}?version={newer}&version_type=external_gte"),
+        Some(json!({"offset": 0, "accepted": 0, "owner": "newer", "token": newer}).to_string()),
+    )
+    .await;
+    assert!(status.is_success(), "{v}");
+
+    let index = format!("fenced-{tag}");
+    let m0 = monitor_in(0, &tag);
+    let m1 = monitor_in(1, &tag);
+    let op = |m: &str, d: &str| {
+        let path = format!("/v1/indices/{index}/docs/{d}?type=background&monitor={m}");
+        let (c, s) = (&c, &s);
+        async move {
+            let (status, v) = put(c, s, &path, &json!({"n": 1})).await;
+            assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+            v["operation_id"].as_str().unwrap().to_string()
+        }
+    };
+    let fenced = op(&m0, "d0").await;
+    let free = op(&m1, "d1").await;
+    // The other partitions go on; partition 0's applier finds its token refused and stops
+    // before queueing what it read, and every later claim of this instance is refused too.
+    let done = wait_finished(&c, &s, std::slice::from_ref(&free)).await;
+    assert_eq!(done[&free]["status"], "applied", "{done:?}");
+    eventually(
+        Duration::from_secs(30),
+        "the deposed applier stops",
+        || async {
+            let log = s.log();
+            log.contains("no longer owned here")
+                && log.contains("cannot claim a journal partition's progress")
+        },
+    )
+    .await;
+    assert_eq!(op_status(&c, &s, &fenced).await["status"], "queued");
+    let (status, _) = call(
+        &c,
+        Method::GET,
+        &format!("{}/{index}/_doc/d0", es.trim_end_matches('/')),
+        None,
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "the deposed owner wrote the document"
+    );
+    let (_, v) = call(&c, Method::GET, &progress, None).await;
+    assert_eq!(v["_source"]["owner"], "newer", "{v}");
+    assert_eq!(v["_version"].as_u64(), Some(newer), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_that_cannot_take_writes_refuses_background_writes_and_readyz_says_so() {
+    let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
+    let tag = uuid_tag();
+    let state = tempfile::tempdir().unwrap();
+    let env = kafka_env(&broker, &tag, "a", state.path())
+        .with("ZKGUARD_SERVER_JOURNAL_KAFKA_TIMEOUT", "1000");
+    let s = env.start("kafka-down");
+    let c = client();
+    let index = format!("down-{tag}");
+    let write = |n: u32| {
+        let url = s.url(&format!("/v1/indices/{index}/docs/d?type=background"));
+        let c = c.clone();
+        async move {
+            c.put(url)
+                .header("content-type", "application/json")
+                .body(json!({ "n": n }).to_string())
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let first = write(0).await;
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    let first: serde_json::Value = first.json().await.unwrap();
+
+    // A frozen broker acknowledges nothing: the write is refused, not answered 202.
+    broker.pause();
+    let refused = write(1).await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(refused.headers().contains_key("retry-after"));
+    let v: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(v["error"], "journal_unavailable", "{v}");
+    let (status, v) = call(&c, Method::GET, &s.url("/readyz"), None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+
+    // Back: writes are taken again, and every acknowledged one is applied.
+    broker.resume();
+    let second = eventually_value(Duration::from_secs(30), || async {
+        let r = write(2).await;
+        if r.status() == StatusCode::ACCEPTED {
+            r.json::<serde_json::Value>().await.ok()
+        } else {
+            None
+        }
+    })
+    .await;
+    eventually(Duration::from_secs(30), "/readyz answers 200", || async {
+        call(&client(), Method::GET, &s.url("/readyz"), None)
+            .await
+            .0
+            == StatusCode::OK
+    })
+    .await;
+    let ids: Vec<String> = [&first, &second]
+        .iter()
+        .map(|v| v["operation_id"].as_str().unwrap().to_string())
+        .collect();
+    let done = wait_finished(&c, &s, &ids).await;
+    assert!(done.values().all(|v| v["status"] == "applied"), "{done:?}");
+    assert_eq!(es_doc(&c, &index, "d").await["_source"]["n"], json!(2));
+}
+
+/// `server.journal.*` combinations that cannot work are refused, naming the key.
+#[test]
+fn kafka_journal_settings_that_cannot_work_are_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let load = |text: &str| {
+        let path = dir.path().join("zkguard.properties");
+        std::fs::write(&path, text).unwrap();
+        zkguard::config::Settings::load_with_env(Some(&path), |_| None)
+    };
+    for (text, key) in [
+        ("server.journal.backend=kafka\n", "server.journal.kafka.brokers"),
+        ("server.journal.backend=queue\n", "server.journal.backend"),
+        (
+            "server.journal.backend=kafka\nserver.journal.kafka.brokers=k1:9092\nlock.backend=elasticsearch\n",
+            "server.journal.backend",
+        ),
+        (
+            "server.journal.backend=kafka\nserver.journal.kafka.brokers=k1\n",
+            "server.journal.kafka.brokers",
+        ),
+        ("server.journal.kafka.partitions=0\n", "server.journal.kafka.partitions"),
+        ("server.journal.kafka.topic=a/b\n", "server.journal.kafka.topic"),
+        ("server.instance.id=a/b\n", "server.instance.id"),
+    ] {
+        let err = load(text).expect_err(text).to_string();
+        assert!(err.contains(key), "{text:?}: {err}");
+    }
+    let ok = load("server.journal.backend=kafka\nserver.journal.kafka.brokers=k1:9092,k2:9092\n")
+        .unwrap();
+    assert_eq!(
+        ok.server.journal_backend,
+        zkguard::config::JournalBackendKind::Kafka
+    );
+    assert_eq!(ok.server.journal_kafka.topic, "zkguard-journal");
+    assert_eq!(ok.server.journal_kafka.brokers, ["k1:9092", "k2:9092"]);
+    let default = load("").unwrap();
+    assert_eq!(
+        default.server.journal_backend,
+        zkguard::config::JournalBackendKind::File
+    );
+}
+
+/// The owners named in the progress documents of the journal's 3 partitions.
+async fn owners(tag: &str) -> Vec<String> {
+    let es = shared_es().url().to_string();
+    let mut out = Vec::new();
+    for p in 0..3 {
+        let url = format!(
+            "{}/zkguard-journal-{tag}/_doc/progress-journal-{tag}-{p}",
+            es.trim_end_matches('/')
+        );
+        let (_, v) = call(&client(), Method::GET, &url, None).await;
+        out.push(v["_source"]["owner"].as_str().unwrap_or("").to_string());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_partitions_are_shared_when_an_instance_joins_and_every_instance_answers() {
+    let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
+    let tag = uuid_tag();
+    let (state_a, state_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let env = kafka_env(&broker, &tag, "a", state_a.path());
+    let a = env.start("share-a");
+    eventually(
+        Duration::from_secs(30),
+        "a owns every partition",
+        || async { owners(&tag).await.iter().all(|o| o == "a") },
+    )
+    .await;
+    let b = env
+        .clone()
+        .with("ZKGUARD_SERVER_INSTANCE_ID", "b")
+        .with("ZKGUARD_STATE_DIR", state_b.path().to_str().unwrap())
+        .start("share-b");
+    // b joins: a gives up what it owns beyond its share, and b takes it.
+    eventually(
+        Duration::from_secs(30),
+        "a and b share the partitions",
+        || async {
+            let o = owners(&tag).await;
+            o.iter().any(|o| o == "a") && o.iter().any(|o| o == "b")
+        },
+    )
+    .await;
+    // Writes sent to b for every partition are applied, and a answers for them.
+    let c = client();
+    let index = format!("share-{tag}");
+    let mut ids = Vec::new();
+    for p in 0..3 {
+        let path = format!(
+            "/v1/indices/{index}/docs/d{p}?type=background&monitor={}",
+            monitor_in(p, &tag)
+        );
+        let (status, v) = put(&c, &b, &path, &json!({"p": p})).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        ids.push(v["operation_id"].as_str().unwrap().to_string());
+    }
+    for id in &ids {
+        let (status, v) = call(
+            &c,
+            Method::GET,
+            &a.url(&format!("/v1/operations/{id}?wait=20s")),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["status"], "applied", "{v}");
+    }
+    for p in 0..3 {
+        let doc = es_doc(&c, &index, &format!("d{p}")).await;
+        assert_eq!(doc["_source"]["p"], json!(p), "{doc}");
+    }
 }

@@ -436,13 +436,12 @@ pub async fn dispatch(
             while let Ok(more) = recorded.try_recv() {
                 all.push(more);
             }
-            let fleet = fleet_state.fleet().cloned();
-            let for_fleet = fleet.as_ref().map(|_| all.clone());
-            let failed = journal.finish_all(all).await;
-            if let (Some(fleet), Some(all)) = (fleet, for_fleet) {
+            // With the Kafka journal, the outcomes are in its index (for every instance)
+            // before this instance answers them.
+            if let Some(fleet) = fleet_state.fleet() {
                 fleet.finished(&all).await;
             }
-            if let Err(e) = failed {
+            if let Err(e) = journal.finish_all(all).await {
                 tracing::error!(error = %e, "cannot record outcomes in the journal: no background operation starts and nothing new is accepted until they are recorded");
                 journal.outcomes_failed(&e);
                 // Until the file can be rewritten with every outcome known in memory (space

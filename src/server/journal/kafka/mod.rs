@@ -418,14 +418,11 @@ impl KafkaJournal {
         Ok(fresh)
     }
 
-    /// What is known of operation `id` on this instance: its outcome in the table (applied
-    /// here), else in the outcomes index (applied by any instance), else queued when accepted
-    /// or loaded here; `None` when unknown.
+    /// What is known of operation `id` on this instance: its outcome in the outcomes index
+    /// (the first recorded, by whichever instance applied it), else in the table, else queued
+    /// when accepted or loaded here; `None` when unknown.
     pub async fn lookup(&self, id: &Uuid) -> Option<Entry> {
         let local = self.table.get(id);
-        if local.as_ref().is_some_and(|e| e.finished.is_some()) {
-            return local;
-        }
         let here = self
             .accepted
             .lock()
@@ -443,6 +440,9 @@ impl KafkaJournal {
             }
             Ok(None) => {}
             Err(e) => tracing::debug!(op = %id, error = %e, "cannot read an outcome"),
+        }
+        if local.as_ref().is_some_and(|e| e.finished.is_some()) {
+            return local;
         }
         op.map(|op| Entry {
             op: Some(op),

@@ -186,6 +186,9 @@ async fn try_own(
             return false;
         }
     };
+    let replay_end = end_offset(&fleet.partitions[p as usize], fleet.settings.timeout)
+        .await
+        .unwrap_or(i64::MAX);
     tracing::info!(
         partition = p,
         token,
@@ -200,6 +203,7 @@ async fn try_own(
         state: Mutex::new(PartState {
             next: claim.offset,
             last_accepted: claim.accepted,
+            replay_end,
             committed: claim,
             ..PartState::default()
         }),
@@ -232,7 +236,7 @@ async fn apply(
     let mut drain_since: Option<Instant> = None;
     let end = loop {
         if *stop.borrow() {
-            let _ = commit(&fleet, &part).await;
+            let _ = commit(&fleet, &part, false).await;
             break End::Shutdown;
         }
         if !part.guard.is_held() {
@@ -243,7 +247,7 @@ async fn apply(
         if draining {
             let since = *drain_since.get_or_insert_with(Instant::now);
             if waiting == 0 || since.elapsed() > DRAIN_LIMIT {
-                if let Err(ProgressError::Deposed { .. }) = commit(&fleet, &part).await {
+                if let Err(ProgressError::Deposed { .. }) = commit(&fleet, &part, false).await {
                     break End::Deposed;
                 }
                 break End::GivenUp;
@@ -253,9 +257,22 @@ async fn apply(
             let next = lock(&part.state).next;
             let pc = fleet.partitions[p as usize].clone();
             tokio::select! {
-                fetched = pc.fetch_records(next, 1..FETCH_BYTES, FETCH_WAIT_MS) => {
+                fetched = fetch(&pc, next) => {
                     match fetched {
-                        Ok((records, _)) => load(&fleet, state.as_ref(), &part, records),
+                        Ok((records, _)) if records.is_empty() => {}
+                        // Nothing read is queued before the token is checked against the
+                        // progress: once a newer owner claimed it, this one applies nothing.
+                        Ok((records, _)) => match commit(&fleet, &part, true).await {
+                            Ok(()) => {
+                                let known = applied_before(&fleet, &part, &records).await;
+                                load(&fleet, state.as_ref(), &part, records, &known);
+                            }
+                            Err(ProgressError::Deposed { .. }) => break End::Deposed,
+                            Err(e) => {
+                                tracing::warn!(partition = p, error = %e, "cannot check a journal partition's progress; reading again");
+                                tokio::time::sleep(COMMIT_EVERY).await;
+                            }
+                        },
                         Err(e) => fetch_failed(&fleet, &part, e).await,
                     }
                 }
@@ -272,7 +289,7 @@ async fn apply(
         }
         if last_commit.elapsed() >= COMMIT_EVERY {
             last_commit = Instant::now();
-            match commit(&fleet, &part).await {
+            match commit(&fleet, &part, false).await {
                 Err(ProgressError::Deposed { .. }) => break End::Deposed,
                 Err(e) => {
                     tracing::warn!(partition = p, error = %e, "cannot commit a journal partition's progress; trying again")
@@ -284,6 +301,49 @@ async fn apply(
     finish(&fleet, state.as_ref(), &part, end);
 }
 
+/// Fetches records from `offset`; when there are none, returns after [`FETCH_WAIT_MS`] even if
+/// the broker answered at once (not every broker waits as asked).
+async fn fetch(
+    pc: &rskafka::client::partition::PartitionClient,
+    offset: i64,
+) -> Result<(Vec<rskafka::record::RecordAndOffset>, i64), RsError> {
+    let started = Instant::now();
+    let fetched = pc
+        .fetch_records(offset, 1..FETCH_BYTES, FETCH_WAIT_MS)
+        .await?;
+    if fetched.0.is_empty() {
+        let wait = Duration::from_millis(FETCH_WAIT_MS as u64);
+        tokio::time::sleep(wait.saturating_sub(started.elapsed())).await;
+    }
+    Ok(fetched)
+}
+
+/// The operations of `records` read again after a takeover whose outcome the previous owner
+/// recorded: not applied again, so that their outcome keeps the token that applied them.
+async fn applied_before(
+    fleet: &KafkaJournal,
+    part: &Part,
+    records: &[rskafka::record::RecordAndOffset],
+) -> std::collections::HashSet<Uuid> {
+    let replay_end = lock(&part.state).replay_end;
+    let ids: Vec<Uuid> = records
+        .iter()
+        .filter(|r| r.offset < replay_end)
+        .filter_map(|r| serde_json::from_slice::<Operation>(r.record.value.as_deref()?).ok())
+        .map(|op| op.id)
+        .collect();
+    if ids.is_empty() {
+        return Default::default();
+    }
+    let s = &fleet.settings;
+    progress::with_outcomes(fleet.store.as_ref(), &s.index, &ids)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "cannot look up outcomes; the operations are applied again (each is recognised in its document)");
+            Default::default()
+        })
+}
+
 /// Loads fetched records: gives each its acceptance time in partition order, queues the
 /// operations not known yet.
 fn load(
@@ -291,6 +351,7 @@ fn load(
     state: &dyn Dispatch,
     part: &Part,
     records: Vec<rskafka::record::RecordAndOffset>,
+    known: &std::collections::HashSet<Uuid>,
 ) {
     let p = part.partition;
     let mut fresh: Vec<Operation> = Vec::new();
@@ -314,6 +375,9 @@ fn load(
         op.accepted = Some(at);
         st.last_accepted = at;
         st.accepted.insert(r.offset, at);
+        if known.contains(&op.id) {
+            continue;
+        }
         match fleet.table.get(&op.id) {
             Some(e) if e.finished.is_some() => continue,
             Some(_) => {}
@@ -353,12 +417,14 @@ async fn fetch_failed(fleet: &KafkaJournal, part: &Part, e: RsError) {
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
-/// Commits the offset before the first unfinished record (if it moved), fenced by the token.
-async fn commit(fleet: &KafkaJournal, part: &Part) -> Result<(), ProgressError> {
+/// Commits the offset before the first unfinished record (if it moved, or always with
+/// `check`: then the write checks the token against the progress), fenced by the token.
+async fn commit(fleet: &KafkaJournal, part: &Part, check: bool) -> Result<(), ProgressError> {
     let progress = {
         let st = lock(&part.state);
         let offset = st.inflight.keys().next().copied().unwrap_or(st.next);
-        if offset <= st.committed.offset {
+        let offset = offset.max(st.committed.offset);
+        if offset == st.committed.offset && !check {
             return Ok(());
         }
         let accepted = st
@@ -374,7 +440,14 @@ async fn commit(fleet: &KafkaJournal, part: &Part) -> Result<(), ProgressError> 
         }
     };
     if !part.guard.is_held() {
-        return Ok(());
+        return if check {
+            Err(ProgressError::Deposed {
+                partition: part.partition,
+                token: part.guard.fencing_token(),
+            })
+        } else {
+            Ok(())
+        };
     }
     let s = &fleet.settings;
     progress::write(

@@ -43,6 +43,9 @@ pub(super) struct PartState {
     pub(super) next: i64,
     /// The acceptance time given to the last record read.
     pub(super) last_accepted: u64,
+    /// The partition's end when it was claimed: records before it may have been applied by
+    /// the previous owner, whose outcomes are looked up before they are queued again.
+    pub(super) replay_end: i64,
     /// What was committed last.
     pub(super) committed: Progress,
 }

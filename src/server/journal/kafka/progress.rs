@@ -123,10 +123,13 @@ pub async fn write(
     }
 }
 
-/// Writes outcomes (one `_bulk`).
+/// Writes outcomes (one `_bulk`), each only if none was written for its operation: the first
+/// outcome stays (an operation applied again after a takeover is found applied, under the new
+/// owner's token; the outcome keeps the token of the write that applied it).
 ///
 /// # Errors
-/// [`EsError`] when the request failed, or the first item that failed.
+/// [`EsError`] when the request failed, or the first item that failed (an outcome already
+/// there is no failure).
 pub async fn write_outcomes(
     store: &dyn DocStore,
     index: &str,
@@ -138,11 +141,14 @@ pub async fn write_outcomes(
             index: index.to_string(),
             id: outcome_id(&f.id),
             source: serde_json::to_value(f).unwrap_or(Value::Null),
-            condition: WriteCondition::Always,
+            condition: WriteCondition::Create,
         })
         .collect();
     for r in store.bulk(&actions, Refresh::No).await? {
-        r?;
+        match r {
+            Ok(_) | Err(EsError::Conflict { .. }) => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
@@ -160,4 +166,26 @@ pub async fn read_outcome(
         .get(index, &outcome_id(id))
         .await?
         .and_then(|d| serde_json::from_value(d.source).ok()))
+}
+
+/// The operations among `ids` whose outcome was written.
+///
+/// # Errors
+/// [`EsError`].
+pub async fn with_outcomes(
+    store: &dyn DocStore,
+    index: &str,
+    ids: &[Uuid],
+) -> Result<std::collections::HashSet<Uuid>, EsError> {
+    let docs: Vec<(String, String)> = ids
+        .iter()
+        .map(|id| (index.to_string(), outcome_id(id)))
+        .collect();
+    let found = store.mget(&docs).await?;
+    Ok(ids
+        .iter()
+        .zip(found)
+        .filter(|(_, r)| matches!(r, Ok(Some(_))))
+        .map(|(id, _)| *id)
+        .collect())
 }
