@@ -558,3 +558,30 @@ async fn kafka_journal_partitions_are_shared_when_an_instance_joins_and_every_in
         assert_eq!(doc["_source"]["p"], json!(p), "{doc}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_topic_with_another_partition_count_is_refused_at_start() {
+    let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
+    let tag = uuid_tag();
+    let state = tempfile::tempdir().unwrap();
+    let env = kafka_env(&broker, &tag, "a", state.path());
+    // The first instance creates the topic with 3 partitions.
+    let _a = env.start("count-a");
+    let other = env
+        .clone()
+        .with("ZKGUARD_SERVER_JOURNAL_KAFKA_PARTITIONS", "2")
+        .with("ZKGUARD_SERVER_INSTANCE_ID", "b");
+    let Err(refused) =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| other.start("count-b")))
+    else {
+        panic!("a service whose partition count differs from the topic's must not start");
+    };
+    let message = refused
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        message.contains("has 3 partitions but server.journal.kafka.partitions is 2"),
+        "{message}"
+    );
+}

@@ -404,12 +404,25 @@ async fn fetch_failed(fleet: &KafkaJournal, part: &Part, e: RsError) {
     } = e
     {
         let pc = &fleet.partitions[p as usize];
-        if let Ok(earliest) = pc.get_offset(OffsetAt::Earliest).await {
+        let earliest = pc.get_offset(OffsetAt::Earliest).await;
+        let latest = pc.get_offset(OffsetAt::Latest).await;
+        let moved = {
             let mut st = lock(&part.state);
-            if st.next < earliest {
-                tracing::error!(partition = p, from = st.next, to = earliest, "journal records were deleted by the topic's retention before they were applied: their operations are lost; raise the topic's retention.ms");
-                st.next = earliest;
+            match (earliest, latest) {
+                (Ok(earliest), _) if st.next < earliest => {
+                    tracing::error!(partition = p, from = st.next, to = earliest, "journal records were deleted by the topic's retention before they were applied: their operations are lost; raise the topic's retention.ms");
+                    st.next = earliest;
+                    true
+                }
+                (_, Ok(latest)) if st.next > latest => {
+                    tracing::error!(partition = p, committed = st.next, end = latest, "the journal partition ends before the committed offset: the broker lost records (a topic deleted and created again, or storage that does not survive a restart); its records from the committed offset on are applied as they arrive, the others need an operator (reset the progress document of this partition in server.journal.kafka.index)");
+                    false
+                }
+                _ => false,
             }
+        };
+        if !moved {
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
         return;
     }
@@ -506,6 +519,7 @@ async fn refresh_status(fleet: &KafkaJournal) {
     let ids: Vec<(String, String)> = (0..fleet.partitions.len() as i32)
         .map(|p| (s.index.clone(), progress::progress_id(&s.topic, p)))
         .collect();
+    let before: Vec<PartitionStatus> = lock(&fleet.status).partitions.clone();
     let progress: Vec<Option<Progress>> = match store.mget(&ids).await {
         Ok(items) => items
             .into_iter()
@@ -515,7 +529,19 @@ async fn refresh_status(fleet: &KafkaJournal) {
                     .and_then(|d| serde_json::from_value(d.source).ok())
             })
             .collect(),
-        Err(_) => vec![None; ids.len()],
+        // Elasticsearch does not answer: the last committed offsets seen stand.
+        Err(_) => before
+            .iter()
+            .map(|b| {
+                Some(Progress {
+                    offset: b.committed_offset,
+                    owner: b.owner.clone(),
+                    ..Progress::default()
+                })
+            })
+            .chain(std::iter::repeat(None))
+            .take(ids.len())
+            .collect(),
     };
     let ends =
         futures::future::join_all(fleet.partitions.iter().map(|pc| end_offset(pc, s.timeout)))
