@@ -72,10 +72,12 @@ pub async fn run(plan: Plan) -> Done {
     }
     let sent = shared.sent.lock().unwrap().clone();
     let bases_now = bases.read().unwrap().clone();
-    let outcomes = outcomes(&bases_now, &sent).await;
+    // The journal settled (or 20 s passed) first: then an operation still queued waits no more.
+    let journal = settled_listing(&servers).await;
+    let wait = if settled(&journal) { "20s" } else { "1s" };
+    let outcomes = outcomes(&bases_now, &sent, wait).await;
     watching.store(true, Ordering::Relaxed);
     watcher.await.unwrap();
-    let journal = settled_listing(&servers).await;
     let names = shared.docs.lock().unwrap().all();
     let docs = documents(servers.es.url(), &names).await;
     let mut report = check_documents(&sent, &docs, &outcomes, WINDOW);
@@ -243,7 +245,7 @@ async fn wait_takeover(seen: &Arc<Mutex<Vec<Seen>>>, fault: &Fault) {
 
 /// Every sent operation's outcome, each asked (with `?wait=`) of an instance other than the
 /// one that accepted it.
-async fn outcomes(bases: &[String], sent: &[Sent]) -> HashMap<String, Outcome> {
+async fn outcomes(bases: &[String], sent: &[Sent], wait: &str) -> HashMap<String, Outcome> {
     let http = Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
@@ -254,7 +256,7 @@ async fn outcomes(bases: &[String], sent: &[Sent]) -> HashMap<String, Outcome> {
         .map(|s| {
             let asked = (s.via + 1 + s.line % 2) % bases.len();
             let wait = if matches!(s.answer, Answer::Accepted(_)) {
-                "20s"
+                wait
             } else {
                 "2s"
             };
