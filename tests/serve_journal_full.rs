@@ -585,3 +585,98 @@ async fn kafka_journal_topic_with_another_partition_count_is_refused_at_start() 
         "{message}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_partitions_of_a_paused_instance_are_taken_over_and_it_stops_applying_them() {
+    let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
+    let tag = uuid_tag();
+    let (state_a, state_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let env = kafka_env(&broker, &tag, "a", state_a.path());
+    let a = env.start("pause-a");
+    eventually(
+        Duration::from_secs(30),
+        "a owns every partition",
+        || async { owners(&tag).await.iter().all(|o| o == "a") },
+    )
+    .await;
+    let b = env
+        .clone()
+        .with("ZKGUARD_SERVER_INSTANCE_ID", "b")
+        .with("ZKGUARD_STATE_DIR", state_b.path().to_str().unwrap())
+        .start("pause-b");
+    eventually(
+        Duration::from_secs(30),
+        "a and b share the partitions",
+        || async { owners(&tag).await.iter().any(|o| o == "b") },
+    )
+    .await;
+
+    // a freezes past its session: b takes every partition over.
+    a.signal(nix::sys::signal::Signal::SIGSTOP);
+    eventually(
+        Duration::from_secs(60),
+        "b owns every partition",
+        || async { owners(&tag).await.iter().all(|o| o == "b") },
+    )
+    .await;
+    let c = client();
+    let index = format!("pause-{tag}");
+    let mut ids: Vec<(usize, String)> = Vec::new();
+    let write = |s: &Service, p: usize, n: usize| {
+        let path = format!(
+            "/v1/indices/{index}/docs/d{p}?type=background&monitor={}",
+            monitor_in(p, &tag)
+        );
+        let (c, s) = (c.clone(), s.base.clone());
+        async move {
+            let url = format!("{s}{path}");
+            let r = c
+                .put(url)
+                .header("content-type", "application/json")
+                .body(json!({ "n": n }).to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::ACCEPTED);
+            let v: serde_json::Value = r.json().await.unwrap();
+            v["operation_id"].as_str().unwrap().to_string()
+        }
+    };
+    for p in 0..3 {
+        ids.push((p, write(&b, p, 1).await));
+    }
+    // a wakes: its appliers find their locks lost and stop; it writes again through the topic.
+    a.signal(nix::sys::signal::Signal::SIGCONT);
+    eventually(Duration::from_secs(30), "a's appliers stop", || async {
+        a.log().contains("no longer owned here")
+    })
+    .await;
+    for p in 0..3 {
+        ids.push((p, write(&a, p, 2).await));
+    }
+    let mut done = HashMap::new();
+    for (_, id) in &ids {
+        let (status, v) = call(
+            &c,
+            Method::GET,
+            &b.url(&format!("/v1/operations/{id}?wait=20s")),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["status"], "applied", "{v}");
+        done.insert(id.clone(), v["token"].as_u64().unwrap());
+    }
+    for p in 0..3 {
+        let tokens: HashMap<String, u64> = ids
+            .iter()
+            .filter(|(d, _)| *d == p)
+            .map(|(_, id)| (id.clone(), done[id]))
+            .collect();
+        check_doc(&c, &index, &format!("d{p}"), &tokens).await;
+        assert_eq!(
+            es_doc(&c, &index, &format!("d{p}")).await["_source"]["n"],
+            json!(2)
+        );
+    }
+}
