@@ -43,6 +43,8 @@ pub enum Command {
     Exec(cli::exec::ExecArgs),
     /// Show the holder and the queue of each monitor object.
     Locks(cli::locks::LocksArgs),
+    /// Show each partition of a fleet's Kafka journal: owner, offsets, lag, oldest unapplied.
+    Journal(server::journal_cmd::JournalArgs),
     /// Measure lock latency and throughput.
     #[cfg(feature = "workload")]
     Bench(cli::bench::BenchArgs),
@@ -78,6 +80,7 @@ impl Command {
         match self {
             Self::Exec(a) => a.json,
             Self::Locks(a) => a.json,
+            Self::Journal(a) => a.json,
             #[cfg(feature = "workload")]
             Self::Bench(a) => a.json,
             #[cfg(feature = "workload")]
@@ -279,6 +282,7 @@ async fn dispatch(cli: Cli) -> Result<u8, cli::CliError> {
     match cli.command {
         Command::Exec(args) => cli::exec::run(settings, args).await,
         Command::Locks(args) => cli::locks::run(settings, args).await,
+        Command::Journal(args) => server::journal_cmd::run(settings, args).await,
         #[cfg(feature = "workload")]
         Command::Bench(args) => cli::bench::run(settings, args).await,
         #[cfg(feature = "workload")]

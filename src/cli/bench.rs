@@ -632,9 +632,27 @@ async fn run_service(settings: Settings, args: &BenchArgs) -> Result<u8, CliErro
                 saves: args.iterations(),
                 zk_pid,
             };
-            service_bench::run(settings, plan)
-                .await
-                .map(|r| (r.to_json(), r.table()))
+            // The Kafka journal's column: a local tansu broker with --local, else the
+            // configured server.journal.kafka.brokers, if any.
+            let broker = if args.local {
+                match tokio::task::spawn_blocking(zkguard::testkit::TansuServer::start).await {
+                    Ok(Ok(b)) => Some(b),
+                    Ok(Err(e)) => {
+                        eprintln!("no Kafka journal column: {e}");
+                        None
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            } else {
+                None
+            };
+            let brokers = broker.as_ref().map(|b| b.brokers()).or_else(|| {
+                let configured = settings.server.journal_kafka.brokers.join(",");
+                (!configured.is_empty()).then_some(configured)
+            });
+            let report = service_bench::run(settings, plan, brokers).await;
+            drop(broker);
+            report.map(|r| (r.to_json(), r.table()))
         },
     )
     .await?;

@@ -325,7 +325,7 @@ mod tests {
     }
 
     fn hub_metrics(hub: &Hub) -> String {
-        hub.metrics().encode()
+        hub.metrics().encode(&[])
     }
 
     #[tokio::test]

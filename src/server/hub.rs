@@ -502,7 +502,7 @@ mod tests {
             ("acquired", "a")
         );
         assert_eq!(recent[0].token, Some(7));
-        let counted = hub.metrics.encode();
+        let counted = hub.metrics.encode(&[]);
         assert!(
             counted.contains(r#"zkguard_events_total{type="acquired"} 1"#),
             "{counted}"

@@ -684,12 +684,14 @@ impl Metrics {
         }
     }
 
-    /// The metrics in the OpenMetrics text format.
-    pub fn encode(&self) -> String {
+    /// The metrics in the OpenMetrics text format, with the Kafka journal's `partitions` (none
+    /// with the file journal).
+    pub fn encode(&self, partitions: &[super::partition_metrics::PartitionView]) -> String {
         use prometheus_client::encoding::text;
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = text::encode_registry(&mut out, &self.registry);
+        super::partition_metrics::render(&mut out, partitions);
         let _ = text::encode_registry(&mut out, &self.process);
         let _ = text::encode_eof(&mut out);
         out

@@ -409,7 +409,8 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .metrics
         .count_deadletters(state.executor.sink().as_ref())
         .await;
-    let mut response = state.metrics.encode().into_response();
+    let partitions = state.partition_views();
+    let mut response = state.metrics.encode(&partitions).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),

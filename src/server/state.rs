@@ -181,9 +181,29 @@ impl AppState {
 
     /// The Kafka journal's status: each partition's owner, committed and end offsets, lag and
     /// oldest unapplied operation (refreshed every second). `None` with the file journal.
-    #[allow(dead_code)] // read by the operator surfaces (status page, /metrics, zkguard journal)
     pub fn journal_status(&self) -> Option<JournalStatus> {
         self.fleet().map(|f| f.status())
+    }
+
+    /// The partitions of this instance's journal, as the status page and `/metrics` show them
+    /// (none with the file journal).
+    pub fn partition_views(&self) -> Vec<super::partition_metrics::PartitionView> {
+        let Some(status) = self.journal_status() else {
+            return Vec::new();
+        };
+        status
+            .partitions
+            .into_iter()
+            .map(|p| super::partition_metrics::PartitionView {
+                partition: p.partition,
+                owner: p.owner,
+                owned_here: p.owned_here,
+                committed_offset: p.committed_offset,
+                end_offset: p.end_offset,
+                lag: p.lag,
+                oldest_unapplied_age: p.oldest_unapplied_age,
+            })
+            .collect()
     }
 
     /// Why the journal cannot take or record operations now, if it cannot: the file journal

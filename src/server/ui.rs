@@ -401,6 +401,33 @@ fn instance(state: &AppState) -> Value {
     }
 }
 
+/// One row of the journal partitions table (the Kafka journal only).
+#[derive(Debug, Serialize)]
+struct PartitionRow {
+    partition: i32,
+    owner: Option<String>,
+    here: bool,
+    committed: i64,
+    end: i64,
+    lag: i64,
+    oldest: Option<String>,
+}
+
+fn partition_rows(views: Vec<super::partition_metrics::PartitionView>) -> Vec<PartitionRow> {
+    views
+        .into_iter()
+        .map(|p| PartitionRow {
+            partition: p.partition,
+            owner: p.owner,
+            here: p.owned_here,
+            committed: p.committed_offset,
+            end: p.end_offset,
+            lag: p.lag,
+            oldest: p.oldest_unapplied_age.map(age),
+        })
+        .collect()
+}
+
 #[derive(Debug, Serialize)]
 struct EventRow {
     #[serde(flatten)]
@@ -484,6 +511,7 @@ async fn status_html(state: &AppState, q: &Query) -> Result<String, ApiError> {
         },
         explicit => state.explicit.len(),
         explicit_locks => Serde(explicit_rows(state)),
+        partitions => Serde(partition_rows(state.partition_views())),
         generated => chrono::Utc::now().format("%Y-%m-%d %H:%M:%S UTC").to_string(),
         filter => &q.filter,
         total => listed.total,
@@ -671,6 +699,14 @@ mod tests {
             es_ok => false,
             journal => context! { depth => 2, oldest => Some("3.0 s"), bytes => "1 B", problem => false },
             explicit => 1,
+            partitions => Serde(partition_rows(vec![super::super::partition_metrics::PartitionView {
+                partition: 3,
+                owner: Some(evil.into()),
+                owned_here: true,
+                lag: 2,
+                oldest_unapplied_age: Some(Duration::from_secs(4)),
+                ..Default::default()
+            }])),
             explicit_locks => Serde(vec![ExplicitRow {
                 lock_id: "5b1c".into(),
                 monitor: evil.into(),
@@ -716,6 +752,12 @@ mod tests {
             "the caller's key beside the id: {status}"
         );
         assert!(status.contains(r#"data-action="clear-stray""#), "{status}");
+        assert!(
+            status.contains(r#"<tr class="partition here" data-partition="3">"#)
+                && status.contains("(this instance)")
+                && status.contains("4.0 s"),
+            "the journal partitions table: {status}"
+        );
         for action in [
             r#"data-action="discard" data-id="0b0e""#,
             r#"data-action="replay-all""#,

@@ -113,6 +113,9 @@ pub struct ServiceReport {
     pub library: PathFigures,
     /// `zkguard serve` over HTTP.
     pub service: PathFigures,
+    /// `zkguard serve` over HTTP with its journal on Kafka (`server.journal.backend=kafka`),
+    /// when a broker was given.
+    pub service_kafka: Option<PathFigures>,
     /// `zkguard exec` per write.
     pub exec: PathFigures,
     /// Unmeasured runs of the library's workload before the measured ones.
@@ -123,6 +126,18 @@ impl ServiceReport {
     /// Foreground p50 through the service over the library's.
     pub fn fg_ratio(&self) -> f64 {
         self.service.p50.as_secs_f64() / self.library.p50.as_secs_f64().max(1e-9)
+    }
+
+    /// Background throughput through the Kafka journal over the file journal's.
+    pub fn kafka_bg_ratio(&self) -> Option<f64> {
+        let k = self.service_kafka.as_ref()?;
+        Some(k.background_per_sec / self.service.background_per_sec.max(1e-9))
+    }
+
+    /// Foreground p50 with the Kafka journal over the file journal's.
+    pub fn kafka_fg_ratio(&self) -> Option<f64> {
+        let k = self.service_kafka.as_ref()?;
+        Some(k.p50.as_secs_f64() / self.service.p50.as_secs_f64().max(1e-9))
     }
 
     /// Background throughput through the service over `zkguard exec`'s.
@@ -156,6 +171,24 @@ impl ServiceReport {
                 all.extend(more);
             }
         }
+        if let (Value::Object(all), Some(k), Some(bg), Some(fg)) = (
+            &mut v,
+            &self.service_kafka,
+            self.kafka_bg_ratio(),
+            self.kafka_fg_ratio(),
+        ) {
+            if let Value::Object(more) = k.to_json_with_stages("service_kafka") {
+                all.extend(more);
+            }
+            all.insert(
+                "kafka_over_file_bg_throughput".into(),
+                json!((bg * 100.0).round() / 100.0),
+            );
+            all.insert(
+                "kafka_over_file_fg_p50".into(),
+                json!((fg * 100.0).round() / 100.0),
+            );
+        }
         v
     }
 
@@ -178,11 +211,15 @@ impl ServiceReport {
             exec = self.plan.exec_clients(),
             warm = self.warmup_runs,
         );
-        for (name, f) in [
+        let mut rows = vec![
             ("library (in-process)", &self.library),
             ("zkguard serve (HTTP)", &self.service),
-            ("zkguard exec + curl", &self.exec),
-        ] {
+        ];
+        if let Some(k) = &self.service_kafka {
+            rows.push(("zkguard serve, Kafka journal", k));
+        }
+        rows.push(("zkguard exec + curl", &self.exec));
+        for (name, f) in rows {
             out.push_str(&format!(
                 "{name:<28} {:>8.2}ms {:>8.2}ms {:>16.1}\n",
                 ms(f.p50),
@@ -199,6 +236,11 @@ impl ServiceReport {
             self.fg_ratio(),
             self.bg_ratio()
         ));
+        if let (Some(bg), Some(fg)) = (self.kafka_bg_ratio(), self.kafka_fg_ratio()) {
+            out.push_str(&format!(
+                "background throughput, Kafka journal / file journal: {bg:.2}x (goal: at least 0.7x)\nforeground p50, Kafka journal / file journal: {fg:.2}x (goal: unchanged)\n"
+            ));
+        }
         out
     }
 }
@@ -212,11 +254,16 @@ pub(super) fn latencies(mut samples: Vec<Duration>) -> (Duration, Duration) {
     (percentile(&samples, 0.50), percentile(&samples, 0.99))
 }
 
-/// Runs the three paths against `settings`' ZooKeeper and Elasticsearch.
+/// Runs the three paths against `settings`' ZooKeeper and Elasticsearch, and the service again
+/// with its journal on the Kafka brokers `kafka` (`host:port,...`) when given.
 ///
 /// # Errors
 /// A path failed (the message says which and why).
-pub async fn run(settings: Settings, plan: ServicePlan) -> Result<ServiceReport, String> {
+pub async fn run(
+    settings: Settings,
+    plan: ServicePlan,
+    kafka: Option<String>,
+) -> Result<ServiceReport, String> {
     let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
     let mut settings = settings;
     settings.zookeeper.lock_root = format!("/zkguard-bench-service/{tag}");
@@ -224,7 +271,15 @@ pub async fn run(settings: Settings, plan: ServicePlan) -> Result<ServiceReport,
     let library = library(&settings, plan, &format!("bench-lib-{tag}")).await?;
     let svc_index = format!("bench-svc-{tag}");
     mapped_index(&settings, &svc_index).await?;
-    let service = service(&settings, plan, &svc_index).await?;
+    let service_kafka = match kafka.as_deref() {
+        Some(brokers) => {
+            let index = format!("bench-kafka-{tag}");
+            mapped_index(&settings, &index).await?;
+            Some(service(&settings, plan, &index, Some(brokers)).await?)
+        }
+        None => None,
+    };
+    let service = service(&settings, plan, &svc_index, None).await?;
     let exec_index = format!("bench-exec-{tag}");
     mapped_index(&settings, &exec_index).await?;
     let exec = exec(&settings, plan, &exec_index).await?;
@@ -232,6 +287,7 @@ pub async fn run(settings: Settings, plan: ServicePlan) -> Result<ServiceReport,
         plan,
         library,
         service,
+        service_kafka,
         exec,
         warmup_runs,
     })
@@ -455,8 +511,12 @@ fn zkguard_command(settings: &Settings) -> Result<tokio::process::Command, Strin
     Ok(cmd)
 }
 
-async fn start_service(settings: &Settings, plan: ServicePlan) -> Result<Served, String> {
-    start_served(settings, plan.clients, false).await
+async fn start_service(
+    settings: &Settings,
+    plan: ServicePlan,
+    kafka: Option<&str>,
+) -> Result<Served, String> {
+    start_served_journal(settings, Some(plan.clients * 4 + 16), false, kafka).await
 }
 
 /// Starts `zkguard serve` for `clients` concurrent clients, with the Elasticsearch-compatible
@@ -477,6 +537,17 @@ pub(super) async fn start_served_with(
     settings: &Settings,
     max_concurrent: Option<u32>,
     gateway: bool,
+) -> Result<Served, String> {
+    start_served_journal(settings, max_concurrent, gateway, None).await
+}
+
+/// As [`start_served_with`], with the journal on the Kafka brokers `kafka` (a topic of its own)
+/// when given, else in a file.
+async fn start_served_journal(
+    settings: &Settings,
+    max_concurrent: Option<u32>,
+    gateway: bool,
+    kafka: Option<&str>,
 ) -> Result<Served, String> {
     use tokio::io::AsyncBufReadExt;
     let dir = std::env::temp_dir().join(format!("zkguard-bench-{}", uuid::Uuid::new_v4().simple()));
@@ -506,6 +577,14 @@ pub(super) async fn start_served_with(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true);
+    if let Some(brokers) = kafka {
+        cmd.env("ZKGUARD_SERVER_JOURNAL_BACKEND", "kafka")
+            .env("ZKGUARD_SERVER_JOURNAL_KAFKA_BROKERS", brokers)
+            .env(
+                "ZKGUARD_SERVER_JOURNAL_KAFKA_TOPIC",
+                format!("zkguard-bench-journal-{}", uuid::Uuid::new_v4().simple()),
+            );
+    }
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot start zkguard serve: {e}"))?;
@@ -561,8 +640,9 @@ async fn service(
     settings: &Settings,
     plan: ServicePlan,
     index: &str,
+    kafka: Option<&str>,
 ) -> Result<PathFigures, String> {
-    let served = start_service(settings, plan).await?;
+    let served = start_service(settings, plan, kafka).await?;
     let base = served.base.clone();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(plan.clients as usize * 2)
@@ -655,14 +735,29 @@ async fn service(
     for t in tasks {
         accepts.extend(t.await.map_err(|e| e.to_string())??);
     }
-    // Until every accepted operation is finished (the journal holds no unfinished one).
-    while !journal_empty(&http, &base).await? {
+    let n = per * plan.clients;
+    // Until every accepted operation is finished: the file journal holds no unfinished one; on
+    // Kafka, the service counts every one applied (the partitions are applied by their owner).
+    let give_up = Instant::now() + Duration::from_secs(600);
+    loop {
+        let done = if kafka.is_some() {
+            background_applied(&http, &base).await? >= u64::from(n)
+        } else {
+            journal_empty(&http, &base).await?
+        };
+        if done {
+            break;
+        }
+        if Instant::now() > give_up {
+            return Err(
+                "zkguard serve did not finish its background operations within 10 minutes".into(),
+            );
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let elapsed = started.elapsed();
     let mut stages = Stages::scraped(&scraped_before, &metrics_text(&http, &base).await?);
     stages.accept_p50 = latencies(accepts).0;
-    let n = per * plan.clients;
     let applied = background_applied(&http, &base).await?;
     if applied != u64::from(n) {
         return Err(format!(

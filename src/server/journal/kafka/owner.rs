@@ -53,6 +53,11 @@ pub trait Dispatch: Send + Sync + 'static {
     fn abort_ops(&self, ids: &[Uuid]);
 }
 
+/// The ZooKeeper group of the fleet's members on `topic` (`ZkSession::members`).
+pub fn members_group(topic: &str) -> String {
+    format!("journal-{topic}")
+}
+
 fn monitor_of(topic: &str, partition: i32) -> String {
     format!("zkguard-journal-{topic}-{partition}")
 }
@@ -67,7 +72,7 @@ pub async fn run(
     if let Err(e) = progress::ensure_index(fleet.store.as_ref(), &fleet.settings.index).await {
         tracing::warn!(index = %fleet.settings.index, error = %e, "cannot create the journal's index; the partitions' progress cannot be committed until it can");
     }
-    let group = format!("journal-{}", fleet.settings.topic);
+    let group = members_group(&fleet.settings.topic);
     loop {
         if let Err(e) = fleet.session.join_members(&group, &fleet.instance).await {
             tracing::debug!(error = %e, "cannot register as a member of the fleet yet");

@@ -1,0 +1,421 @@
+//! The fleet run's checker: pure functions over what the clients were answered, what the
+//! documents hold at the end, the operations' outcomes and the partitions' owners as the
+//! instances reported them. Its own tests (`checker_tests`) feed it histories it must reject.
+//!
+//! Rules:
+//!
+//! - every operation answered 202 is in its document's record of applied operations exactly
+//!   once, and its outcome (read from any instance) is `applied`; an operation whose answer was
+//!   lost (unknown outcome) is there at most once; one refused (4xx, 503, never sent) is not
+//!   there at all, nor is any operation no client sent;
+//! - in each document's record (oldest first) the operations keep their acceptance order: an
+//!   operation acknowledged before another was sent comes before it, and the lines of one bulk
+//!   request come in line order;
+//! - each document holds the payload of the last operation of its record (so the last
+//!   accepted write, as no later one may follow it), and the fencing tokens of its operations,
+//!   in the order applied, never decrease: a deposed owner that applied an operation after its
+//!   successor would show as a decrease, or as an operation applied twice or out of order;
+//! - each partition of a killed or paused instance is taken over by another instance (it
+//!   reports owning it and its committed offset moved) within the limit after the fault.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// One operation a client sent, with its answer.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    /// The operation id (the `op_id` the client chose).
+    pub id: String,
+    /// The document it writes (`index/id`).
+    pub doc: String,
+    /// The document body it writes.
+    pub payload: Value,
+    /// The client that sent it (shown in a violation's dump).
+    #[allow(dead_code)]
+    pub client: usize,
+    /// The instance it was sent to.
+    pub via: usize,
+    /// The request it was part of (unique per run) and its line in it (0 for a single write).
+    pub request: u64,
+    pub line: usize,
+    /// When the request left, since the run's start.
+    pub sent: Duration,
+    /// What the answer said.
+    pub answer: Answer,
+}
+
+/// How an operation was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// 202, at this time since the run's start: it must be applied exactly once.
+    Accepted(Duration),
+    /// Refused (4xx, 503 with `Retry-After`) or never sent: it must not be applied.
+    Refused,
+    /// No answer came back (a killed or paused instance): applied at most once.
+    Unknown,
+}
+
+impl Sent {
+    fn acked(&self) -> Option<Duration> {
+        match self.answer {
+            Answer::Accepted(at) => Some(at),
+            _ => None,
+        }
+    }
+}
+
+/// A document as Elasticsearch holds it at the end.
+#[derive(Debug, Clone)]
+pub struct FinalDoc {
+    /// `index/id`.
+    pub doc: String,
+    /// The source without the `zkguard` object; `None` when the document does not exist.
+    pub body: Option<Value>,
+    /// The ids in the document's `zkguard.ops`, oldest first.
+    pub applied: Vec<String>,
+}
+
+/// An operation's outcome as `GET /v1/operations/{id}` answered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// `applied`, `queued`, `parked`, `rejected`, or `unknown (404)`.
+    pub status: String,
+    /// The fencing token it was applied with.
+    pub token: Option<u64>,
+    /// The instance that answered.
+    pub asked: usize,
+}
+
+/// What an instance reported of one partition at one moment (its `/metrics`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen {
+    pub at: Duration,
+    pub instance: usize,
+    pub partition: u32,
+    /// The instance said it owns the partition.
+    pub owned_here: bool,
+    /// The partition's committed (applied) offset as the instance knows it.
+    pub committed: i64,
+}
+
+/// An instance taken out: SIGKILLed or SIGSTOPped at `at`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fault {
+    pub instance: usize,
+    pub at: Duration,
+    pub kind: &'static str,
+}
+
+/// How long one partition of a faulted instance took to be taken over.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Takeover {
+    pub fault: Fault,
+    pub partition: u32,
+    /// The instance that took it and how long after the fault; `None` when none did.
+    pub by: Option<(usize, Duration)>,
+}
+
+/// A broken rule.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Violation {
+    /// A 202 operation missing from its document.
+    Lost { op: String, doc: String },
+    /// An operation recorded more than once in its document.
+    Doubled {
+        op: String,
+        doc: String,
+        times: usize,
+    },
+    /// A refused operation, or one nobody sent to this document, in the document.
+    Foreign { op: String, doc: String },
+    /// `later` was acknowledged before `earlier` was sent, or comes after it in one bulk
+    /// request, yet was applied after it.
+    OutOfOrder {
+        doc: String,
+        earlier: String,
+        later: String,
+    },
+    /// The document does not hold the payload of its last applied operation.
+    WrongBody {
+        doc: String,
+        last: Option<String>,
+        found: Option<Value>,
+    },
+    /// Tokens decrease in the document's order of operations.
+    TokenDecrease {
+        doc: String,
+        op: String,
+        token: u64,
+        after: u64,
+    },
+    /// A 202 operation whose outcome is not `applied`.
+    NotApplied { op: String, status: String },
+    /// A document got more operations than its record keeps: exactly-once cannot be judged.
+    WindowExceeded { doc: String, sent: usize },
+    /// A faulted instance's partition taken over too late, or never.
+    SlowTakeover {
+        partition: u32,
+        instance: usize,
+        took: Option<Duration>,
+        limit: Duration,
+    },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+/// The verdict and the counts behind it.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub violations: Vec<Violation>,
+    pub accepted: usize,
+    pub refused: usize,
+    pub unknown: usize,
+    pub unknown_applied: usize,
+    pub documents: usize,
+    pub takeovers: Vec<Takeover>,
+}
+
+/// Checks the documents and outcomes against what was sent. `window` is the size of the
+/// documents' record of operations (`elastic.stamp.window`).
+pub fn check_documents(
+    sent: &[Sent],
+    docs: &[FinalDoc],
+    outcomes: &HashMap<String, Outcome>,
+    window: usize,
+) -> Report {
+    let mut report = Report::default();
+    for s in sent {
+        match s.answer {
+            Answer::Accepted(_) => report.accepted += 1,
+            Answer::Refused => report.refused += 1,
+            Answer::Unknown => report.unknown += 1,
+        }
+    }
+    let mut by_doc: HashMap<&str, Vec<&Sent>> = HashMap::new();
+    for s in sent {
+        by_doc.entry(s.doc.as_str()).or_default().push(s);
+    }
+    let finals: HashMap<&str, &FinalDoc> = docs.iter().map(|d| (d.doc.as_str(), d)).collect();
+    let empty = FinalDoc {
+        doc: String::new(),
+        body: None,
+        applied: Vec::new(),
+    };
+    let mut names: Vec<&str> = by_doc.keys().copied().collect();
+    names.extend(finals.keys().filter(|d| !by_doc.contains_key(*d)));
+    names.sort_unstable();
+    for doc in names {
+        let ops = by_doc.get(doc).cloned().unwrap_or_default();
+        let fin = finals.get(doc).copied().unwrap_or(&empty);
+        report.documents += 1;
+        let v = check_document(doc, &ops, fin, outcomes, window);
+        report.unknown_applied += ops
+            .iter()
+            .filter(|s| s.answer == Answer::Unknown && fin.applied.contains(&s.id))
+            .count();
+        report.violations.extend(v);
+    }
+    for s in sent.iter().filter(|s| s.acked().is_some()) {
+        match outcomes.get(&s.id) {
+            Some(o) if o.status == "applied" => {}
+            other => report.violations.push(Violation::NotApplied {
+                op: s.id.clone(),
+                status: other.map_or_else(|| "not asked".into(), |o| o.status.clone()),
+            }),
+        }
+    }
+    report
+}
+
+/// The rules of one document.
+fn check_document(
+    doc: &str,
+    ops: &[&Sent],
+    fin: &FinalDoc,
+    outcomes: &HashMap<String, Outcome>,
+    window: usize,
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    if ops.len() > window {
+        out.push(Violation::WindowExceeded {
+            doc: doc.into(),
+            sent: ops.len(),
+        });
+        return out;
+    }
+    let mine: HashMap<&str, &Sent> = ops.iter().map(|s| (s.id.as_str(), *s)).collect();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for id in &fin.applied {
+        *counts.entry(id.as_str()).or_default() += 1;
+    }
+    for (id, &n) in &counts {
+        match mine.get(id) {
+            Some(s) if s.answer != Answer::Refused => {}
+            _ => out.push(Violation::Foreign {
+                op: (*id).into(),
+                doc: doc.into(),
+            }),
+        }
+        if n > 1 {
+            out.push(Violation::Doubled {
+                op: (*id).into(),
+                doc: doc.into(),
+                times: n,
+            });
+        }
+    }
+    for s in ops.iter().filter(|s| s.acked().is_some()) {
+        if !counts.contains_key(s.id.as_str()) {
+            out.push(Violation::Lost {
+                op: s.id.clone(),
+                doc: doc.into(),
+            });
+        }
+    }
+    let applied: Vec<&Sent> = fin
+        .applied
+        .iter()
+        .filter_map(|id| mine.get(id.as_str()).copied())
+        .collect();
+    out.extend(order_violations(doc, &applied));
+    out.extend(token_violations(doc, &applied, outcomes));
+    let last = fin.applied.last();
+    let expected = last
+        .and_then(|id| mine.get(id.as_str()))
+        .map(|s| &s.payload);
+    if expected != fin.body.as_ref() {
+        out.push(Violation::WrongBody {
+            doc: doc.into(),
+            last: last.cloned(),
+            found: fin.body.clone(),
+        });
+    }
+    out
+}
+
+/// Acceptance order in the order applied: no operation acknowledged before an earlier-applied
+/// one was sent, and one bulk request's lines in line order.
+fn order_violations(doc: &str, applied: &[&Sent]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    // The operation sent last among those applied so far.
+    let mut latest: Option<&Sent> = None;
+    let mut lines: HashMap<u64, &Sent> = HashMap::new();
+    for s in applied {
+        if let (Some(prev), Some(acked)) = (latest, s.acked()) {
+            if prev.sent > acked {
+                out.push(Violation::OutOfOrder {
+                    doc: doc.into(),
+                    earlier: s.id.clone(),
+                    later: prev.id.clone(),
+                });
+            }
+        }
+        if let Some(prev) = lines.get(&s.request) {
+            if prev.line > s.line {
+                out.push(Violation::OutOfOrder {
+                    doc: doc.into(),
+                    earlier: s.id.clone(),
+                    later: prev.id.clone(),
+                });
+            }
+        }
+        lines.insert(s.request, s);
+        if latest.is_none_or(|p| s.sent > p.sent) {
+            latest = Some(s);
+        }
+    }
+    out
+}
+
+/// The tokens of the applied operations (from their outcomes) never decrease.
+fn token_violations(
+    doc: &str,
+    applied: &[&Sent],
+    outcomes: &HashMap<String, Outcome>,
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut highest = 0;
+    for s in applied {
+        let Some(token) = outcomes.get(&s.id).and_then(|o| o.token) else {
+            continue;
+        };
+        if token < highest {
+            out.push(Violation::TokenDecrease {
+                doc: doc.into(),
+                op: s.id.clone(),
+                token,
+                after: highest,
+            });
+        }
+        highest = highest.max(token);
+    }
+    out
+}
+
+/// For each fault, each partition the instance owned when it was taken out, and the first
+/// moment another instance reported owning it with a committed offset beyond the one last seen
+/// before the fault (something applied by the new owner).
+pub fn takeovers(seen: &[Seen], faults: &[Fault]) -> Vec<Takeover> {
+    let mut out = Vec::new();
+    for fault in faults {
+        let mut before: HashMap<u32, (Duration, bool, i64)> = HashMap::new();
+        let mut committed: HashMap<u32, i64> = HashMap::new();
+        for s in seen.iter().filter(|s| s.at <= fault.at) {
+            let c = committed.entry(s.partition).or_insert(s.committed);
+            *c = (*c).max(s.committed);
+            if s.instance == fault.instance {
+                let e = before.entry(s.partition).or_insert((s.at, false, 0));
+                if s.at >= e.0 {
+                    *e = (s.at, s.owned_here, s.committed);
+                }
+            }
+        }
+        let mut owned: Vec<u32> = before
+            .iter()
+            .filter(|(_, (_, owned, _))| *owned)
+            .map(|(p, _)| *p)
+            .collect();
+        owned.sort_unstable();
+        for partition in owned {
+            let floor = committed.get(&partition).copied().unwrap_or(0);
+            let by = seen
+                .iter()
+                .filter(|s| {
+                    s.at > fault.at
+                        && s.partition == partition
+                        && s.instance != fault.instance
+                        && s.owned_here
+                        && s.committed > floor
+                })
+                .min_by_key(|s| s.at)
+                .map(|s| (s.instance, s.at - fault.at));
+            out.push(Takeover {
+                fault: fault.clone(),
+                partition,
+                by,
+            });
+        }
+    }
+    out
+}
+
+/// The takeovers slower than `limit`, or that never happened.
+pub fn slow_takeovers(takeovers: &[Takeover], limit: Duration) -> Vec<Violation> {
+    takeovers
+        .iter()
+        .filter(|t| t.by.is_none_or(|(_, took)| took > limit))
+        .map(|t| Violation::SlowTakeover {
+            partition: t.partition,
+            instance: t.fault.instance,
+            took: t.by.map(|(_, d)| d),
+            limit,
+        })
+        .collect()
+}

@@ -1,0 +1,284 @@
+//! The checker's own tests: a clean history passes, and each kind of violation (lost,
+//! doubled, out of order, wrong body, foreign, decreasing tokens, not applied, slow takeover)
+//! is caught.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::checker::*;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Operation `id` on document `d`, sent at `sent` ms and accepted at `acked` ms.
+fn op(id: &str, d: &str, sent: u64, acked: u64) -> Sent {
+    Sent {
+        id: id.into(),
+        doc: d.into(),
+        payload: json!({"op": id}),
+        client: 0,
+        via: 0,
+        request: sent,
+        line: 0,
+        sent: ms(sent),
+        answer: Answer::Accepted(ms(acked)),
+    }
+}
+
+fn doc(d: &str, applied: &[&str]) -> FinalDoc {
+    FinalDoc {
+        doc: d.into(),
+        body: applied.last().map(|id| json!({"op": id})),
+        applied: applied.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn applied(ids: &[(&str, u64)]) -> HashMap<String, Outcome> {
+    ids.iter()
+        .map(|(id, token)| {
+            (
+                id.to_string(),
+                Outcome {
+                    status: "applied".into(),
+                    token: Some(*token),
+                    asked: 0,
+                },
+            )
+        })
+        .collect()
+}
+
+fn check(sent: &[Sent], docs: &[FinalDoc], outcomes: &HashMap<String, Outcome>) -> Vec<Violation> {
+    check_documents(sent, docs, outcomes, 100).violations
+}
+
+#[test]
+fn a_clean_history_passes() {
+    // b and c overlap (either order is fine); d is sent after both were acknowledged.
+    let sent = [
+        op("a", "x", 0, 5),
+        op("b", "x", 10, 30),
+        op("c", "x", 12, 20),
+        op("d", "x", 40, 45),
+    ];
+    let outcomes = applied(&[("a", 1), ("b", 2), ("c", 2), ("d", 3)]);
+    let docs = [doc("x", &["a", "c", "b", "d"])];
+    let report = check_documents(&sent, &docs, &outcomes, 100);
+    assert_eq!(report.violations, vec![]);
+    assert_eq!(report.accepted, 4);
+}
+
+#[test]
+fn a_lost_operation_is_caught() {
+    let sent = [op("a", "x", 0, 5), op("b", "x", 10, 15)];
+    let outcomes = applied(&[("a", 1), ("b", 2)]);
+    let v = check(&sent, &[doc("x", &["b"])], &outcomes);
+    assert!(v.contains(&Violation::Lost {
+        op: "a".into(),
+        doc: "x".into()
+    }));
+}
+
+#[test]
+fn a_doubled_operation_is_caught() {
+    let sent = [op("a", "x", 0, 5), op("b", "x", 10, 15)];
+    let outcomes = applied(&[("a", 1), ("b", 2)]);
+    let v = check(&sent, &[doc("x", &["a", "b", "a"])], &outcomes);
+    assert!(
+        v.iter()
+            .any(|v| matches!(v, Violation::Doubled { op, times: 2, .. } if op == "a")),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn operations_out_of_acceptance_order_are_caught() {
+    // b was sent after a's 202, yet applied first.
+    let sent = [op("a", "x", 0, 5), op("b", "x", 10, 15)];
+    let outcomes = applied(&[("a", 1), ("b", 1)]);
+    let v = check(&sent, &[doc("x", &["b", "a"])], &outcomes);
+    assert!(v.contains(&Violation::OutOfOrder {
+        doc: "x".into(),
+        earlier: "a".into(),
+        later: "b".into()
+    }));
+}
+
+#[test]
+fn bulk_lines_out_of_line_order_are_caught() {
+    let mut a = op("a", "x", 0, 5);
+    let mut b = op("b", "x", 0, 5);
+    (a.request, a.line) = (7, 0);
+    (b.request, b.line) = (7, 1);
+    let outcomes = applied(&[("a", 1), ("b", 1)]);
+    assert_eq!(
+        check(&[a.clone(), b.clone()], &[doc("x", &["a", "b"])], &outcomes),
+        vec![]
+    );
+    let v = check(&[a, b], &[doc("x", &["b", "a"])], &outcomes);
+    assert!(
+        v.iter().any(|v| matches!(v, Violation::OutOfOrder { .. })),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn a_document_not_holding_its_last_write_is_caught() {
+    let sent = [op("a", "x", 0, 5), op("b", "x", 10, 15)];
+    let outcomes = applied(&[("a", 1), ("b", 2)]);
+    let mut d = doc("x", &["a", "b"]);
+    d.body = Some(json!({"op": "a"}));
+    let v = check(&sent, &[d], &outcomes);
+    assert!(
+        v.iter().any(|v| matches!(v, Violation::WrongBody { .. })),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn refused_and_unsent_operations_in_a_document_are_caught() {
+    let mut r = op("r", "x", 0, 5);
+    r.answer = Answer::Refused;
+    let outcomes = applied(&[]);
+    let v = check(&[r], &[doc("x", &["r", "ghost"])], &outcomes);
+    assert!(v.contains(&Violation::Foreign {
+        op: "r".into(),
+        doc: "x".into()
+    }));
+    assert!(v.contains(&Violation::Foreign {
+        op: "ghost".into(),
+        doc: "x".into()
+    }));
+}
+
+#[test]
+fn an_unknown_outcome_may_be_applied_once_or_not_at_all() {
+    let mut u = op("u", "x", 0, 5);
+    u.answer = Answer::Unknown;
+    let a = op("a", "x", 1, 3);
+    let outcomes = applied(&[("a", 1), ("u", 1)]);
+    assert_eq!(
+        check(&[u.clone(), a.clone()], &[doc("x", &["a"])], &outcomes),
+        vec![]
+    );
+    let report = check_documents(
+        &[u.clone(), a.clone()],
+        &[doc("x", &["a", "u"])],
+        &outcomes,
+        100,
+    );
+    assert_eq!(report.violations, vec![]);
+    assert_eq!(report.unknown_applied, 1);
+    let v = check(&[u, a], &[doc("x", &["u", "a", "u"])], &outcomes);
+    assert!(
+        v.iter().any(|v| matches!(v, Violation::Doubled { .. })),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn a_decreasing_token_is_caught() {
+    // A deposed owner's write after its successor's: its token is the older one.
+    let sent = [op("a", "x", 0, 5), op("b", "x", 1, 6)];
+    let outcomes = applied(&[("a", 9), ("b", 4)]);
+    let v = check(&sent, &[doc("x", &["a", "b"])], &outcomes);
+    assert!(
+        v.iter().any(|v| matches!(
+            v,
+            Violation::TokenDecrease {
+                token: 4,
+                after: 9,
+                ..
+            }
+        )),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn an_acknowledged_operation_not_applied_by_its_outcome_is_caught() {
+    let sent = [op("a", "x", 0, 5)];
+    let mut outcomes = applied(&[("a", 1)]);
+    outcomes.get_mut("a").unwrap().status = "parked".into();
+    let v = check(&sent, &[doc("x", &["a"])], &outcomes);
+    assert!(v.contains(&Violation::NotApplied {
+        op: "a".into(),
+        status: "parked".into()
+    }));
+}
+
+#[test]
+fn a_document_beyond_its_record_window_is_reported() {
+    let sent: Vec<Sent> = (0..5)
+        .map(|i| op(&format!("o{i}"), "x", i, i + 1))
+        .collect();
+    let v = check_documents(&sent, &[doc("x", &["o3", "o4"])], &applied(&[]), 2).violations;
+    assert!(
+        v.iter()
+            .any(|v| matches!(v, Violation::WindowExceeded { .. })),
+        "{v:?}"
+    );
+}
+
+fn seen(at: u64, instance: usize, partition: u32, owned_here: bool, committed: i64) -> Seen {
+    Seen {
+        at: ms(at),
+        instance,
+        partition,
+        owned_here,
+        committed,
+    }
+}
+
+#[test]
+fn takeovers_are_measured_from_the_fault_to_the_new_owners_first_commit() {
+    let observed = [
+        seen(100, 0, 0, true, 10),
+        seen(100, 0, 1, false, 3),
+        seen(100, 1, 1, true, 3),
+        // Instance 1 claims partition 0 before applying anything: not a takeover yet.
+        seen(2_000, 1, 0, true, 10),
+        seen(3_500, 1, 0, true, 12),
+    ];
+    let fault = Fault {
+        instance: 0,
+        at: ms(500),
+        kind: "kill",
+    };
+    let t = takeovers(&observed, std::slice::from_ref(&fault));
+    assert_eq!(
+        t,
+        vec![Takeover {
+            fault: fault.clone(),
+            partition: 0,
+            by: Some((1, ms(3_000)))
+        }]
+    );
+    assert_eq!(slow_takeovers(&t, ms(5_000)), vec![]);
+    assert_eq!(slow_takeovers(&t, ms(2_000)).len(), 1);
+}
+
+#[test]
+fn a_partition_never_taken_over_is_caught() {
+    let observed = [seen(100, 0, 2, true, 10), seen(900, 1, 2, false, 10)];
+    let fault = Fault {
+        instance: 0,
+        at: ms(500),
+        kind: "pause",
+    };
+    let t = takeovers(&observed, &[fault]);
+    assert_eq!(t.len(), 1);
+    assert_eq!(t[0].by, None);
+    assert!(matches!(
+        slow_takeovers(&t, ms(11_000))[..],
+        [Violation::SlowTakeover {
+            partition: 2,
+            instance: 0,
+            took: None,
+            ..
+        }]
+    ));
+}

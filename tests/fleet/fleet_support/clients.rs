@@ -1,0 +1,180 @@
+//! The clients: each sends background writes (`PUT ...?type=background`) and `/v1/bulk`
+//! requests of 2 to 5 lines on shared documents, one request after another, turning through
+//! the three instances, and records every operation with its answer.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+
+use super::checker::{Answer, Sent};
+use super::cluster::WINDOW;
+
+/// The index every client writes.
+pub const INDEX: &str = "fleet";
+/// Documents written at one time; a document that got `WINDOW - 50` operations is retired and
+/// a new one takes its place, so that every document's record holds all its operations.
+const LIVE_DOCS: usize = 16;
+
+/// The documents in use and how many operations each got.
+#[derive(Default)]
+pub struct Docs {
+    live: Vec<String>,
+    counts: HashMap<String, usize>,
+    next: usize,
+}
+
+impl Docs {
+    /// A live document, counting one more operation on it.
+    fn pick(&mut self, rng: &mut StdRng) -> String {
+        while self.live.len() < LIVE_DOCS {
+            self.live.push(format!("d{}", self.next));
+            self.next += 1;
+        }
+        let i = rng.gen_range(0..self.live.len());
+        let doc = self.live[i].clone();
+        let n = self.counts.entry(doc.clone()).or_default();
+        *n += 1;
+        if *n >= WINDOW - 50 {
+            self.live.swap_remove(i);
+        }
+        doc
+    }
+
+    /// Every document ever written.
+    pub fn all(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.counts.keys().cloned().collect();
+        all.sort();
+        all
+    }
+}
+
+/// What the clients share.
+pub struct Shared {
+    pub bases: Arc<RwLock<Vec<String>>>,
+    pub start: Instant,
+    pub sent: Mutex<Vec<Sent>>,
+    pub docs: Mutex<Docs>,
+    pub stop: AtomicBool,
+    requests: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(bases: Arc<RwLock<Vec<String>>>, start: Instant) -> Self {
+        Shared {
+            bases,
+            start,
+            sent: Mutex::new(Vec::new()),
+            docs: Mutex::new(Docs::default()),
+            stop: AtomicBool::new(false),
+            requests: AtomicU64::new(0),
+        }
+    }
+}
+
+/// How an answer counts: 202 accepted; a refusal that says nothing was queued (4xx, 503 other
+/// than a request timeout, 429) or a connection refused: refused; anything else unknown.
+fn answer(result: &Result<(StatusCode, Value), reqwest::Error>, at: Duration) -> Answer {
+    match result {
+        Ok((StatusCode::ACCEPTED, _)) => Answer::Accepted(at),
+        Ok((s, _)) if s.is_client_error() => Answer::Refused,
+        Ok((StatusCode::SERVICE_UNAVAILABLE, v)) if v["error"] != "request_timeout" => {
+            Answer::Refused
+        }
+        Err(e) if e.is_connect() => Answer::Refused,
+        _ => Answer::Unknown,
+    }
+}
+
+/// One client's loop until `shared.stop`.
+pub async fn client(shared: Arc<Shared>, id: usize, seed: u64) {
+    let http = Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut rng = StdRng::seed_from_u64(seed ^ id as u64);
+    let mut seq = 0u64;
+    let mut turn = id;
+    while !shared.stop.load(Ordering::Relaxed) {
+        turn += 1;
+        let via = turn % 3;
+        let base = shared.bases.read().unwrap()[via].clone();
+        let request = shared.requests.fetch_add(1, Ordering::Relaxed);
+        let lines = if rng.gen_bool(0.3) {
+            rng.gen_range(2..=5)
+        } else {
+            1
+        };
+        let mut ops = Vec::with_capacity(lines);
+        for line in 0..lines {
+            seq += 1;
+            let doc = shared.docs.lock().unwrap().pick(&mut rng);
+            let op = uuid::Uuid::new_v4().to_string();
+            let payload = json!({"client": id, "seq": seq, "op": op});
+            ops.push(Sent {
+                id: op,
+                doc: format!("{INDEX}/{doc}"),
+                payload,
+                client: id,
+                via,
+                request,
+                line,
+                sent: shared.start.elapsed(),
+                answer: Answer::Unknown,
+            });
+        }
+        let result = send(&http, &base, &ops).await;
+        let verdict = answer(&result, shared.start.elapsed());
+        if verdict == Answer::Refused {
+            // A refusal (an instance down, a full queue): a short pause before the next.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut sent = shared.sent.lock().unwrap();
+        for mut op in ops {
+            op.answer = verdict;
+            sent.push(op);
+        }
+    }
+}
+
+/// Sends `ops` as one background write (one operation) or one `/v1/bulk` request.
+async fn send(
+    http: &Client,
+    base: &str,
+    ops: &[Sent],
+) -> Result<(StatusCode, Value), reqwest::Error> {
+    let id_of = |s: &Sent| s.doc.split_once('/').unwrap().1.to_string();
+    let req = if let [op] = ops {
+        http.put(format!(
+            "{base}/v1/indices/{INDEX}/docs/{}?type=background&op_id={}",
+            id_of(op),
+            op.id
+        ))
+        .header("content-type", "application/json")
+        .body(op.payload.to_string())
+    } else {
+        let body: String = ops
+            .iter()
+            .map(|op| {
+                let line = json!({"action": "index", "index": INDEX, "id": id_of(op),
+                    "doc": op.payload, "op_id": op.id});
+                format!("{line}\n")
+            })
+            .collect();
+        http.post(format!("{base}/v1/bulk"))
+            .header("content-type", "application/x-ndjson")
+            .body(body)
+    };
+    let resp = req.send().await?;
+    let status = resp.status();
+    let bytes = resp.bytes().await?;
+    Ok((
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    ))
+}
