@@ -261,33 +261,7 @@ impl Removal {
     pub fn handle(&mut self, input: Input) -> Action {
         let st = std::mem::replace(&mut self.st, St::Done);
         match (st, input) {
-            (St::First { mark }, Input::Replies(replies)) => {
-                let result = match replies.into_iter().next() {
-                    Some(Reply::Multi(Ok(_))) | Some(Reply::Deleted(Ok(()))) => Ok(()),
-                    Some(Reply::Multi(Err(
-                        MultiError::Failed { code, .. } | MultiError::Request(code),
-                    )))
-                    | Some(Reply::Deleted(Err(code))) => Err(code),
-                    _ => Err(Code::Other("a removal answered out of shape".into())),
-                };
-                match result {
-                    Ok(()) => self.finish(Ok(())),
-                    Err(Code::NoAuth) if mark => {
-                        self.mark_refused = true;
-                        self.st = St::First { mark: false };
-                        self.start()
-                    }
-                    Err(Code::NoNode | Code::BadVersion) => {
-                        self.st = self.careful_state(true);
-                        self.careful_step(true)
-                    }
-                    Err(Code::Lost(_)) => {
-                        self.st = self.careful_state(false);
-                        self.careful_step(false)
-                    }
-                    Err(code) => self.finish(Err(code)),
-                }
-            }
+            (St::First { mark }, Input::Replies(replies)) => self.on_first(mark, replies),
             (
                 St::Careful {
                     gone_before,
@@ -295,63 +269,7 @@ impl Removal {
                     deleting,
                 },
                 Input::Replies(replies),
-            ) => {
-                // The read of the mutex comes with the monitor's (behind the pass's sync).
-                let monitor = match (deleting, on_mutex, replies.get(1)) {
-                    (false, true, Some(Reply::Data(Ok(read)))) => Some(read.stat.version),
-                    _ => None,
-                };
-                // The read or the delete: the last answer.
-                let reply = replies.into_iter().last();
-                let result: Result<Option<i32>, Code> = match (deleting, reply) {
-                    // Read: ours (delete it, of that version), or not (leave it).
-                    (false, Some(Reply::Data(Ok(read)))) => {
-                        Ok(is_ours(&read, self.me, &self.attempt, self.flaw)
-                            .then_some(read.stat.version))
-                    }
-                    (false, Some(Reply::Data(Err(Code::NoNode)))) => Ok(None),
-                    (true, Some(Reply::Deleted(Ok(()) | Err(Code::NoNode | Code::BadVersion)))) => {
-                        Ok(None)
-                    }
-                    // The mutex's delete with the monitor's check: gone, or taken since.
-                    (true, Some(Reply::Multi(Ok(_)))) => Ok(None),
-                    (
-                        true,
-                        Some(Reply::Multi(Err(
-                            MultiError::Failed { code, .. } | MultiError::Request(code),
-                        ))),
-                    ) => match code {
-                        Code::NoNode | Code::BadVersion => Ok(None),
-                        code => Err(code),
-                    },
-                    (_, Some(Reply::Data(Err(code)) | Reply::Deleted(Err(code)))) => Err(code),
-                    _ => Err(Code::Other("a careful delete answered out of shape".into())),
-                };
-                match result {
-                    Ok(Some(version)) => {
-                        self.st = St::Careful {
-                            gone_before,
-                            on_mutex,
-                            deleting: true,
-                        };
-                        send(vec![self.careful_delete(on_mutex, version, monitor)])
-                    }
-                    Ok(None) if on_mutex && self.node.is_some() => {
-                        self.st = St::Careful {
-                            gone_before,
-                            on_mutex: false,
-                            deleting: false,
-                        };
-                        send(vec![Request::GetData(self.careful_target(false))])
-                    }
-                    Ok(None) => self.careful_done(gone_before),
-                    Err(Code::Lost(_)) => {
-                        self.st = St::CarefulBackoff { gone_before };
-                        Action::Backoff
-                    }
-                    Err(code) => self.finish(Err(code)),
-                }
-            }
+            ) => self.on_careful(gone_before, on_mutex, deleting, replies),
             (St::CarefulBackoff { gone_before }, _) => {
                 self.st = self.careful_state(gone_before);
                 self.careful_step(gone_before)
@@ -374,49 +292,7 @@ impl Removal {
                     deleting,
                 },
                 Input::Replies(replies),
-            ) => {
-                let target = child(&children[next]);
-                let on_mutex = target == Target::Mutex;
-                // The mutex's read comes after the monitor's, as in the careful deletes.
-                let monitor = match (deleting, on_mutex, replies.first()) {
-                    (false, true, Some(Reply::Data(Ok(read)))) => Some(read.stat.version),
-                    _ => None,
-                };
-                match (deleting, replies.into_iter().last()) {
-                    (false, Some(Reply::Data(Ok(read))))
-                        if is_ours(&read, self.me, &self.attempt, self.flaw) =>
-                    {
-                        self.st = St::SearchRead {
-                            children,
-                            next,
-                            deleting: true,
-                        };
-                        send(vec![self.careful_delete_of(
-                            target,
-                            read.stat.version,
-                            monitor,
-                        )])
-                    }
-                    (
-                        _,
-                        Some(
-                            Reply::Data(Err(Code::Lost(_)))
-                            | Reply::Deleted(Err(Code::Lost(_)))
-                            | Reply::Multi(Err(
-                                MultiError::Failed {
-                                    code: Code::Lost(_),
-                                    ..
-                                }
-                                | MultiError::Request(Code::Lost(_)),
-                            )),
-                        ),
-                    ) => {
-                        self.st = St::SearchBackoff;
-                        Action::Backoff
-                    }
-                    _ => self.search_from(children, next + 1),
-                }
-            }
+            ) => self.on_search_read(children, next, deleting, replies),
             (St::SearchBackoff, _) => {
                 self.st = St::SearchList;
                 search_list()
@@ -425,6 +301,148 @@ impl Removal {
                 self.st = st;
                 Action::Done
             }
+        }
+    }
+
+    /// The answer to the first attempt: the release multi (or the plain delete).
+    fn on_first(&mut self, mark: bool, replies: Vec<Reply>) -> Action {
+        let result = match replies.into_iter().next() {
+            Some(Reply::Multi(Ok(_))) | Some(Reply::Deleted(Ok(()))) => Ok(()),
+            Some(Reply::Multi(Err(
+                MultiError::Failed { code, .. } | MultiError::Request(code),
+            )))
+            | Some(Reply::Deleted(Err(code))) => Err(code),
+            _ => Err(Code::Other("a removal answered out of shape".into())),
+        };
+        match result {
+            Ok(()) => self.finish(Ok(())),
+            Err(Code::NoAuth) if mark => {
+                self.mark_refused = true;
+                self.st = St::First { mark: false };
+                self.start()
+            }
+            Err(Code::NoNode | Code::BadVersion) => {
+                self.st = self.careful_state(true);
+                self.careful_step(true)
+            }
+            Err(Code::Lost(_)) => {
+                self.st = self.careful_state(false);
+                self.careful_step(false)
+            }
+            Err(code) => self.finish(Err(code)),
+        }
+    }
+
+    /// The answer to a careful read (is the node ours?) or to its delete.
+    fn on_careful(
+        &mut self,
+        gone_before: bool,
+        on_mutex: bool,
+        deleting: bool,
+        replies: Vec<Reply>,
+    ) -> Action {
+        // The read of the mutex comes with the monitor's (behind the pass's sync).
+        let monitor = match (deleting, on_mutex, replies.get(1)) {
+            (false, true, Some(Reply::Data(Ok(read)))) => Some(read.stat.version),
+            _ => None,
+        };
+        // The read or the delete: the last answer.
+        let reply = replies.into_iter().last();
+        let result: Result<Option<i32>, Code> = match (deleting, reply) {
+            // Read: ours (delete it, of that version), or not (leave it).
+            (false, Some(Reply::Data(Ok(read)))) => {
+                Ok(is_ours(&read, self.me, &self.attempt, self.flaw).then_some(read.stat.version))
+            }
+            (false, Some(Reply::Data(Err(Code::NoNode)))) => Ok(None),
+            (true, Some(Reply::Deleted(Ok(()) | Err(Code::NoNode | Code::BadVersion)))) => Ok(None),
+            // The mutex's delete with the monitor's check: gone, or taken since.
+            (true, Some(Reply::Multi(Ok(_)))) => Ok(None),
+            (
+                true,
+                Some(Reply::Multi(Err(
+                    MultiError::Failed { code, .. } | MultiError::Request(code),
+                ))),
+            ) => match code {
+                Code::NoNode | Code::BadVersion => Ok(None),
+                code => Err(code),
+            },
+            (_, Some(Reply::Data(Err(code)) | Reply::Deleted(Err(code)))) => Err(code),
+            _ => Err(Code::Other("a careful delete answered out of shape".into())),
+        };
+        match result {
+            Ok(Some(version)) => {
+                self.st = St::Careful {
+                    gone_before,
+                    on_mutex,
+                    deleting: true,
+                };
+                send(vec![self.careful_delete(on_mutex, version, monitor)])
+            }
+            Ok(None) if on_mutex && self.node.is_some() => {
+                self.st = St::Careful {
+                    gone_before,
+                    on_mutex: false,
+                    deleting: false,
+                };
+                send(vec![Request::GetData(self.careful_target(false))])
+            }
+            Ok(None) => self.careful_done(gone_before),
+            Err(Code::Lost(_)) => {
+                self.st = St::CarefulBackoff { gone_before };
+                Action::Backoff
+            }
+            Err(code) => self.finish(Err(code)),
+        }
+    }
+
+    /// The answer to the reaper's search reading (or deleting) the `next` of `children`.
+    fn on_search_read(
+        &mut self,
+        children: Vec<String>,
+        next: usize,
+        deleting: bool,
+        replies: Vec<Reply>,
+    ) -> Action {
+        let target = child(&children[next]);
+        let on_mutex = target == Target::Mutex;
+        // The mutex's read comes after the monitor's, as in the careful deletes.
+        let monitor = match (deleting, on_mutex, replies.first()) {
+            (false, true, Some(Reply::Data(Ok(read)))) => Some(read.stat.version),
+            _ => None,
+        };
+        match (deleting, replies.into_iter().last()) {
+            (false, Some(Reply::Data(Ok(read))))
+                if is_ours(&read, self.me, &self.attempt, self.flaw) =>
+            {
+                self.st = St::SearchRead {
+                    children,
+                    next,
+                    deleting: true,
+                };
+                send(vec![self.careful_delete_of(
+                    target,
+                    read.stat.version,
+                    monitor,
+                )])
+            }
+            (
+                _,
+                Some(
+                    Reply::Data(Err(Code::Lost(_)))
+                    | Reply::Deleted(Err(Code::Lost(_)))
+                    | Reply::Multi(Err(
+                        MultiError::Failed {
+                            code: Code::Lost(_),
+                            ..
+                        }
+                        | MultiError::Request(Code::Lost(_)),
+                    )),
+                ),
+            ) => {
+                self.st = St::SearchBackoff;
+                Action::Backoff
+            }
+            _ => self.search_from(children, next + 1),
         }
     }
 
