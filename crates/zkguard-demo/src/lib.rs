@@ -42,9 +42,9 @@ mod stalled;
 
 pub use plan::{DemoEnv, DemoError, DemoPlan, DemoProgress};
 pub use run::run;
-// The rest of the demo's surface: the report's types and what `tests/demo.rs` (which compiles
-// this module tree on its own) uses; `zkguard demo` itself only prints the report.
-#[allow(unused_imports)]
+// The rest of the demo's surface: the report's types, the reconciliation and the articles'
+// mappings, which the demo's tests (`tests/cli/demo.rs`) use; `zkguard demo` itself prints the
+// report.
 pub use {
     observe::ObservedLocks,
     reconcile::reconcile,
