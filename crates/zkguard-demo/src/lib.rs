@@ -32,6 +32,10 @@
 //!
 //! The parts: [`plan`](DemoPlan) (what a run is given), `run` and `stalled` (the actors),
 //! `observe` (lock timings), `reconcile` and `report` (what the run found).
+//!
+//! [`BackgroundExecutor`]: zkguard::write::background::BackgroundExecutor
+//! [`BackgroundExecutor::run_foreground`]:
+//!     zkguard::write::background::BackgroundExecutor::run_foreground
 
 mod observe;
 mod plan;
