@@ -4,7 +4,8 @@
 
 pub mod bench;
 mod chain;
-pub mod demo;
+// The demo is a crate of its own (crates/zkguard-demo), so that its tests use it as a library.
+pub use zkguard_demo as demo;
 pub mod gateway_bench;
 pub(crate) mod measure;
 pub mod scale_bench;

@@ -16,13 +16,10 @@ use zkguard::{LockService, ZkLockService, ZkSession};
 
 use crate::tutorial_support;
 
-// The demo workload belongs to the `zkguard` binary, not to the library: these tests compile its
-// module from the binary's source tree (it uses the library's public API only).
-#[allow(dead_code, unused_imports)]
-#[path = "../../src/workload/demo/mod.rs"]
-mod workload;
+// The demo workload behind `zkguard demo` is the crate zkguard-demo (crates/zkguard-demo), which
+// the binary runs under its `workload` feature.
 use demo::{reconcile, DemoEnv, DemoPlan, DemoProgress, OpStatus};
-use workload as demo;
+use zkguard_demo as demo;
 
 struct Servers {
     zk: ZkServer,

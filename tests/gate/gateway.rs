@@ -1408,7 +1408,7 @@ async fn aliases_of_zkguards_own_indices_are_refused_like_their_names() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bulk_item_whose_lock_was_lost_answers_429_and_the_python_helper_retries_it() {
     let front = Front::start_with(shared_es().url(), &["--plain-media-types"]);
-    let proxy = crate::proxy::ZkProxy::start(&shared_zk().connect_string());
+    let proxy = zkguard::testkit::proxy::ZkProxy::start(&shared_zk().connect_string());
     // A short grace within a long session: the lock counts as lost long before the client
     // gives up on its silent connection (2/5 of the session timeout) and reconnects.
     let env = gate_env(&proxy.connect_string(), "lost", &front.url)
@@ -1450,7 +1450,7 @@ async fn a_bulk_item_whose_lock_was_lost_answers_429_and_the_python_helper_retri
     .await;
     // From the answer to the session's next confirmation on, ZooKeeper answers nothing: the
     // grace runs out and the lock counts as lost.
-    proxy.hold_after(crate::proxy::OP_SYNC);
+    proxy.hold_after(zkguard::testkit::proxy::OP_SYNC);
     eventually(
         Duration::from_secs(30),
         "the gate's lock counts as lost",

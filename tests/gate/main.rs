@@ -7,12 +7,8 @@ mod cli;
 mod common;
 #[path = "../support/gateway/mod.rs"]
 mod gateway_support;
-#[allow(dead_code)] // gateway.rs only holds an answer; the lock and history binaries cut too
-#[path = "../support/common/proxy.rs"]
-mod proxy;
 #[path = "../support/common/queue.rs"]
 mod queue;
-#[allow(dead_code)] // the gate's tests stop no service; the service binary uses all of it
 #[path = "../support/serve/mod.rs"]
 mod serve_support;
 

@@ -59,13 +59,9 @@ mod lock_history_support;
 mod logs;
 #[path = "../support/common/process.rs"]
 mod process;
-#[allow(dead_code)] // the lock binary uses the rest of the proxy
-#[path = "../support/common/proxy.rs"]
-mod proxy;
 #[path = "../support/common/queue.rs"]
 mod queue;
-#[allow(dead_code)] // the bank only starts services; the service binary uses all of it
-#[path = "../support/serve/mod.rs"]
+#[path = "../support/serve/launch.rs"]
 mod serve_support;
 
 use std::sync::OnceLock;

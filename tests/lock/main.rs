@@ -10,9 +10,6 @@ mod cli;
 mod common;
 #[path = "../support/common/logs.rs"]
 mod logs;
-#[allow(dead_code)] // the history binary uses the rest of the proxy
-#[path = "../support/common/proxy.rs"]
-mod proxy;
 #[path = "../support/common/queue.rs"]
 mod queue;
 

@@ -9,12 +9,12 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::logs::init_tracing;
-use crate::proxy::{
+use crate::queue::queued;
+use common::*;
+use zkguard::testkit::proxy::{
     ZkProxy, CONNECTED, OP_CREATE2, OP_DELETE, OP_GET_CHILDREN, OP_GET_CHILDREN2, OP_GET_DATA,
     OP_MULTI, OP_MULTI_READ, OP_PING, OP_REMOVE_WATCHES, OP_SYNC,
 };
-use crate::queue::queued;
-use common::*;
 use zkguard::testkit::ZkServer;
 use zkguard::zk::list_locks;
 use zkguard::{LockType, ZkBlockingWriteLock};

@@ -5,6 +5,7 @@
 //! a live service. promtool comes with Debian's `prometheus` package (`make deps`).
 
 use crate::common;
+use crate::serve_controls::park_one;
 use crate::serve_support;
 
 use std::collections::{BTreeSet, HashMap};

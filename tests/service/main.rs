@@ -10,6 +10,8 @@ mod cli;
 mod common;
 #[path = "../support/common/queue.rs"]
 mod queue;
+#[path = "../support/serve/controls.rs"]
+mod serve_controls;
 #[path = "../support/serve/mod.rs"]
 mod serve_support;
 

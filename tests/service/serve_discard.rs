@@ -2,6 +2,7 @@
 //! entry and the reason logged, its status `rejected` with the reason.
 
 use crate::common;
+use crate::serve_controls::park_one;
 use crate::serve_support;
 
 use common::uuid_tag;

@@ -5,6 +5,7 @@
 
 use crate::common;
 use crate::eventually_value;
+use crate::serve_controls::check_doc;
 use crate::serve_support;
 
 use std::collections::HashMap;

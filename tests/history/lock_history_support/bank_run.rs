@@ -466,6 +466,8 @@ struct Services {
     env: Env,
     current: Option<Service>,
     starts: usize,
+    /// The log file of every start, in order.
+    logs: Vec<std::path::PathBuf>,
 }
 
 impl Services {
@@ -488,6 +490,7 @@ impl Services {
             }
         }
         let s = self.env.start(&format!("bank-{}", self.starts));
+        self.logs.push(s.log.clone());
         *ctx.ends.write().unwrap() = Endpoints {
             api: s.base.clone(),
             gate: format!("http://{}", s.started["gateway"].as_str().unwrap()),
@@ -521,7 +524,8 @@ async fn faults(
                 let point = rng.gen_range(0..80);
                 tokio::time::sleep(Duration::from_millis(point)).await;
                 let in_flight = ctx.txns_in_flight.load(Ordering::SeqCst);
-                services.current.take().unwrap().kill();
+                // Dropping the service SIGKILLs its process.
+                drop(services.current.take().expect("a service runs"));
                 *faults
                     .entry("zkguard serve SIGKILLed and started again")
                     .or_default() += 1;
@@ -637,13 +641,12 @@ async fn final_documents(ctx: &Ctx, es: &str) -> HashMap<String, Value> {
 }
 
 /// How often, by the service's logs, a writer found a stopped transaction's mark under its lock
-/// and finished or undid it there, and the service's recovery decided a transaction.
-fn settlements(dir: &std::path::Path) -> String {
+/// and finished or undid it there, and the service's recovery decided a transaction; `files` are
+/// the logs of its starts.
+fn settlements(files: &[std::path::PathBuf]) -> String {
     let mut logs = String::new();
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        if entry.path().extension().is_some_and(|e| e == "log") {
-            logs += &std::fs::read_to_string(entry.path()).unwrap_or_default();
-        }
+    for file in files {
+        logs += &std::fs::read_to_string(file).unwrap_or_default();
     }
     let count = |what: &str| logs.lines().filter(|l| l.contains(what)).count();
     format!(
@@ -750,6 +753,7 @@ pub async fn run_bank(plan: BankPlan, zk: &ZkServer, es: &str, seed: u64) -> Ban
         env,
         current: None,
         starts: 0,
+        logs: Vec::new(),
     };
     tokio::task::block_in_place(|| services.start(&ctx));
     let tasks: Vec<_> = (0..plan.depositors)
@@ -796,7 +800,7 @@ pub async fn run_bank(plan: BankPlan, zk: &ZkServer, es: &str, seed: u64) -> Ban
         eprintln!("  {kind}: {n}");
     }
     eprintln!("{report}");
-    eprintln!("  from the service's logs: {}", settlements(dir.path()));
+    eprintln!("  from the service's logs: {}", settlements(&services.logs));
     if !report.violations.is_empty() {
         // Keep the service's logs, journal and dead letters for whoever reads the failure.
         let kept = dir.path().display().to_string();

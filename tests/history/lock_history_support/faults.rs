@@ -16,7 +16,7 @@ use zkguard::ZkSession;
 
 use super::children::{signal, ChildEnv, ChildSpec};
 use super::history::{Class, Ev, FaultKind, Outcome, Recorder, Target};
-use crate::proxy::{
+use zkguard::testkit::proxy::{
     ZkProxy, OP_CREATE, OP_CREATE2, OP_DELETE, OP_GET_CHILDREN, OP_GET_CHILDREN2, OP_GET_DATA,
     OP_MULTI, OP_MULTI_READ, OP_SYNC,
 };

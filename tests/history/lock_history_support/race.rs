@@ -11,8 +11,8 @@ use zkguard::{LockType, ZkBlockingWriteLock};
 
 use crate::common::{children, eventually, session, zk_server, zk_settings};
 use crate::logs::init_tracing;
-use crate::proxy::{ZkProxy, OP_GET_CHILDREN2, OP_GET_DATA};
 use crate::queue::queued;
+use zkguard::testkit::proxy::{ZkProxy, OP_GET_CHILDREN2, OP_GET_DATA};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreground_contender_queued_between_a_background_ones_read_and_take_goes_first() {

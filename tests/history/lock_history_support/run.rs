@@ -16,7 +16,7 @@ use super::faults::{Cluster, FaultCtx, Observer, SessionHandle};
 use super::history::{Class, Ev, FaultKind, Recorder};
 use super::workers::{worker, Es, WorkerCtx};
 use crate::common::{uuid_tag, zk_settings};
-use crate::proxy::ZkProxy;
+use zkguard::testkit::proxy::ZkProxy;
 
 /// What a run does.
 pub struct Plan {

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::logs::init_tracing;
-use crate::proxy::{ZkProxy, OP_CREATE2, OP_MULTI};
 use crate::queue::queued;
 use common::*;
+use zkguard::testkit::proxy::{ZkProxy, OP_CREATE2, OP_MULTI};
 use zkguard::testkit::ZkServer;
 use zkguard::zk::{clear_stray, list_locks, StrayOutcome};
 use zkguard::{Blocker, LockError, LockType, LossReason, ZkBlockingWriteLock};

@@ -349,7 +349,7 @@ async fn a_holder_that_takes_the_mutex_while_a_stray_one_is_cleared_keeps_it() {
     let clearer = session(&via_proxy).await;
     // The inspection reads the mutex, the queue, and the mutex again: the answer to the second
     // read of the mutex (and all after it) is held.
-    proxy.hold_after_skipping(crate::proxy::OP_GET_DATA, 1);
+    proxy.hold_after_skipping(zkguard::testkit::proxy::OP_GET_DATA, 1);
     let clearing = tokio::spawn(async move { clear_stray(&clearer, "R1").await });
     eventually(
         Duration::from_secs(10),

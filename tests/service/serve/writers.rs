@@ -3,6 +3,7 @@
 //! lease lock backend.
 
 use super::*;
+use crate::serve_controls::check_doc;
 
 /// Runs a mixed workload of foreground and background writes from `clients` concurrent
 /// clients, spread over `services`, on `docs` shared documents; returns op id -> token per doc.

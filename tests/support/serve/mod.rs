@@ -1,10 +1,9 @@
-//! Shared helpers of the `zkguard serve` tests: real ZooKeeper and osmem-server processes, a
-//! service started on a free port, HTTP calls, and checks of the stored documents.
+//! Shared helpers of the `zkguard serve` tests: real ZooKeeper and osmem-server processes shared
+//! by a binary's tests, the launcher (`launch.rs`, re-exported here), HTTP calls, and checks of
+//! the stored documents. The service's process controls (signals, limits, kills) and the checks
+//! only the service's tests make are in `controls.rs`, which only the service binary declares.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -14,6 +13,10 @@ use serde_json::Value;
 use zkguard::testkit::{OsmemServer, ZkServer};
 use zkguard::{LockRequest, LockService, LockType, ZkLockService};
 
+mod launch;
+
+pub use launch::{Env, Service};
+
 pub fn shared_zk() -> &'static ZkServer {
     static SERVER: OnceLock<ZkServer> = OnceLock::new();
     SERVER.get_or_init(zk_server)
@@ -22,21 +25,6 @@ pub fn shared_zk() -> &'static ZkServer {
 pub fn shared_es() -> &'static OsmemServer {
     static SERVER: OnceLock<OsmemServer> = OnceLock::new();
     SERVER.get_or_init(|| OsmemServer::start().expect("start osmem-server"))
-}
-
-/// Where a service runs: ZooKeeper, Elasticsearch, its lock root and a directory for its files.
-#[derive(Clone)]
-pub struct Env {
-    pub zk: String,
-    pub es: String,
-    pub root: String,
-    pub dir: Arc<tempfile::TempDir>,
-    pub extra: Vec<(String, String)>,
-    pub args: Vec<String>,
-    /// The service's open-files limit (soft and hard), when the test sets one.
-    pub open_files: Option<u64>,
-    /// The service's file-size limit in bytes (`ulimit -f`), when the test sets one.
-    pub file_size: Option<u64>,
 }
 
 impl Env {
@@ -53,113 +41,10 @@ impl Env {
         }
     }
 
-    /// Runs the service under a file-size limit of `n` bytes (`ulimit -f`): a journal that
-    /// reaches it cannot be appended to, as on a full disk.
-    pub fn file_size(mut self, n: Option<u64>) -> Self {
-        self.file_size = n;
-        self
-    }
-
-    /// Runs the service under an open-files limit of `n` (`ulimit -n`).
-    pub fn open_files(mut self, n: u64) -> Self {
-        self.open_files = Some(n);
-        self
-    }
-
     pub fn with(mut self, key: &str, value: &str) -> Self {
         self.extra.push((key.to_string(), value.to_string()));
         self
     }
-
-    pub fn arg(mut self, arg: &str) -> Self {
-        self.args.push(arg.to_string());
-        self
-    }
-
-    pub fn journal(&self, name: &str) -> PathBuf {
-        self.dir.path().join(format!("{name}.journal"))
-    }
-
-    /// Starts `zkguard serve --listen 127.0.0.1:0` with journal `name` and waits for its
-    /// address line.
-    pub fn start(&self, name: &str) -> Service {
-        let log = self.dir.path().join(format!("{name}.log"));
-        let mut cmd = crate::cli::zkguard();
-        cmd.args(["serve", "--listen", "127.0.0.1:0"])
-            .args(&self.args)
-            .env_remove("ZKGUARD_CONFIG")
-            .env_remove("RUST_LOG")
-            .env("ZKGUARD_ZOOKEEPER_SERVERS", &self.zk)
-            .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &self.root)
-            // 6 s: the service gives up a lock after half of it without ZooKeeper (3 s), more
-            // than a busy machine stalls ZooKeeper's JVM; a test about expiry sets its own.
-            .env("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "6000")
-            .env("ZKGUARD_ZOOKEEPER_CONNECTION_RETRY", "2")
-            .env("ZKGUARD_ZOOKEEPER_CONNECTION_DELAY", "100")
-            .env("ZKGUARD_ZOOKEEPER_FOREGROUND_TASK_TIMEOUT", "10000")
-            .env("ZKGUARD_ZOOKEEPER_BACKGROUND_TASK_TIMEOUT", "10000")
-            .env("ZKGUARD_ELASTICSEARCH_URL", &self.es)
-            .env("ZKGUARD_SERVER_JOURNAL_PATH", self.journal(name))
-            .env(
-                "ZKGUARD_DEADLETTER_FILE_PATH",
-                self.dir.path().join(format!("{name}.dlq")),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap());
-        for (k, v) in &self.extra {
-            cmd.env(k, v);
-        }
-        let limits: Vec<(nix::sys::resource::Resource, u64)> = [
-            (nix::sys::resource::Resource::RLIMIT_NOFILE, self.open_files),
-            (nix::sys::resource::Resource::RLIMIT_FSIZE, self.file_size),
-        ]
-        .into_iter()
-        .filter_map(|(r, n)| n.map(|n| (r, n)))
-        .collect();
-        if !limits.is_empty() {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    for (r, n) in &limits {
-                        nix::sys::resource::setrlimit(*r, *n, *n).map_err(std::io::Error::from)?;
-                    }
-                    Ok(())
-                });
-            }
-        }
-        let mut child = cmd.spawn().expect("run zkguard serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let started: Value = serde_json::from_str(&line).unwrap_or_else(|_| {
-            let _ = child.wait();
-            panic!(
-                "zkguard serve did not start: {line:?}\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            )
-        });
-        let scheme = if started["tls"] == true {
-            "https"
-        } else {
-            "http"
-        };
-        Service {
-            child,
-            base: format!("{scheme}://{}", started["listening"].as_str().unwrap()),
-            started,
-            log,
-        }
-    }
-}
-
-pub struct Service {
-    pub child: Child,
-    pub base: String,
-    pub started: Value,
-    pub log: PathBuf,
 }
 
 impl Service {
@@ -167,24 +52,8 @@ impl Service {
         format!("{}{path}", self.base)
     }
 
-    pub fn signal(&self, sig: nix::sys::signal::Signal) {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
-    }
-
-    pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -263,60 +132,12 @@ pub async fn wait_finished(c: &Client, s: &Service, ids: &[String]) -> HashMap<S
     done
 }
 
-/// Parks one background operation on `index`: a patch of a document that does not exist,
-/// which can never apply. Returns its operation id once the service says it is parked.
-pub async fn park_one(c: &Client, s: &Service, index: &str) -> String {
-    let (status, v) = call(
-        c,
-        Method::PATCH,
-        &s.url(&format!("/v1/indices/{index}/docs/gone?type=background")),
-        Some(serde_json::json!({"views": 1}).to_string()),
-    )
-    .await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
-    let id = v["operation_id"].as_str().unwrap().to_string();
-    let done = wait_finished(c, s, std::slice::from_ref(&id)).await;
-    assert_eq!(done[&id]["status"], "parked", "{:?}", done[&id]);
-    id
-}
-
 /// The stored document, straight from Elasticsearch.
 pub async fn es_doc(c: &Client, index: &str, id: &str) -> Value {
     let url = format!("{}/{index}/_doc/{id}", shared_es().url());
     let (status, v) = call(c, Method::GET, &url, None).await;
     assert_eq!(status, StatusCode::OK, "{url}: {v}");
     v
-}
-
-/// Checks one document against the writes that were answered as done: every one of them is
-/// recorded in the document exactly once (none lost, none applied twice) and, in the order
-/// they were applied, their fencing tokens never decrease; the stored version is the last
-/// token. A token names one lock acquisition: several operations share one when the service
-/// applied them one after another under one background acquisition, and then they sit next to
-/// each other in the order applied (no other holder wrote in between), which a sequence that
-/// never decreases guarantees. Two acquisitions' writes interleaving would show as a decrease.
-pub async fn check_doc(c: &Client, index: &str, id: &str, tokens: &HashMap<String, u64>) {
-    let doc = es_doc(c, index, id).await;
-    let ops: Vec<String> =
-        serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
-    let unique: HashSet<&String> = ops.iter().collect();
-    assert_eq!(
-        unique.len(),
-        ops.len(),
-        "an operation was applied twice: {ops:?}"
-    );
-    for op in tokens.keys() {
-        assert!(
-            ops.contains(op),
-            "operation {op} answered as done is missing from {index}/{id}: {ops:?}"
-        );
-    }
-    let applied: Vec<u64> = ops.iter().filter_map(|o| tokens.get(o).copied()).collect();
-    assert!(
-        applied.windows(2).all(|w| w[0] <= w[1]),
-        "tokens of {index}/{id} in the order applied decrease: {applied:?}"
-    );
-    assert_eq!(doc["_version"].as_u64(), applied.last().copied(), "{doc}");
 }
 
 /// Holds the lock of `monitor` (foreground) through the library, as another writer would.

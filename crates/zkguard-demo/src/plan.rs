@@ -99,7 +99,6 @@ impl Default for DemoPlan {
 
 impl DemoPlan {
     /// A smaller run (for tests and slow machines).
-    #[allow(dead_code)] // the binary does not use it; tests/cli/demo.rs does
     pub fn small() -> Self {
         Self {
             articles: 6,

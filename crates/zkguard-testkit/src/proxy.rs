@@ -3,6 +3,22 @@
 //! before the server got it (the request never happens, the client sees the same error), or hold
 //! the server's answers from a chosen request on (the server applies the requests that follow,
 //! the client hears nothing) until the test lets them through.
+//!
+//! It reads ZooKeeper's framing only (a 4-byte length, then the request's `xid` and opcode), so
+//! it needs nothing but `std`: one listener thread, and two threads per connection.
+//!
+//! ```no_run
+//! use zkguard_testkit::proxy::{ZkProxy, OP_MULTI};
+//! use zkguard_testkit::ZkServer;
+//!
+//! # fn demo() -> Result<(), zkguard_testkit::ServerError> {
+//! let zk = ZkServer::builder().start()?;
+//! let proxy = ZkProxy::start(&zk.connect_string());
+//! // A client connected to `proxy.connect_string()` loses its connection right after the
+//! // server applied its next multi, without hearing the answer.
+//! proxy.cut_after(OP_MULTI);
+//! # Ok(()) }
+//! ```
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -10,26 +26,40 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
-/// ZooKeeper opcodes of creates.
+/// ZooKeeper's opcode of `create`.
 pub const OP_CREATE: i32 = 1;
+/// ZooKeeper's opcode of `delete`.
 pub const OP_DELETE: i32 = 2;
+/// ZooKeeper's opcode of `getData`.
 pub const OP_GET_DATA: i32 = 4;
+/// ZooKeeper's opcode of `multi` (a transaction of writes).
 pub const OP_MULTI: i32 = 14;
+/// ZooKeeper's opcode of `create2` (a create that answers with the node's stat).
 pub const OP_CREATE2: i32 = 15;
+/// ZooKeeper's opcode of `getChildren`.
 pub const OP_GET_CHILDREN: i32 = 8;
+/// ZooKeeper's opcode of `sync`.
 pub const OP_SYNC: i32 = 9;
+/// ZooKeeper's opcode of a ping (a session keeping itself alive).
 pub const OP_PING: i32 = 11;
+/// ZooKeeper's opcode of `getChildren2` (children and the parent's stat).
 pub const OP_GET_CHILDREN2: i32 = 12;
+/// ZooKeeper's opcode of `removeWatches`.
 pub const OP_REMOVE_WATCHES: i32 = 18;
+/// ZooKeeper's opcode of `multiRead` (a batch of reads).
 pub const OP_MULTI_READ: i32 = 22;
 /// In [`ZkProxy::requests`]: a new connection starts here.
 pub const CONNECTED: i32 = i32::MIN;
 
+/// The proxy: listens on a free loopback port and relays every connection to one ZooKeeper
+/// server. Dropping it stops accepting connections.
+#[derive(Debug)]
 pub struct ZkProxy {
     port: u16,
     state: Arc<State>,
 }
 
+#[derive(Debug)]
 struct State {
     upstream: String,
     /// Opcode to cut after (0 = none).
@@ -58,6 +88,11 @@ struct State {
 }
 
 impl ZkProxy {
+    /// Starts relaying to `upstream` (`host:port` of one ZooKeeper server).
+    ///
+    /// # Panics
+    ///
+    /// When no loopback port can be bound.
     pub fn start(upstream: &str) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         let port = listener.local_addr().unwrap().port();
@@ -94,6 +129,7 @@ impl ZkProxy {
         Self { port, state }
     }
 
+    /// The proxy's address, as a ZooKeeper connect string (`127.0.0.1:PORT`).
     pub fn connect_string(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
@@ -121,11 +157,13 @@ impl ZkProxy {
         self.cut_after(op);
     }
 
+    /// Accepts reconnections again after a `*_and_block` cut (and disarms the blocking).
     pub fn unblock(&self) {
         self.state.block_after_cut.store(false, Ordering::Release);
         self.state.blocked.store(false, Ordering::Release);
     }
 
+    /// How many connections were cut so far.
     pub fn cuts(&self) -> usize {
         self.state.cuts.load(Ordering::Acquire)
     }

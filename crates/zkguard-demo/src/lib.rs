@@ -32,6 +32,10 @@
 //!
 //! The parts: [`plan`](DemoPlan) (what a run is given), `run` and `stalled` (the actors),
 //! `observe` (lock timings), `reconcile` and `report` (what the run found).
+//!
+//! [`BackgroundExecutor`]: zkguard::write::background::BackgroundExecutor
+//! [`BackgroundExecutor::run_foreground`]:
+//!     zkguard::write::background::BackgroundExecutor::run_foreground
 
 mod observe;
 mod plan;
@@ -42,9 +46,9 @@ mod stalled;
 
 pub use plan::{DemoEnv, DemoError, DemoPlan, DemoProgress};
 pub use run::run;
-// The rest of the demo's surface: the report's types and what `tests/cli/demo.rs` (which compiles
-// this module tree on its own) uses; `zkguard demo` itself only prints the report.
-#[allow(unused_imports)]
+// The rest of the demo's surface: the report's types, the reconciliation and the articles'
+// mappings, which the demo's tests (`tests/cli/demo.rs`) use; `zkguard demo` itself prints the
+// report.
 pub use {
     observe::ObservedLocks,
     reconcile::reconcile,

@@ -159,7 +159,6 @@ pub struct Reconciliation {
 
 impl Reconciliation {
     /// Whether no difference was found (see also [`Reconciliation::is_complete`]).
-    #[allow(dead_code)] // the demo's tests (tests/cli/demo.rs) check it
     pub fn is_consistent(&self) -> bool {
         self.mismatches.is_empty()
     }
@@ -209,7 +208,6 @@ pub struct DemoReport {
 
 impl DemoReport {
     /// Whether the reconciliation found no mismatch.
-    #[allow(dead_code)] // the demo's tests (tests/cli/demo.rs) check it
     pub fn is_consistent(&self) -> bool {
         self.reconciliation.is_consistent()
     }
