@@ -826,7 +826,9 @@ async fn a_replay_through_the_library_settles_records_as_the_cli_does() {
     );
     assert_eq!(sink.list().await.unwrap().len(), 1);
 
+    // (the setup's write may wait: the test's lock timeouts are short for the parking above)
     GuardedWriter::new(l, es.clone())
+        .with_lock_timeout(Duration::from_secs(10))
         .on("once-1")
         .index(&index, "1", json!({"n": 0}))
         .await

@@ -127,6 +127,39 @@ async fn lost_replies_do_not_stop_a_transaction() {
     );
 }
 
+/// A transaction first tries all its locks at once without waiting; a try that ZooKeeper does
+/// not answer in time (here: its answers held for 2 s) is a connection loss for that try only:
+/// the transaction goes on to wait for the lock within its own timeout (10 s), and commits once
+/// ZooKeeper answers, instead of failing as unavailable after a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_try_zookeeper_does_not_answer_in_time_waits_within_the_transactions_timeout() {
+    let mut env = Env::new("slowtry").await;
+    let proxy = zkguard::testkit::proxy::ZkProxy::start(&env.zk.servers);
+    env.zk.servers = proxy.connect_string();
+    env.seed(&[("a", json!({"v": 1}))]).await;
+    let txns = env.transactions().await;
+    // From the first multi's answer on (the fast path of the first try), answers are held.
+    proxy.hold_after(zkguard::testkit::proxy::OP_MULTI);
+    let apply = tokio::spawn(async move {
+        txns.apply(
+            TxnRequest::new(vec![TxnOp::update(&env.index, "a", json!({"w": 2}))])
+                .with_id("slowtry-1"),
+        )
+        .await
+        .map(|out| (out, env))
+    });
+    // The fault: ZooKeeper's answers are late for 2 s, past the try's second to give up.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.release_held();
+    let (out, env) = apply
+        .await
+        .unwrap()
+        .expect("the transaction waits within its timeout");
+    assert_eq!(out.state, Decision::Committed, "{out:?}");
+    assert!(proxy.holds() >= 1, "the answers were held");
+    assert_eq!(env.source("a").await, Some(json!({"v": 1, "w": 2})));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_expectation_rolls_back_naming_the_document() {
     let env = Env::new("expect").await;

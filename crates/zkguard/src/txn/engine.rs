@@ -470,6 +470,11 @@ impl Transactions {
                 Err(e @ LockError::Timeout { .. }) => {
                     first_missing.get_or_insert((i, e));
                 }
+                // A try that ZooKeeper did not answer within its bound to give up (the try has no
+                // wait of its own) is tried again below, within what the transaction may wait.
+                Err(e @ LockError::ConnectionLoss { .. }) if timeout != Some(Duration::ZERO) => {
+                    first_missing.get_or_insert((i, e));
+                }
                 // Every lock is given back below.
                 Err(source) => {
                     failure.get_or_insert((monitor.clone(), source));
