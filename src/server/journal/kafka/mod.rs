@@ -506,7 +506,7 @@ const END_FETCH_BYTES: i32 = 1024 * 1024;
 /// the end when that batch holds several records (a request's records of one partition are one
 /// batch); the fetch's high watermark is the end the records reach. (The fetch waits 1 ms:
 /// tansu answers a fetch that may not wait with no partition at all.)
-async fn end_offset(pc: &PartitionClient, timeout: Duration) -> Result<i64, String> {
+pub(crate) async fn end_offset(pc: &PartitionClient, timeout: Duration) -> Result<i64, String> {
     let listed = tokio::time::timeout(timeout, pc.get_offset(OffsetAt::Latest))
         .await
         .map_err(|_| "no answer".to_string())?
