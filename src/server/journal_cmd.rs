@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use rskafka::client::partition::{OffsetAt, UnknownTopicHandling};
+use rskafka::client::partition::UnknownTopicHandling;
 use rskafka::client::ClientBuilder;
 use serde::Serialize;
 use zkguard::config::{JournalBackendKind, Settings};
@@ -14,7 +14,7 @@ use zkguard::es::EsStore;
 use zkguard::write::ops::{acceptance_now, Operation};
 use zkguard::ZkSession;
 
-use super::journal::kafka::{owner, progress};
+use super::journal::kafka::{self, owner, progress};
 use crate::exit::{CliError, EX_UNAVAILABLE};
 
 /// Arguments of `zkguard journal`.
@@ -65,9 +65,8 @@ pub async fn run(settings: Settings, args: JournalArgs) -> Result<u8, CliError> 
             .partition_client(k.topic.clone(), partition, UnknownTopicHandling::Error)
             .await
             .map_err(|e| unavailable(&format!("partition {partition} of {}", k.topic), e))?;
-        let end = tokio::time::timeout(timeout, pc.get_offset(OffsetAt::Latest))
+        let end = kafka::end_offset(&pc, timeout)
             .await
-            .map_err(|_| unavailable(&format!("partition {partition}'s end"), "no answer"))?
             .map_err(|e| unavailable(&format!("partition {partition}'s end"), e))?;
         let done = progress::read(&store, &k.index, &k.topic, partition)
             .await
@@ -75,7 +74,7 @@ pub async fn run(settings: Settings, args: JournalArgs) -> Result<u8, CliError> 
         let lag = (end - done.offset).max(0);
         let oldest = if lag > 0 {
             let fetched =
-                tokio::time::timeout(timeout, pc.fetch_records(done.offset, 1..1_048_576, 0))
+                tokio::time::timeout(timeout, pc.fetch_records(done.offset, 1..1_048_576, 1))
                     .await
                     .ok()
                     .and_then(Result::ok);

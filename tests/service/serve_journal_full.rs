@@ -682,3 +682,56 @@ async fn kafka_journal_partitions_of_a_paused_instance_are_taken_over_and_it_sto
         );
     }
 }
+
+/// A request's records of one partition are one batch; tansu answers a partition's latest
+/// offset (ListOffsets) with the last batch's first offset + 1, below the partition's end when
+/// that batch holds several records: the journal's status must report the end the records
+/// reach (committed offset never beyond it, lag 0 once everything is applied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_status_reports_the_end_of_a_partition_whose_last_batch_holds_several_records(
+) {
+    let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
+    let tag = uuid_tag();
+    let state = tempfile::tempdir().unwrap();
+    let s = kafka_env(&broker, &tag, "a", state.path()).start("kafka-end");
+    let c = client();
+    let index = format!("kafka-end-{tag}");
+    let ids: Vec<String> = (0..5).map(|_| uuid::Uuid::new_v4().to_string()).collect();
+    let body: String = ids
+        .iter()
+        .enumerate()
+        .map(|(n, id)| {
+            let line = json!({"action": "index", "index": index, "id": "d",
+                "doc": {"n": n}, "op_id": id});
+            format!("{line}\n")
+        })
+        .collect();
+    let (status, v) = call(&c, Method::POST, &s.url("/v1/bulk"), Some(body)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let done = wait_finished(&c, &s, &ids).await;
+    assert!(done.values().all(|v| v["status"] == "applied"), "{done:?}");
+    // The status is refreshed every second: once the commit is in it, every partition's end
+    // is its committed offset, and the five records are counted.
+    let m = eventually_value(Duration::from_secs(30), || async {
+        let m = scrape(&c, &s).await;
+        let series = |name: &str, p: i32| {
+            m.get(&format!("{name}{{partition=\"{p}\"}}"))
+                .copied()
+                .unwrap_or(-1.0)
+        };
+        let committed: f64 = (0..3)
+            .map(|p| series("zkguard_journal_partition_committed_offset", p))
+            .sum();
+        (committed == 5.0).then_some(m)
+    })
+    .await;
+    for p in 0..3 {
+        let at = |name: &str| m[&format!("{name}{{partition=\"{p}\"}}")];
+        assert_eq!(
+            at("zkguard_journal_partition_end_offset"),
+            at("zkguard_journal_partition_committed_offset"),
+            "partition {p}: {m:?}"
+        );
+        assert_eq!(at("zkguard_journal_partition_lag"), 0.0, "{m:?}");
+    }
+}

@@ -834,3 +834,51 @@ async fn session_locks_probe(
         .unwrap();
     session
 }
+
+/// An operation whose task is stopped while its attempt waits in its monitor's lane (the
+/// service stops the operations of a journal partition it no longer owns) is not written when
+/// the lane gets the lock: nobody waits for it, and the partition's new owner applies it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_whose_operation_was_stopped_is_not_written_by_its_lane() {
+    let servers = shared();
+    let zk = zkguard::testkit::ZkServer::start().expect("ZooKeeper");
+    let dir = tempfile::tempdir().unwrap();
+    let settings = guarded_support::settings(&zk.connect_string(), servers.es.url(), dir.path());
+    let es = store(&settings);
+    let index = format!("lane-stop-{}", tag());
+    let monitor = format!("{index}:0");
+    let (_s, l) = locks(&settings).await;
+    GuardedWriter::new(l.clone(), es.clone())
+        .on(&monitor)
+        .index(&index, "0", json!({"n": 0}))
+        .await
+        .unwrap();
+    let exec = BackgroundExecutor::builder(
+        GuardedWriter::new(l, es.clone()),
+        Arc::new(FileSink::new(&settings.retry.file_path)) as Arc<dyn DeadLetterSink>,
+    )
+    .retry(&settings.retry)
+    .concurrency(4)
+    .batch_by_monitor(4, 64)
+    .build();
+    // Another session holds the monitor: the attempt waits in the lane.
+    let (_holder_session, holder_locks) = locks(&settings).await;
+    let held = holder_locks
+        .acquire(LockRequest::new(&monitor, "holder"))
+        .await
+        .unwrap();
+    let stopped = exec
+        .submit(Operation::increment(&monitor, &index, "0", "n", 1))
+        .await;
+    stopped.abort();
+    assert!(stopped.await.unwrap_err().is_cancelled());
+    held.unlock().await.unwrap();
+    let next = exec
+        .submit(Operation::increment(&monitor, &index, "0", "n", 10))
+        .await;
+    assert!(matches!(
+        next.await.unwrap().unwrap(),
+        Outcome::Applied { .. }
+    ));
+    assert_eq!(source(es.as_ref(), &index, "0").await["n"], json!(10));
+}

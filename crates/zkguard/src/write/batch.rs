@@ -244,6 +244,12 @@ impl Batcher {
         mut batch: Vec<Queued>,
         held: Option<Box<dyn Guard>>,
     ) -> (Vec<Queued>, Option<Box<dyn Guard>>) {
+        // Attempts nobody waits for any more (their operation's task was stopped: the service
+        // stops the operations of a journal partition it no longer owns) are not written.
+        batch.retain(|q| !q.done.is_closed());
+        if batch.is_empty() {
+            return (Vec::new(), held);
+        }
         let first = &batch[0].op;
         let mut request = LockRequest::new(monitor.to_string(), first.info.clone())
             .with_type(first.lock_type)
@@ -283,6 +289,10 @@ impl Batcher {
                     .min(self.max_per_lock.saturating_sub(batch.len()));
                 batch.extend(queue.drain(..n));
             }
+        }
+        batch.retain(|q| !q.done.is_closed());
+        if batch.is_empty() {
+            return (Vec::new(), Some(guard));
         }
         tracing::debug!(
             token,

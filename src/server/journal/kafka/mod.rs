@@ -496,10 +496,24 @@ async fn list_partitions(
         .filter(|n| *n > 0))
 }
 
-/// The end offset of a partition.
-async fn end_offset(pc: &PartitionClient, timeout: Duration) -> Result<i64, String> {
-    tokio::time::timeout(timeout, pc.get_offset(OffsetAt::Latest))
+/// Most bytes the fetch that reads a partition's end asks for (the broker answers at least one
+/// batch whole; fewer bytes would cut it, which the client refuses).
+const END_FETCH_BYTES: i32 = 1024 * 1024;
+
+/// The end offset of a partition (the offset its next record gets): the greater of the
+/// latest offset the broker lists and the high watermark a fetch from there answers. Some
+/// brokers (tansu 0.6) list the first offset of the last batch + 1 as the latest offset, below
+/// the end when that batch holds several records (a request's records of one partition are one
+/// batch); the fetch's high watermark is the end the records reach. (The fetch waits 1 ms:
+/// tansu answers a fetch that may not wait with no partition at all.)
+pub(crate) async fn end_offset(pc: &PartitionClient, timeout: Duration) -> Result<i64, String> {
+    let listed = tokio::time::timeout(timeout, pc.get_offset(OffsetAt::Latest))
         .await
         .map_err(|_| "no answer".to_string())?
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    match tokio::time::timeout(timeout, pc.fetch_records(listed, 1..END_FETCH_BYTES, 1)).await {
+        Ok(Ok((_, high_watermark))) => Ok(listed.max(high_watermark)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer".to_string()),
+    }
 }

@@ -257,7 +257,7 @@ async fn apply(
             let next = lock(&part.state).next;
             let pc = fleet.partitions[p as usize].clone();
             tokio::select! {
-                fetched = fetch(&pc, next) => {
+                fetched = fetch(&pc, next, fleet.settings.timeout) => {
                     match fetched {
                         Ok((records, _)) if records.is_empty() => {}
                         // Nothing read is queued before the token is checked against the
@@ -302,15 +302,26 @@ async fn apply(
 }
 
 /// Fetches records from `offset`; when there are none, returns after [`FETCH_WAIT_MS`] even if
-/// the broker answered at once (not every broker waits as asked).
+/// the broker answered at once (not every broker waits as asked). A fetch the broker does not
+/// answer within `limit` (`server.journal.kafka.timeout`) reads nothing: the applier asks
+/// again instead of waiting on it for ever.
 async fn fetch(
     pc: &rskafka::client::partition::PartitionClient,
     offset: i64,
+    limit: Duration,
 ) -> Result<(Vec<rskafka::record::RecordAndOffset>, i64), RsError> {
     let started = Instant::now();
-    let fetched = pc
-        .fetch_records(offset, 1..FETCH_BYTES, FETCH_WAIT_MS)
-        .await?;
+    let asked = pc.fetch_records(offset, 1..FETCH_BYTES, FETCH_WAIT_MS);
+    let fetched = match tokio::time::timeout(limit, asked).await {
+        Ok(fetched) => fetched?,
+        Err(_) => {
+            tracing::debug!(
+                offset,
+                "a journal fetch was not answered in time; asking again"
+            );
+            (Vec::new(), offset)
+        }
+    };
     if fetched.0.is_empty() {
         let wait = Duration::from_millis(FETCH_WAIT_MS as u64);
         tokio::time::sleep(wait.saturating_sub(started.elapsed())).await;
@@ -380,7 +391,15 @@ fn load(
         }
         match fleet.table.get(&op.id) {
             Some(e) if e.finished.is_some() => continue,
-            Some(_) => {}
+            // Known and unfinished, but not queued by this applier (an earlier owner here read
+            // it): queued again, under this applier, so that it cannot hold the progress back.
+            Some(_) => {
+                let mut ids = lock(&fleet.owned.ids);
+                if ids.get(&op.id) != Some(&(p, part.generation)) {
+                    ids.insert(op.id, (p, part.generation));
+                    fresh.push(op.clone());
+                }
+            }
             None => {
                 fleet.table.load(&op, value.len() as u64);
                 lock(&fleet.owned.ids).insert(op.id, (p, part.generation));
@@ -405,7 +424,7 @@ async fn fetch_failed(fleet: &KafkaJournal, part: &Part, e: RsError) {
     {
         let pc = &fleet.partitions[p as usize];
         let earliest = pc.get_offset(OffsetAt::Earliest).await;
-        let latest = pc.get_offset(OffsetAt::Latest).await;
+        let latest = end_offset(pc, fleet.settings.timeout).await;
         let moved = {
             let mut st = lock(&part.state);
             match (earliest, latest) {
@@ -414,14 +433,25 @@ async fn fetch_failed(fleet: &KafkaJournal, part: &Part, e: RsError) {
                     st.next = earliest;
                     true
                 }
+                // Records from the end on were lost by the broker, and the records it appends
+                // from now on get those offsets: they are read from the end (those applied
+                // already are recognised by their outcomes and documents), the progress goes
+                // back to the end, and nothing waits for offsets that may never come.
                 (_, Ok(latest)) if st.next > latest => {
-                    tracing::error!(partition = p, committed = st.next, end = latest, "the journal partition ends before the committed offset: the broker lost records (a topic deleted and created again, or storage that does not survive a restart); its records from the committed offset on are applied as they arrive, the others need an operator (reset the progress document of this partition in server.journal.kafka.index)");
-                    false
+                    tracing::error!(partition = p, read_up_to = st.next, end = latest, "the journal partition ends before the offset read up to: the broker lost records (a topic deleted and created again, or storage that does not survive a restart); reading again from its end");
+                    st.replay_end = st.replay_end.max(st.next);
+                    st.next = latest;
+                    st.committed.offset = st.committed.offset.min(latest);
+                    true
                 }
                 _ => false,
             }
         };
-        if !moved {
+        if moved {
+            if let Err(e) = commit(fleet, part, true).await {
+                tracing::warn!(partition = p, error = %e, "cannot commit a journal partition's progress; trying again");
+            }
+        } else {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         return;
@@ -491,13 +521,25 @@ fn finish(fleet: &KafkaJournal, state: &dyn Dispatch, part: &Part, end: End) {
             parts.remove(&p);
         }
     }
-    let ids: Vec<Uuid> = lock(&part.state).offsets.keys().copied().collect();
-    {
+    // Operations queued again by a newer applier of the partition here are its own.
+    let ids: Vec<Uuid> = {
+        let mine = lock(&part.state)
+            .offsets
+            .keys()
+            .copied()
+            .collect::<Vec<_>>();
         let mut all = lock(&fleet.owned.ids);
-        for id in &ids {
-            all.remove(id);
-        }
-    }
+        mine.into_iter()
+            .filter(|id| match all.get(id) {
+                Some(&(q, g)) if (q, g) == (p, part.generation) => {
+                    all.remove(id);
+                    true
+                }
+                Some(_) => false,
+                None => true,
+            })
+            .collect()
+    };
     fleet.table.forget(&ids);
     state.abort_ops(&ids);
     match end {
@@ -610,7 +652,8 @@ async fn oldest_elsewhere(fleet: &KafkaJournal, p: i32, committed: i64) -> Optio
     let pc = &fleet.partitions[p as usize];
     let fetched = tokio::time::timeout(
         fleet.settings.timeout,
-        pc.fetch_records(committed, 1..FETCH_BYTES, 0),
+        // Not 0: tansu answers a fetch that may not wait with no partition at all.
+        pc.fetch_records(committed, 1..FETCH_BYTES, 1),
     )
     .await
     .ok()?
