@@ -33,9 +33,6 @@ pub struct Sent {
     pub doc: String,
     /// The document body it writes.
     pub payload: Value,
-    /// The client that sent it (shown in a violation's dump).
-    #[allow(dead_code)]
-    pub client: usize,
     /// The instance it was sent to.
     pub via: usize,
     /// The request it was part of (unique per run) and its line in it (0 for a single write).

@@ -19,7 +19,6 @@ fn op(id: &str, d: &str, sent: u64, acked: u64) -> Sent {
         id: id.into(),
         doc: d.into(),
         payload: json!({"op": id}),
-        client: 0,
         via: 0,
         request: sent,
         line: 0,

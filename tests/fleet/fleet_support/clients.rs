@@ -120,7 +120,6 @@ pub async fn client(shared: Arc<Shared>, id: usize, seed: u64) {
                 id: op,
                 doc: format!("{INDEX}/{doc}"),
                 payload,
-                client: id,
                 via,
                 request,
                 line,
