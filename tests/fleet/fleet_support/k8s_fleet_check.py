@@ -23,60 +23,15 @@ import yaml
 
 repo, binary = sys.argv[1], sys.argv[2]
 base = os.path.join(repo, "deploy", "kubernetes-fleet")
+sys.path.insert(0, os.path.join(repo, "tests", "support", "deploy"))
+from k8s_common import Manifests, fail  # noqa: E402
 
-
-def fail(message):
-    print(f"FAIL: {message}")
-    sys.exit(1)
-
-
-kustomization = yaml.safe_load(open(os.path.join(base, "kustomization.yaml")))
-files = [os.path.join(base, f) for f in kustomization["resources"]]
-validated = subprocess.run(
-    ["kubernetes-validate", "--strict", *files], capture_output=True, text=True
-)
-if validated.returncode != 0:
-    fail(f"kubernetes-validate: {validated.stdout}{validated.stderr}")
-print(f"ok: {len(files)} manifests validate strictly")
-
-docs = {}
-for f in files:
-    for doc in yaml.safe_load_all(open(f)):
-        docs[(doc["kind"], doc["metadata"]["name"])] = doc
-config = docs[("ConfigMap", "zkguard-fleet")]
-secret = docs[("Secret", "zkguard")]
-deployment = docs[("Deployment", "zkguard-fleet")]
-pod = deployment["spec"]["template"]["spec"]
-container = pod["containers"][0]
-mounts = {m["name"]: m for m in container["volumeMounts"]}
-volumes = {v["name"]: v for v in pod["volumes"]}
-
-properties_text = config["data"]["zkguard.properties"]
-props = {}
-for line in properties_text.splitlines():
-    line = line.strip()
-    if line and not line.startswith("#"):
-        key, _, value = line.partition("=")
-        props[key.strip()] = value.strip()
-
+m = Manifests(base, "zkguard-fleet", "Deployment", "zkguard-fleet")
+docs, config, secret, deployment, pod = m.docs, m.config, m.secret, m.workload, m.pod
+container, mounts, volumes = m.container, m.mounts, m.volumes
+properties_text, props = m.properties_text, m.props
 secret_dir = mounts["secret"]["mountPath"]
-with tempfile.TemporaryDirectory() as tmp:
-    for key, value in secret["stringData"].items():
-        with open(os.path.join(tmp, key), "w") as out:
-            out.write(value)
-    with open(os.path.join(tmp, "zkguard.properties"), "w") as out:
-        out.write(properties_text.replace(secret_dir, tmp).replace("/var/lib/zkguard", tmp))
-    checked = subprocess.run(
-        [binary, "--config", os.path.join(tmp, "zkguard.properties"), "config", "check", "--json"],
-        capture_output=True,
-        text=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith("ZKGUARD_")},
-    )
-    if checked.returncode != 0:
-        fail(f"zkguard config check: {checked.stdout}{checked.stderr}")
-    answer = json.loads(checked.stdout)
-    if answer.get("valid") is not True:
-        fail(f"zkguard config check: {answer}")
+m.config_check(binary, moved=["/var/lib/zkguard"])
 if props.get("server.journal.backend") != "kafka":
     fail("server.journal.backend is not kafka")
 for key in ["server.journal.kafka.brokers", "server.journal.kafka.topic"]:
