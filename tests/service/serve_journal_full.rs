@@ -503,24 +503,36 @@ async fn owners(tag: &str) -> Vec<String> {
     out
 }
 
+/// Instance `a` started (and owning every partition of the topic of `tag`), then instance `b`
+/// started beside it with the state directory `state_b`.
+async fn a_then_b(
+    env: &Env,
+    tag: &str,
+    name: &str,
+    state_b: &std::path::Path,
+) -> (Service, Service) {
+    let a = env.start(&format!("{name}-a"));
+    eventually(
+        Duration::from_secs(30),
+        "a owns every partition",
+        || async { owners(tag).await.iter().all(|o| o == "a") },
+    )
+    .await;
+    let b = env
+        .clone()
+        .with("ZKGUARD_SERVER_INSTANCE_ID", "b")
+        .with("ZKGUARD_STATE_DIR", state_b.to_str().unwrap())
+        .start(&format!("{name}-b"));
+    (a, b)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_journal_partitions_are_shared_when_an_instance_joins_and_every_instance_answers() {
     let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
     let tag = uuid_tag();
     let (state_a, state_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let env = kafka_env(&broker, &tag, "a", state_a.path());
-    let a = env.start("share-a");
-    eventually(
-        Duration::from_secs(30),
-        "a owns every partition",
-        || async { owners(&tag).await.iter().all(|o| o == "a") },
-    )
-    .await;
-    let b = env
-        .clone()
-        .with("ZKGUARD_SERVER_INSTANCE_ID", "b")
-        .with("ZKGUARD_STATE_DIR", state_b.path().to_str().unwrap())
-        .start("share-b");
+    let (a, b) = a_then_b(&env, &tag, "share", state_b.path()).await;
     // b joins: a gives up what it owns beyond its share, and b takes it.
     eventually(
         Duration::from_secs(30),
@@ -594,18 +606,7 @@ async fn kafka_journal_partitions_of_a_paused_instance_are_taken_over_and_it_sto
     let tag = uuid_tag();
     let (state_a, state_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let env = kafka_env(&broker, &tag, "a", state_a.path());
-    let a = env.start("pause-a");
-    eventually(
-        Duration::from_secs(30),
-        "a owns every partition",
-        || async { owners(&tag).await.iter().all(|o| o == "a") },
-    )
-    .await;
-    let b = env
-        .clone()
-        .with("ZKGUARD_SERVER_INSTANCE_ID", "b")
-        .with("ZKGUARD_STATE_DIR", state_b.path().to_str().unwrap())
-        .start("pause-b");
+    let (a, b) = a_then_b(&env, &tag, "pause", state_b.path()).await;
     eventually(
         Duration::from_secs(30),
         "a and b share the partitions",
