@@ -23,6 +23,8 @@
 //! `DURATION`); `ZKGUARD_HISTORY_SEED` repeats the clients' random choices.
 
 mod fleet_support;
+#[path = "../support/deploy/promtool.rs"]
+mod promtool;
 
 use std::time::Duration;
 

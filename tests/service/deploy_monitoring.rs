@@ -5,12 +5,11 @@
 //! a live service. promtool comes with Debian's `prometheus` package (`make deps`).
 
 use crate::common;
+use crate::promtool::{promtool, read};
 use crate::serve_controls::park_one;
 use crate::serve_support;
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
@@ -22,33 +21,6 @@ const RULES: &str = "deploy/prometheus/alerts.yaml";
 const RULE_TESTS: &str = "deploy/prometheus/alerts_test.yaml";
 const DASHBOARD: &str = "deploy/grafana/zkguard.json";
 const DOCS: &str = "docs/operations.md";
-
-fn read(path: &str) -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-/// Runs promtool in the repository and returns what it printed; fails when it fails.
-fn promtool(args: &[&str]) -> String {
-    let out = Command::new("promtool")
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("cannot run promtool ({e}): run `make deps` (Debian's prometheus package)")
-        });
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "promtool {} failed:\n{text}",
-        args.join(" ")
-    );
-    text
-}
 
 /// The alerts of the rules file, each with its lines.
 fn alerts(rules: &str) -> Vec<(String, String)> {

@@ -8,6 +8,8 @@ mod certs;
 mod cli;
 #[path = "../support/common/mod.rs"]
 mod common;
+#[path = "../support/deploy/promtool.rs"]
+mod promtool;
 #[path = "../support/common/queue.rs"]
 mod queue;
 #[path = "../support/serve/controls.rs"]

@@ -13,32 +13,7 @@ pub const RULES: &str = "deploy/prometheus/fleet-alerts.yaml";
 const RULE_TESTS: &str = "deploy/prometheus/fleet-alerts_test.yaml";
 pub const DASHBOARD: &str = "deploy/grafana/zkguard-fleet.json";
 
-pub fn read(path: &str) -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-/// Runs promtool in the repository; fails when it fails.
-pub fn promtool(args: &[&str]) -> String {
-    let out = Command::new("promtool")
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("cannot run promtool ({e}): run `make deps` (Debian's prometheus package)")
-        });
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "promtool {} failed:\n{text}",
-        args.join(" ")
-    );
-    text
-}
+pub use crate::promtool::{promtool, read};
 
 /// The alert names of a rules file.
 pub fn alert_names(rules: &str) -> Vec<String> {
