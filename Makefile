@@ -1,4 +1,4 @@
-.PHONY: openapi reference demo test test-busy test-docker torture bench bench-service bench-gateway bench-txn bench-scale bench-memory deps check
+.PHONY: openapi reference demo test test-busy test-docker torture torture-fleet bench bench-service bench-gateway bench-txn bench-scale bench-memory deps check
 
 # The main job: installs ZooKeeper and osmem-server if missing, starts them on free loopback
 # ports, runs the demo and stops them. Built in the dev profile the tests use (dependencies
@@ -36,16 +36,19 @@ test-docker: deps
 # 3 clients with 2 faults, exhaustively, and 3 clients x 2 locks with 2 faults searched for
 # DURATION seconds; document transactions: 2 transactions sharing a document, 2 writers, 2
 # crashes, exhaustively), each printing its number of unique states and the properties it
-# checked. Last, the fleet test (tests/fleet/main.rs: three `zkguard serve` on the Kafka journal,
-# instances SIGKILLed with their state deleted and SIGSTOPped past their session) for DURATION
-# seconds of workload, printing its counts and takeover times (ignored in `make test` while the
-# deposed owner's write it finds is open). `make test` runs the history tests for about 30-45 seconds each, the walks for 10
+# checked. `make test` runs the history tests for about 30-45 seconds each, the walks for 10
 # seconds, and the model check's small scopes.
 DURATION ?= 600
 torture: deps
 	ZKGUARD_TORTURE_SECS=$(DURATION) cargo test --release --test history -- --nocapture
 	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release --workspace --test lock_model random_walks -- --nocapture
 	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release --workspace --test lock_model large_scope -- --ignored --nocapture --test-threads 1
+
+# The fleet test (tests/fleet/main.rs: three `zkguard serve` on the Kafka journal, instances
+# SIGKILLed with their state deleted and SIGSTOPped past their session) for DURATION seconds of
+# workload, printing its counts and takeover times. Ignored in `make test`, and apart from `make
+# torture`, while the defects it finds in the Kafka journal are open (docs/testing.md).
+torture-fleet: deps
 	ZKGUARD_FLEET_SECS=$(DURATION) cargo test --release --test fleet -- --include-ignored --nocapture
 
 # Benchmarks zkguard against Apache Curator and kazoo on one local ZooKeeper.

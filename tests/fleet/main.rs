@@ -19,7 +19,7 @@
 //! owner after its successor's); each partition of a killed or paused instance applied by
 //! another instance within the session timeout plus 5 s (from the instances' `/metrics`).
 //!
-//! The workload lasts about 45 s (`ZKGUARD_FLEET_SECS` sets it; `make torture` runs it for
+//! The workload lasts about 45 s (`ZKGUARD_FLEET_SECS` sets it; `make torture-fleet` runs it for
 //! `DURATION`); `ZKGUARD_HISTORY_SEED` repeats the clients' random choices.
 
 mod fleet_support;
@@ -47,7 +47,7 @@ fn seed() -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "open defects it finds in some runs (docs/testing.md, \"The fleet test\"): a deposed holder's write reaching Elasticsearch after it woke from a pause (tokens decreasing in a document's order), and partitions taken back by the instance that woke from its pause and then left unapplied (acknowledged operations never applied). Run it with --include-ignored (make torture does)"]
+#[ignore = "open defects it finds in some runs (docs/testing.md, \"The fleet test\"): a deposed holder's write reaching Elasticsearch after it woke from a pause (tokens decreasing in a document's order), and partitions taken back by the instance that woke from its pause and then left unapplied (acknowledged operations never applied). Run it with --include-ignored (make torture-fleet does)"]
 async fn a_fleet_on_the_kafka_journal_loses_nothing_across_kills_pauses_and_disk_loss() {
     let seed = seed();
     let done = run(Plan {
