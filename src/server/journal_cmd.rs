@@ -4,14 +4,12 @@
 //! the age of its oldest unapplied operation. It reads the brokers, the progress documents in
 //! Elasticsearch and the fleet's members in ZooKeeper; no instance needs to run.
 
-use std::time::Duration;
 
 use rskafka::client::partition::UnknownTopicHandling;
 use rskafka::client::ClientBuilder;
 use serde::Serialize;
 use zkguard::config::{JournalBackendKind, Settings};
 use zkguard::es::EsStore;
-use zkguard::write::ops::{acceptance_now, Operation};
 use zkguard::ZkSession;
 
 use super::journal::kafka::{self, owner, progress};
@@ -73,18 +71,9 @@ pub async fn run(settings: Settings, args: JournalArgs) -> Result<u8, CliError> 
             .map_err(|e| unavailable(&format!("partition {partition}'s progress"), e))?;
         let lag = (end - done.offset).max(0);
         let oldest = if lag > 0 {
-            let fetched =
-                tokio::time::timeout(timeout, pc.fetch_records(done.offset, 1..1_048_576, 1))
-                    .await
-                    .ok()
-                    .and_then(Result::ok);
-            fetched.and_then(|(records, _)| {
-                let first = records.into_iter().find(|r| r.offset >= done.offset)?;
-                let op: Operation = serde_json::from_slice(first.record.value.as_deref()?).ok()?;
-                op.accepted.map(|at| {
-                    Duration::from_micros(acceptance_now().saturating_sub(at)).as_secs_f64()
-                })
-            })
+            owner::oldest_at(&pc, done.offset, timeout)
+                .await
+                .map(|age| age.as_secs_f64())
         } else {
             None
         };

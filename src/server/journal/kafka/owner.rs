@@ -649,9 +649,24 @@ fn oldest_here(fleet: &KafkaJournal, part: &Part) -> Option<Duration> {
 }
 
 async fn oldest_elsewhere(fleet: &KafkaJournal, p: i32, committed: i64) -> Option<Duration> {
-    let pc = &fleet.partitions[p as usize];
-    let fetched = tokio::time::timeout(
+    oldest_at(
+        &fleet.partitions[p as usize],
+        committed,
         fleet.settings.timeout,
+    )
+    .await
+}
+
+/// How long ago the operation at offset `committed` of a partition (the oldest not applied yet)
+/// was accepted, read from the broker within `timeout`; `None` when it cannot be read. The
+/// service's status and `zkguard journal` both measure the age this way.
+pub async fn oldest_at(
+    pc: &rskafka::client::partition::PartitionClient,
+    committed: i64,
+    timeout: Duration,
+) -> Option<Duration> {
+    let fetched = tokio::time::timeout(
+        timeout,
         // Not 0: tansu answers a fetch that may not wait with no partition at all.
         pc.fetch_records(committed, 1..FETCH_BYTES, 1),
     )
