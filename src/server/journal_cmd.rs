@@ -4,7 +4,6 @@
 //! the age of its oldest unapplied operation. It reads the brokers, the progress documents in
 //! Elasticsearch and the fleet's members in ZooKeeper; no instance needs to run.
 
-
 use rskafka::client::partition::UnknownTopicHandling;
 use rskafka::client::ClientBuilder;
 use serde::Serialize;

@@ -41,9 +41,8 @@ impl Settings {
         let server = server(
             &r,
             &state_dir,
-            journal.clone(),
+            journal,
             &[
-                &journal.kafka.index,
                 &txn.accounts_index,
                 &txn.transactions_index,
                 &txn.log_index,
@@ -246,7 +245,6 @@ fn txn(r: &Reader<'_>) -> Result<TxnSettings, ConfigError> {
 
 /// `server.journal.backend` and `server.journal.kafka.*`: where accepted background operations
 /// are kept; `server.instance.id`: this instance's name among a fleet's.
-#[derive(Clone)]
 struct Journal {
     backend: JournalBackendKind,
     kafka: JournalKafkaSettings,
@@ -311,8 +309,9 @@ fn journal(r: &Reader<'_>, backend: LockBackendKind) -> Result<Journal, ConfigEr
     })
 }
 
-/// `server.*`: the service and its gate. `own` are the indices of zkguard's own documents,
-/// which the service refuses to write unless `server.index.allow` names them.
+/// `server.*`: the service and its gate. `own` and the Kafka journal's index are the indices
+/// of zkguard's own documents, which the service refuses to write unless `server.index.allow`
+/// names them.
 fn server(
     r: &Reader<'_>,
     state_dir: &Path,
@@ -329,9 +328,8 @@ fn server(
                 .collect()
         })
         .unwrap_or_default();
-    let own_indices = own
-        .iter()
-        .copied()
+    let own_indices = std::iter::once(&journal.kafka.index)
+        .chain(own.iter().copied())
         .filter(|i| !allowed_indices.contains(i))
         .cloned()
         .collect();
