@@ -435,6 +435,87 @@ async fn a_careful_release_leaves_the_mutex_an_operator_freed_for_the_next_holde
     next.unlock().await.unwrap();
 }
 
+/// As above, and the operator deletes the holder's queue node with its mutex: the monitor,
+/// empty, is deleted and created again by the next contender's fast path (as the container
+/// reaper would delete it), whose take sets the new monitor's data to version 1, the version the
+/// holder's take left on the old one. The careful delete, checked against the monitor's version
+/// alone, removed the new holder's mutex (issue 53's last counterexample of the model check,
+/// `a_careful_delete_after_the_monitor_was_created_again_leaves_the_next_holders_mutex`). It
+/// checks the lock root's version as well, read first, which every creation of a monitor moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_careful_release_leaves_the_mutex_of_a_monitor_created_again_meanwhile() {
+    init_tracing();
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let mut settings = zk_settings(&proxy.connect_string(), "careful-recreated");
+    settings.session_timeout = Duration::from_secs(20);
+    let mut direct_settings = settings.clone();
+    direct_settings.servers = direct.clone();
+    let monitor = format!("{}/R1", settings.lock_root);
+    let mutex = format!("{monitor}/privateLock");
+
+    let sh = session(&settings).await;
+    let holder = ZkBlockingWriteLock::new("h", &sh, "R1")
+        .unwrap()
+        .with_type(LockType::Background)
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the holder watches its mutex",
+        || async { watched(zk, &mutex) },
+    )
+    .await;
+    let admin = zookeeper_client::Client::connect(&direct).await.unwrap();
+    let (_, taken) = admin.get_data(&monitor).await.unwrap();
+    // The release multi is cut before the server sees it; the careful deletes' reads are
+    // applied, their answers held.
+    proxy.hold_after(OP_GET_DATA);
+    proxy.cut_before(OP_MULTI);
+    let release = holder.release();
+    eventually(
+        Duration::from_secs(10),
+        "the careful deletes read the mutex, the answers held",
+        || async { proxy.cuts() == 1 && proxy.holds() == 1 },
+    )
+    .await;
+    let (nodes, _) = admin.get_children(&monitor).await.unwrap();
+    for node in nodes {
+        admin
+            .delete(&format!("{monitor}/{node}"), None)
+            .await
+            .unwrap();
+    }
+    let sf = session(&direct_settings).await;
+    let next = ZkBlockingWriteLock::new("f", &sf, "R1")
+        .unwrap()
+        .with_timeout(Duration::from_secs(30))
+        .lock_with_timeout()
+        .await
+        .expect("the next contender takes the emptied lock");
+    let (_, recreated) = admin.get_data(&monitor).await.unwrap();
+    assert_ne!(
+        recreated.czxid, taken.czxid,
+        "the monitor was created again"
+    );
+    assert_eq!(
+        recreated.version, taken.version,
+        "the new monitor's data version starts over"
+    );
+    proxy.release_held();
+    let outcome = release.await;
+    let (_, stat) = admin
+        .get_data(&mutex)
+        .await
+        .unwrap_or_else(|e| panic!("the next holder's mutex is gone ({e}); release: {outcome:?}"));
+    assert_eq!(Some(stat.ephemeral_owner), sf.session_id());
+    assert!(next.is_held());
+    assert_eq!(queued(&direct, &monitor, "A-").await, 1);
+    next.unlock().await.unwrap();
+}
+
 /// A starving background waiter is re-queued as foreground: its new node is created (the answer
 /// held) when the waiter is cancelled. Its clean-up removes both its old background node and the
 /// new one; before, the reaper checked the old node against the new attempt id and left it in

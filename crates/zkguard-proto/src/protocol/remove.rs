@@ -64,6 +64,11 @@ pub struct Removal {
     node: Option<String>,
     mutex: bool,
     version: Option<i32>,
+    /// The lock root (the monitors' parent), whose data version the careful deletes of the
+    /// mutex check ([`Removal::with_lock_root`]).
+    root: Option<Target>,
+    /// The careful delete under way checks the lock root's version first (its operation 0).
+    root_checked: bool,
     flaw: Option<Flaw>,
     st: St,
     /// Search the monitor for what this attempt made once the careful deletes are done.
@@ -110,6 +115,8 @@ impl Removal {
             node,
             mutex,
             version: None,
+            root: None,
+            root_checked: false,
             flaw: None,
             st,
             then_search: None,
@@ -186,6 +193,22 @@ impl Removal {
         let mut removal = Self::careful(me, attempt, node, mutex, false);
         removal.then_search = search;
         removal
+    }
+
+    /// Its careful deletes of the mutex check the data version of the lock root as well (the
+    /// monitors' parent, `root_depth` nodes from the top: the last node of the lock root), read
+    /// before the monitor's. Every creation of a monitor moves that version in its own
+    /// transaction (the fast path's multi, the monitor's create when missing), and the lock root
+    /// is never created again while it has monitors: a check of it passes only if no monitor was
+    /// created since the read, so the monitor checked is the one read, whose data version
+    /// names the take of the mutex (a monitor reaped once empty and created again starts its
+    /// version over, and a check of the monitor alone could pass on the next holder's take). A
+    /// check failing because some other monitor was created meanwhile reads again. `0` (monitors
+    /// at ZooKeeper's root): no such check.
+    #[must_use]
+    pub fn with_lock_root(mut self, root_depth: usize) -> Self {
+        self.root = root_depth.checked_sub(1).map(Target::Root);
+        self
     }
 
     /// With a deliberate flaw (for the model check's proof that it can fail).
@@ -341,11 +364,17 @@ impl Removal {
         deleting: bool,
         replies: Vec<Reply>,
     ) -> Action {
-        // The read of the mutex comes with the monitor's (behind the pass's sync).
-        let monitor = match (deleting, on_mutex, replies.get(1)) {
-            (false, true, Some(Reply::Data(Ok(read)))) => Some(read.stat.version),
-            _ => None,
+        // The read of the mutex comes with the lock root's and the monitor's (behind the pass's
+        // sync).
+        let versions = if !deleting && on_mutex {
+            self.versions_read(&replies)
+        } else {
+            Versions::default()
         };
+        if deleting && self.root_moved(&replies) {
+            // Some monitor was created since the read: read again.
+            return self.careful_step(gone_before);
+        }
         // The read or the delete: the last answer.
         let reply = replies.into_iter().last();
         let result: Result<Option<i32>, Code> = match (deleting, reply) {
@@ -376,7 +405,8 @@ impl Removal {
                     on_mutex,
                     deleting: true,
                 };
-                send(vec![self.careful_delete(on_mutex, version, monitor)])
+                let delete = self.careful_delete(on_mutex, version, versions);
+                send(vec![delete])
             }
             Ok(None) if on_mutex && self.node.is_some() => {
                 self.st = St::Careful {
@@ -405,11 +435,17 @@ impl Removal {
     ) -> Action {
         let target = child(&children[next]);
         let on_mutex = target == Target::Mutex;
-        // The mutex's read comes after the monitor's, as in the careful deletes.
-        let monitor = match (deleting, on_mutex, replies.first()) {
-            (false, true, Some(Reply::Data(Ok(read)))) => Some(read.stat.version),
-            _ => None,
+        // The mutex's read comes after the lock root's and the monitor's, as in the careful
+        // deletes.
+        let versions = if !deleting && on_mutex {
+            self.versions_read(&replies)
+        } else {
+            Versions::default()
         };
+        if deleting && self.root_moved(&replies) {
+            // Some monitor was created since the read: read this child again.
+            return self.search_from(children, next);
+        }
         match (deleting, replies.into_iter().last()) {
             (false, Some(Reply::Data(Ok(read))))
                 if is_ours(&read, self.me, &self.attempt, self.flaw) =>
@@ -419,11 +455,8 @@ impl Removal {
                     next,
                     deleting: true,
                 };
-                send(vec![self.careful_delete_of(
-                    target,
-                    read.stat.version,
-                    monitor,
-                )])
+                let delete = self.careful_delete_of(target, read.stat.version, versions);
+                send(vec![delete])
             }
             (
                 _,
@@ -447,35 +480,72 @@ impl Removal {
     }
 
     /// The careful delete of a node read as ours at `version`. The mutex's goes in a multi that
-    /// checks the monitor's data version read right before it (`monitor`): the version of a
-    /// node names no node (every new mutex is version 0), so between the read and the delete
-    /// an operator may delete this mutex and the next in line take a new one that the delete
-    /// would remove; every take moves the monitor's version in its own transaction, and the
-    /// check fails instead. (A take by a session that may not write monitor nodes does not
-    /// move it: see `zookeeper-lock.md`, "Release".)
-    fn careful_delete(&self, on_mutex: bool, version: i32, monitor: Option<i32>) -> Request {
-        self.careful_delete_of(self.careful_target(on_mutex), version, monitor)
+    /// checks the monitor's data version read right before it, and the lock root's read before
+    /// that (`versions`): the version of a node names no node (every new mutex is version 0),
+    /// so between the read and the delete an operator may delete this mutex and the next in
+    /// line take a new one that the delete would remove; every take moves the monitor's
+    /// version in its own transaction, and the check fails instead. The monitor itself may be
+    /// emptied, reaped and created again meanwhile, its version starting over: every creation
+    /// of a monitor moves the lock root's version, which is checked first
+    /// ([`Removal::with_lock_root`]). (A take by a session that may not write monitor nodes
+    /// does not move the monitor's version: see `zookeeper-lock.md`, "Release".)
+    fn careful_delete(&mut self, on_mutex: bool, version: i32, versions: Versions) -> Request {
+        self.careful_delete_of(self.careful_target(on_mutex), version, versions)
     }
 
     /// [`Removal::careful_delete`] of `target` (the mutex or a queue node).
-    fn careful_delete_of(&self, target: Target, version: i32, monitor: Option<i32>) -> Request {
+    fn careful_delete_of(&mut self, target: Target, version: i32, versions: Versions) -> Request {
         let on_mutex = target == Target::Mutex;
         let delete = Op::Delete {
             target,
             version: Some(version),
         };
-        match (on_mutex, monitor) {
+        self.root_checked = false;
+        match (on_mutex, versions.monitor) {
             (true, Some(monitor)) if self.flaw != Some(Flaw::ReleaseUnchecked) => {
-                Request::Multi(vec![
-                    Op::Check {
-                        target: Target::Monitor,
-                        version: monitor,
-                    },
-                    delete,
-                ])
+                let mut ops = Vec::with_capacity(3);
+                if let (Some(root), Some(version)) = (&self.root, versions.root) {
+                    self.root_checked = true;
+                    ops.push(Op::Check {
+                        target: root.clone(),
+                        version,
+                    });
+                }
+                ops.push(Op::Check {
+                    target: Target::Monitor,
+                    version: monitor,
+                });
+                ops.push(delete);
+                Request::Multi(ops)
             }
             _ => Request::Single(delete),
         }
+    }
+
+    /// The data versions of the lock root and the monitor read before the mutex: the answers
+    /// right before the last (the mutex's) of `replies`.
+    fn versions_read(&self, replies: &[Reply]) -> Versions {
+        let version = |back: usize| match replies.len().checked_sub(back).map(|i| &replies[i]) {
+            Some(Reply::Data(Ok(read))) => Some(read.stat.version),
+            _ => None,
+        };
+        Versions {
+            root: self.root.as_ref().and_then(|_| version(3)),
+            monitor: version(2),
+        }
+    }
+
+    /// Whether the answer to a careful delete of the mutex says that the lock root's version
+    /// moved since it was read (some monitor was created): nothing was applied.
+    fn root_moved(&self, replies: &[Reply]) -> bool {
+        self.root_checked
+            && matches!(
+                replies.last(),
+                Some(Reply::Multi(Err(MultiError::Failed {
+                    index: 0,
+                    code: Code::BadVersion,
+                })))
+            )
     }
 
     fn careful_target(&self, on_mutex: bool) -> Target {
@@ -494,10 +564,11 @@ impl Removal {
         // has not applied the lost request yet. Its read would show the node as still ours,
         // and the conditional delete, applied by the leader, would remove whoever's node has
         // that path and version by then (the next holder's mutex is version 0 again).
-        // The mutex's read comes with the monitor's, read first: its data version, checked by
-        // the delete ([`Removal::careful_delete`]).
+        // The mutex's read comes with the lock root's and the monitor's, read first in that
+        // order: their data versions, checked by the delete ([`Removal::careful_delete`]).
         let mut requests = vec![Request::Sync(Target::Monitor)];
         if self.mutex {
+            requests.extend(self.root.clone().map(Request::GetData));
             requests.push(Request::GetData(Target::Monitor));
         }
         requests.push(Request::GetData(self.careful_target(self.mutex)));
@@ -527,8 +598,9 @@ impl Removal {
             next,
             deleting: false,
         };
-        let mut requests = Vec::with_capacity(2);
+        let mut requests = Vec::with_capacity(3);
         if target == Target::Mutex {
+            requests.extend(self.root.clone().map(Request::GetData));
             requests.push(Request::GetData(Target::Monitor));
         }
         requests.push(Request::GetData(target));
@@ -540,6 +612,15 @@ impl Removal {
         self.outcome = Some(outcome);
         Action::Done
     }
+}
+
+/// The data versions read before a careful delete of the mutex.
+#[derive(Debug, Clone, Copy, Default)]
+struct Versions {
+    /// The lock root's, if read.
+    root: Option<i32>,
+    /// The monitor's, if read.
+    monitor: Option<i32>,
 }
 
 fn send(requests: Vec<Request>) -> Action {
@@ -556,4 +637,85 @@ fn search_list() -> Action {
         Request::Sync(Target::Monitor),
         Request::GetChildren(Target::Monitor),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::types::{Read, Stat};
+    use super::*;
+
+    fn read(attempt: Option<&str>, owner: i64, version: i32) -> Reply {
+        Reply::Data(Ok(Read {
+            attempt: attempt.map(str::to_string),
+            stat: Stat {
+                owner,
+                version,
+                valid: true,
+                ..Stat::default()
+            },
+        }))
+    }
+
+    /// The careful delete of the mutex reads the lock root, the monitor and the mutex behind a
+    /// sync, and checks the first two in its multi. A failed check of the lock root (a monitor
+    /// was created since the read) reads again; a failed check of the monitor (the mutex
+    /// changed hands) leaves the mutex.
+    #[test]
+    fn a_careful_delete_of_the_mutex_checks_the_lock_root_and_reads_again_when_it_moved() {
+        let mut removal = Removal::careful(7, "a1", None, true, false).with_lock_root(2);
+        let reads = Action::Send(Send {
+            requests: vec![
+                Request::Sync(Target::Monitor),
+                Request::GetData(Target::Root(1)),
+                Request::GetData(Target::Monitor),
+                Request::GetData(Target::Mutex),
+            ],
+            carry: false,
+        });
+        assert_eq!(removal.start(), reads);
+        let answers = |root: i32| {
+            Input::Replies(vec![
+                Reply::Synced(Ok(())),
+                read(None, 0, root),
+                read(None, 0, 1),
+                read(Some("a1"), 7, 0),
+            ])
+        };
+        let delete = |root: i32| {
+            Action::Send(Send {
+                requests: vec![Request::Multi(vec![
+                    Op::Check {
+                        target: Target::Root(1),
+                        version: root,
+                    },
+                    Op::Check {
+                        target: Target::Monitor,
+                        version: 1,
+                    },
+                    Op::Delete {
+                        target: Target::Mutex,
+                        version: Some(0),
+                    },
+                ])],
+                carry: false,
+            })
+        };
+        assert_eq!(removal.handle(answers(5)), delete(5));
+        let failed = |index| {
+            Input::Replies(vec![Reply::Multi(Err(MultiError::Failed {
+                index,
+                code: Code::BadVersion,
+            }))])
+        };
+        assert_eq!(removal.handle(failed(0)), reads);
+        assert_eq!(removal.handle(answers(6)), delete(6));
+        assert_eq!(removal.handle(failed(1)), Action::Done);
+        assert_eq!(removal.outcome(), Some(&Ok(())));
+        // Without a lock root (monitors at ZooKeeper's root): the monitor's check alone.
+        let mut removal = Removal::careful(7, "a1", None, true, false).with_lock_root(0);
+        let Action::Send(send) = removal.start() else {
+            panic!("reads first");
+        };
+        assert_eq!(send.requests.len(), 3);
+    }
 }

@@ -1,7 +1,7 @@
 //! Bulk acquisition: the fast paths of a session's concurrent acquisitions go to ZooKeeper
 //! together, in one multi.
 //!
-//! The fast path takes a quiet monitor in one multi of five operations (see
+//! The fast path takes a quiet monitor in one multi of six operations (see
 //! `protocol::acquire::queue`). A background job over many objects (the gate's `_bulk`, the
 //! service's lanes, a library user's tasks) starts many acquisitions at once; sent one by one,
 //! each is one ZooKeeper transaction, and the job is bounded by ZooKeeper's write rate. Here the
@@ -13,8 +13,9 @@
 //! read in one multi of reads (not a transaction): a monitor with nodes is busy, and its
 //! acquisition is told so at once, as if its multi had failed, and queues; a monitor that does
 //! not exist goes in the multi created fresh (the fast path without its delete: the monitor
-//! node, the queue node, the mutex, the monitor's data), which is what the acquisition would do
-//! anyway (create the monitor, then its fast path) with nothing in between; an empty one goes
+//! node, the queue node, the mutex, the monitor's data, the lock root's), which is what the
+//! acquisition would do anyway (create the monitor, then its fast path) with nothing in
+//! between; an empty one goes
 //! with its fast path as is. A guess proved wrong by the multi (the monitor was made, filled or
 //! reaped meanwhile) is corrected once and that fast path goes again, after the other monitors
 //! of the multi are read again. Without the reads, a multi of fast paths on monitors never
@@ -50,7 +51,7 @@ use super::protocol::{Code, MultiError, Op, OpResult, Reply, Target};
 use super::reaper::Reap;
 use super::request_size::Limit;
 
-/// The most acquisitions whose fast paths share one multi (five operations each, two of them
+/// The most acquisitions whose fast paths share one multi (six operations each, two of them
 /// creates carrying the contender's data); fewer when their bytes reach the session's
 /// [`Limit`].
 pub(super) const MAX_GROUPS: usize = 128;

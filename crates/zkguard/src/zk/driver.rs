@@ -345,7 +345,7 @@ pub(super) async fn run_removal(
 pub(super) async fn run_removal_via<F, Fut>(
     client: &Client,
     paths: &Paths,
-    mut removal: Removal,
+    removal: Removal,
     mut first_multi: Option<F>,
 ) -> (Result<(), ZkError>, bool)
 where
@@ -356,6 +356,10 @@ where
         std::time::Duration::from_millis(20),
         std::time::Duration::from_secs(1),
     );
+    // Its careful deletes of the mutex check the lock root's version as well (the monitor's
+    // parent, whose version every creation of a monitor moves).
+    let lock_root = paths.monitor.rsplit_once('/').map_or("", |(root, _)| root);
+    let mut removal = removal.with_lock_root(root_depth(lock_root));
     let mut action = removal.start();
     loop {
         action = match action {

@@ -30,8 +30,8 @@ const PER_OP: usize = 64;
 /// lengths (12 in jute).
 const PER_ACL: usize = 16;
 
-/// The most operations of one acquisition's multi: its fast path (five) after the release of a
-/// lock it carries (four), with room to spare.
+/// The most operations of one acquisition's multi: its fast path (six, the lock root's `setData`
+/// included) after the release of a lock it carries (four), with room to spare.
 const ACQUISITION_OPS: usize = 12;
 
 /// Bytes a holder's mutex data may take beyond its queue node's: the name of its queue node
@@ -197,12 +197,16 @@ mod tests {
                 mode: Mode::Ephemeral,
             },
             Op::SetData { target: monitor },
+            Op::SetData {
+                target: Target::Root(1),
+            },
         ];
         let data = vec![
             Vec::new(),
             Vec::new(),
             vec![b'x'; 700],
             vec![b'y'; 750],
+            Vec::new(),
             Vec::new(),
         ];
         // By hand: each operation's multi header (4 + 1 + 4), then its request.
@@ -217,11 +221,12 @@ mod tests {
             + (header + jute(m) + jute(0) + acl_len + 4)
             + (header + jute(node) + jute(700) + acl_len + 4)
             + (header + jute(mutex) + jute(750) + acl_len + 4)
-            + (header + jute(m) + jute(0) + 4);
+            + (header + jute(m) + jute(0) + 4)
+            + (header + jute("/app/zkguard/locks".len()) + jute(0) + 4);
         let estimated = limit.ops(&paths, &ops, &data);
         assert!(estimated >= exact, "{estimated} < {exact}");
         assert!(
-            estimated < exact + 5 * 64,
+            estimated < exact + 6 * 64,
             "{estimated} is far above {exact}"
         );
         // The frame: length, xid, type, closing header.

@@ -306,7 +306,8 @@ impl LockModel {
 
     /// Starts a removal beside whatever else the client runs.
     pub(super) fn start_rel(&self, w: &mut World, c: usize, removal: Removal) {
-        let mut removal = removal.with_flaw(self.flaw);
+        // The model's lock root is one node (`Root(0)`), as the acquisitions' `Spec::root_depth`.
+        let mut removal = removal.with_lock_root(1).with_flaw(self.flaw);
         let action = removal.start();
         let rels = &mut w.clients[c].rels;
         let slot = match rels.iter().position(Option::is_none) {

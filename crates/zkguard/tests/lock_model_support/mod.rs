@@ -189,6 +189,10 @@ pub struct LockModel {
     /// as if no sync was sent).
     pub sync_catches_up: bool,
     pub flaw: Option<Flaw>,
+    /// Moves taken from the initial state before the exploration starts (each must be
+    /// offered): a fixed path into a corner that a larger scope found, explored exhaustively
+    /// from there.
+    pub prefix: Vec<Move>,
 }
 
 impl LockModel {
@@ -353,7 +357,7 @@ impl Model for LockModel {
                 lagging: None,
             })
             .collect();
-        vec![World {
+        let mut world = World {
             zk: Zk::new(),
             clients,
             last_take: 0,
@@ -362,7 +366,19 @@ impl Model for LockModel {
             broken_order: false,
             broken_priority: false,
             broken_queue_order: false,
-        }]
+        };
+        for (i, m) in self.prefix.iter().enumerate() {
+            let mut offered = Vec::new();
+            self.actions(&world, &mut offered);
+            assert!(
+                offered.contains(m),
+                "move {i} of the prefix, {m:?}, is not offered: {offered:?}"
+            );
+            world = self
+                .next_state(&world, m.clone())
+                .expect("a move of the prefix leads somewhere");
+        }
+        vec![world]
     }
 
     fn actions(&self, w: &World, moves: &mut Vec<Move>) {

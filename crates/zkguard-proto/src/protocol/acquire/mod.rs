@@ -621,13 +621,9 @@ impl Acquisition {
 
     /// Giving up, once what stood in the way was described: remove its nodes.
     fn remove_nodes(&mut self) -> Action {
-        let mut removal = Removal::delete(
-            self.spec.me,
-            &self.attempt,
-            self.node.take(),
-            self.holds_mutex,
-        )
-        .with_flaw(self.spec.flaw);
+        let node = self.node.take();
+        let removal = Removal::delete(self.spec.me, &self.attempt, node, self.holds_mutex);
+        let mut removal = self.own(removal);
         self.holds_mutex = false;
         match removal.start() {
             Action::Done => self.finish(Outcome::TimedOut),
@@ -668,6 +664,22 @@ impl Acquisition {
 
     fn send(&mut self, awaiting: Awaiting, requests: Vec<Request>) -> Action {
         self.send_carried(awaiting, requests, false)
+    }
+
+    /// A removal of this acquisition's: its careful deletes check the lock root's version
+    /// ([`Removal::with_lock_root`]); with the core's flaw, if any.
+    fn own(&self, removal: Removal) -> Removal {
+        removal
+            .with_lock_root(self.spec.root_depth)
+            .with_flaw(self.spec.flaw)
+    }
+
+    /// The `setData` of the lock root that goes with every creation of a monitor, in the same
+    /// transaction: its data version names the monitors' creations ([`Removal::with_lock_root`]).
+    /// `None` for monitors at ZooKeeper's root.
+    fn root_bump(&self) -> Option<Op> {
+        let target = Target::Root(self.spec.root_depth.checked_sub(1)?);
+        Some(Op::SetData { target })
     }
 
     fn new_node(&self) -> Op {
@@ -899,12 +911,30 @@ mod tests {
                 ..Stat::default()
             },
         };
+        // The lock root's `setData` last: every creation of a monitor moves its version.
+        let Request::Multi(ops) = &send.requests[0] else {
+            panic!("the fast path is a multi");
+        };
+        assert_eq!(
+            ops.last(),
+            Some(&Op::SetData {
+                target: Target::Root(1)
+            })
+        );
+        let root = OpResult::SetData {
+            stat: Stat {
+                mzxid: 42,
+                version: 17,
+                ..Stat::default()
+            },
+        };
         let reply = Reply::Multi(Ok(vec![
             OpResult::Delete,
             created("monitor"),
             created("A-0000000000"),
             created("privateLock"),
             set,
+            root,
         ]));
         assert_eq!(
             acq.handle(Input::Replies(vec![reply]), Duration::ZERO),

@@ -1,5 +1,5 @@
 //! Queueing: the fast path (one multi that recreates the monitor with our node and the mutex
-//! in it), the fast path of a session that may not recreate monitors, a plain create, a create
+//! in it, and moves the lock root's version), the fast path of a session that may not recreate monitors, a plain create, a create
 //! carried by the release of the lock before, the monitor node created when missing.
 
 use super::super::remove::Removal;
@@ -14,7 +14,7 @@ impl Acquisition {
 
     /// The first queueing loop's top: give up past the deadline once tried, else the fast path
     /// (one multi that recreates the monitor node, empty, with our queue node and the mutex in
-    /// it), or, on a monitor busy lately, a plain create (in the multi of the lock released
+    /// it, and sets the monitor's data and the lock root's), or, on a monitor busy lately, a plain create (in the multi of the lock released
     /// before, if any).
     pub(super) fn queue_step(&mut self) -> Action {
         if self.tried && self.past_deadline() && self.node.is_none() {
@@ -39,7 +39,7 @@ impl Acquisition {
 
     pub(super) fn fast_path(&mut self, carried: bool) -> Action {
         self.in_flight = true;
-        let ops = vec![
+        let mut ops = vec![
             Op::Delete {
                 target: Target::Monitor,
                 version: None,
@@ -56,6 +56,8 @@ impl Acquisition {
                 target: Target::Monitor,
             },
         ];
+        // A monitor created: the lock root's version moves (see `Removal::with_lock_root`).
+        ops.extend(self.root_bump());
         self.send_carried(
             Awaiting::FastPathAnswer { carried },
             vec![Request::Multi(ops)],
@@ -72,7 +74,7 @@ impl Acquisition {
             // The release's own part failed: it went alone, and so does this.
             Err(MultiError::NotCarried) => self.fast_path(false),
             Ok(results) => {
-                let [_, _, OpResult::Create { name, .. }, _, OpResult::SetData { stat }] =
+                let [_, _, OpResult::Create { name, .. }, _, OpResult::SetData { stat }, ..] =
                     results.as_slice()
                 else {
                     // Applied, but what it made is unknown: the reaper searches by attempt id.
@@ -251,8 +253,8 @@ impl Acquisition {
                         if let Some(new) = self.flight_attempt.take() {
                             self.attempt = new;
                         }
-                        let mut removal = Removal::delete(self.spec.me, &old_attempt, old, false)
-                            .with_flaw(self.spec.flaw);
+                        let mut removal =
+                            self.own(Removal::delete(self.spec.me, &old_attempt, old, false));
                         match removal.start() {
                             Action::Done => self.step(step),
                             action => {
@@ -338,7 +340,9 @@ impl Acquisition {
         }
     }
 
-    /// Creates the monitor node (a container), and the lock root first if missing.
+    /// Creates the monitor node (a container), and the lock root first if missing. The monitor's
+    /// create goes in a multi with the lock root's `setData`, as in the fast path, where the
+    /// session may write monitor nodes (the lock root carries the same ACL).
     pub(super) fn ensure(&mut self, mode: QueueRound) -> Action {
         self.ensure_create(mode, None, false)
     }
@@ -361,9 +365,18 @@ impl Acquisition {
                 mode: Mode::Container,
             },
         };
+        // A monitor created moves the lock root's version in the same transaction (see
+        // `Removal::with_lock_root`), where the session may write it.
+        let request = match self
+            .root_bump()
+            .filter(|_| root.is_none() && self.versioned)
+        {
+            Some(bump) => Request::Multi(vec![op, bump]),
+            None => Request::Single(op),
+        };
         self.send(
             Awaiting::ParentCreateAnswer { mode, root, again },
-            vec![Request::Single(op)],
+            vec![request],
         )
     }
 
@@ -375,8 +388,20 @@ impl Acquisition {
         reply: Reply,
     ) -> Action {
         let result = match reply {
-            Reply::Created(Ok(_)) => Ok(()),
-            Reply::Created(Err(code)) => Err(code),
+            Reply::Created(Ok(_)) | Reply::Multi(Ok(_)) => Ok(()),
+            Reply::Multi(Err(MultiError::Failed {
+                index: 1,
+                code: Code::NoAuth,
+            })) => {
+                // The session may not write the lock root, nor (with the same ACL) monitor
+                // nodes: takes go without setting the monitor's data from now on.
+                self.versioned = false;
+                return self.ensure_create(mode, root, again);
+            }
+            Reply::Created(Err(code))
+            | Reply::Multi(Err(MultiError::Failed { code, .. } | MultiError::Request(code))) => {
+                Err(code)
+            }
             other => Err(code_of(other)),
         };
         match (root, result) {

@@ -236,7 +236,7 @@ impl Acquisition {
             Some(version) => Removal::give_back(self.spec.me, &self.attempt, Some(version)),
             None => Removal::careful(self.spec.me, &self.attempt, None, true, false),
         };
-        let mut removal = removal.with_flaw(self.spec.flaw);
+        let mut removal = self.own(removal);
         match removal.start() {
             Action::Done => self.yielded(removal, then),
             action => {
