@@ -37,11 +37,14 @@ struct Queue<T> {
     busy: bool,
 }
 
+/// Where a request learns the outcome of the produce request that carried its records.
+type Done = oneshot::Sender<Result<(), String>>;
+
 /// One accepted request's records, waiting for their produce request.
 struct Waiting<T> {
     items: Vec<T>,
     bytes: usize,
-    done: oneshot::Sender<Result<(), String>>,
+    done: Done,
 }
 
 impl<T: std::marker::Send + 'static> Group<T> {
@@ -92,8 +95,7 @@ impl<T: std::marker::Send + 'static> Group<T> {
 
     /// Takes the requests of the next produce request from the queue: the first one, and those
     /// after it while they fit in `max_bytes`. `None` (and not busy any more) when it is empty.
-    #[allow(clippy::type_complexity)]
-    fn next_group(&self) -> Option<(Vec<T>, Vec<oneshot::Sender<Result<(), String>>>)> {
+    fn next_group(&self) -> Option<(Vec<T>, Vec<Done>)> {
         let mut q = super::parts::lock(&self.queue);
         let Some(first) = q.waiting.pop_front() else {
             q.busy = false;
@@ -121,13 +123,13 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::sync::Semaphore;
 
+    /// The produce requests sent, in order, each with its records.
+    type Sent = Arc<Mutex<Vec<Vec<u32>>>>;
+
     /// A partition whose produce requests are recorded, each held until `gate` lets it through,
     /// failing when it carries `fail_on`.
-    fn recording(
-        gate: Arc<Semaphore>,
-        fail_on: Option<u32>,
-    ) -> (Arc<Group<u32>>, Arc<Mutex<Vec<Vec<u32>>>>) {
-        let sent: Arc<Mutex<Vec<Vec<u32>>>> = Arc::default();
+    fn recording(gate: Arc<Semaphore>, fail_on: Option<u32>) -> (Arc<Group<u32>>, Sent) {
+        let sent: Sent = Arc::default();
         let log = sent.clone();
         let send: Send<u32> = Arc::new(move |items: Vec<u32>| {
             let gate = gate.clone();
