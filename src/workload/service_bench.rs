@@ -228,7 +228,11 @@ impl ServiceReport {
             ));
         }
         out.push_str("\nbackground stages (per lock acquisition, per operation, per request):\n");
-        for (name, f) in [("library", &self.library), ("zkguard serve", &self.service)] {
+        let mut staged = vec![("library", &self.library), ("zkguard serve", &self.service)];
+        if let Some(k) = &self.service_kafka {
+            staged.push(("serve, Kafka", k));
+        }
+        for (name, f) in staged {
             out.push_str(&format!("  {name:<14} {}\n", f.stages.line(f.background)));
         }
         out.push_str(&format!(

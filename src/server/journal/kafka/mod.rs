@@ -4,9 +4,13 @@
 //! - **Accept**: each operation is one record of `server.journal.kafka.topic`, keyed by its
 //!   monitor and sent to partition `murmur2(monitor) % partitions` (Kafka's default
 //!   partitioner), so that one document's operations stay in one partition in the order they
-//!   were accepted. A request's records are produced with `acks=all` (one produce per partition
-//!   it touches, in parallel) and the request is answered 202 only once every one is
-//!   acknowledged; otherwise 503 `journal_unavailable` (see [`KafkaJournal::accept`]).
+//!   were accepted. A request's records are produced with `acks=all` (in one produce request
+//!   per partition it touches, the partitions in parallel) and the request is answered 202 only
+//!   once every one is acknowledged; otherwise 503 `journal_unavailable` (see
+//!   [`KafkaJournal::accept`]). Requests accepted while a partition's produce request waits for
+//!   its acknowledgement share the next one ([`group`]), over connections of their own, apart
+//!   from those the appliers fetch on (a broker may answer one connection's requests in turn,
+//!   and a fetch waits for records).
 //! - **Ownership** ([`owner`]): every instance registers as an ephemeral member of the fleet in
 //!   ZooKeeper and takes a fair share of the partitions, each through zkguard's own lock on the
 //!   monitor `zkguard-journal-<topic>-<partition>`. A partition is applied only by the holder of
@@ -42,6 +46,7 @@ use zkguard::{LockService, ZkSession};
 
 use super::{Entry, Journal, JournalError, OpState, KEEP_FINISHED};
 
+mod group;
 pub mod owner;
 mod parts;
 pub mod progress;
@@ -103,7 +108,10 @@ pub struct KafkaJournal {
     settings: JournalKafkaSettings,
     instance: String,
     _client: Client,
+    /// Each partition's client for fetches and offsets (the appliers, the status).
     partitions: Vec<Arc<PartitionClient>>,
+    /// Each partition's produce requests, on a connection of their own (see [`group`]).
+    producers: Vec<Arc<group::Group<Record>>>,
     /// The table of operation states (in memory), shared with the service's state.
     table: Arc<Journal>,
     store: Arc<dyn DocStore>,
@@ -242,12 +250,16 @@ impl KafkaJournal {
             }
         };
         let mut partitions = Vec::with_capacity(count);
+        let mut producers = Vec::with_capacity(count);
         for p in 0..count as i32 {
-            let pc = client
-                .partition_client(topic.clone(), p, UnknownTopicHandling::Retry)
-                .await
-                .map_err(|e| broker(format!("opening partition {p}: {e}")))?;
-            partitions.push(Arc::new(pc));
+            // Two clients, each with its own connection to the partition's leader: the
+            // produce requests do not wait behind a fetch that waits for records.
+            partitions.push(open_partition(&client, &topic, p).await.map_err(broker)?);
+            let producer = open_partition(&client, &topic, p).await.map_err(broker)?;
+            producers.push(group::Group::new(
+                produce_with(producer, settings.timeout),
+                group::MAX_GROUP_BYTES,
+            ));
         }
         // Created again once Elasticsearch answers, if it does not yet (see [`owner::run`]).
         if let Err(e) = progress::ensure_index(store.as_ref(), &settings.index).await {
@@ -270,6 +282,7 @@ impl KafkaJournal {
             instance,
             _client: client,
             partitions,
+            producers,
             table,
             store,
             session,
@@ -326,7 +339,9 @@ impl KafkaJournal {
     /// Produces `ops` (those the table does not know already), each a record keyed by its
     /// monitor, and returns once the broker acknowledged every one (`acks=all`). The records
     /// of one partition go in one produce request, which the broker appends whole or not at all;
-    /// the partitions of a bulk are produced in parallel.
+    /// the partitions of a bulk are produced in parallel. Requests accepted at the same time
+    /// share a partition's produce request ([`group`]); each is answered once the produce request
+    /// that carried its records was acknowledged.
     ///
     /// # Errors
     /// [`JournalError::Full`] when the topic holds `server.queue.max` records not applied yet
@@ -362,40 +377,40 @@ impl KafkaJournal {
                 ),
             });
         }
-        let mut by_partition: HashMap<i32, Vec<Record>> = HashMap::new();
+        let mut by_partition: HashMap<i32, (Vec<Record>, usize)> = HashMap::new();
         for op in &fresh {
             let value = serde_json::to_vec(op).map_err(|e| JournalError::Broker {
                 topic: self.settings.topic.clone(),
                 detail: format!("encoding an operation: {e}"),
             })?;
-            by_partition
+            let (records, bytes) = by_partition
                 .entry(self.partition_of(&op.monitor))
-                .or_default()
-                .push(Record {
-                    key: Some(op.monitor.clone().into_bytes()),
-                    value: Some(value),
-                    headers: Default::default(),
-                    timestamp: chrono::Utc::now(),
-                });
+                .or_default();
+            *bytes += value.len() + op.monitor.len();
+            records.push(Record {
+                key: Some(op.monitor.clone().into_bytes()),
+                value: Some(value),
+                headers: Default::default(),
+                timestamp: chrono::Utc::now(),
+            });
         }
         let timeout = self.settings.timeout;
-        let produced = futures::future::join_all(by_partition.into_iter().map(|(p, records)| {
-            let pc = self.partitions[p as usize].clone();
-            async move {
-                match tokio::time::timeout(
-                    timeout,
-                    pc.produce(records, Compression::NoCompression),
-                )
-                .await
-                {
-                    Err(_) => Err(format!(
-                        "partition {p}: no acknowledgement within server.journal.kafka.timeout ({timeout:?})"
-                    )),
-                    Ok(Err(e)) => Err(format!("partition {p}: {e}")),
-                    Ok(Ok(_)) => Ok(()),
+        let produced = futures::future::join_all(by_partition.into_iter().map(
+            |(p, (records, bytes))| {
+                let group = self.producers[p as usize].clone();
+                async move {
+                    // Also bounded here: a request queued behind a produce request that is not
+                    // acknowledged waits no longer than one that was sent at once.
+                    match tokio::time::timeout(timeout, group.produce(records, bytes)).await {
+                        Err(_) => Err(format!(
+                            "partition {p}: no acknowledgement within server.journal.kafka.timeout ({timeout:?})"
+                        )),
+                        Ok(Err(e)) => Err(format!("partition {p}: {e}")),
+                        Ok(Ok(())) => Ok(()),
+                    }
                 }
-            }
-        }))
+            },
+        ))
         .await;
         if let Some(e) = produced.into_iter().find_map(Result::err) {
             self.set_problem(Some(format!("the broker did not take a record ({e})")));
@@ -477,6 +492,39 @@ impl KafkaJournal {
     pub fn may_start(&self, op: &Operation) -> bool {
         self.owned.may_start(&op.id)
     }
+}
+
+/// A client of partition `p` of `topic`, with a connection of its own to its leader.
+async fn open_partition(
+    client: &Client,
+    topic: &str,
+    p: i32,
+) -> Result<Arc<PartitionClient>, String> {
+    client
+        .partition_client(topic.to_string(), p, UnknownTopicHandling::Retry)
+        .await
+        .map(Arc::new)
+        .map_err(|e| format!("opening partition {p}: {e}"))
+}
+
+/// Sends one produce request of a partition's [`group::Group`] with `pc`, acknowledged by
+/// every in-sync replica (`acks=all`, as every produce request of the client), within
+/// `timeout` (`server.journal.kafka.timeout`).
+fn produce_with(pc: Arc<PartitionClient>, timeout: Duration) -> group::Send<Record> {
+    Arc::new(move |records: Vec<Record>| {
+        let pc = pc.clone();
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, pc.produce(records, Compression::NoCompression))
+                .await
+            {
+                Err(_) => Err(format!(
+                    "no acknowledgement within server.journal.kafka.timeout ({timeout:?})"
+                )),
+                Ok(Err(e)) => Err(e.to_string()),
+                Ok(Ok(_)) => Ok(()),
+            }
+        })
+    })
 }
 
 /// The partition count of `topic`, `None` when it does not exist.
