@@ -128,8 +128,12 @@ pub struct Series {
     pub p99: Duration,
     /// Elasticsearch requests per operation, by store call (`get`, `mget`, `index`, `bulk`, ...).
     pub es_by_call: BTreeMap<&'static str, f64>,
-    /// ZooKeeper requests per operation, when the server's counter could be read.
+    /// ZooKeeper requests per operation, when the server's counter could be read. The server's
+    /// counter includes the session's pings, which the client sends after a silence (750 ms
+    /// with the default session timeout of 5 s): at most one per such silence of the series.
     pub zk_requests: Option<f64>,
+    /// How long the whole series took: what bounds the pings counted in `zk_requests`.
+    pub elapsed: Duration,
 }
 
 impl Series {
@@ -187,7 +191,7 @@ impl TxnReport {
     }
 
     /// One flat JSON object: `{way}_n{N}_p50_ms`, `_p99_ms`, `_es_requests`, `_es_{call}`,
-    /// `_zk_requests` (null when not counted) for every way (`txn`, `guarded`, `bulk`) and size,
+    /// `_zk_requests` (null when not counted), `_secs` (the series' duration) for every way (`txn`, `guarded`, `bulk`) and size,
     /// and `txn_over_guarded_n{N}_p50`.
     pub fn to_json(&self) -> Value {
         let mut v = json!({
@@ -211,6 +215,7 @@ impl TxnReport {
                 all.insert(key(&format!("es_{call}")), json!(round2(*n)));
             }
             all.insert(key("zk_requests"), json!(s.zk_requests.map(round2)));
+            all.insert(key("secs"), json!(round2(s.elapsed.as_secs_f64())));
         }
         for &n in &self.plan.sizes {
             if let Some(r) = self.txn_over_guarded_p50(n) {
@@ -425,6 +430,7 @@ impl Bench {
     /// `ops` operations of `n` documents written `way`, one after the other.
     async fn series(&mut self, n: u32, way: Way, ops: u32) -> Result<Series, String> {
         let es_before = self.counts.snapshot();
+        let started = Instant::now();
         let zk_before = self.packets().await;
         let mut samples = Vec::with_capacity(ops as usize);
         for _ in 0..ops {
@@ -439,6 +445,7 @@ impl Bench {
             samples.push(t.elapsed());
         }
         let zk_after = self.packets().await;
+        let elapsed = started.elapsed();
         let es_after = self.counts.snapshot();
         let per_op = |count: u64| count as f64 / f64::from(ops.max(1));
         let es_by_call = es_after
@@ -463,6 +470,7 @@ impl Bench {
             p99,
             es_by_call,
             zk_requests,
+            elapsed,
         })
     }
 
