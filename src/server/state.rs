@@ -447,9 +447,14 @@ pub async fn dispatch(
                 all.push(more);
             }
             // With the Kafka journal, the outcomes are in its index (for every instance)
-            // before this instance answers them.
+            // before this instance answers them; those it holds back (in their monitor's
+            // order) or drops (their partition went to another instance) are not recorded
+            // here either: a later owner here must not take them for finished.
             if let Some(fleet) = fleet_state.fleet() {
-                fleet.finished(&all).await;
+                all = fleet.finished(&all).await;
+                if all.is_empty() {
+                    continue;
+                }
             }
             if let Err(e) = journal.finish_all(all).await {
                 tracing::error!(error = %e, "cannot record outcomes in the journal: no background operation starts and nothing new is accepted until they are recorded");

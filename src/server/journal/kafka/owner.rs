@@ -408,6 +408,7 @@ fn load(
         }
         st.inflight.insert(r.offset, op.id);
         st.offsets.entry(op.id).or_default().push(r.offset);
+        st.monitors.insert(op.id, op.monitor.clone());
     }
     drop(st);
     state.enqueue(fresh);
