@@ -46,8 +46,8 @@ torture: deps
 
 # The fleet test (tests/fleet/main.rs: three `zkguard serve` on the Kafka journal, instances
 # SIGKILLed with their state deleted and SIGSTOPped past their session) for DURATION seconds of
-# workload, printing its counts and takeover times. Ignored in `make test`, and apart from `make
-# torture`, while the defects it finds in the Kafka journal are open (docs/testing.md).
+# workload, the faults in rotation, printing its counts and takeover times. `make test` runs it
+# too, with one round of faults (one kill and one pause, about 45 s in all).
 torture-fleet: deps
 	ZKGUARD_FLEET_SECS=$(DURATION) cargo test --release --test fleet -- --include-ignored --nocapture
 

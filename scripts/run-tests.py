@@ -31,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONGEST = [
     "history",
     "lock_model",
+    "fleet",
     "cli/bench_cli",
     "cli/demo",
     "lock/zk_lock",

@@ -92,7 +92,9 @@ pub fn from_guarded(e: GuardedError) -> ApiError {
         GuardedError::Lock(LockError::InvalidMonitor { .. } | LockError::InfoTooLong { .. })
         | GuardedError::Invalid(_) => ApiError::bad("invalid_operation", message),
         GuardedError::Lock(_) => ApiError::unavailable("lock_unavailable", message),
-        GuardedError::LockLost { .. } => ApiError::unavailable("lock_lost", message),
+        GuardedError::LockLost { .. } | GuardedError::LostDuringWrite { .. } => {
+            ApiError::unavailable("lock_lost", message)
+        }
         GuardedError::Fenced { .. } => ApiError::new(StatusCode::CONFLICT, "fenced", message),
         GuardedError::NotFound { .. } => ApiError::new(StatusCode::NOT_FOUND, "not_found", message),
         GuardedError::CannotApply { .. } => {

@@ -390,7 +390,10 @@ impl Hub {
     /// Publishes that foreground operation `op` failed with `e` (`rejected`, its reason the
     /// answer's error kind; after `lost` when the lock was lost).
     pub fn failed(&self, op: &Operation, e: &GuardedError) {
-        if let GuardedError::LockLost { .. } | GuardedError::Lock(LockError::Lost { .. }) = e {
+        if let GuardedError::LockLost { .. }
+        | GuardedError::LostDuringWrite { .. }
+        | GuardedError::Lock(LockError::Lost { .. }) = e
+        {
             self.publish(Happened::op(Kind::Lost, op).reason("lost"));
         }
         self.publish(Happened::op(Kind::Rejected, op).reason(e.kind()));

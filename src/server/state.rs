@@ -374,6 +374,9 @@ impl super::journal::kafka::owner::Dispatch for AppState {
     }
 }
 
+/// How often [`monitor`] checks the lock backend.
+const MONITOR_EVERY: Duration = Duration::from_millis(250);
+
 /// Watches the lock backend and Elasticsearch: reconnects an expired ZooKeeper session, keeps
 /// the readiness gauge and the reconnect counter. Runs until `stop` turns true.
 pub async fn monitor(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
@@ -408,7 +411,7 @@ pub async fn monitor(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
         }
         was_up = up;
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = tokio::time::sleep(MONITOR_EVERY) => {}
             _ = stop.changed() => return,
         }
     }
@@ -444,9 +447,14 @@ pub async fn dispatch(
                 all.push(more);
             }
             // With the Kafka journal, the outcomes are in its index (for every instance)
-            // before this instance answers them.
+            // before this instance answers them; those it holds back (in their monitor's
+            // order) or drops (their partition went to another instance) are not recorded
+            // here either: a later owner here must not take them for finished.
             if let Some(fleet) = fleet_state.fleet() {
-                fleet.finished(&all).await;
+                all = fleet.finished(&all).await;
+                if all.is_empty() {
+                    continue;
+                }
             }
             if let Err(e) = journal.finish_all(all).await {
                 tracing::error!(error = %e, "cannot record outcomes in the journal: no background operation starts and nothing new is accepted until they are recorded");
@@ -466,12 +474,14 @@ pub async fn dispatch(
             op = rx.recv() => match op { Some(op) => op, None => return },
             _ = stop.changed() => return,
         };
-        backend_up.mark_unchanged();
-        while state.lock_problem().is_some() {
-            tokio::select! {
-                changed = backend_up.changed() => if changed.is_err() { return },
-                _ = stop.changed() => return,
-            }
+        if !until_backend_up(
+            || state.lock_problem().is_none(),
+            &mut backend_up,
+            &mut stop,
+        )
+        .await
+        {
+            return;
         }
         // An operation applied while outcomes cannot be recorded would run again at the next
         // start, possibly over newer writes: none starts until they can.
@@ -525,6 +535,31 @@ pub async fn dispatch(
             }
         });
     }
+}
+
+/// Waits until the lock backend is usable (`usable()`), looking again at each notification of
+/// `backend_up` ([`monitor`]'s view) and at least every [`MONITOR_EVERY`]; `false` when `stop`
+/// turned true first.
+///
+/// The monitor notifies only the changes it sees: a session that expired and was connected
+/// again between two of its checks (a process paused past its session, whose monitor connects
+/// the new session before it looks) is no change to it, while the dispatcher may have seen the
+/// backend down meanwhile. Waiting for a notification alone left the dispatcher, and every
+/// background operation of the instance, waiting for ever.
+async fn until_backend_up(
+    usable: impl Fn() -> bool,
+    backend_up: &mut watch::Receiver<bool>,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    backend_up.mark_unchanged();
+    while !usable() {
+        tokio::select! {
+            changed = backend_up.changed() => if changed.is_err() { return false },
+            _ = tokio::time::sleep(MONITOR_EVERY) => {}
+            _ = stop.changed() => return false,
+        }
+    }
+    true
 }
 
 /// Counts an outcome; returns its journal record.
@@ -582,4 +617,34 @@ fn record(state: &AppState, outcome: Outcome) -> Finished {
         }
     };
     finished
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session that expired and was connected again between two checks of [`monitor`] (a
+    /// process paused past its session: the monitor's next check connects the new session
+    /// before it looks) is no change of `backend_up`; the dispatcher that saw the backend down
+    /// meanwhile must still go on once it is usable again.
+    #[tokio::test]
+    async fn the_dispatcher_goes_on_when_the_backend_came_back_without_the_monitor_seeing_it_down()
+    {
+        let (_up, mut backend_up) = watch::channel(true);
+        let (_stop, mut stop) = watch::channel(false);
+        let checks = AtomicUsize::new(0);
+        // Down at the dispatcher's first look, usable from then on; the monitor's value stays
+        // `true` throughout and never notifies.
+        let usable = || checks.fetch_add(1, Ordering::Relaxed) > 0;
+        let waited = tokio::time::timeout(
+            Duration::from_secs(10),
+            until_backend_up(usable, &mut backend_up, &mut stop),
+        )
+        .await;
+        assert_eq!(
+            waited,
+            Ok(true),
+            "the dispatcher still waits for a change of the backend's state 10 s after the backend came back"
+        );
+    }
 }

@@ -368,9 +368,9 @@ fn answer(
                     m.lock_timeouts.get_or_create(&fg).inc()
                 }
                 GuardedError::Fenced { .. } => m.fenced.get_or_create(&fg).inc(),
-                GuardedError::LockLost { .. } | GuardedError::Lock(LockError::Lost { .. }) => {
-                    m.locks_lost.inc()
-                }
+                GuardedError::LockLost { .. }
+                | GuardedError::LostDuringWrite { .. }
+                | GuardedError::Lock(LockError::Lost { .. }) => m.locks_lost.inc(),
                 _ => 0,
             };
             m.outcome("foreground", e.kind());

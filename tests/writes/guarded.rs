@@ -193,6 +193,91 @@ async fn stale_holder_is_fenced_after_its_session_is_killed() {
     drop(session_b);
 }
 
+/// Holder A is paused after its read and lock check, before its write reaches Elasticsearch;
+/// its session expires; holder B acquires and reads the document; then A's write lands (B has
+/// not written yet, so Elasticsearch takes A's older token) and B's write, computed from its
+/// read, replaces it. A must not be told that its change was applied: an acknowledged change
+/// is never replaced by a holder that did not read it. A learns its lock was lost while its
+/// write was under way, an error to run the operation again with a new lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_write_landing_between_the_new_holders_read_and_write_is_not_acknowledged() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let es = store(&settings);
+    let index = format!("articles-{}", tag());
+    let monitor = "article-8";
+    let (_s0, l0) = locks(&settings).await;
+    GuardedWriter::new(l0, es.clone())
+        .on(monitor)
+        .index(&index, "8", json!({"owner": "seed"}))
+        .await
+        .unwrap();
+
+    let partition = zkguard::testkit::Partition::start(&settings.zookeeper.servers).unwrap();
+    let mut settings_a = settings.clone();
+    settings_a.zookeeper.servers = partition.connect_string().to_string();
+    let (_session_a, locks_a) = locks(&settings_a).await;
+    let paused_a = Arc::new(HookedStore::new(es.clone(), IndexGate::new()));
+    let writer_a = GuardedWriter::new(locks_a.clone(), paused_a.clone());
+    let guard_a = locks_a
+        .acquire(LockRequest::new(monitor, "holder A"))
+        .await
+        .unwrap();
+    let op_a = Operation::merge(monitor, &index, "8", json!({"a": 1}));
+    // B's write is held back once B has read, so that A's write lands in between.
+    let (_session_b, locks_b) = locks(&settings).await;
+    let paused_b = Arc::new(HookedStore::new(es.clone(), IndexGate::new()));
+    let writer_b = GuardedWriter::new(locks_b, paused_b.clone());
+
+    let a_write = writer_a.write_under(guard_a.as_ref(), &op_a);
+    let b_write = async {
+        paused_a.hook().reached().await;
+        partition.cut();
+        // B gets the lock once ZooKeeper expired A's session.
+        writer_b
+            .on(monitor)
+            .info("holder B")
+            .update(&index, "8", json!({"b": 1}))
+            .await
+    };
+    let scenario = async {
+        paused_b.hook().reached().await;
+        // B has read the document and is about to write: A resumes, its write lands first.
+        paused_a.hook().let_through();
+    };
+    let (a_result, b_result, ()) = tokio::join!(
+        async {
+            let r = a_write.await;
+            // Only once A's write is answered does B's go out.
+            paused_b.hook().let_through();
+            r
+        },
+        b_write,
+        scenario
+    );
+    let written_b = b_result.unwrap();
+    let doc = es.get(&index, "8").await.unwrap().unwrap();
+    assert_eq!(doc.source["b"], 1, "B's change is in the document");
+    assert_eq!(doc.meta.version as u64, written_b.token);
+    match a_result {
+        Ok(w) => assert_eq!(
+            doc.source["a"], 1,
+            "A was told its change was applied (token {}), and B, which read the document before A's write landed, replaced it: {}",
+            w.token, doc.source
+        ),
+        Err(e) => {
+            assert!(
+                matches!(e, GuardedError::LostDuringWrite { .. }),
+                "A learns that its lock was lost while its write was under way: {e:?}"
+            );
+            assert!(e.is_transient(), "{e}: run it again with a new lock");
+            assert_eq!(e.kind(), "lock_lost");
+        }
+    }
+    partition.heal();
+}
+
 /// Index, merge, increment, soft and hard delete, idempotent re-runs, missing documents, and a
 /// document first written without zkguard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -461,6 +461,11 @@ impl Batcher {
                     Ok(items) => {
                         for ((i, item), (index, id)) in sent.iter().zip(items).zip(&targets) {
                             let outcome = match item {
+                                // Answered after the lock was lost: the next holder may have
+                                // read the document before this write landed.
+                                Ok(_) if !guard.is_held() => {
+                                    Err(self.writer.lost_during_write(guard, &results[*i].0.op))
+                                }
                                 Ok(meta) => Ok(Written {
                                     op_id: results[*i].0.op.id,
                                     token,

@@ -28,7 +28,10 @@
 //! 5. `index` (or `delete`) with [`fence::condition`](super::fence::condition)`(token)`
 //!    ([`WriteCondition::ExternalGte`](crate::es::WriteCondition::ExternalGte) of the token); a 409 is
 //!    [`GuardedError::Fenced`];
-//! 6. release the lock.
+//! 6. if the guard reports the lock lost once Elasticsearch answered, the write is not
+//!    acknowledged: [`GuardedError::LostDuringWrite`] (the next holder may have read the
+//!    document before it landed, and replace it);
+//! 7. release the lock.
 //!
 //! # Limits of fencing through Elasticsearch versions
 //! - The `_update` and `_create` APIs cannot carry external versions, so zkguard never uses them:
@@ -78,6 +81,21 @@ pub enum GuardedError {
     /// The lock was lost before the write was sent; nothing was written.
     #[error("the lock on `{monitor}` was lost before the write to {index}/{id} was sent ({reason}); nothing was written, run the operation again with a new lock")]
     LockLost {
+        /// Monitor object.
+        monitor: String,
+        /// Index.
+        index: String,
+        /// Document id.
+        id: String,
+        /// Why the lock was lost.
+        reason: String,
+    },
+    /// The write was sent and Elasticsearch took it, but the lock was found lost when its answer
+    /// came: the lock's next holder may have read the document before the write landed and
+    /// replaced it from that read. The change is not acknowledged; running the operation again
+    /// with a new lock applies it once (its id in the document tells whether it is there).
+    #[error("the lock on `{monitor}` was lost while the write to {index}/{id} was under way ({reason}); Elasticsearch took it, but the lock's next holder may have read the document before it landed and replaced it: run the operation again with a new lock (its operation id tells whether it is still applied)")]
+    LostDuringWrite {
         /// Monitor object.
         monitor: String,
         /// Index.
@@ -155,7 +173,7 @@ impl GuardedError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Lock(e) => e.is_transient(),
-            Self::LockLost { .. } => true,
+            Self::LockLost { .. } | Self::LostDuringWrite { .. } => true,
             Self::Store(e) => e.is_transient(),
             Self::Invalid(_)
             | Self::Fenced { .. }
@@ -175,7 +193,7 @@ impl GuardedError {
                 "invalid"
             }
             Self::Lock(_) => "lock_unavailable",
-            Self::LockLost { .. } => "lock_lost",
+            Self::LockLost { .. } | Self::LostDuringWrite { .. } => "lock_lost",
             Self::Fenced { .. } => "fenced",
             Self::NotFound { .. } => "not_found",
             Self::CannotApply { .. } => "cannot_apply",
@@ -515,7 +533,7 @@ impl GuardedWriter {
                 self.ensure_held(guard, op)?;
                 let sent = self.store.delete(index, id, condition, self.refresh).await;
                 match sent {
-                    Ok(meta) => Ok(written(meta)),
+                    Ok(meta) => self.still_held(guard, op).map(|()| written(meta)),
                     Err(e) => Err(fenced_or(self.store.as_ref(), e, index, id, token).await),
                 }
             }
@@ -529,7 +547,7 @@ impl GuardedWriter {
                     .index(index, id, &source, condition, self.refresh)
                     .await;
                 match sent {
-                    Ok(meta) => Ok(written(Some(meta))),
+                    Ok(meta) => self.still_held(guard, op).map(|()| written(Some(meta))),
                     Err(e) => Err(fenced_or(self.store.as_ref(), e, index, id, token).await),
                 }
             }
@@ -646,6 +664,36 @@ impl GuardedWriter {
     /// When written documents become visible to searches.
     pub(crate) fn refresh(&self) -> Refresh {
         self.refresh
+    }
+
+    /// After a write Elasticsearch took: whether the lock was still held when its answer came.
+    ///
+    /// Held then, the write landed while no one else could hold the lock (the loss grace ends
+    /// before ZooKeeper may expire the session), so every later holder reads it. Lost, the next
+    /// holder may have read the document before the write landed (the writer paused between
+    /// its check and the request, or the request was slow) and then replace it from that read,
+    /// since Elasticsearch took the older token while the newer one had not written yet: the
+    /// write is [`GuardedError::LostDuringWrite`], not acknowledged.
+    pub(crate) fn still_held(&self, guard: &dyn Guard, op: &Operation) -> Result<(), GuardedError> {
+        if guard.is_held() {
+            return Ok(());
+        }
+        Err(self.lost_during_write(guard, op))
+    }
+
+    /// The error of a write Elasticsearch took after the lock was lost (see
+    /// [`GuardedWriter::still_held`]).
+    pub(crate) fn lost_during_write(&self, guard: &dyn Guard, op: &Operation) -> GuardedError {
+        let reason = guard
+            .loss()
+            .map_or_else(|| "released".to_string(), |r| r.to_string());
+        tracing::warn!(op = %op.id, %reason, "lock lost while the write was under way: the write is not acknowledged, the next holder may have replaced it");
+        GuardedError::LostDuringWrite {
+            monitor: op.monitor.clone(),
+            index: op.target_index().to_string(),
+            id: op.target_id().to_string(),
+            reason,
+        }
     }
 
     pub(crate) fn ensure_held(

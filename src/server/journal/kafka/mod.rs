@@ -465,26 +465,27 @@ impl KafkaJournal {
         })
     }
 
-    /// Records outcomes the dispatcher recorded in the table: written to the outcomes index,
-    /// then their records count as applied for the progress of their partition. Outcomes of
-    /// partitions no longer owned here are dropped (the new owner applies them again, finding
-    /// them applied).
-    pub async fn finished(&self, all: &[super::Finished]) {
-        let mine: Vec<&super::Finished> = all
-            .iter()
-            .filter(|f| self.owned.still_ours(&f.id))
-            .collect();
+    /// Records outcomes of the dispatcher: written to the outcomes index, then their records
+    /// count as applied for the progress of their partition; returns those recorded, for the
+    /// table. They are recorded in each monitor's order ([`parts::Owned::ready`]): one whose
+    /// monitor has operations read before it not finished yet waits for them (a later call
+    /// records it). Outcomes of partitions no longer owned here are dropped (the new owner
+    /// applies them again, finding them applied).
+    pub async fn finished(&self, all: &[super::Finished]) -> Vec<super::Finished> {
+        let mine = self.owned.ready(all);
         if mine.is_empty() {
-            return;
+            return mine;
         }
+        let refs: Vec<&super::Finished> = mine.iter().collect();
         if let Err(e) =
-            progress::write_outcomes(self.store.as_ref(), &self.settings.index, &mine).await
+            progress::write_outcomes(self.store.as_ref(), &self.settings.index, &refs).await
         {
             tracing::warn!(error = %e, count = mine.len(), "cannot record outcomes in the journal's index: GET /v1/operations on other instances does not see them");
         }
-        for f in mine {
+        for f in &mine {
             self.owned.done(&f.id, f.status != OpState::Queued);
         }
+        mine
     }
 
     /// Whether the dispatcher may start `op`: true unless it was read from a partition that is

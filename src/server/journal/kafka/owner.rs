@@ -234,6 +234,8 @@ async fn apply(
     let p = part.partition;
     let mut last_commit = Instant::now();
     let mut drain_since: Option<Instant> = None;
+    // The first offset missing from the answers, and since when (see `without_hole`).
+    let mut hole: Option<(i64, Instant)> = None;
     let end = loop {
         if *stop.borrow() {
             let _ = commit(&fleet, &part, false).await;
@@ -258,11 +260,16 @@ async fn apply(
             let pc = fleet.partitions[p as usize].clone();
             tokio::select! {
                 fetched = fetch(&pc, next, fleet.settings.timeout) => {
+                    let fetched = fetched.map(|(records, _)| without_hole(records, next, p, &mut hole));
                     match fetched {
-                        Ok((records, _)) if records.is_empty() => {}
+                        Ok(records) if records.is_empty() => {
+                            if hole.is_some() {
+                                tokio::time::sleep(HOLE_RETRY).await;
+                            }
+                        }
                         // Nothing read is queued before the token is checked against the
                         // progress: once a newer owner claimed it, this one applies nothing.
-                        Ok((records, _)) => match commit(&fleet, &part, true).await {
+                        Ok(records) => match commit(&fleet, &part, true).await {
                             Ok(()) => {
                                 let known = applied_before(&fleet, &part, &records).await;
                                 load(&fleet, state.as_ref(), &part, records, &known);
@@ -299,6 +306,58 @@ async fn apply(
         }
     };
     finish(&fleet, state.as_ref(), &part, end);
+}
+
+/// How long an applier waits for records missing before those a fetch answered (see
+/// [`without_hole`]) before it goes on without them.
+const HOLE_WAIT: Duration = Duration::from_secs(10);
+/// How often it asks again meanwhile.
+const HOLE_RETRY: Duration = Duration::from_millis(20);
+
+/// The records of a fetch from `next` on that follow one another from `next`, without a hole.
+///
+/// A broker may make concurrent appends readable out of order: tansu 0.6 answered a fetch with
+/// the records at offsets 630 and 632 and not the one at 631, produced at the same time by
+/// another instance and readable a moment later. Taking the answer as it was moved the
+/// applier, and the progress it commits, past 631: an acknowledged operation never applied. The
+/// records after a hole are left for the next fetch, which starts at the hole; a hole still
+/// there after [`HOLE_WAIT`] is taken for records the broker lost (an error names the offsets)
+/// and the records after it are taken.
+fn without_hole(
+    records: Vec<rskafka::record::RecordAndOffset>,
+    next: i64,
+    p: i32,
+    hole: &mut Option<(i64, Instant)>,
+) -> Vec<rskafka::record::RecordAndOffset> {
+    let mut expected = next;
+    let mut taken = Vec::with_capacity(records.len());
+    let mut rest = records.into_iter().filter(|r| r.offset >= next).peekable();
+    while let Some(r) = rest.next_if(|r| r.offset == expected) {
+        expected += 1;
+        taken.push(r);
+    }
+    let Some(after) = rest.peek().map(|r| r.offset) else {
+        *hole = None;
+        return taken;
+    };
+    tracing::debug!(partition = p, missing = expected, answered = after, "a journal fetch answered records beyond some not readable yet; reading them again from the first missing one");
+    if !taken.is_empty() {
+        *hole = None;
+        return taken;
+    }
+    let since = match *hole {
+        Some((at, since)) if at == expected => since,
+        _ => {
+            *hole = Some((expected, Instant::now()));
+            return Vec::new();
+        }
+    };
+    if since.elapsed() < HOLE_WAIT {
+        return Vec::new();
+    }
+    tracing::error!(partition = p, from = expected, to = after, "journal records missing from the partition for {HOLE_WAIT:?}: taken for records the broker lost; the records after them are applied");
+    *hole = None;
+    rest.collect()
 }
 
 /// Fetches records from `offset`; when there are none, returns after [`FETCH_WAIT_MS`] even if
@@ -408,6 +467,7 @@ fn load(
         }
         st.inflight.insert(r.offset, op.id);
         st.offsets.entry(op.id).or_default().push(r.offset);
+        st.monitors.insert(op.id, op.monitor.clone());
     }
     drop(st);
     state.enqueue(fresh);
@@ -676,4 +736,55 @@ pub async fn oldest_at(
     let first = fetched.0.into_iter().find(|r| r.offset >= committed)?;
     let op: Operation = serde_json::from_slice(first.record.value.as_deref()?).ok()?;
     op.accepted.map(age_of)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rskafka::record::{Record, RecordAndOffset};
+
+    fn at(offsets: &[i64]) -> Vec<RecordAndOffset> {
+        offsets
+            .iter()
+            .map(|&offset| RecordAndOffset {
+                record: Record {
+                    key: None,
+                    value: Some(Vec::new()),
+                    headers: Default::default(),
+                    timestamp: chrono::Utc::now(),
+                },
+                offset,
+            })
+            .collect()
+    }
+
+    fn offsets(records: &[RecordAndOffset]) -> Vec<i64> {
+        records.iter().map(|r| r.offset).collect()
+    }
+
+    /// A fetch from 628 answered 628 to 630 and 632 (631 produced at the same time and not
+    /// readable yet, as tansu answered in a fleet run): 628 to 630 are taken and 632 waits for
+    /// the next fetch, from 631. A fetch from 631 answering 632 alone takes nothing until 631
+    /// is there; records before `next` (the rest of a batch) are left out.
+    #[test]
+    fn records_beyond_a_hole_wait_until_it_fills() {
+        let mut hole = None;
+        let taken = without_hole(at(&[628, 629, 630, 632]), 628, 0, &mut hole);
+        assert_eq!(offsets(&taken), vec![628, 629, 630]);
+        assert!(without_hole(at(&[632, 633]), 631, 0, &mut hole).is_empty());
+        assert_eq!(hole.map(|(o, _)| o), Some(631));
+        let taken = without_hole(at(&[630, 631, 632, 633]), 631, 0, &mut hole);
+        assert_eq!(offsets(&taken), vec![631, 632, 633]);
+        assert_eq!(hole, None);
+    }
+
+    /// A hole that stays longer than [`HOLE_WAIT`] is taken for records the broker lost: the
+    /// records after it are taken.
+    #[test]
+    fn a_hole_that_does_not_fill_is_passed_after_a_while() {
+        let mut hole = Some((10, Instant::now() - HOLE_WAIT - Duration::from_secs(1)));
+        let taken = without_hole(at(&[12, 13]), 10, 0, &mut hole);
+        assert_eq!(offsets(&taken), vec![12, 13]);
+        assert_eq!(hole, None);
+    }
 }
