@@ -576,6 +576,7 @@ mod tests {
             p99: Duration::from_millis(p50_ms * 2),
             es_by_call: es.iter().copied().collect(),
             zk_requests: (way != Way::Bulk).then_some(f64::from(docs) + 1.0),
+            elapsed: Duration::from_millis(p50_ms * 10),
         }
     }
 

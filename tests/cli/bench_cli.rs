@@ -421,13 +421,6 @@ fn txn_benchmark_counts_the_requests_of_each_way() {
             let (p50, p99) = (num(key("p50_ms")), num(key("p99_ms")));
             assert!(0.0 < p50 && p50 <= p99, "{way} n={n}: p50 {p50}, p99 {p99}");
         }
-        let near = |key: String, want: f64| {
-            let got = num(key.clone());
-            assert!(
-                (got - want).abs() <= 0.3,
-                "{key} = {got}, expected about {want}: {report}"
-            );
-        };
         assert_eq!(num(format!("txn_n{n}_es_requests")), 7.0, "{report}");
         assert_eq!(num(format!("txn_n{n}_es_mget")), 1.0, "{report}");
         assert_eq!(num(format!("txn_n{n}_es_bulk")), 2.0, "{report}");
