@@ -11,13 +11,15 @@ use std::time::Duration;
 use crate::logs::init_tracing;
 use crate::queue::queued;
 use common::*;
+use zkguard::config::ZkSettings;
 use zkguard::testkit::proxy::{
     ZkProxy, CONNECTED, OP_CREATE2, OP_DELETE, OP_GET_CHILDREN, OP_GET_CHILDREN2, OP_GET_DATA,
     OP_MULTI, OP_MULTI_READ, OP_PING, OP_REMOVE_WATCHES, OP_SYNC,
 };
 use zkguard::testkit::ZkServer;
 use zkguard::zk::list_locks;
-use zkguard::{LockType, ZkBlockingWriteLock};
+use zkguard::zk::LockGuard;
+use zkguard::{LockType, ZkBlockingWriteLock, ZkSession};
 use zookeeper_client::{Acls, CreateMode};
 
 /// One server shared by the tests of this file (each uses its own lock root).
@@ -367,29 +369,15 @@ async fn a_release_after_an_unseen_loss_leaves_the_next_holders_mutex() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_careful_release_leaves_the_mutex_an_operator_freed_for_the_next_holder() {
     init_tracing();
-    let zk = shared();
-    let direct = zk.connect_string();
-    let proxy = ZkProxy::start(&direct);
-    let mut settings = zk_settings(&proxy.connect_string(), "careful-operator");
-    settings.session_timeout = Duration::from_secs(20);
-    let mut direct_settings = settings.clone();
-    direct_settings.servers = direct.clone();
-    let monitor = format!("{}/O1", settings.lock_root);
-    let mutex = format!("{monitor}/privateLock");
-
-    let sh = session(&settings).await;
-    let holder = ZkBlockingWriteLock::new("h", &sh, "O1")
-        .unwrap()
-        .with_type(LockType::Background)
-        .lock_with_timeout()
-        .await
-        .unwrap();
-    eventually(
-        Duration::from_secs(10),
-        "the holder watches its mutex",
-        || async { watched(zk, &mutex) },
-    )
-    .await;
+    let CarefulCase {
+        direct,
+        proxy,
+        direct_settings,
+        monitor,
+        mutex,
+        holder,
+        _session,
+    } = careful_case("O1", "careful-operator").await;
     let sf = session(&direct_settings).await;
     let foreground = ZkBlockingWriteLock::new("f", &sf, "O1")
         .unwrap()
@@ -445,29 +433,15 @@ async fn a_careful_release_leaves_the_mutex_an_operator_freed_for_the_next_holde
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_careful_release_leaves_the_mutex_of_a_monitor_created_again_meanwhile() {
     init_tracing();
-    let zk = shared();
-    let direct = zk.connect_string();
-    let proxy = ZkProxy::start(&direct);
-    let mut settings = zk_settings(&proxy.connect_string(), "careful-recreated");
-    settings.session_timeout = Duration::from_secs(20);
-    let mut direct_settings = settings.clone();
-    direct_settings.servers = direct.clone();
-    let monitor = format!("{}/R1", settings.lock_root);
-    let mutex = format!("{monitor}/privateLock");
-
-    let sh = session(&settings).await;
-    let holder = ZkBlockingWriteLock::new("h", &sh, "R1")
-        .unwrap()
-        .with_type(LockType::Background)
-        .lock_with_timeout()
-        .await
-        .unwrap();
-    eventually(
-        Duration::from_secs(10),
-        "the holder watches its mutex",
-        || async { watched(zk, &mutex) },
-    )
-    .await;
+    let CarefulCase {
+        direct,
+        proxy,
+        direct_settings,
+        monitor,
+        mutex,
+        holder,
+        _session,
+    } = careful_case("R1", "careful-recreated").await;
     let admin = zookeeper_client::Client::connect(&direct).await.unwrap();
     let (_, taken) = admin.get_data(&monitor).await.unwrap();
     // The release multi is cut before the server sees it; the careful deletes' reads are
@@ -1198,4 +1172,52 @@ async fn a_promoted_waiter_cancelled_while_its_old_node_goes_leaves_no_node_on_i
         .expect("no node of the cancelled waiter blocks the monitor's background contenders");
     next.unlock().await.unwrap();
     drop(sc);
+}
+
+/// A background holder of `key` on a session behind a proxy (session timeout 20 s), watching
+/// its mutex: the start of the careful-release cases.
+struct CarefulCase {
+    direct: String,
+    proxy: ZkProxy,
+    /// The same settings, straight to the server.
+    direct_settings: ZkSettings,
+    monitor: String,
+    mutex: String,
+    holder: LockGuard,
+    /// The holder's session, open as long as the case.
+    _session: ZkSession,
+}
+
+async fn careful_case(key: &str, tag: &str) -> CarefulCase {
+    let zk = shared();
+    let direct = zk.connect_string();
+    let proxy = ZkProxy::start(&direct);
+    let mut settings = zk_settings(&proxy.connect_string(), tag);
+    settings.session_timeout = Duration::from_secs(20);
+    let mut direct_settings = settings.clone();
+    direct_settings.servers = direct.clone();
+    let monitor = format!("{}/{key}", settings.lock_root);
+    let mutex = format!("{monitor}/privateLock");
+    let session = session(&settings).await;
+    let holder = ZkBlockingWriteLock::new("h", &session, key)
+        .unwrap()
+        .with_type(LockType::Background)
+        .lock_with_timeout()
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the holder watches its mutex",
+        || async { watched(zk, &mutex) },
+    )
+    .await;
+    CarefulCase {
+        direct,
+        proxy,
+        direct_settings,
+        monitor,
+        mutex,
+        holder,
+        _session: session,
+    }
 }
