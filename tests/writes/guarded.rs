@@ -6,10 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use zkguard::config::Settings;
+use zkguard::es::DocStore;
 use zkguard::es::{EsError, HookedStore, IndexGate, Refresh, WriteCondition};
+use zkguard::lock::{Guard, LockService};
+use zkguard::testkit::Partition;
 use zkguard::write::guarded::{GuardedError, GuardedWriter};
 use zkguard::write::ops::{DeleteMode, Operation, Stamp};
-use zkguard::{LockRequest, LossReason};
+use zkguard::{LockRequest, LossReason, ZkSession};
 
 use guarded_support::{locks, settings_for, shared, source, store, tag};
 
@@ -91,34 +95,19 @@ async fn concurrent_increments_through_separate_sessions_lose_nothing() {
 /// loss, and a further write through it is not sent at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stale_holder_is_fenced_after_its_session_is_killed() {
-    let servers = shared();
-    let dir = tempfile::tempdir().unwrap();
-    let settings = settings_for(servers, dir.path());
-    let es = store(&settings);
-    let index = format!("articles-{}", tag());
     let monitor = "article-7";
-
-    let (_s0, l0) = locks(&settings).await;
-    GuardedWriter::new(l0, es.clone())
-        .on(monitor)
-        .index(&index, "7", json!({"owner": "seed"}))
-        .await
-        .unwrap();
-
-    // A reaches ZooKeeper through a partition that the test cuts, so that ZooKeeper expires
-    // A's session for real, as after a long pause.
-    let partition = zkguard::testkit::Partition::start(&settings.zookeeper.servers).unwrap();
-    let mut settings_a = settings.clone();
-    settings_a.zookeeper.servers = partition.connect_string().to_string();
-    let (_session_a, locks_a) = locks(&settings_a).await;
-    // Holds back A's `index` call until the test lets it through: the "pause" of a holder
-    // between its last lock check and its request reaching Elasticsearch.
-    let paused = Arc::new(HookedStore::new(es.clone(), IndexGate::new()));
-    let writer_a = GuardedWriter::new(locks_a.clone(), paused.clone());
-    let guard_a = locks_a
-        .acquire(LockRequest::new(monitor, "holder A"))
-        .await
-        .unwrap();
+    let StaleHolder {
+        settings,
+        es,
+        index,
+        partition,
+        locks_a,
+        paused_a: paused,
+        writer_a,
+        guard_a,
+        _session_a,
+        _dir,
+    } = stale_holder(monitor, "7").await;
     let token_a = guard_a.fencing_token();
     let op_a = Operation::index(monitor, &index, "7", json!({"owner": "A"}));
 
@@ -201,29 +190,19 @@ async fn stale_holder_is_fenced_after_its_session_is_killed() {
 /// write was under way, an error to run the operation again with a new lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stale_write_landing_between_the_new_holders_read_and_write_is_not_acknowledged() {
-    let servers = shared();
-    let dir = tempfile::tempdir().unwrap();
-    let settings = settings_for(servers, dir.path());
-    let es = store(&settings);
-    let index = format!("articles-{}", tag());
     let monitor = "article-8";
-    let (_s0, l0) = locks(&settings).await;
-    GuardedWriter::new(l0, es.clone())
-        .on(monitor)
-        .index(&index, "8", json!({"owner": "seed"}))
-        .await
-        .unwrap();
-
-    let partition = zkguard::testkit::Partition::start(&settings.zookeeper.servers).unwrap();
-    let mut settings_a = settings.clone();
-    settings_a.zookeeper.servers = partition.connect_string().to_string();
-    let (_session_a, locks_a) = locks(&settings_a).await;
-    let paused_a = Arc::new(HookedStore::new(es.clone(), IndexGate::new()));
-    let writer_a = GuardedWriter::new(locks_a.clone(), paused_a.clone());
-    let guard_a = locks_a
-        .acquire(LockRequest::new(monitor, "holder A"))
-        .await
-        .unwrap();
+    let StaleHolder {
+        settings,
+        es,
+        index,
+        partition,
+        paused_a,
+        writer_a,
+        guard_a,
+        locks_a: _locks_a,
+        _session_a,
+        _dir,
+    } = stale_holder(monitor, "8").await;
     let op_a = Operation::merge(monitor, &index, "8", json!({"a": 1}));
     // B's write is held back once B has read, so that A's write lands in between.
     let (_session_b, locks_b) = locks(&settings).await;
@@ -402,4 +381,58 @@ async fn write_kinds_reruns_and_foreign_documents() {
     // Lock wait and hold are measured.
     let timed = on.index(&index, "2", json!({"x": 1})).await.unwrap();
     assert!(timed.held > Duration::ZERO);
+}
+
+/// Holder A of `monitor`, its document `id` written once before (`{"owner": "seed"}`): the start
+/// of the stale-holder cases.
+struct StaleHolder {
+    settings: Settings,
+    es: Arc<dyn DocStore>,
+    index: String,
+    /// A reaches ZooKeeper through it: the test cuts it, so that ZooKeeper expires A's session
+    /// for real, as after a long pause.
+    partition: Partition,
+    locks_a: Arc<dyn LockService>,
+    /// Holds back A's `index` call until the test lets it through: the "pause" of a holder
+    /// between its last lock check and its request reaching Elasticsearch.
+    paused_a: Arc<HookedStore<IndexGate>>,
+    writer_a: GuardedWriter,
+    guard_a: Box<dyn Guard>,
+    _session_a: ZkSession,
+    _dir: tempfile::TempDir,
+}
+
+async fn stale_holder(monitor: &str, id: &str) -> StaleHolder {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(shared(), dir.path());
+    let es = store(&settings);
+    let index = format!("articles-{}", tag());
+    let (_s0, l0) = locks(&settings).await;
+    GuardedWriter::new(l0, es.clone())
+        .on(monitor)
+        .index(&index, id, json!({"owner": "seed"}))
+        .await
+        .unwrap();
+    let partition = Partition::start(&settings.zookeeper.servers).unwrap();
+    let mut settings_a = settings.clone();
+    settings_a.zookeeper.servers = partition.connect_string().to_string();
+    let (session_a, locks_a) = locks(&settings_a).await;
+    let paused_a = Arc::new(HookedStore::new(es.clone(), IndexGate::new()));
+    let writer_a = GuardedWriter::new(locks_a.clone(), paused_a.clone());
+    let guard_a = locks_a
+        .acquire(LockRequest::new(monitor, "holder A"))
+        .await
+        .unwrap();
+    StaleHolder {
+        settings,
+        es,
+        index,
+        partition,
+        locks_a,
+        paused_a,
+        writer_a,
+        guard_a,
+        _session_a: session_a,
+        _dir: dir,
+    }
 }
