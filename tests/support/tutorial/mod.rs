@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -258,7 +258,8 @@ impl Session {
     /// ends on Ctrl-C (exit 0, or killed by SIGINT: 130), having printed what the page says.
     pub fn stop_all(&mut self) {
         while let Some(job) = self.running.pop() {
-            let status = job.interrupt_until_it_ends();
+            job.interrupt();
+            let status = job.wait(BACKGROUND_LIMIT);
             use std::os::unix::process::ExitStatusExt;
             assert!(
                 status.success()
@@ -311,35 +312,6 @@ impl Job {
 
     fn interrupt(&self) {
         let _ = killpg(self.pid, Signal::SIGINT);
-    }
-
-    /// Ctrl-C, pressed again every 2 s as a user would (a signal sent once was seen lost on a
-    /// busy machine: a block ran on for 60 s after it), until the block ends; killed past
-    /// [`BACKGROUND_LIMIT`].
-    fn interrupt_until_it_ends(&self) -> ExitStatus {
-        let started = Instant::now();
-        loop {
-            self.interrupt();
-            match self.exited.recv_timeout(Duration::from_secs(2)) {
-                Ok(status) => {
-                    for output in [&self.stdout, &self.stderr] {
-                        let _ = output.closed.recv_timeout(BACKGROUND_LIMIT);
-                    }
-                    return status;
-                }
-                Err(_) if started.elapsed() < BACKGROUND_LIMIT => continue,
-                Err(_) => {
-                    let _ = killpg(self.pid, Signal::SIGKILL);
-                    let status = self.exited.recv().expect("wait for bash");
-                    panic!(
-                        "the command left running at docs/tutorial.md:{} did not end on Ctrl-C \
-                         within {BACKGROUND_LIMIT:?} ({status}):\n{}",
-                        self.line,
-                        self.describe()
-                    );
-                }
-            }
-        }
     }
 
     /// Waits for the block's bash to end; kills its group past `limit`.
