@@ -212,6 +212,19 @@ impl Session {
             .stderr(Stdio::piped())
             // Its own process group, as a terminal's job: Ctrl-C (SIGINT) goes to all of it.
             .process_group(0);
+        // And Ctrl-C's default effect, as in a terminal: a suite started in the background by a
+        // non-interactive shell (`make test &`, `nohup ... &`) ignores SIGINT, and an ignored
+        // signal stays ignored across exec, down to a `curl -N` that would then never end.
+        // SAFETY: between fork and exec, only `signal`, which is async-signal-safe.
+        unsafe {
+            c.pre_exec(|| {
+                for sig in [Signal::SIGINT, Signal::SIGQUIT] {
+                    nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl)
+                        .map_err(std::io::Error::from)?;
+                }
+                Ok(())
+            });
+        }
         for (name, _) in std::env::vars() {
             if name.starts_with("ZKGUARD_") {
                 c.env_remove(name);
