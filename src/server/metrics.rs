@@ -686,7 +686,7 @@ impl Metrics {
 
     /// The metrics in the OpenMetrics text format, with the Kafka journal's `partitions` (none
     /// with the file journal).
-    pub fn encode(&self, partitions: &[super::partition_metrics::PartitionView]) -> String {
+    pub fn encode(&self, partitions: &[super::journal::kafka::PartitionStatus]) -> String {
         use prometheus_client::encoding::text;
         let mut out = String::new();
         // Writing into a String cannot fail.

@@ -4,29 +4,11 @@
 //! tell a partition nobody owns from one owned twice).
 
 use std::fmt::Write;
-use std::time::Duration;
 
-/// One partition as `/metrics` shows it.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PartitionView {
-    /// Partition number.
-    pub partition: i32,
-    /// The instance that applies it, if any.
-    pub owner: Option<String>,
-    /// Whether this instance applies it.
-    pub owned_here: bool,
-    /// Offset up to which every record is applied.
-    pub committed_offset: i64,
-    /// The partition's end offset.
-    pub end_offset: i64,
-    /// Records produced and not applied yet.
-    pub lag: i64,
-    /// How long ago the oldest unapplied operation was accepted (`None`: none waits).
-    pub oldest_unapplied_age: Option<Duration>,
-}
+use super::journal::kafka::PartitionStatus;
 
 /// The gauge families, each with its help text and the value of a partition.
-type Family = (&'static str, &'static str, fn(&PartitionView) -> f64);
+type Family = (&'static str, &'static str, fn(&PartitionStatus) -> f64);
 
 const FAMILIES: [Family; 5] = [
     (
@@ -57,7 +39,7 @@ const FAMILIES: [Family; 5] = [
 ];
 
 /// Writes the partitions' families (nothing without partitions: the file journal).
-pub fn render(out: &mut String, partitions: &[PartitionView]) {
+pub fn render(out: &mut String, partitions: &[PartitionStatus]) {
     if partitions.is_empty() {
         return;
     }
@@ -95,6 +77,7 @@ fn escape(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn each_partition_gets_every_gauge_and_its_owner() {
@@ -102,7 +85,7 @@ mod tests {
         render(
             &mut out,
             &[
-                PartitionView {
+                PartitionStatus {
                     partition: 0,
                     owner: Some("host-\"a\"".into()),
                     owned_here: true,
@@ -111,7 +94,7 @@ mod tests {
                     lag: 3,
                     oldest_unapplied_age: Some(Duration::from_millis(2500)),
                 },
-                PartitionView {
+                PartitionStatus {
                     partition: 1,
                     ..Default::default()
                 },

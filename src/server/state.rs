@@ -17,7 +17,7 @@ use zkguard::write::ops::Operation;
 use zkguard::ZkSession;
 
 use super::hub::Hub;
-use super::journal::kafka::{JournalStatus, KafkaJournal};
+use super::journal::kafka::{JournalStatus, KafkaJournal, PartitionStatus};
 use super::journal::{Finished, Journal, OpState};
 use super::locks::ExplicitLocks;
 use super::metrics::Metrics;
@@ -187,23 +187,10 @@ impl AppState {
 
     /// The partitions of this instance's journal, as the status page and `/metrics` show them
     /// (none with the file journal).
-    pub fn partition_views(&self) -> Vec<super::partition_metrics::PartitionView> {
-        let Some(status) = self.journal_status() else {
-            return Vec::new();
-        };
-        status
-            .partitions
-            .into_iter()
-            .map(|p| super::partition_metrics::PartitionView {
-                partition: p.partition,
-                owner: p.owner,
-                owned_here: p.owned_here,
-                committed_offset: p.committed_offset,
-                end_offset: p.end_offset,
-                lag: p.lag,
-                oldest_unapplied_age: p.oldest_unapplied_age,
-            })
-            .collect()
+    pub fn partition_views(&self) -> Vec<PartitionStatus> {
+        self.journal_status()
+            .map(|status| status.partitions)
+            .unwrap_or_default()
     }
 
     /// Why the journal cannot take or record operations now, if it cannot: the file journal

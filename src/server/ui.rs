@@ -413,7 +413,7 @@ struct PartitionRow {
     oldest: Option<String>,
 }
 
-fn partition_rows(views: Vec<super::partition_metrics::PartitionView>) -> Vec<PartitionRow> {
+fn partition_rows(views: Vec<super::journal::kafka::PartitionStatus>) -> Vec<PartitionRow> {
     views
         .into_iter()
         .map(|p| PartitionRow {
@@ -699,7 +699,7 @@ mod tests {
             es_ok => false,
             journal => context! { depth => 2, oldest => Some("3.0 s"), bytes => "1 B", problem => false },
             explicit => 1,
-            partitions => Serde(partition_rows(vec![super::super::partition_metrics::PartitionView {
+            partitions => Serde(partition_rows(vec![super::super::journal::kafka::PartitionStatus {
                 partition: 3,
                 owner: Some(evil.into()),
                 owned_here: true,
