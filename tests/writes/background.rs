@@ -760,28 +760,17 @@ async fn shared_bulk_requests_stop_at_their_size_in_bytes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lane_with_a_backlog_releases_each_batch_in_the_next_acquisition() {
     const OPS: usize = 40;
-    let servers = shared();
     // A ZooKeeper of its own: its request count is this test's alone.
-    let zk = zkguard::testkit::ZkServer::start().expect("ZooKeeper");
-    let dir = tempfile::tempdir().unwrap();
-    let settings = guarded_support::settings(&zk.connect_string(), servers.es.url(), dir.path());
-    let es = store(&settings);
-    let index = format!("lane-{}", tag());
-    let monitor = format!("{index}:0");
-    let (_s, l) = locks(&settings).await;
-    GuardedWriter::new(l.clone(), es.clone())
-        .on(&monitor)
-        .index(&index, "0", json!({"n": 0}))
-        .await
-        .unwrap();
-    let exec = BackgroundExecutor::builder(
-        GuardedWriter::new(l, es.clone()),
-        Arc::new(FileSink::new(&settings.retry.file_path)) as Arc<dyn DeadLetterSink>,
-    )
-    .retry(&settings.retry)
-    .concurrency(OPS)
-    .batch_by_monitor(4, 64)
-    .build();
+    let Lane {
+        zk,
+        settings,
+        es,
+        index,
+        monitor,
+        exec,
+        _session,
+        _dir,
+    } = lane("lane", OPS).await;
     let before = zk.packets_received().unwrap();
     let mut handles = Vec::new();
     for _ in 0..OPS {
@@ -840,27 +829,16 @@ async fn session_locks_probe(
 /// the lane gets the lock: nobody waits for it, and the partition's new owner applies it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_whose_operation_was_stopped_is_not_written_by_its_lane() {
-    let servers = shared();
-    let zk = zkguard::testkit::ZkServer::start().expect("ZooKeeper");
-    let dir = tempfile::tempdir().unwrap();
-    let settings = guarded_support::settings(&zk.connect_string(), servers.es.url(), dir.path());
-    let es = store(&settings);
-    let index = format!("lane-stop-{}", tag());
-    let monitor = format!("{index}:0");
-    let (_s, l) = locks(&settings).await;
-    GuardedWriter::new(l.clone(), es.clone())
-        .on(&monitor)
-        .index(&index, "0", json!({"n": 0}))
-        .await
-        .unwrap();
-    let exec = BackgroundExecutor::builder(
-        GuardedWriter::new(l, es.clone()),
-        Arc::new(FileSink::new(&settings.retry.file_path)) as Arc<dyn DeadLetterSink>,
-    )
-    .retry(&settings.retry)
-    .concurrency(4)
-    .batch_by_monitor(4, 64)
-    .build();
+    let Lane {
+        settings,
+        es,
+        index,
+        monitor,
+        exec,
+        _session,
+        _dir,
+        zk: _zk,
+    } = lane("lane-stop", 4).await;
     // Another session holds the monitor: the attempt waits in the lane.
     let (_holder_session, holder_locks) = locks(&settings).await;
     let held = holder_locks
@@ -881,4 +859,52 @@ async fn an_attempt_whose_operation_was_stopped_is_not_written_by_its_lane() {
         Outcome::Applied { .. }
     ));
     assert_eq!(source(es.as_ref(), &index, "0").await["n"], json!(10));
+}
+
+/// A background executor batching by monitor (4 operations a batch), on a ZooKeeper of its own,
+/// with `concurrency`, and the document `0` of a new index (`prefix-…`) written once (`n` 0)
+/// under its monitor `index:0`.
+struct Lane {
+    zk: zkguard::testkit::ZkServer,
+    settings: zkguard::config::Settings,
+    es: Arc<dyn zkguard::es::DocStore>,
+    index: String,
+    monitor: String,
+    exec: BackgroundExecutor,
+    _session: zkguard::ZkSession,
+    _dir: tempfile::TempDir,
+}
+
+async fn lane(prefix: &str, concurrency: usize) -> Lane {
+    let servers = shared();
+    let zk = zkguard::testkit::ZkServer::start().expect("ZooKeeper");
+    let dir = tempfile::tempdir().unwrap();
+    let settings = guarded_support::settings(&zk.connect_string(), servers.es.url(), dir.path());
+    let es = store(&settings);
+    let index = format!("{prefix}-{}", tag());
+    let monitor = format!("{index}:0");
+    let (session, l) = locks(&settings).await;
+    GuardedWriter::new(l.clone(), es.clone())
+        .on(&monitor)
+        .index(&index, "0", json!({"n": 0}))
+        .await
+        .unwrap();
+    let exec = BackgroundExecutor::builder(
+        GuardedWriter::new(l, es.clone()),
+        Arc::new(FileSink::new(&settings.retry.file_path)) as Arc<dyn DeadLetterSink>,
+    )
+    .retry(&settings.retry)
+    .concurrency(concurrency)
+    .batch_by_monitor(4, 64)
+    .build();
+    Lane {
+        zk,
+        settings,
+        es,
+        index,
+        monitor,
+        exec,
+        _session: session,
+        _dir: dir,
+    }
 }
