@@ -12,6 +12,7 @@ use crate::logs::init_tracing;
 use crate::queue::queued;
 use common::*;
 use zkguard::config::ZkSettings;
+use zkguard::lock::Release;
 use zkguard::testkit::proxy::{
     ZkProxy, CONNECTED, OP_CREATE2, OP_DELETE, OP_GET_CHILDREN, OP_GET_CHILDREN2, OP_GET_DATA,
     OP_MULTI, OP_MULTI_READ, OP_PING, OP_REMOVE_WATCHES, OP_SYNC,
@@ -389,17 +390,7 @@ async fn a_careful_release_leaves_the_mutex_an_operator_freed_for_the_next_holde
         || async { queued(&direct, &monitor, "A-").await == 1 },
     )
     .await;
-    // The release multi is cut before the server sees it; the careful deletes' reads are
-    // applied, their answers held.
-    proxy.hold_after(OP_GET_DATA);
-    proxy.cut_before(OP_MULTI);
-    let release = holder.release();
-    eventually(
-        Duration::from_secs(10),
-        "the careful deletes read the mutex, the answers held",
-        || async { proxy.cuts() == 1 && proxy.holds() == 1 },
-    )
-    .await;
+    let release = release_with_careful_reads_held(&proxy, holder).await;
     let admin = zookeeper_client::Client::connect(&direct).await.unwrap();
     admin.delete(&mutex, None).await.unwrap();
     let next = next
@@ -444,17 +435,7 @@ async fn a_careful_release_leaves_the_mutex_of_a_monitor_created_again_meanwhile
     } = careful_case("R1", "careful-recreated").await;
     let admin = zookeeper_client::Client::connect(&direct).await.unwrap();
     let (_, taken) = admin.get_data(&monitor).await.unwrap();
-    // The release multi is cut before the server sees it; the careful deletes' reads are
-    // applied, their answers held.
-    proxy.hold_after(OP_GET_DATA);
-    proxy.cut_before(OP_MULTI);
-    let release = holder.release();
-    eventually(
-        Duration::from_secs(10),
-        "the careful deletes read the mutex, the answers held",
-        || async { proxy.cuts() == 1 && proxy.holds() == 1 },
-    )
-    .await;
+    let release = release_with_careful_reads_held(&proxy, holder).await;
     let (nodes, _) = admin.get_children(&monitor).await.unwrap();
     for node in nodes {
         admin
@@ -1220,4 +1201,19 @@ async fn careful_case(key: &str, tag: &str) -> CarefulCase {
         holder,
         _session: session,
     }
+}
+
+/// Releases `holder` with its release multi cut before the server sees it, and the careful
+/// deletes that follow reading the mutex, their answers held: the release, once they are.
+async fn release_with_careful_reads_held(proxy: &ZkProxy, holder: LockGuard) -> Release {
+    proxy.hold_after(OP_GET_DATA);
+    proxy.cut_before(OP_MULTI);
+    let release = holder.release();
+    eventually(
+        Duration::from_secs(10),
+        "the careful deletes read the mutex, the answers held",
+        || async { proxy.cuts() == 1 && proxy.holds() == 1 },
+    )
+    .await;
+    release
 }
