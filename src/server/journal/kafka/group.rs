@@ -21,13 +21,13 @@ use tokio::sync::oneshot;
 pub(super) const MAX_GROUP_BYTES: usize = 512 * 1024;
 
 /// Sends one produce request and returns once the broker acknowledged it, or why not.
-pub(super) type Send<T> =
-    Arc<dyn Fn(Vec<T>) -> BoxFuture<'static, Result<(), String>> + std::marker::Send + Sync>;
+pub(super) type Produce<T> =
+    Arc<dyn Fn(Vec<T>) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
 
 /// The produce requests of one partition (see the module documentation).
 pub(super) struct Group<T> {
     queue: Mutex<Queue<T>>,
-    send: Send<T>,
+    send: Produce<T>,
     max_bytes: usize,
 }
 
@@ -47,10 +47,10 @@ struct Waiting<T> {
     done: Done,
 }
 
-impl<T: std::marker::Send + 'static> Group<T> {
+impl<T: Send + 'static> Group<T> {
     /// A group sending its produce requests with `send`, each grouping requests up to
     /// `max_bytes` (a single larger request goes alone).
-    pub(super) fn new(send: Send<T>, max_bytes: usize) -> Arc<Self> {
+    pub(super) fn new(send: Produce<T>, max_bytes: usize) -> Arc<Self> {
         Arc::new(Self {
             queue: Mutex::new(Queue {
                 waiting: VecDeque::new(),
@@ -131,7 +131,7 @@ mod tests {
     fn recording(gate: Arc<Semaphore>, fail_on: Option<u32>) -> (Arc<Group<u32>>, Sent) {
         let sent: Sent = Arc::default();
         let log = sent.clone();
-        let send: Send<u32> = Arc::new(move |items: Vec<u32>| {
+        let send: Produce<u32> = Arc::new(move |items: Vec<u32>| {
             let gate = gate.clone();
             let log = log.clone();
             Box::pin(async move {

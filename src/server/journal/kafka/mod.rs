@@ -511,7 +511,7 @@ async fn open_partition(
 /// Sends one produce request of a partition's [`group::Group`] with `pc`, acknowledged by
 /// every in-sync replica (`acks=all`, as every produce request of the client), within
 /// `timeout` (`server.journal.kafka.timeout`).
-fn produce_with(pc: Arc<PartitionClient>, timeout: Duration) -> group::Send<Record> {
+fn produce_with(pc: Arc<PartitionClient>, timeout: Duration) -> group::Produce<Record> {
     Arc::new(move |records: Vec<Record>| {
         let pc = pc.clone();
         Box::pin(async move {
