@@ -629,11 +629,20 @@ async fn the_service_recovers_a_transaction_whose_coordinator_died() {
             "{id}"
         );
     }
-    let m = scrape(&c, &s).await;
-    assert_eq!(
-        m.get(r#"zkguard_transactions_recovered_total{outcome="rolled-back"}"#),
-        Some(&1.0)
-    );
+    // The pass counts what it recovered once it has gone over every transaction it examined,
+    // so the count may follow the log's state by a moment.
+    let key = r#"zkguard_transactions_recovered_total{outcome="rolled-back"}"#;
+    eventually(
+        std::time::Duration::from_secs(30),
+        "the recovery pass counts the rolled-back transaction",
+        || {
+            let c = c.clone();
+            let s = &s;
+            async move { scrape(&c, s).await.get(key).is_some_and(|v| *v >= 1.0) }
+        },
+    )
+    .await;
+    assert_eq!(scrape(&c, &s).await.get(key), Some(&1.0), "counted once");
 }
 
 /// Transactions over overlapping documents through `/v1/transactions` and the gate's atomic
