@@ -313,15 +313,17 @@ async fn a_release_after_an_unseen_loss_leaves_the_next_holders_mutex() {
     let mutex = format!("{monitor}/privateLock");
 
     let sh = session(&settings).await;
+    // From the holder's first read of its mutex on (its watch, 100 ms after it took the lock),
+    // it hears nothing: whatever happens to the mutex stays unseen until after its release
+    // went out. Armed before the acquisition (which reads no node's data), so that a busy
+    // machine that delays this test past the watch's start cannot let the read through.
+    proxy.hold_after(OP_GET_DATA);
     let holder = ZkBlockingWriteLock::new("h", &sh, "U1")
         .unwrap()
         .with_type(LockType::Background)
         .lock_with_timeout()
         .await
         .unwrap();
-    // From the holder's first read of its mutex on (its watch), it hears nothing: whatever
-    // happens to the mutex stays unseen until after its release went out.
-    proxy.hold_after(OP_GET_DATA);
     let sf = session(&direct_settings).await;
     let foreground = ZkBlockingWriteLock::new("f", &sf, "U1")
         .unwrap()

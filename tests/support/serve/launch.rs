@@ -101,6 +101,7 @@ impl Env {
             base: format!("{scheme}://{}", started["listening"].as_str().unwrap()),
             started,
             log,
+            _dir: self.dir.clone(),
         }
     }
 }
@@ -111,11 +112,29 @@ pub struct Service {
     pub base: String,
     pub started: Value,
     pub log: PathBuf,
+    /// Its directory (journal, log), kept while it runs even if its [`Env`] goes first.
+    _dir: Arc<tempfile::TempDir>,
 }
 
 impl Drop for Service {
+    /// Stops the service; when a test fails, prints the end of its log first (the log's
+    /// directory goes with the test).
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
+            eprintln!(
+                "--- the last {} lines of {} ---\n{}",
+                tail.len(),
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
     }
 }
+
+/// How many lines of a failed test's service log are printed.
+const LOG_TAIL: usize = 80;
