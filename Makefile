@@ -37,12 +37,14 @@ test-docker: deps
 # DURATION seconds; document transactions: 2 transactions sharing a document, 2 writers, 2
 # crashes, exhaustively), each printing its number of unique states and the properties it
 # checked. `make test` runs the history tests for about 30-45 seconds each, the walks for 10
-# seconds, and the model check's small scopes.
+# seconds, and the model check's small scopes. Last, the fleet test for DURATION seconds of
+# workload, as `make torture-fleet` runs it.
 DURATION ?= 600
 torture: deps
 	ZKGUARD_TORTURE_SECS=$(DURATION) cargo test --release --test history -- --nocapture
 	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release --workspace --test lock_model random_walks -- --nocapture
 	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release --workspace --test lock_model large_scope -- --ignored --nocapture --test-threads 1
+	ZKGUARD_FLEET_SECS=$(DURATION) cargo test --release --test fleet -- --include-ignored --nocapture
 
 # The fleet test (tests/fleet/main.rs: three `zkguard serve` on the Kafka journal, instances
 # SIGKILLed with their state deleted and SIGSTOPped past their session) for DURATION seconds of

@@ -13,13 +13,19 @@ use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
 use super::checker::{Answer, Sent};
-use super::cluster::WINDOW;
+use super::cluster::{PARTITIONS, WINDOW};
 
 /// The index every client writes.
 pub const INDEX: &str = "fleet";
 /// Documents written at one time; a document that got `WINDOW - 50` operations is retired and
 /// a new one takes its place, so that every document's record holds all its operations.
 const LIVE_DOCS: usize = 16;
+
+/// The journal partition of document `doc` of [`INDEX`] (that of its monitor).
+fn partition_of(doc: &str) -> usize {
+    let monitor = zkguard::lock::document_monitor(INDEX, doc);
+    zkguard::write::deadletter::kafka::partition_for(monitor.as_bytes(), PARTITIONS as usize)
+}
 
 /// The documents in use and how many operations each got.
 #[derive(Default)]
@@ -30,12 +36,35 @@ pub struct Docs {
 }
 
 impl Docs {
+    /// Fills the live documents up to [`LIVE_DOCS`], each new one in the partition with the
+    /// fewest live documents: every partition keeps receiving operations, so that the takeover
+    /// of each is seen by its new owner's progress. (Taken in name order, `d48` to `d63` are
+    /// all in partitions 2 to 5: while they were the live documents, partitions 0 and 1 got
+    /// nothing to apply, and their takeovers were seen only once later documents came.)
+    fn refill(&mut self) {
+        let mut per_partition = vec![0usize; PARTITIONS as usize];
+        for doc in &self.live {
+            per_partition[partition_of(doc)] += 1;
+        }
+        while self.live.len() < LIVE_DOCS {
+            let least = (0..per_partition.len())
+                .min_by_key(|p| per_partition[*p])
+                .unwrap_or(0);
+            let doc = loop {
+                let doc = format!("d{}", self.next);
+                self.next += 1;
+                if partition_of(&doc) == least {
+                    break doc;
+                }
+            };
+            per_partition[least] += 1;
+            self.live.push(doc);
+        }
+    }
+
     /// A live document, counting one more operation on it.
     fn pick(&mut self, rng: &mut StdRng) -> String {
-        while self.live.len() < LIVE_DOCS {
-            self.live.push(format!("d{}", self.next));
-            self.next += 1;
-        }
+        self.refill();
         let i = rng.gen_range(0..self.live.len());
         let doc = self.live[i].clone();
         let n = self.counts.entry(doc.clone()).or_default();
@@ -176,4 +205,26 @@ async fn send(
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     ))
+}
+
+/// Whatever documents are retired, every partition of the journal always has live documents
+/// (a partition without any gets nothing to apply, and its takeover cannot be seen).
+#[test]
+fn every_partition_always_has_live_documents() {
+    let mut docs = Docs::default();
+    let mut rng = StdRng::seed_from_u64(51);
+    for picked in 0..100 * WINDOW {
+        docs.pick(&mut rng);
+        docs.refill();
+        let mut covered = vec![false; PARTITIONS as usize];
+        for doc in &docs.live {
+            covered[partition_of(doc)] = true;
+        }
+        assert!(
+            covered.iter().all(|c| *c),
+            "after {picked} operations, the live documents {:?} leave partitions {:?} without operations",
+            docs.live,
+            (0..covered.len()).filter(|p| !covered[*p]).collect::<Vec<_>>()
+        );
+    }
 }

@@ -92,7 +92,12 @@ impl Servers {
             .env_remove("ZKGUARD_CONFIG")
             .env_remove("ZKGUARD_FLEET_BACKEND")
             .env_remove("ZKGUARD_FLEET_SECS")
-            .env("RUST_LOG", "zkguard=warn")
+            .env_remove("ZKGUARD_FLEET_LOG")
+            // `ZKGUARD_FLEET_LOG` sets the instances' RUST_LOG, to look into a failure.
+            .env(
+                "RUST_LOG",
+                std::env::var("ZKGUARD_FLEET_LOG").unwrap_or_else(|_| "zkguard=warn".into()),
+            )
             .env("ZKGUARD_ZOOKEEPER_SERVERS", self.zk.connect_string())
             .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &self.root)
             .env(

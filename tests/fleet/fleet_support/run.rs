@@ -91,16 +91,19 @@ pub async fn run(plan: Plan) -> Done {
         Ok(r) => r.text().await.unwrap_or_default(),
         Err(e) => format!("no /metrics: {e}"),
     };
-    let logs = instances
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
+    let kept = if report.violations.is_empty() {
+        String::new()
+    } else {
+        keep_logs(&servers, &seen)
+    };
+    let logs = std::iter::once(kept)
+        .chain(instances.iter().enumerate().map(|(i, s)| {
             format!(
                 "--- instance {i} ({}) ---\n{}",
                 s.log.display(),
                 s.log_tail(30)
             )
-        })
+        }))
         .collect::<Vec<_>>()
         .join("\n");
     Done {
@@ -109,6 +112,42 @@ pub async fn run(plan: Plan) -> Done {
         logs,
         metrics,
         journal,
+    }
+}
+
+/// Copies the instances' logs, with what the test saw of each partition (`seen.csv`: seconds,
+/// instance, partition, owned here, committed offset), to a directory the run leaves behind;
+/// returns a line naming it.
+fn keep_logs(servers: &Servers, seen: &[Seen]) -> String {
+    let dir = std::env::temp_dir().join(format!(
+        "zkguard-fleet-{}",
+        servers.topic.trim_start_matches("zkguard-journal-")
+    ));
+    let copied = std::fs::create_dir_all(&dir).and_then(|()| {
+        for entry in std::fs::read_dir(servers.dir.path())?.flatten() {
+            if entry.path().extension().is_some_and(|e| e == "log") {
+                std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
+            }
+        }
+        let rows: String = seen
+            .iter()
+            .map(|s| {
+                let at = s.at.as_secs_f64();
+                let (i, p, o, c) = (s.instance, s.partition, s.owned_here, s.committed);
+                format!("{at:.3},{i},{p},{o},{c}\n")
+            })
+            .collect();
+        std::fs::write(dir.join("seen.csv"), rows)
+    });
+    match copied {
+        Ok(()) => format!(
+            "--- the instances' logs and seen.csv are kept in {} ---",
+            dir.display()
+        ),
+        Err(e) => format!(
+            "--- the logs could not be kept in {}: {e} ---",
+            dir.display()
+        ),
     }
 }
 

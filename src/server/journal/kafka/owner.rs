@@ -113,6 +113,14 @@ async fn balance(
     let n = members.len();
     let count = fleet.partitions.len();
     let share = count.div_ceil(n);
+    if lock(&fleet.status)
+        .members
+        .iter()
+        .map(String::as_str)
+        .ne(members.iter().copied())
+    {
+        tracing::info!(?members, share, "the fleet's members changed");
+    }
     let preferred = |p: i32| members[p as usize % n] == me;
     let owned = fleet.owned.owned();
     let mut keeping: Vec<i32> = owned.iter().filter(|(_, d)| !d).map(|(p, _)| *p).collect();
@@ -157,7 +165,10 @@ async fn try_own(
         .with_timeout(Duration::ZERO);
     let guard: Arc<dyn Guard> = match fleet.locks.acquire(request).await {
         Ok(g) => Arc::from(g),
-        Err(LockError::Timeout { .. }) => return false,
+        Err(e @ LockError::Timeout { .. }) => {
+            tracing::trace!(partition = p, error = %e, "a journal partition's lock is not free");
+            return false;
+        }
         Err(e) => {
             tracing::debug!(partition = p, error = %e, "cannot try a journal partition's lock");
             return false;
@@ -567,6 +578,15 @@ async fn commit(fleet: &KafkaJournal, part: &Part, check: bool) -> Result<(), Pr
     )
     .await?;
     let mut st = lock(&part.state);
+    let head = st.inflight.iter().next();
+    tracing::debug!(
+        partition = part.partition,
+        offset = progress.offset,
+        next = st.next,
+        inflight = st.inflight.len(),
+        ?head,
+        "committed a journal partition's progress"
+    );
     let keep_from = progress.offset - 1;
     st.accepted = st.accepted.split_off(&keep_from);
     st.committed = progress;
