@@ -272,6 +272,148 @@ async fn a_gate_write_whose_lock_is_lost_on_the_way_is_fenced() {
     partition.heal();
 }
 
+/// A gate write (`path` with `body`, sent with `method`) whose lock is lost while it is on its
+/// way to the cluster, landing between the next holder's read and write: the service reaches
+/// ZooKeeper through a partition the test cuts and the cluster through a front that holds its
+/// fenced writes; once the gate's write waits at the front, the service's session is cut off
+/// until it expires, another writer (B) takes the lock, reads the document and is paused
+/// before its write; then the gate's write lands (its token is older than B's, but B has not
+/// written yet, so the cluster takes it) and only once the gate has answered does B write the
+/// document it computed from its read. Returns the gate's answer and the document as B left it.
+async fn a_gate_write_lost_on_the_way(
+    tag: &str,
+    method: Method,
+    path: &str,
+    body: Option<&str>,
+) -> (StatusCode, reqwest::header::HeaderMap, Value, Value) {
+    use std::sync::Arc;
+    use zkguard::es::{DocStore, EsStore, HookedStore, IndexGate};
+    let zk = shared_zk().connect_string();
+    let partition = zkguard::testkit::Partition::start(&zk).unwrap();
+    let front = Front::start(shared_es().url());
+    // The test waits for the service's session to expire: a short one.
+    let env = gate_env(partition.connect_string(), tag, &front.url)
+        .with("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000");
+    let s = env.start("a");
+    let g = gate(&s);
+    let c = client();
+    let index = format!("gate-{tag}-{}", uuid_tag());
+    let (st, _, v) = send(
+        &c,
+        Method::PUT,
+        &format!("{g}/{index}/_doc/x"),
+        Some(r#"{"owner":"seed"}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+
+    front.hold().await;
+    let stale = tokio::spawn({
+        let (c, url, body) = (
+            c.clone(),
+            format!("{g}{}", path.replace("{index}", &index)),
+            body.map(str::to_string),
+        );
+        async move { send(&c, method, &url, body.as_deref(), &[]).await }
+    });
+    eventually(
+        Duration::from_secs(10),
+        "the gate's write waits at the front",
+        || async { front.held().await == 1 },
+    )
+    .await;
+    partition.cut();
+    let mut settings = zk_settings(&zk, "newer");
+    settings.lock_root = env.root.clone();
+    let locks: Arc<dyn zkguard::LockService> =
+        Arc::new(zkguard::ZkLockService::new(session(&settings).await));
+    let store: Arc<dyn DocStore> = Arc::new(EsStore::from_url(shared_es().url()).unwrap());
+    let paused_b = Arc::new(HookedStore::new(store, IndexGate::new()));
+    let writer_b = zkguard::write::guarded::GuardedWriter::new(locks, paused_b.clone())
+        .without_stamp(zkguard::write::stamping::IndexPatterns::parse("*").unwrap());
+    // B gets the lock once ZooKeeper expired the service's session, reads the document and
+    // waits before its write.
+    let on_b = writer_b
+        .on(zkguard::lock::document_monitor(&index, "x"))
+        .info("holder B");
+    let b_write = on_b.update(&index, "x", json!({"b": 1}));
+    let scenario = async {
+        paused_b.hook().reached().await;
+        // B has read the document: the gate's write lands now.
+        front.release().await;
+        let answer = stale.await.unwrap();
+        // Only once the gate answered does B's write go out.
+        paused_b.hook().let_through();
+        answer
+    };
+    let (b_result, (status, headers, answer)) = tokio::join!(b_write, scenario);
+    b_result.expect("B writes the document it read");
+    let doc = es_doc(&c, &index, "x").await;
+    assert_eq!(
+        doc["_source"]["b"], 1,
+        "B's change is in the document: {doc}"
+    );
+    partition.heal();
+    (status, headers, answer, doc)
+}
+
+/// What a gate write whose lock was lost while it was on its way is answered, the cluster
+/// having taken it: not acknowledged (the next holder may have read the document before it
+/// landed, and replaced it), 503 `zkguard_lock_lost_exception` with `Retry-After`, which the
+/// clients' transports retry; in a `_bulk`, the item's error at 503, which no bulk helper
+/// retries blindly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gate_write_whose_lock_is_lost_while_it_is_on_its_way_is_not_acknowledged() {
+    let lost = |v: &Value| {
+        let reason = v["error"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert_eq!(v["error"]["type"], "zkguard_lock_lost_exception", "{v}");
+        assert!(
+            reason.contains("while the write was on its way") && reason.contains("may have"),
+            "the reason says the write may have landed: {v}"
+        );
+    };
+    for (tag, method, path, body) in [
+        (
+            "lost-update",
+            Method::POST,
+            "/{index}/_update/x",
+            Some(r#"{"doc":{"a":1}}"#),
+        ),
+        ("lost-delete", Method::DELETE, "/{index}/_doc/x", None),
+    ] {
+        let (status, headers, answer, doc) =
+            a_gate_write_lost_on_the_way(tag, method, path, body).await;
+        assert!(
+            !status.is_success(),
+            "{tag}: the gate acknowledged a write ({status} {answer}) that B, which read the document before it landed, replaced: {doc}"
+        );
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{tag}: {answer}");
+        assert_eq!(
+            headers.get("retry-after").and_then(|v| v.to_str().ok()),
+            Some("1"),
+            "{tag}"
+        );
+        assert_eq!(answer["status"], 503, "{tag}: {answer}");
+        lost(&answer);
+    }
+
+    let bulk = "{\"update\":{\"_id\":\"x\"}}\n{\"doc\":{\"a\":1}}\n";
+    let (status, _, answer, doc) =
+        a_gate_write_lost_on_the_way("lost-bulk", Method::POST, "/{index}/_bulk", Some(bulk)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let item = &answer["items"][0]["update"];
+    assert_eq!(
+        item["status"], 503,
+        "the item is not acknowledged ({answer}); B, which read the document before it landed, replaced it: {doc}"
+    );
+    assert_eq!(answer["errors"], true, "{answer}");
+    lost(item);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn what_cannot_carry_a_token_is_refused_with_a_reason_and_writes_nothing() {
     let env = gate_env(&shared_zk().connect_string(), "refuse", shared_es().url());

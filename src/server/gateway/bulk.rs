@@ -14,7 +14,7 @@ use zkguard::{Guard, LockRequest, LockType};
 
 use super::backend::Answer;
 use super::bulk_parse::{filter_source, BulkParams, Item};
-use super::gate::{lock_failed, lock_lost, Gateway};
+use super::gate::{lock_failed, lock_lost, lost_during_write, Gateway};
 use super::merge::filter_path;
 use super::reply::{Dress, GateError};
 use super::route::{is_multi_target, DocOp};
@@ -35,6 +35,8 @@ struct Group {
 /// What the gate sends for an item in a flush.
 struct Line {
     item: usize,
+    /// The place in the flush's batch of the lock it is written under (set by [`flush`]).
+    held: usize,
     lock_type: LockType,
     action: Value,
     source: Option<Vec<u8>>,
@@ -710,12 +712,12 @@ async fn flush(
     };
     let mut out = Vec::new();
     let mut lines: Vec<Line> = Vec::new();
-    for (g, guard) in batch {
+    for (held, (g, guard)) in batch.iter().enumerate() {
         let token = guard.fencing_token();
         let mut group_lines = Vec::new();
         for &n in &groups[*g].items {
             match plan_item(gate, &items[n], n, &groups[*g], token, &mut known) {
-                Planned::Line(line) => group_lines.push(line),
+                Planned::Line(line) => group_lines.push(Line { held, ..line }),
                 Planned::Answer(answer) => out.push((n, answer)),
             }
         }
@@ -731,7 +733,7 @@ async fn flush(
         }
     }
     if !lines.is_empty() {
-        send_lines(gate, items, &lines, params, &mut out).await;
+        send_lines(gate, items, batch, &lines, params, &mut out).await;
     }
     out
 }
@@ -880,6 +882,7 @@ fn plan_item(
     }
     let line = |action: Value, source: Option<Vec<u8>>| Line {
         item: n,
+        held: 0,
         lock_type: group.lock_type,
         action,
         source,
@@ -991,6 +994,7 @@ fn plan_update(
             known.insert((it.index.clone(), id), Known::Written(Some(source)));
             Planned::Line(Line {
                 item: n,
+                held: 0,
                 lock_type: group.lock_type,
                 action: json!({"index": action}),
                 source: Some(bytes),
@@ -1002,10 +1006,13 @@ fn plan_update(
 }
 
 /// Sends the planned `lines` in one `_bulk` and adds each item's answer to `out`, as
-/// Elasticsearch words it (an update's `result` and `get`), counting fenced writes.
+/// Elasticsearch words it (an update's `result` and `get`), counting fenced writes. An item
+/// the cluster applied after its lock (in `batch`) was lost is not acknowledged
+/// ([`lost_during_write`]).
 async fn send_lines(
     gate: &Gateway,
     items: &[Item],
+    batch: &[(usize, Box<dyn Guard>)],
     lines: &[Line],
     params: &[(String, String)],
     out: &mut Vec<(usize, Value)>,
@@ -1044,6 +1051,15 @@ async fn send_lines(
             .and_then(|o| o.values().next().cloned())
             .unwrap_or(Value::Null);
         let status = inner["status"].as_u64().unwrap_or(500);
+        let guard = batch[l.held].1.as_ref();
+        // Applied, but the lock lost by the time the answer came: the next holder may have
+        // read the document before the write landed, so it is not acknowledged.
+        if (200..300).contains(&status) && !guard.is_held() {
+            metrics.gate_item(it.op.name(), "failed");
+            let e = lost_during_write(guard);
+            out.push((l.item, item_error(it.op, &it.index, it.id.as_deref(), &e)));
+            continue;
+        }
         // A delete of a missing document answers 404 without an error, as Elasticsearch does.
         let ok = (200..300).contains(&status) || inner.get("error").is_none();
         if let (Some(created), true) = (l.created, ok) {

@@ -354,6 +354,34 @@ pub fn lock_lost(guard: &dyn zkguard::Guard) -> GateError {
     .unwritten()
 }
 
+/// 503 for a write the cluster took although `guard` reports its lock lost (or released) by
+/// the time the answer came: the lock's next holder may have read the document before the
+/// write landed and replaced it from that read, so the write is not acknowledged, as the
+/// library's guarded writes answer it (`GuardedError::LostDuringWrite`). Not
+/// [`GateError::unwritten`]: it may have been applied, so a `_bulk` item answers 503, which no
+/// bulk helper sends again blindly; sending it again converges (an index, update or delete),
+/// a create may then answer 409.
+pub fn lost_during_write(guard: &dyn zkguard::Guard) -> GateError {
+    let reason = guard
+        .loss()
+        .map_or_else(|| "released".to_string(), |r| r.to_string());
+    tracing::warn!(
+        monitor = guard.monitor(),
+        token = guard.fencing_token(),
+        %reason,
+        "the gate's lock was lost while its write was on its way: the write is not acknowledged, the next holder may have replaced it"
+    );
+    GateError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "zkguard_lock_lost_exception",
+        format!(
+            "zkguard: the lock on `{}` was lost while the write was on its way to the cluster ({reason}); the cluster took it, but the lock's next holder may have read the document before it landed and replaced it: the write is not acknowledged and may have been applied or replaced; send it again (an index, update or delete converges; a create may then answer 409)",
+            guard.monitor()
+        ),
+    )
+    .retry_after(1)
+}
+
 /// 403 for a write to `name`, which `why` (zkguard's own index, or what reaches one).
 fn own_refusal(name: &str, why: &str) -> GateError {
     GateError::new(

@@ -14,7 +14,9 @@ use zkguard::{Guard, LockRequest};
 use crate::server::hub::{Happened, Kind};
 
 use super::current::{read_failed, unreadable};
-use super::gate::{encode, lock_failed, lock_lost, unavailable, Gateway, LockPlan, TOKEN_ANSWER};
+use super::gate::{
+    encode, lock_failed, lock_lost, lost_during_write, unavailable, Gateway, LockPlan, TOKEN_ANSWER,
+};
 use super::merge::merge;
 use super::params::{cas_errors, check, validation, Checked, Shape, SourceFilter};
 use super::reply::{Dress, GateError};
@@ -776,6 +778,11 @@ async fn under_lock(
             .await
     }
     .map_err(|e| ("failed", unavailable(e)))?;
+    // Applied, but the lock lost by the time the answer came: the next holder may have read
+    // the document before the write landed, so it is not acknowledged.
+    if answer.status.is_success() && !guard.is_held() {
+        return Err(("failed", lost_during_write(guard)));
+    }
     if answer.status == StatusCode::CONFLICT {
         gate.state.metrics.fenced_write(guard.lock_type());
         tracing::warn!(

@@ -48,7 +48,7 @@ struct Ctx {
 }
 
 /// An HTTP exchange as the history sees it.
-enum Reply {
+pub(super) enum Reply {
     Answered(StatusCode, Value),
     /// The connection was refused: the request never left.
     NotSent,
@@ -57,7 +57,8 @@ enum Reply {
 }
 
 /// The errors that the gate (docs/gateway.md, "Errors the gate answers itself") and `/v1`
-/// (docs/serve.md, "Foreground") answer with a 5xx when nothing was written.
+/// (docs/serve.md, "Foreground") answer with a 5xx when nothing was written (a lost lock's
+/// only when it was lost before the write was sent: [`nothing_written`]).
 const NOTHING_WRITTEN: [&str; 6] = [
     "zkguard_lock_unavailable_exception",
     "zkguard_lock_lost_exception",
@@ -70,11 +71,11 @@ const NOTHING_WRITTEN: [&str; 6] = [
 impl Reply {
     /// The outcome of a single write answered so: 2xx done; 4xx, a 5xx whose error says that
     /// nothing was written, or never sent: not done; anything else unknown.
-    fn outcome(&self) -> Outcome {
+    pub(super) fn outcome(&self) -> Outcome {
         match self {
             Reply::Answered(s, _) if s.is_success() => Outcome::Acked,
             Reply::Answered(s, _) if s.is_client_error() => Outcome::Failed,
-            Reply::Answered(_, v) if NOTHING_WRITTEN.contains(&error_type(v)) => Outcome::Failed,
+            Reply::Answered(_, v) if nothing_written(v) => Outcome::Failed,
             Reply::NotSent => Outcome::Failed,
             _ => Outcome::Unknown,
         }
@@ -95,6 +96,17 @@ fn version(r: &Reply) -> Option<u64> {
         Reply::Answered(s, v) if s.is_success() => v["_version"].as_u64(),
         _ => None,
     }
+}
+
+/// Whether a 5xx answer `v` says that nothing was written: its error is one of
+/// [`NOTHING_WRITTEN`], and a lost lock's was lost before the write was sent (the gate's and
+/// `/v1`'s reasons say so). A lock lost while the write was under way answers the same type,
+/// but the cluster took the write: it may be in the document.
+fn nothing_written(v: &Value) -> bool {
+    let kind = error_type(v);
+    let reason = v["error"]["reason"].as_str().or(v["message"].as_str());
+    NOTHING_WRITTEN.contains(&kind)
+        && (!kind.contains("lock_lost") || reason.is_some_and(|r| r.contains("before the write")))
 }
 
 /// The error type of an answer: Elasticsearch's `error.type` or `/v1`'s `error`.

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 
 use super::bank::{check_bank, BankHistory, Outcome, Via, Write, INITIAL};
+use super::bank_run::Reply;
 
 fn write(via: Via, key: &str, parts: &[(&str, i64)], outcome: Outcome) -> Write {
     Write {
@@ -197,4 +198,39 @@ fn an_older_write_over_a_newer_one_is_caught_by_token_order() {
     finals.get_mut("b").unwrap()["last"] = json!("d2");
     let v = violations(&h, &finals);
     assert!(v.iter().any(|e| e.contains("b: the last write")), "{v:?}");
+}
+
+/// A lost lock's 503 says nothing was written only when the lock was lost before the write was
+/// sent; lost while the write was under way (the gate's and `/v1`'s same error type), the
+/// cluster took the write and it may be in the document: its outcome is unknown.
+#[test]
+fn a_lock_lost_while_the_write_was_under_way_is_an_unknown_outcome() {
+    use reqwest::StatusCode;
+    let unavailable = |v: Value| Reply::Answered(StatusCode::SERVICE_UNAVAILABLE, v).outcome();
+    let gate = |reason: &str| json!({"error": {"type": "zkguard_lock_lost_exception", "reason": reason}, "status": 503});
+    assert_eq!(
+        unavailable(gate("zkguard: the lock on `m` was lost before the write was sent (x); nothing was written, send it again")),
+        Outcome::Failed
+    );
+    assert_eq!(
+        unavailable(gate("zkguard: the lock on `m` was lost while the write was on its way to the cluster (x); the cluster took it, ...")),
+        Outcome::Unknown
+    );
+    let v1 = |message: &str| json!({"error": "lock_lost", "message": message});
+    assert_eq!(
+        unavailable(v1(
+            "the lock on `m` was lost before the write to i/1 was sent (x); nothing was written"
+        )),
+        Outcome::Failed
+    );
+    assert_eq!(
+        unavailable(v1("the lock on `m` was lost while the write to i/1 was under way (x); Elasticsearch took it, ...")),
+        Outcome::Unknown
+    );
+    assert_eq!(
+        unavailable(
+            json!({"error": {"type": "zkguard_lock_unavailable_exception", "reason": "r"}})
+        ),
+        Outcome::Failed
+    );
 }
