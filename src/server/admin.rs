@@ -162,6 +162,7 @@ pub async fn replay_deadletters(
                     status: OpState::Rejected,
                     reason: Some(format!("superseded on replay: {error}")),
                     token: None,
+                    already_applied: false,
                     attempts: Some(r.attempts),
                     fingerprint: None,
                     key: None,
@@ -175,14 +176,16 @@ pub async fn replay_deadletters(
         }
         state.metrics.replayed.inc();
         // The operation is in its document now: its status says so from here on, with the
-        // replay's token and the attempts so far, as for an operation the queue applied.
+        // token of the write that applied it (the replay's, or an earlier one's it found) and
+        // the attempts so far, as for an operation the queue applied.
         if let Err(e) = state
             .journal
             .finish(Finished {
                 id: r.id,
                 status: OpState::Applied,
                 reason: None,
-                token: r.token,
+                token: r.applied_token,
+                already_applied: r.already_applied,
                 attempts: Some(r.attempts),
                 fingerprint: None,
                 key: None,
@@ -253,6 +256,7 @@ pub async fn discard_deadletter(
             status: OpState::Rejected,
             reason: Some(format!("discarded from the dead letters: {reason}")),
             token: None,
+            already_applied: false,
             attempts: Some(letter.attempts),
             fingerprint: None,
             key: None,

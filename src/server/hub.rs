@@ -140,6 +140,12 @@ impl<'a> Happened<'a> {
         self
     }
 
+    /// The fencing token, when it is known.
+    pub fn maybe_token(mut self, token: Option<u64>) -> Self {
+        self.token = token;
+        self
+    }
+
     /// The explicit lock's id.
     pub fn lock_id(mut self, id: Uuid) -> Self {
         self.lock_id = Some(id);
@@ -382,9 +388,10 @@ impl Hub {
         recent.iter().rev().cloned().collect()
     }
 
-    /// Publishes that foreground operation `op` was applied with `token`.
-    pub fn applied(&self, op: &Operation, token: u64) {
-        self.publish(Happened::op(Kind::Applied, op).token(token));
+    /// Publishes that foreground operation `op` was applied by a write with `token` (`None`:
+    /// found applied by an earlier write whose token its document no longer tells).
+    pub fn applied(&self, op: &Operation, token: Option<u64>) {
+        self.publish(Happened::op(Kind::Applied, op).maybe_token(token));
     }
 
     /// Publishes that foreground operation `op` failed with `e` (`rejected`, its reason the
@@ -403,7 +410,7 @@ impl Hub {
     pub fn outcome(&self, op: &Operation, outcome: &Outcome) {
         self.publish(match outcome {
             Outcome::Applied { written, .. } => {
-                Happened::op(Kind::Applied, op).token(written.token)
+                Happened::op(Kind::Applied, op).maybe_token(written.applied_token)
             }
             Outcome::Rejected { reason, .. } => {
                 Happened::op(Kind::Rejected, op).reason(reason.as_str())

@@ -333,12 +333,13 @@ fn answer(
                 m.lock_used("foreground", waited, held);
             }
             m.outcome("foreground", "applied");
-            state.events.applied(&op, w.token);
+            state.events.applied(&op, w.applied_token);
             state.journal.note(Finished {
                 id: op.id,
                 status: OpState::Applied,
                 reason: None,
-                token: Some(w.token),
+                token: w.applied_token,
+                already_applied: w.already_applied,
                 attempts: Some(1),
                 fingerprint: Some(op.fingerprint()),
                 key: op.key.clone(),
@@ -356,7 +357,7 @@ fn answer(
             };
             Ok(Json(json!({
                 "operation_id": op.display_id(),
-                "token": w.token,
+                "token": w.applied_token,
                 "result": result,
                 "version": w.meta.map(|m| m.version),
             }))
@@ -552,6 +553,9 @@ fn operation_json(id: &Uuid, entry: &Entry) -> Value {
         }
         if let Some(t) = f.token {
             v["token"] = json!(t);
+        }
+        if f.already_applied {
+            v["already_applied"] = json!(true);
         }
         if let Some(a) = f.attempts {
             v["attempts"] = json!(a);

@@ -908,3 +908,71 @@ async fn lane(prefix: &str, concurrency: usize) -> Lane {
         _dir: dir,
     }
 }
+
+/// An operation found already applied in its document (an earlier attempt wrote it, say before
+/// a crash, and its outcome was not recorded) reports the fencing token of the write that
+/// applied it (`Written::applied_token`), not the token of the later lock that found it: the
+/// document's token while the operation is its last one, none once a later operation was
+/// written over it. Alike through a single guarded write, the background executor's batches
+/// and a dead-letter replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_found_applied_reports_the_token_of_the_write_that_applied_it() {
+    let servers = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings_for(servers, dir.path());
+    let index = format!("found-{}", tag());
+    let monitor = format!("found-{}", tag());
+    let (_s, l) = locks(&settings).await;
+    let writer = GuardedWriter::new(l, store(&settings));
+    let first = Operation::index(&monitor, &index, "d", json!({"n": 1}));
+    let written = writer.run(&first).await.unwrap();
+    assert_eq!(written.applied_token, Some(written.token), "{written:?}");
+    let t1 = written.token;
+
+    let again = writer.run(&first).await.unwrap();
+    assert!(again.already_applied && again.token > t1, "{again:?}");
+    assert_eq!(again.applied_token, Some(t1), "{again:?}");
+
+    let sink: Arc<dyn DeadLetterSink> = Arc::new(FileSink::new(&settings.retry.file_path));
+    let exec = BackgroundExecutor::from_settings(writer.clone(), sink.clone(), &settings);
+    match exec.submit(first.clone()).await.await.unwrap().unwrap() {
+        Outcome::Applied { written, .. } => {
+            assert!(written.already_applied && written.token > t1, "{written:?}");
+            assert_eq!(written.applied_token, Some(t1), "{written:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let now = SystemTime::now();
+    let err = GuardedError::Lock(LockError::Timeout {
+        monitor: monitor.clone(),
+        lock_type: LockType::Background,
+        waited: Duration::from_millis(1),
+        blocked_by: None,
+    });
+    sink.park(&DeadLetter::new(&first, 1, &err, now, now))
+        .await
+        .unwrap();
+    let replayed = replay(&writer, sink.as_ref(), ReplaySelection::All)
+        .await
+        .unwrap();
+    assert_eq!(
+        replayed[0].result,
+        ReplayResult::AlreadyApplied,
+        "{replayed:?}"
+    );
+    assert!(replayed[0].already_applied, "{replayed:?}");
+    assert_eq!(replayed[0].applied_token, Some(t1), "{replayed:?}");
+
+    // Written over by a later operation: the document keeps the id, not the token.
+    writer
+        .run(&Operation::index(&monitor, &index, "d", json!({"n": 2})))
+        .await
+        .unwrap();
+    let covered = writer.run(&first).await.unwrap();
+    assert!(covered.already_applied, "{covered:?}");
+    assert_eq!(covered.applied_token, None, "{covered:?}");
+    match exec.submit(first.clone()).await.await.unwrap().unwrap() {
+        Outcome::Applied { written, .. } => assert_eq!(written.applied_token, None),
+        other => panic!("{other:?}"),
+    }
+}

@@ -142,9 +142,17 @@ pub struct Finished {
     /// Why it was rejected or parked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// The fencing token of the write that applied it.
+    /// The fencing token of the write that applied it (not that of a later lock that found it
+    /// applied): `None` for an operation found already applied in a document that no longer
+    /// tells which write applied it (see [`Finished::already_applied`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<u64>,
+    /// Whether the attempt that finished it found the operation already applied in its
+    /// document (written before a crash or a takeover, its outcome not recorded then): nothing
+    /// was written again. `token` is then the earlier write's, while the document names the
+    /// operation as its last one, and absent once later operations were written over it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub already_applied: bool,
     /// Attempts made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<u32>,

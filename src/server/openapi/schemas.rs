@@ -21,9 +21,12 @@ pub struct Error {
 pub struct Written {
     /// The operation's id: the `op_id` given, or one generated.
     pub operation_id: String,
-    /// The fencing token of the lock the write was made under (the document's external
-    /// version).
-    pub token: u64,
+    /// The fencing token of the write that applied the operation (the document's external
+    /// version after it): this request's lock's, or, for `already_applied`, the earlier
+    /// write's; null only for `already_applied` when the document no longer tells which write
+    /// applied it (later operations were written over it).
+    #[schema(required = true)]
+    pub token: Option<u64>,
     /// `written`, `deleted`, `not_found` (a hard delete found nothing) or `already_applied`
     /// (a retry of an operation applied before: nothing was written again).
     pub result: WriteResult,
@@ -79,8 +82,13 @@ pub struct Operation {
     pub status: OpStatus,
     /// Why it was rejected or parked.
     pub reason: Option<String>,
-    /// The fencing token it was applied with.
+    /// The fencing token of the write that applied it; absent for one found already applied
+    /// (`already_applied`) in a document that no longer tells which write applied it.
     pub token: Option<u64>,
+    /// `true` when the attempt that finished it found it already applied in its document (a
+    /// write before a crash or takeover whose outcome was not recorded): nothing was written
+    /// again. Absent otherwise.
+    pub already_applied: Option<bool>,
     /// Attempts made.
     pub attempts: Option<u32>,
     /// The monitor whose lock guards it (background operations).

@@ -3,7 +3,7 @@
 //! lease lock backend.
 
 use super::*;
-use crate::serve_controls::check_doc;
+use crate::serve_controls::{check_doc, outcome_token};
 
 /// Runs a mixed workload of foreground and background writes from `clients` concurrent
 /// clients, spread over `services`, on `docs` shared documents; returns op id -> token per doc.
@@ -14,7 +14,7 @@ async fn mixed_workload(
     clients: usize,
     per_client: usize,
     background: bool,
-) -> HashMap<String, HashMap<String, u64>> {
+) -> HashMap<String, HashMap<String, Option<u64>>> {
     let c = client();
     // Create the index first, so that the race is about locks, not index creation.
     let (status, v) = put(
@@ -52,13 +52,13 @@ async fn mixed_workload(
                     bg.push((doc, op, base.clone()));
                 } else {
                     assert_eq!(status, StatusCode::OK, "{v}");
-                    fg.push((doc, op, v["token"].as_u64().unwrap()));
+                    fg.push((doc, op, outcome_token(&v)));
                 }
             }
             (fg, bg)
         }));
     }
-    let mut per_doc: HashMap<String, HashMap<String, u64>> = HashMap::new();
+    let mut per_doc: HashMap<String, HashMap<String, Option<u64>>> = HashMap::new();
     let mut bg_all = Vec::new();
     for t in tasks {
         let (fg, bg) = t.await.unwrap();
@@ -83,7 +83,7 @@ async fn mixed_workload(
             per_doc
                 .entry(doc.clone())
                 .or_default()
-                .insert(op.clone(), v["token"].as_u64().unwrap());
+                .insert(op.clone(), outcome_token(v));
         }
     }
     per_doc
@@ -244,14 +244,14 @@ async fn sigkill_with_journaled_operations_then_restart_applies_each_once() {
         s.started
     );
     let states = wait_finished(&c, &s, &ids).await;
-    let mut per_doc: HashMap<String, HashMap<String, u64>> = HashMap::new();
+    let mut per_doc: HashMap<String, HashMap<String, Option<u64>>> = HashMap::new();
     for (i, id) in ids.iter().enumerate() {
         let v = &states[id];
         assert_eq!(v["status"], "applied", "{v}");
         per_doc
             .entry(format!("d{}", i % 4))
             .or_default()
-            .insert(id.clone(), v["token"].as_u64().unwrap());
+            .insert(id.clone(), outcome_token(v));
     }
     for (doc, tokens) in &per_doc {
         check_doc(&c, &index, doc, tokens).await;
@@ -267,6 +267,81 @@ async fn sigkill_with_journaled_operations_then_restart_applies_each_once() {
     .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{v}");
     assert_eq!(v["status"], "applied", "{v}");
+}
+
+/// An operation the service finds already applied in its document (written before a kill or a
+/// takeover, its outcome not recorded) reports the fencing token of the write that applied it,
+/// not the token of the service's own later lock: the document's version while the operation
+/// is the document's last one, no token (and `already_applied`) once later ones were written
+/// over it. Forced here by writing the operations through the library under an earlier lock,
+/// then sending them to the service, whose journal does not know them: a background one is
+/// queued, applied under a new lock and found in its document, as a replay after a kill finds
+/// the operations written but not recorded before it; a foreground one likewise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operation_found_applied_in_its_document_reports_the_token_of_the_write_that_applied_it()
+{
+    use std::sync::Arc;
+    use zkguard::es::EsStore;
+    use zkguard::write::guarded::GuardedWriter;
+    use zkguard::write::ops::Operation;
+
+    let env = Env::new(&shared_zk().connect_string(), "found");
+    let c = client();
+    let s = env.start("a");
+    let index = format!("found-{}", uuid_tag());
+    let monitor = format!("found-{}", uuid_tag());
+    let op = |id: &str, n: i64| Operation::index(&monitor, &index, id, json!({ "n": n }));
+    let (last, over, later, fg) = (op("last", 1), op("over", 1), op("over", 2), op("fg", 1));
+    let (locks, guard) = hold_lock(&env, &monitor).await;
+    let store = Arc::new(EsStore::from_url(shared_es().url()).unwrap());
+    let writer = GuardedWriter::new(Arc::new(locks), store);
+    for o in [&last, &over, &later, &fg] {
+        writer.write_under(guard.as_ref(), o).await.unwrap();
+    }
+    let applied = guard.fencing_token();
+    guard.unlock().await.unwrap();
+
+    let send = |o: &Operation, ty: &str| {
+        format!(
+            "/v1/indices/{index}/docs/{}?type={ty}&monitor={monitor}&op_id={}",
+            o.target_id(),
+            o.id
+        )
+    };
+    let mut ids = Vec::new();
+    for o in [&last, &over] {
+        let (status, v) = put(&c, &s, &send(o, "background"), &json!({"n": 1})).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        assert_eq!(v["status"], "queued", "the journal does not know it: {v}");
+        ids.push(o.id.to_string());
+    }
+    let states = wait_finished(&c, &s, &ids).await;
+    let found = &states[&ids[0]];
+    assert_eq!(found["status"], "applied", "{found}");
+    assert_eq!(
+        found["token"].as_u64(),
+        Some(applied),
+        "the outcome of an operation found applied reports the token of the write that applied it (the document's version), not the service's lock's: {found}"
+    );
+    assert_eq!(found["already_applied"], true, "{found}");
+    assert_eq!(es_doc(&c, &index, "last").await["_version"], applied);
+    let covered = &states[&ids[1]];
+    assert_eq!(covered["status"], "applied", "{covered}");
+    assert_eq!(covered["already_applied"], true, "{covered}");
+    assert!(
+        covered.get("token").is_none(),
+        "a later operation was written over it: the document no longer tells its token, and the outcome says none rather than a wrong one: {covered}"
+    );
+
+    // A foreground retry found in its document answers the same token.
+    let (status, v) = put(&c, &s, &send(&fg, "foreground"), &json!({"n": 1})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["result"], "already_applied", "{v}");
+    assert_eq!(v["token"].as_u64(), Some(applied), "{v}");
+    assert_eq!(
+        op_status(&c, &s, &fg.id.to_string()).await["token"],
+        applied
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -56,14 +56,31 @@ pub async fn park_one(c: &Client, s: &Service, index: &str) -> String {
     id
 }
 
-/// Checks one document against the writes that were answered as done: every one of them is
-/// recorded in the document exactly once (none lost, none applied twice) and, in the order
-/// they were applied, their fencing tokens never decrease; the stored version is the last
-/// token. A token names one lock acquisition: several operations share one when the service
-/// applied them one after another under one background acquisition, and then they sit next to
-/// each other in the order applied (no other holder wrote in between), which a sequence that
-/// never decreases guarantees. Two acquisitions' writes interleaving would show as a decrease.
-pub async fn check_doc(c: &Client, index: &str, id: &str, tokens: &HashMap<String, u64>) {
+/// The fencing token an `applied` outcome (`GET /v1/operations/{id}`, or a foreground answer)
+/// reports: the token of the write that applied the operation. `None` only for one found
+/// already applied in a document that no longer tells which write applied it, which the
+/// outcome says (`already_applied`).
+pub fn outcome_token(v: &serde_json::Value) -> Option<u64> {
+    let token = v["token"].as_u64();
+    assert!(
+        token.is_some() || v["already_applied"] == true,
+        "an applied outcome without a token says it was found already applied: {v}"
+    );
+    token
+}
+
+/// Checks one document against the writes that were answered as done (with the tokens their
+/// outcomes report, [`outcome_token`]): every one of them is recorded in the document exactly
+/// once (none lost, none applied twice) and, in the order they were applied, their fencing
+/// tokens never decrease; the stored version is the token of the last one. A token names one
+/// lock acquisition: several operations share one when the service applied them one after
+/// another under one background acquisition, and then they sit next to each other in the order
+/// applied (no other holder wrote in between), which a sequence that never decreases
+/// guarantees. Two acquisitions' writes interleaving would show as a decrease. An outcome
+/// reports the token of the write that applied its operation, also when a later lock found it
+/// applied (a write before a kill, its outcome not recorded): the document's last operation's
+/// token is always known, and is the document's version.
+pub async fn check_doc(c: &Client, index: &str, id: &str, tokens: &HashMap<String, Option<u64>>) {
     let doc = es_doc(c, index, id).await;
     let ops: Vec<String> =
         serde_json::from_value(doc["_source"]["zkguard"]["ops"].clone()).unwrap();
@@ -79,10 +96,18 @@ pub async fn check_doc(c: &Client, index: &str, id: &str, tokens: &HashMap<Strin
             "operation {op} answered as done is missing from {index}/{id}: {ops:?}"
         );
     }
-    let applied: Vec<u64> = ops.iter().filter_map(|o| tokens.get(o).copied()).collect();
+    let applied: Vec<u64> = ops
+        .iter()
+        .filter_map(|o| tokens.get(o).copied().flatten())
+        .collect();
     assert!(
         applied.windows(2).all(|w| w[0] <= w[1]),
         "tokens of {index}/{id} in the order applied decrease: {applied:?}"
     );
-    assert_eq!(doc["_version"].as_u64(), applied.last().copied(), "{doc}");
+    let last = ops.iter().rev().find_map(|o| tokens.get(o));
+    assert_eq!(
+        doc["_version"].as_u64(),
+        last.copied().flatten(),
+        "the last operation's outcome reports the token of the write that applied it: {doc}"
+    );
 }

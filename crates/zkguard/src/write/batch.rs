@@ -399,6 +399,7 @@ impl Batcher {
             let written = |meta| Written {
                 op_id: q.op.id,
                 token,
+                applied_token: Some(token),
                 meta,
                 already_applied: false,
                 waited: Duration::ZERO,
@@ -406,10 +407,11 @@ impl Batcher {
             };
             match self.writer.plan(&q.op, token, doc.source.as_ref()) {
                 Err(e) => results.push((q, Some(Err(e)))),
-                Ok(Plan::AlreadyApplied) => {
-                    tracing::info!(op = %q.op.id, "the document already records this operation; nothing to write");
+                Ok(Plan::AlreadyApplied { token: applied }) => {
+                    tracing::info!(op = %q.op.id, applied_token = ?applied, "the document already records this operation; nothing to write");
                     let w = Written {
                         already_applied: true,
+                        applied_token: applied,
                         ..written(doc.meta)
                     };
                     results.push((q, Some(Ok(w))));
@@ -469,6 +471,7 @@ impl Batcher {
                                 Ok(meta) => Ok(Written {
                                     op_id: results[*i].0.op.id,
                                     token,
+                                    applied_token: Some(token),
                                     meta: Some(meta),
                                     already_applied: false,
                                     waited: Duration::ZERO,

@@ -214,8 +214,12 @@ fn micros_text(us: u64) -> String {
 /// What a guarded write sends (see [`GuardedWriter::plan`]).
 #[derive(Debug)]
 pub(crate) enum Plan {
-    /// The document records the operation: nothing to send.
-    AlreadyApplied,
+    /// The document records the operation: nothing to send. `token`: the fencing token of the
+    /// write that applied it, when the document tells ([`Stamp::token_of`]).
+    AlreadyApplied {
+        /// The token of the write that applied the operation, if known.
+        token: Option<u64>,
+    },
     /// The whole new document, or the delete, carrying the token.
     Send(BulkAction),
 }
@@ -225,8 +229,17 @@ pub(crate) enum Plan {
 pub struct Written {
     /// The operation.
     pub op_id: Uuid,
-    /// The fencing token the write carried.
+    /// The fencing token of the lock this call wrote under (the token the write carried, when
+    /// one was sent).
     pub token: u64,
+    /// The fencing token of the write that applied the operation: [`Written::token`] when this
+    /// call wrote it (or, for a hard delete, found no document). When the document already
+    /// recorded the operation ([`Written::already_applied`]: an earlier attempt wrote it, say
+    /// before a crash), the token of that earlier write as the document records it: known while
+    /// the operation is the document's last one (its `zkguard.op`, the token then being the
+    /// document's version), `None` once later operations were written over it (the document
+    /// keeps their ids, not their tokens). Outcomes report this token, never a later lock's.
+    pub applied_token: Option<u64>,
     /// The stored document's metadata after the write (`None` when nothing was written because
     /// the operation had been applied before, or a hard delete found no document).
     pub meta: Option<DocMeta>,
@@ -516,16 +529,18 @@ impl GuardedWriter {
         let written = |meta| Written {
             op_id: op.id,
             token,
+            applied_token: Some(token),
             meta,
             already_applied: false,
             waited: Duration::ZERO,
             held: Duration::ZERO,
         };
         match self.plan(op, token, current.as_ref().map(|d| &d.source))? {
-            Plan::AlreadyApplied => {
-                tracing::info!(op = %op.id, "the document already records this operation; nothing to write");
+            Plan::AlreadyApplied { token: applied } => {
+                tracing::info!(op = %op.id, applied_token = ?applied, "the document already records this operation; nothing to write");
                 Ok(Written {
                     already_applied: true,
+                    applied_token: applied,
                     ..written(current.map(|d| d.meta))
                 })
             }
@@ -566,8 +581,10 @@ impl GuardedWriter {
         let index = op.target_index();
         let id = op.target_id();
         let stamp = current.and_then(Stamp::of);
-        if stamp.as_ref().is_some_and(|s| s.contains(&op.id)) {
-            return Ok(Plan::AlreadyApplied);
+        if let Some(found) = stamp.as_ref().filter(|s| s.contains(&op.id)) {
+            return Ok(Plan::AlreadyApplied {
+                token: found.token_of(&op.id),
+            });
         }
         if let Some(newer) = stamp
             .as_ref()

@@ -730,6 +730,13 @@ impl Stamp {
         self.op == id || self.ops.contains(&id)
     }
 
+    /// The fencing token of the write that applied operation `id`, as far as the stamp tells:
+    /// the stamp's own token when `id` is the document's last operation ([`Stamp::op`]),
+    /// `None` otherwise (the stamp keeps the ids of earlier operations, not their tokens).
+    pub fn token_of(&self, id: &Uuid) -> Option<u64> {
+        (self.op == id.to_string()).then_some(self.token)
+    }
+
     /// The stamp after applying `op_id` with `token`, remembering at most `window` ids.
     pub fn next(&self, op_id: &Uuid, token: u64, window: usize, deleted: bool) -> Stamp {
         let op = op_id.to_string();
@@ -966,6 +973,12 @@ mod tests {
         assert!(s.contains(&ids[2]) && s.contains(&ids[4]));
         let doc = with_stamp(json!({"x": 1}), &s);
         assert!(was_applied(&doc, &ids[3]));
+        assert_eq!(s.token_of(&ids[4]), Some(14), "the last operation's token");
+        assert_eq!(
+            s.token_of(&ids[3]),
+            None,
+            "an earlier operation's is not kept"
+        );
         assert_eq!(strip_meta(&doc), json!({"x": 1}));
     }
 

@@ -5,9 +5,10 @@
 //! Outcomes are recorded in each monitor's order ([`Owned::ready`]): an operation's outcome
 //! waits until those of the operations of its monitor read before it are recorded. A record a
 //! new owner finds applied in its document with no outcome (the previous owner stopped before
-//! recording it) gets the new owner's token; in order, no operation of the monitor after it can
-//! carry an older owner's token, so in a document's order of operations the outcomes' tokens
-//! never decrease.
+//! recording it) gets the token of the write that applied it, as its document tells it (none
+//! once later operations were written over it), never the new owner's; in order, no operation of
+//! the monitor after it can carry an older owner's token, so in a document's order of operations
+//! the outcomes' tokens never decrease.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -184,6 +185,7 @@ mod tests {
             status: OpState::Applied,
             reason: None,
             token: Some(1),
+            already_applied: false,
             attempts: Some(1),
             fingerprint: None,
             key: None,

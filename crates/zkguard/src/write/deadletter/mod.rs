@@ -313,6 +313,14 @@ pub struct ReplayEntry {
     pub result: ReplayResult,
     /// The fencing token of the replay's write (applied or found applied).
     pub token: Option<u64>,
+    /// The fencing token of the write that applied the operation
+    /// ([`crate::write::guarded::Written::applied_token`]): the replay's when it wrote it; when
+    /// the document already recorded it, the earlier write's, or `None` when the document no
+    /// longer tells it. What the operation's outcome reports.
+    pub applied_token: Option<u64>,
+    /// Whether the document already recorded the operation (nothing was written), whether or
+    /// not the entry could be removed.
+    pub already_applied: bool,
     /// Attempts made so far, this replay included.
     pub attempts: u32,
     /// For a replay of one entry ([`ReplaySelection::Id`]): set on each older entry of its
@@ -600,6 +608,8 @@ fn blocked(letter: &DeadLetter, older: Uuid, doc: &(String, String)) -> ReplayEn
             not_recorded: None,
         },
         token: None,
+        applied_token: None,
+        already_applied: false,
         attempts: letter.attempts,
         replayed_before: None,
     }
@@ -610,9 +620,13 @@ async fn replay_one(writer: &GuardedWriter, settle: &dyn Settle, item: &Item) ->
     let summary = letter.operation.summary();
     let attempts = letter.attempts.saturating_add(1);
     let mut token = None;
+    let mut applied_token = None;
+    let mut already_applied = false;
     let result = match writer.run(&letter.operation).await {
         Ok(written) => {
             token = Some(written.token);
+            applied_token = written.applied_token;
+            already_applied = written.already_applied;
             match settle.done(item).await {
                 Ok(()) if written.already_applied => ReplayResult::AlreadyApplied,
                 Ok(()) => ReplayResult::Applied,
@@ -652,6 +666,8 @@ async fn replay_one(writer: &GuardedWriter, settle: &dyn Settle, item: &Item) ->
         summary,
         result,
         token,
+        applied_token,
+        already_applied,
         attempts,
         replayed_before: None,
     }
