@@ -357,7 +357,9 @@ fn answer(
             };
             Ok(Json(json!({
                 "operation_id": op.display_id(),
-                "token": w.applied_token,
+                // Always a number: the applying write's token, or, for a retry found applied
+                // under later operations (which keep its id, not its token), this request's.
+                "token": w.applied_token.unwrap_or(w.token),
                 "result": result,
                 "version": w.meta.map(|m| m.version),
             }))

@@ -23,10 +23,9 @@ pub struct Written {
     pub operation_id: String,
     /// The fencing token of the write that applied the operation (the document's external
     /// version after it): this request's lock's, or, for `already_applied`, the earlier
-    /// write's; null only for `already_applied` when the document no longer tells which write
-    /// applied it (later operations were written over it).
-    #[schema(required = true)]
-    pub token: Option<u64>,
+    /// write's; for `already_applied` in a document that no longer tells which write applied
+    /// it (later operations were written over it), this request's lock's.
+    pub token: u64,
     /// `written`, `deleted`, `not_found` (a hard delete found nothing) or `already_applied`
     /// (a retry of an operation applied before: nothing was written again).
     pub result: WriteResult,
