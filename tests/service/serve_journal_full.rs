@@ -9,6 +9,8 @@ use crate::serve_controls::{check_doc, outcome_token};
 use crate::serve_support;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -1039,4 +1041,125 @@ async fn kafka_journal_status_reports_the_end_of_a_partition_whose_last_batch_ho
         );
         assert_eq!(at("zkguard_journal_partition_lag"), 0.0, "{m:?}");
     }
+}
+
+/// A TCP relay in front of Elasticsearch that counts the requests whose bytes contain `needle`
+/// (a path: request bodies do not repeat it), for counting a service's requests of one kind.
+struct CountingRelay {
+    url: String,
+    seen: Arc<AtomicUsize>,
+}
+
+impl CountingRelay {
+    async fn start(upstream: &str, needle: String) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let target = upstream
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counter = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else {
+                    continue;
+                };
+                let (mut from_client, mut to_client) = inbound.into_split();
+                let (mut from_server, mut to_server) = outbound.into_split();
+                let (counter, needle) = (counter.clone(), needle.clone().into_bytes());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    // The last bytes of the previous read: a needle cut between two reads.
+                    let mut tail: Vec<u8> = Vec::new();
+                    while let Ok(n) = from_client.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        let mut window = std::mem::take(&mut tail);
+                        let old = window.len();
+                        window.extend_from_slice(&buf[..n]);
+                        let found = window
+                            .windows(needle.len())
+                            .enumerate()
+                            .filter(|(i, w)| *w == needle && i + needle.len() > old)
+                            .count();
+                        counter.fetch_add(found, Ordering::Relaxed);
+                        tail = window[window.len().saturating_sub(needle.len() - 1)..].to_vec();
+                        if to_server.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+                });
+            }
+        });
+        Self { url, seen }
+    }
+
+    fn count(&self) -> usize {
+        self.seen.load(Ordering::Relaxed)
+    }
+}
+
+/// An applier does not write its partition's progress for every batch it reads: operations
+/// applied one after the other (each read in a batch of its own) cost at most the commits of
+/// every 200 ms and a check when the last write is older than 500 ms, not one write each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_applier_does_not_write_its_progress_for_every_batch_it_reads() {
+    let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
+    let tag = uuid_tag();
+    let state = tempfile::tempdir().unwrap();
+    let writes = CountingRelay::start(
+        shared_es().url(),
+        format!("POST /zkguard-journal-{tag}/_doc/progress-journal-{tag}-0?version="),
+    )
+    .await;
+    let mut env = kafka_env(&broker, &tag, "a", state.path());
+    env.es = writes.url.clone();
+    let s = env.start("kafka-progress-writes");
+    let c = client();
+    let index = format!("progress-writes-{tag}");
+    let monitor = monitor_in(0, &tag);
+    let path = format!("/v1/indices/{index}/docs/d?type=background&monitor={monitor}");
+    // The first operation is applied once partition 0 is owned and claimed.
+    let (status, v) = put(&c, &s, &path, &json!({"n": 0})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    wait_finished(&c, &s, &[v["operation_id"].as_str().unwrap().to_string()]).await;
+
+    let (before, started) = (writes.count(), std::time::Instant::now());
+    let count = 60;
+    for n in 1..=count {
+        let (status, v) = put(&c, &s, &path, &json!({"n": n})).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        let id = v["operation_id"].as_str().unwrap();
+        let (status, v) = call(
+            &c,
+            Method::GET,
+            &s.url(&format!("/v1/operations/{id}?wait=20s")),
+            None,
+        )
+        .await;
+        assert_eq!(
+            (status, v["status"].as_str()),
+            (StatusCode::OK, Some("applied")),
+            "{v}"
+        );
+    }
+    let (written, ms) = (
+        writes.count() - before,
+        started.elapsed().as_millis() as usize,
+    );
+    // Commits at most every 200 ms, checks at most every 500 ms, one of each at the edges and
+    // one sent before the count started.
+    let most = ms / 200 + ms / 500 + 3;
+    assert!(
+        written <= most,
+        "{written} progress writes for {count} operations applied one by one in {ms} ms (at most {most})"
+    );
+    let doc = es_doc(&c, &index, "d").await;
+    assert_eq!(doc["_source"]["n"], json!(count), "{doc}");
 }

@@ -278,11 +278,17 @@ async fn apply(
                                 tokio::time::sleep(HOLE_RETRY).await;
                             }
                         }
-                        // Nothing read is queued before the token is checked against the
-                        // progress: once a newer owner claimed it, this one applies nothing.
-                        Ok(records) => match commit(&fleet, &part, true).await {
+                        // Nothing read is queued unless this applier is still the owner
+                        // (see `still_owner`): once a newer owner claimed the partition, this
+                        // one applies nothing.
+                        Ok(records) => match still_owner(&fleet, &part).await {
                             Ok(()) => {
                                 let known = applied_before(&fleet, &part, &records).await;
+                                // The lock still held at this instant: no newer owner exists
+                                // (the queueing below does not wait).
+                                if !part.guard.is_held() {
+                                    break End::Lost;
+                                }
                                 load(&fleet, state.as_ref(), &part, records, &known);
                             }
                             Err(ProgressError::Deposed { .. }) => break End::Deposed,
@@ -536,6 +542,32 @@ async fn fetch_failed(fleet: &KafkaJournal, part: &Part, e: RsError) {
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
+/// Most time since this applier last wrote its partition's progress (fenced by its token)
+/// after which [`still_owner`] writes it again before records are queued.
+const CHECK_EVERY: Duration = Duration::from_millis(500);
+
+/// Whether this applier may queue the records it read: no newer owner claimed the partition.
+///
+/// A newer owner claims the progress (writes it with its greater token) only once it holds the
+/// partition's lock, that is once this applier's lock has ended: while
+/// [`Guard::is_held`](zkguard::Guard::is_held) answers true (the quorum confirmed the session
+/// within the grace, so that it cannot have expired), no newer owner can exist, and the caller
+/// asks it again right before it queues. The progress document is the second, independent
+/// proof: it is written again (fenced) when the last successful write is older than
+/// [`CHECK_EVERY`] (a 409 is [`ProgressError::Deposed`]); under load the commits every
+/// [`COMMIT_EVERY`] keep it fresh, so that a batch read costs no Elasticsearch request. A
+/// process paused longer than that (SIGSTOP) finds its lock lost (the grace ran out while it
+/// was stopped) and its last write too old: it checks, and queues nothing.
+async fn still_owner(fleet: &KafkaJournal, part: &Part) -> Result<(), ProgressError> {
+    let recent = lock(&part.state)
+        .written_at
+        .is_some_and(|at| at.elapsed() < CHECK_EVERY);
+    if recent && part.guard.is_held() {
+        return Ok(());
+    }
+    commit(fleet, part, true).await
+}
+
 /// Commits the offset before the first unfinished record (if it moved, or always with
 /// `check`: then the write checks the token against the progress), fenced by the token.
 async fn commit(fleet: &KafkaJournal, part: &Part, check: bool) -> Result<(), ProgressError> {
@@ -569,6 +601,8 @@ async fn commit(fleet: &KafkaJournal, part: &Part, check: bool) -> Result<(), Pr
         };
     }
     let s = &fleet.settings;
+    // Taken before the request: the write proves no newer owner had claimed by then.
+    let written_at = Instant::now();
     progress::write(
         fleet.store.as_ref(),
         &s.index,
@@ -590,6 +624,7 @@ async fn commit(fleet: &KafkaJournal, part: &Part, check: bool) -> Result<(), Pr
     let keep_from = progress.offset - 1;
     st.accepted = st.accepted.split_off(&keep_from);
     st.committed = progress;
+    st.written_at = Some(written_at);
     Ok(())
 }
 

@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -61,6 +62,9 @@ pub(super) struct PartState {
     pub(super) replay_end: i64,
     /// What was committed last.
     pub(super) committed: Progress,
+    /// When this applier last wrote the progress successfully (fenced by its token): no newer
+    /// owner had claimed the partition then. `None` until its first write after the claim.
+    pub(super) written_at: Option<Instant>,
 }
 
 /// The operations of `ready` whose outcome may be recorded now: walking the unfinished
