@@ -40,18 +40,23 @@ test-docker: deps
 # seconds, and the model check's small scopes. Last, the fleet test for DURATION seconds of
 # workload, as `make torture-fleet` runs it.
 DURATION ?= 600
+# The broker of the long fleet runs: `memory` (fast; kills, pauses and disk loss, no broker
+# restart) or `durable` (tansu on S3 storage, restarted in every round of faults, as `make test`
+# runs it; it slows down as a run stores more batches).
+FLEET_BROKER ?= memory
 torture: deps
 	ZKGUARD_TORTURE_SECS=$(DURATION) cargo test --release --test history -- --nocapture
 	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release --workspace --test lock_model random_walks -- --nocapture
 	ZKGUARD_MODEL_WALK_SECS=$(DURATION) ZKGUARD_MODEL_REPORT=1 cargo test --release --workspace --test lock_model large_scope -- --ignored --nocapture --test-threads 1
-	ZKGUARD_FLEET_SECS=$(DURATION) cargo test --release --test fleet -- --include-ignored --nocapture
+	ZKGUARD_FLEET_BROKER=$(FLEET_BROKER) ZKGUARD_FLEET_SECS=$(DURATION) cargo test --release --test fleet -- --include-ignored --nocapture
 
 # The fleet test (tests/fleet/main.rs: three `zkguard serve` on the Kafka journal, instances
-# SIGKILLed with their state deleted and SIGSTOPped past their session) for DURATION seconds of
-# workload, the faults in rotation, printing its counts and takeover times. `make test` runs it
-# too, with one round of faults (one kill and one pause, about 45 s in all).
+# SIGKILLed with their state deleted and SIGSTOPped past their session, the broker restarted
+# with FLEET_BROKER=durable) for DURATION seconds of workload, the faults in rotation, printing
+# its counts and takeover times. `make test` runs it too, on the durable broker, with one round
+# of faults (one kill, one pause, one broker restart: about a minute in all).
 torture-fleet: deps
-	ZKGUARD_FLEET_SECS=$(DURATION) cargo test --release --test fleet -- --include-ignored --nocapture
+	ZKGUARD_FLEET_BROKER=$(FLEET_BROKER) ZKGUARD_FLEET_SECS=$(DURATION) cargo test --release --test fleet -- --include-ignored --nocapture
 
 # Benchmarks zkguard against Apache Curator and kazoo on one local ZooKeeper.
 bench: deps

@@ -1,28 +1,36 @@
-//! A fleet of `zkguard serve` on the Kafka journal loses nothing when a host dies.
+//! A fleet of `zkguard serve` on the Kafka journal loses nothing when a host dies or the
+//! broker restarts.
 //!
-//! A tansu broker (memory storage), a 3-member ZooKeeper ensemble, one osmem-server and three
-//! `zkguard serve` instances with `server.journal.backend=kafka` (6 partitions, 6 s sessions).
-//! Six clients send background writes (`PUT ...?type=background`) and `/v1/bulk` requests on
-//! shared documents through all three instances in turn and record every operation with its
-//! answer (202 accepted, refused, or no answer) and when it was sent and acknowledged. Faults,
-//! in rotation: an instance SIGKILLed, its state directory deleted and the instance started
-//! again empty (a host whose disk is gone); another SIGSTOPped past its session timeout, then
-//! continued (a deposed owner waking up). The broker is not restarted: the tansu build the
-//! registries ship keeps its records in memory (or in PostgreSQL or S3, neither of which is
-//! available here), so a restart loses them whatever zkguard does.
+//! A tansu broker (its records in S3 on a private moto server), a 3-member ZooKeeper ensemble,
+//! one osmem-server and three `zkguard serve` instances with `server.journal.backend=kafka` (6
+//! partitions, 6 s sessions). Six clients send background writes (`PUT ...?type=background`) and
+//! `/v1/bulk` requests on shared documents through all three instances in turn and record every
+//! operation with its answer (202 accepted, 503 `journal_unavailable`, otherwise refused, or no
+//! answer) and when it was sent and acknowledged. Faults, in rotation: an instance SIGKILLed,
+//! its state directory deleted and the instance started again empty (a host whose disk is
+//! gone); another SIGSTOPped past its session timeout, then continued (a deposed owner waking
+//! up); then the broker SIGKILLed while the clients write, and started again on its storage once
+//! every instance refused a write (503 with `Retry-After`).
 //!
 //! Afterwards `fleet_support::checker` (whose own tests feed it lost, doubled and out-of-order
 //! histories) checks: every 202 applied exactly once (its id once in its document's record of
 //! operations, its outcome `applied` as read from another instance than the one that accepted
-//! it); each document's operations in acceptance order and the document equal to its last
-//! accepted write; tokens never decreasing in each document's order (no write by a deposed
-//! owner after its successor's); each partition of a killed or paused instance applied by
-//! another instance within the session timeout plus 5 s (from the instances' `/metrics`).
+//! it); a write refused with 503 `journal_unavailable` (not acknowledged, not lost) or left
+//! without an answer applied at most once (its record may have been appended all the same);
+//! each document's operations in acceptance order and the document equal to its last applied
+//! write; tokens never decreasing in each document's order (no write by a deposed owner after
+//! its successor's); each partition of a killed or paused instance applied by another instance
+//! within the session timeout plus 5 s (from the instances' `/metrics`; the broker outage is
+//! not a takeover and is not timed); every instance taking writes again after the broker
+//! restart; and, once the run drained, every partition committed to its end, no end below an
+//! offset committed during the run, at least one record per operation applied.
 //!
-//! The workload lasts one round of faults by default, one kill and one pause (about 25 s;
-//! `ZKGUARD_FLEET_SECS`, 20 by default, sets how long the rounds go on; `make torture-fleet`
-//! gives it `DURATION`), so that `make test` runs it whole in about 45 s;
-//! `ZKGUARD_HISTORY_SEED` repeats the clients' random choices.
+//! The workload lasts one round of faults by default, one kill, one pause and one broker
+//! restart (about 30 s; `ZKGUARD_FLEET_SECS`, 20 by default, sets how long the rounds go on;
+//! `make torture-fleet` gives it `DURATION`), so that `make test` runs it whole in about 50 s;
+//! `ZKGUARD_HISTORY_SEED` repeats the clients' random choices. `ZKGUARD_FLEET_BACKEND=file`
+//! runs the instances on file journals instead, `ZKGUARD_FLEET_BROKER=memory` on a memory
+//! broker (much faster than the durable one; no broker restart in either).
 
 mod fleet_support;
 #[path = "../support/deploy/promtool.rs"]
@@ -59,14 +67,22 @@ async fn a_fleet_on_the_kafka_journal_loses_nothing_across_kills_pauses_and_disk
     .await;
     let r = &done.report;
     println!(
-        "fleet run (seed {seed}): {} operations accepted, {} refused, {} unknown ({} of them applied), {} documents; faults: {:?}",
+        "fleet run (seed {seed}): {} operations accepted, {} refused, {} refused with journal_unavailable ({} of them applied), {} unknown ({} of them applied), {} documents; faults: {:?}",
         r.accepted,
         r.refused,
+        r.unavailable,
+        r.unavailable_applied,
         r.unknown,
         r.unknown_applied,
         r.documents,
         done.faults
     );
+    for b in &done.restarts {
+        println!(
+            "broker killed at {:?}, back at {:?}; each instance's first 202 after it: {:?}",
+            b.down, b.up, b.recovered
+        );
+    }
     for t in &r.takeovers {
         println!(
             "takeover of partition {} after the {} of instance {}: {:?}",
@@ -77,6 +93,15 @@ async fn a_fleet_on_the_kafka_journal_loses_nothing_across_kills_pauses_and_disk
     if r.accepted == 0 {
         problems.push("no operation was accepted".into());
     }
+    for b in &done.restarts {
+        if b.recovered.iter().any(Option::is_none) {
+            problems.push(format!(
+                "an instance took no write within {:?} of the broker's restart (killed at {:?}, back at {:?}): {:?}",
+                fleet_support::run::RECOVERY_LIMIT, b.down, b.up, b.recovered
+            ));
+        }
+    }
+    problems.extend(done.odd.iter().take(5).cloned());
     for fault in &done.faults {
         if !r.takeovers.iter().any(|t| t.fault == *fault) {
             problems.push(format!(

@@ -6,8 +6,11 @@
 //!
 //! - every operation answered 202 is in its document's record of applied operations exactly
 //!   once, and its outcome (read from any instance) is `applied`; an operation whose answer was
-//!   lost (unknown outcome) is there at most once; one refused (4xx, 503, never sent) is not
-//!   there at all, nor is any operation no client sent;
+//!   lost (unknown outcome) is there at most once, and so is one refused with 503
+//!   `journal_unavailable` (not acknowledged, not counted as lost, yet its record may have been
+//!   appended: a produce the instance stopped waiting for while the broker was down); one
+//!   refused otherwise (4xx, another 503, never sent) is not there at all, nor is any operation
+//!   no client sent;
 //! - in each document's record (oldest first) the operations keep their acceptance order: an
 //!   operation acknowledged before another was sent comes before it, and the lines of one bulk
 //!   request come in line order;
@@ -16,7 +19,11 @@
 //!   in the order applied, never decrease: a deposed owner that applied an operation after its
 //!   successor would show as a decrease, or as an operation applied twice or out of order;
 //! - each partition of a killed or paused instance is taken over by another instance (it
-//!   reports owning it and its committed offset moved) within the limit after the fault.
+//!   reports owning it and its committed offset moved) within the limit after the fault;
+//! - once the run drained (after the broker restarts too), each partition's committed offset is
+//!   at or above its end offset, every end at or above the highest offset ever committed (the
+//!   broker kept its records), and the ends together count at least one record per operation
+//!   applied.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -49,8 +56,13 @@ pub struct Sent {
 pub enum Answer {
     /// 202, at this time since the run's start: it must be applied exactly once.
     Accepted(Duration),
-    /// Refused (4xx, 503 with `Retry-After`) or never sent: it must not be applied.
+    /// Refused (4xx, a 503 other than `journal_unavailable`) or never sent: it must not be
+    /// applied.
     Refused,
+    /// Refused with 503 `journal_unavailable` (the broker did not acknowledge its record in
+    /// time, or was known down): not acknowledged, so not lost when missing; its record may
+    /// have been appended all the same, so applied at most once.
+    Unavailable,
     /// No answer came back (a killed or paused instance): applied at most once.
     Unknown,
 }
@@ -152,6 +164,21 @@ pub enum Violation {
     NotApplied { op: String, status: String },
     /// A document got more operations than its record keeps: exactly-once cannot be judged.
     WindowExceeded { doc: String, sent: usize },
+    /// A partition's committed offset below its end once the run drained: records not applied
+    /// (an applier stuck, for instance after the broker came back).
+    NotDrained {
+        partition: u32,
+        committed: i64,
+        end: i64,
+    },
+    /// A partition's end below an offset committed earlier in the run: the broker lost records.
+    EndBelowCommitted {
+        partition: u32,
+        end: i64,
+        committed: i64,
+    },
+    /// The partitions' ends together count fewer records than operations were applied.
+    TooFewRecords { records: i64, applied: usize },
     /// A faulted instance's partition taken over too late, or never.
     SlowTakeover {
         partition: u32,
@@ -173,6 +200,9 @@ pub struct Report {
     pub violations: Vec<Violation>,
     pub accepted: usize,
     pub refused: usize,
+    /// Refused with 503 `journal_unavailable`, and how many of those were applied all the same.
+    pub unavailable: usize,
+    pub unavailable_applied: usize,
     pub unknown: usize,
     pub unknown_applied: usize,
     pub documents: usize,
@@ -192,6 +222,7 @@ pub fn check_documents(
         match s.answer {
             Answer::Accepted(_) => report.accepted += 1,
             Answer::Refused => report.refused += 1,
+            Answer::Unavailable => report.unavailable += 1,
             Answer::Unknown => report.unknown += 1,
         }
     }
@@ -213,10 +244,13 @@ pub fn check_documents(
         let fin = finals.get(doc).copied().unwrap_or(&empty);
         report.documents += 1;
         let v = check_document(doc, &ops, fin, outcomes, window);
-        report.unknown_applied += ops
-            .iter()
-            .filter(|s| s.answer == Answer::Unknown && fin.applied.contains(&s.id))
-            .count();
+        let applied_as = |answer| {
+            ops.iter()
+                .filter(|s| s.answer == answer && fin.applied.contains(&s.id))
+                .count()
+        };
+        report.unknown_applied += applied_as(Answer::Unknown);
+        report.unavailable_applied += applied_as(Answer::Unavailable);
         report.violations.extend(v);
     }
     for s in sent.iter().filter(|s| s.acked().is_some()) {
@@ -415,4 +449,47 @@ pub fn slow_takeovers(takeovers: &[Takeover], limit: Duration) -> Vec<Violation>
             limit,
         })
         .collect()
+}
+
+/// One partition of the journal as `zkguard journal --json` lists it once the run drained.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartitionEnd {
+    pub partition: u32,
+    pub committed: i64,
+    pub end: i64,
+}
+
+/// The journal once the run drained: every partition applied to its end (`committed >= end`),
+/// no end below the highest offset committed during the run (`seen`: the broker kept every
+/// record it acknowledged, across its restarts), and at least one record per operation applied
+/// (`applied`: those answered 202 and those of the others found in the documents).
+pub fn journal_violations(parts: &[PartitionEnd], seen: &[Seen], applied: usize) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for p in parts {
+        if p.committed < p.end {
+            out.push(Violation::NotDrained {
+                partition: p.partition,
+                committed: p.committed,
+                end: p.end,
+            });
+        }
+        let highest = seen
+            .iter()
+            .filter(|s| s.partition == p.partition)
+            .map(|s| s.committed)
+            .max()
+            .unwrap_or(0);
+        if p.end < highest {
+            out.push(Violation::EndBelowCommitted {
+                partition: p.partition,
+                end: p.end,
+                committed: highest,
+            });
+        }
+    }
+    let records: i64 = parts.iter().map(|p| p.end).sum();
+    if records < applied as i64 {
+        out.push(Violation::TooFewRecords { records, applied });
+    }
+    out
 }

@@ -1,6 +1,6 @@
 //! The checker's own tests: a clean history passes, and each kind of violation (lost,
-//! doubled, out of order, wrong body, foreign, decreasing tokens, not applied, slow takeover)
-//! is caught.
+//! doubled, out of order, wrong body, foreign, decreasing tokens, not applied, slow takeover,
+//! a journal not drained or short of records) is caught.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -179,6 +179,45 @@ fn an_unknown_outcome_may_be_applied_once_or_not_at_all() {
 }
 
 #[test]
+fn a_write_refused_while_the_broker_was_down_may_be_applied_once_or_not_at_all() {
+    // u got 503 journal_unavailable: not lost when missing, yet its record may have been
+    // appended (its produce timed out at the instance): applied once is fine, twice is not.
+    let mut u = op("u", "x", 0, 5);
+    u.answer = Answer::Unavailable;
+    let a = op("a", "x", 10, 12);
+    let outcomes = applied(&[("a", 1), ("u", 1)]);
+    let report = check_documents(&[u.clone(), a.clone()], &[doc("x", &["a"])], &outcomes, 100);
+    assert_eq!(report.violations, vec![]);
+    assert_eq!((report.unavailable, report.unavailable_applied), (1, 0));
+    let report = check_documents(
+        &[u.clone(), a.clone()],
+        &[doc("x", &["u", "a"])],
+        &outcomes,
+        100,
+    );
+    assert_eq!(report.violations, vec![]);
+    assert_eq!(report.unavailable_applied, 1);
+    let v = check(
+        &[u.clone(), a.clone()],
+        &[doc("x", &["u", "a", "u"])],
+        &outcomes,
+    );
+    assert!(
+        v.iter()
+            .any(|v| matches!(v, Violation::Doubled { op, .. } if op == "u")),
+        "{v:?}"
+    );
+    // Its record came after a's (sent after a was acknowledged): applied before a is out of
+    // order.
+    u.sent = ms(20);
+    let v = check(&[u, a], &[doc("x", &["u", "a"])], &outcomes);
+    assert!(
+        v.iter().any(|v| matches!(v, Violation::OutOfOrder { .. })),
+        "{v:?}"
+    );
+}
+
+#[test]
 fn a_decreasing_token_is_caught() {
     // A deposed owner's write after its successor's: its token is the older one.
     let sent = [op("a", "x", 0, 5), op("b", "x", 1, 6)];
@@ -280,4 +319,56 @@ fn a_partition_never_taken_over_is_caught() {
             ..
         }]
     ));
+}
+
+fn part(partition: u32, committed: i64, end: i64) -> PartitionEnd {
+    PartitionEnd {
+        partition,
+        committed,
+        end,
+    }
+}
+
+#[test]
+fn a_drained_journal_with_its_records_passes() {
+    let observed = [seen(100, 0, 0, true, 4), seen(100, 1, 1, true, 7)];
+    let parts = [part(0, 5, 5), part(1, 9, 8)];
+    assert_eq!(journal_violations(&parts, &observed, 13), vec![]);
+}
+
+#[test]
+fn a_partition_not_applied_to_its_end_is_caught() {
+    // An applier stuck after the broker came back: records left behind its committed offset.
+    let v = journal_violations(&[part(0, 5, 5), part(1, 3, 8)], &[], 8);
+    assert_eq!(
+        v,
+        vec![Violation::NotDrained {
+            partition: 1,
+            committed: 3,
+            end: 8
+        }]
+    );
+}
+
+#[test]
+fn a_broker_that_lost_records_is_caught() {
+    // Offset 12 was committed during the run; after the restart the partition ends at 2.
+    let observed = [seen(100, 0, 0, true, 12)];
+    let v = journal_violations(&[part(0, 2, 2)], &observed, 2);
+    assert_eq!(
+        v,
+        vec![Violation::EndBelowCommitted {
+            partition: 0,
+            end: 2,
+            committed: 12
+        }]
+    );
+    let v = journal_violations(&[part(0, 2, 2)], &[], 3);
+    assert_eq!(
+        v,
+        vec![Violation::TooFewRecords {
+            records: 2,
+            applied: 3
+        }]
+    );
 }

@@ -1,6 +1,7 @@
 //! The clients: each sends background writes (`PUT ...?type=background`) and `/v1/bulk`
 //! requests of 2 to 5 lines on shared documents, one request after another, turning through
-//! the three instances, and records every operation with its answer.
+//! the three instances, and records every operation with its answer. A 503 is followed by the
+//! pause its `Retry-After` asks for (at most a second), as a client should.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,7 +14,7 @@ use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
 use super::checker::{Answer, Sent};
-use super::cluster::{PARTITIONS, WINDOW};
+use super::cluster::{CLIENT_TIMEOUT, PARTITIONS, WINDOW};
 
 /// The index every client writes.
 pub const INDEX: &str = "fleet";
@@ -90,6 +91,8 @@ pub struct Shared {
     pub sent: Mutex<Vec<Sent>>,
     pub docs: Mutex<Docs>,
     pub stop: AtomicBool,
+    /// Answers that break the service's own contract (a 503 without `Retry-After`).
+    pub odd: Mutex<Vec<String>>,
     requests: AtomicU64,
 }
 
@@ -101,18 +104,27 @@ impl Shared {
             sent: Mutex::new(Vec::new()),
             docs: Mutex::new(Docs::default()),
             stop: AtomicBool::new(false),
+            odd: Mutex::new(Vec::new()),
             requests: AtomicU64::new(0),
         }
     }
 }
 
-/// How an answer counts: 202 accepted; a refusal that says nothing was queued (4xx, 503 other
-/// than a request timeout, 429) or a connection refused: refused; anything else unknown.
-fn answer(result: &Result<(StatusCode, Value), reqwest::Error>, at: Duration) -> Answer {
+/// An answer: its status, its body and its `Retry-After` (seconds), if any.
+type Answered = Result<(StatusCode, Value, Option<u64>), reqwest::Error>;
+
+/// How an answer counts: 202 accepted; 503 `journal_unavailable` (the broker did not
+/// acknowledge the records: maybe appended all the same) unavailable; a refusal that says
+/// nothing was queued (4xx, another 503 but a request timeout, 429) or a connection refused:
+/// refused; anything else unknown.
+fn answer(result: &Answered, at: Duration) -> Answer {
     match result {
-        Ok((StatusCode::ACCEPTED, _)) => Answer::Accepted(at),
-        Ok((s, _)) if s.is_client_error() => Answer::Refused,
-        Ok((StatusCode::SERVICE_UNAVAILABLE, v)) if v["error"] != "request_timeout" => {
+        Ok((StatusCode::ACCEPTED, _, _)) => Answer::Accepted(at),
+        Ok((s, _, _)) if s.is_client_error() => Answer::Refused,
+        Ok((StatusCode::SERVICE_UNAVAILABLE, v, _)) if v["error"] == "journal_unavailable" => {
+            Answer::Unavailable
+        }
+        Ok((StatusCode::SERVICE_UNAVAILABLE, v, _)) if v["error"] != "request_timeout" => {
             Answer::Refused
         }
         Err(e) if e.is_connect() => Answer::Refused,
@@ -122,10 +134,7 @@ fn answer(result: &Result<(StatusCode, Value), reqwest::Error>, at: Duration) ->
 
 /// One client's loop until `shared.stop`.
 pub async fn client(shared: Arc<Shared>, id: usize, seed: u64) {
-    let http = Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let http = Client::builder().timeout(CLIENT_TIMEOUT).build().unwrap();
     let mut rng = StdRng::seed_from_u64(seed ^ id as u64);
     let mut seq = 0u64;
     let mut turn = id;
@@ -158,9 +167,23 @@ pub async fn client(shared: Arc<Shared>, id: usize, seed: u64) {
         }
         let result = send(&http, &base, &ops).await;
         let verdict = answer(&result, shared.start.elapsed());
-        if verdict == Answer::Refused {
-            // A refusal (an instance down, a full queue): a short pause before the next.
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        match &result {
+            Ok((StatusCode::SERVICE_UNAVAILABLE, v, after)) => {
+                if after.is_none() {
+                    shared
+                        .odd
+                        .lock()
+                        .unwrap()
+                        .push(format!("503 without Retry-After from {base}: {v}"));
+                }
+                let secs = after.unwrap_or(1).min(1);
+                tokio::time::sleep(Duration::from_secs(secs)).await;
+            }
+            // Another refusal (an instance down, a full queue): a short pause before the next.
+            _ if verdict == Answer::Refused => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            _ => {}
         }
         let mut sent = shared.sent.lock().unwrap();
         for mut op in ops {
@@ -171,11 +194,7 @@ pub async fn client(shared: Arc<Shared>, id: usize, seed: u64) {
 }
 
 /// Sends `ops` as one background write (one operation) or one `/v1/bulk` request.
-async fn send(
-    http: &Client,
-    base: &str,
-    ops: &[Sent],
-) -> Result<(StatusCode, Value), reqwest::Error> {
+async fn send(http: &Client, base: &str, ops: &[Sent]) -> Answered {
     let id_of = |s: &Sent| s.doc.split_once('/').unwrap().1.to_string();
     let req = if let [op] = ops {
         http.put(format!(
@@ -200,10 +219,15 @@ async fn send(
     };
     let resp = req.send().await?;
     let status = resp.status();
+    let retry_after = resp
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.trim().parse().ok());
     let bytes = resp.bytes().await?;
     Ok((
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        retry_after,
     ))
 }
 

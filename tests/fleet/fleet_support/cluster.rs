@@ -1,4 +1,6 @@
-//! The fleet's servers: a tansu broker, a 3-member ZooKeeper ensemble, one osmem-server, and
+//! The fleet's servers: a tansu broker (its records in S3 on a private moto server, so that it
+//! can be killed and started again without losing any), a 3-member ZooKeeper ensemble, one
+//! osmem-server, and
 //! `zkguard serve` instances sharing them, each with a state directory of its own that a test
 //! can delete (a host whose disk is gone).
 
@@ -21,6 +23,27 @@ pub const PARTITIONS: u32 = 6;
 /// clients send at most this many operations to one document, so that its record holds every
 /// operation applied to it.
 pub const WINDOW: usize = 1000;
+/// `server.journal.kafka.timeout` (ms): how long a background write waits for the broker's
+/// acknowledgement before its 503, and any other request of the journal (a fetch) for its
+/// answer. Below the clients' own timeout ([`CLIENT_TIMEOUT`]), so that a write in flight when
+/// the broker dies gets its 503 rather than no answer; well above what the durable broker (S3 on
+/// moto, which lists a partition's objects on every fetch) takes on a busy machine, where a
+/// fetch cut off every few seconds would never read anything.
+pub const KAFKA_TIMEOUT_MS: u64 = 8000;
+/// `server.queue.max`: records of the journal not applied yet, fleet-wide, beyond which the
+/// instances refuse background writes (503 `queue_full`). The durable broker answers fetches
+/// more slowly than it takes records (it lists a partition's objects on every fetch, ever more of
+/// them), so that on a busy machine the clients would pile up a backlog the run could not apply
+/// in bounded time; the fleet's own bound keeps it small, as an operator's would.
+pub const QUEUE_MAX: usize = 100;
+/// How long a client waits for an answer.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(12);
+
+/// Whether the instances run on the Kafka journal (the default), not on file journals
+/// (`ZKGUARD_FLEET_BACKEND=file`).
+pub fn on_kafka() -> bool {
+    std::env::var("ZKGUARD_FLEET_BACKEND").as_deref() != Ok("file")
+}
 
 /// The servers every instance shares.
 pub struct Servers {
@@ -37,7 +60,12 @@ impl Servers {
     pub fn start() -> Servers {
         let tag = format!("{:08x}", rand::random::<u32>());
         Servers {
-            kafka: TansuServer::start().expect("start tansu (run scripts/install-deps.sh)"),
+            kafka: if std::env::var("ZKGUARD_FLEET_BROKER").as_deref() == Ok("memory") {
+                TansuServer::start().expect("start tansu (run scripts/install-deps.sh)")
+            } else {
+                TansuServer::start_durable()
+                    .expect("start tansu with S3 storage (run scripts/install-deps.sh)")
+            },
             zk: ZkEnsemble::builder()
                 .size(3)
                 .start()
@@ -74,6 +102,10 @@ impl Servers {
                 "ZKGUARD_SERVER_JOURNAL_KAFKA_PARTITIONS",
                 PARTITIONS.to_string(),
             )
+            .env(
+                "ZKGUARD_SERVER_JOURNAL_KAFKA_TIMEOUT",
+                KAFKA_TIMEOUT_MS.to_string(),
+            )
             .output()
             .expect("run zkguard journal");
         serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
@@ -93,6 +125,7 @@ impl Servers {
             .env_remove("ZKGUARD_FLEET_BACKEND")
             .env_remove("ZKGUARD_FLEET_SECS")
             .env_remove("ZKGUARD_FLEET_LOG")
+            .env_remove("ZKGUARD_FLEET_BROKER")
             // `ZKGUARD_FLEET_LOG` sets the instances' RUST_LOG, to look into a failure.
             .env(
                 "RUST_LOG",
@@ -110,19 +143,24 @@ impl Servers {
             .env("ZKGUARD_ZOOKEEPER_BACKGROUND_TASK_TIMEOUT", "10000")
             .env("ZKGUARD_ELASTICSEARCH_URL", self.es.url())
             .env("ZKGUARD_ELASTIC_STAMP_WINDOW", WINDOW.to_string())
+            .env("ZKGUARD_SERVER_QUEUE_MAX", QUEUE_MAX.to_string())
             .env("ZKGUARD_STATE_DIR", &state)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap());
         // `ZKGUARD_FLEET_BACKEND=file` runs the fleet on file journals, one per instance: the
         // checker then shows what a lost disk costs there.
-        if std::env::var("ZKGUARD_FLEET_BACKEND").as_deref() != Ok("file") {
+        if on_kafka() {
             cmd.env("ZKGUARD_SERVER_JOURNAL_BACKEND", "kafka")
                 .env("ZKGUARD_SERVER_JOURNAL_KAFKA_BROKERS", self.kafka.brokers())
                 .env("ZKGUARD_SERVER_JOURNAL_KAFKA_TOPIC", &self.topic)
                 .env(
                     "ZKGUARD_SERVER_JOURNAL_KAFKA_PARTITIONS",
                     PARTITIONS.to_string(),
+                )
+                .env(
+                    "ZKGUARD_SERVER_JOURNAL_KAFKA_TIMEOUT",
+                    KAFKA_TIMEOUT_MS.to_string(),
                 );
         }
         let mut child = cmd.spawn().expect("run zkguard serve");

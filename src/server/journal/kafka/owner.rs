@@ -339,7 +339,8 @@ const HOLE_RETRY: Duration = Duration::from_millis(20);
 /// applier, and the progress it commits, past 631: an acknowledged operation never applied. The
 /// records after a hole are left for the next fetch, which starts at the hole; a hole still
 /// there after [`HOLE_WAIT`] is taken for records the broker lost (an error names the offsets)
-/// and the records after it are taken.
+/// and the records after it are taken. Answers with no record from `next` on meanwhile do not
+/// start the wait again.
 fn without_hole(
     records: Vec<rskafka::record::RecordAndOffset>,
     next: i64,
@@ -354,9 +355,9 @@ fn without_hole(
         taken.push(r);
     }
     let Some(after) = rest.peek().map(|r| r.offset) else {
-        // Records read on from `next`: any hole filled. An answer with nothing (a fetch not
-        // answered in time, a broker answering a fetch from inside a hole with nothing now and
-        // then) says nothing about the hole: its wait goes on.
+        // A hole is filled once a record at its offset is taken. An answer with nothing from
+        // `next` on (empty, timed out, or only the rest of a batch before `next`) says nothing
+        // of it: the wait goes on, or a hole some fetches answer so would never be passed.
         if !taken.is_empty() {
             *hole = None;
         }
@@ -835,6 +836,22 @@ mod tests {
         assert_eq!(hole.map(|(o, _)| o), Some(631));
         let taken = without_hole(at(&[630, 631, 632, 633]), 631, 0, &mut hole);
         assert_eq!(offsets(&taken), vec![631, 632, 633]);
+        assert_eq!(hole, None);
+    }
+
+    /// A hole whose fetches answer now the records after it, now nothing from `next` on (an
+    /// empty answer, a fetch timed out, or only the rest of a batch before `next`), as tansu on
+    /// S3 answered for offsets a produce conflict took without a record in a fleet run: the
+    /// answers without records do not start the wait again, and the hole is passed once it
+    /// stayed [`HOLE_WAIT`]. (Before, they did, and the partition was never applied past it.)
+    #[test]
+    fn a_hole_is_passed_after_a_while_even_when_some_fetches_answer_nothing() {
+        let mut hole = Some((1, Instant::now() - HOLE_WAIT - Duration::from_secs(1)));
+        assert!(without_hole(at(&[]), 1, 0, &mut hole).is_empty());
+        assert!(without_hole(at(&[0]), 1, 0, &mut hole).is_empty());
+        assert_eq!(hole.map(|(o, _)| o), Some(1));
+        let taken = without_hole(at(&[3, 4]), 1, 0, &mut hole);
+        assert_eq!(offsets(&taken), vec![3, 4]);
         assert_eq!(hole, None);
     }
 
