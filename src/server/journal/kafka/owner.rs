@@ -864,20 +864,4 @@ mod tests {
         assert_eq!(offsets(&taken), vec![12, 13]);
         assert_eq!(hole, None);
     }
-
-    /// A fetch that answers nothing (not answered in time, or a broker that answers a fetch
-    /// from inside a hole with no records now and then) says nothing about the hole: its wait
-    /// goes on. (A broker restarted in a flood of writes left such a hole at offset 14, and
-    /// fetches answering nothing between those answering 15 restarted the wait each time: the
-    /// partition stood still for more than a minute.)
-    #[test]
-    fn a_fetch_that_answers_nothing_does_not_restart_the_wait_for_a_hole() {
-        let since = Instant::now() - HOLE_WAIT - Duration::from_secs(1);
-        let mut hole = Some((14, since));
-        assert!(without_hole(Vec::new(), 14, 0, &mut hole).is_empty());
-        assert_eq!(hole, Some((14, since)), "the wait goes on");
-        let taken = without_hole(at(&[15, 16]), 14, 0, &mut hole);
-        assert_eq!(offsets(&taken), vec![15, 16]);
-        assert_eq!(hole, None);
-    }
 }
