@@ -197,42 +197,75 @@ async fn the_gate_and_v1_share_the_locks_and_foreground_overtakes_queued_backgro
     assert_eq!(fenced, 0.0, "no write was fenced: {m:?}");
 }
 
+/// A gate write (`path` with `body`, sent with `method`) on its way to the cluster: the service
+/// reaches ZooKeeper through a partition the test can cut (a short session, so that it expires
+/// soon after the cut) and the cluster through a front holding its fenced writes; a document
+/// `x` is written first, then the write is sent and waits at the front.
+struct GateWriteOnItsWay {
+    zk: String,
+    partition: zkguard::testkit::Partition,
+    front: Front,
+    env: Env,
+    _s: Service,
+    c: reqwest::Client,
+    index: String,
+    /// The gate's answer, once the front lets the write through.
+    stale: tokio::task::JoinHandle<(StatusCode, reqwest::header::HeaderMap, Value)>,
+}
+
+impl GateWriteOnItsWay {
+    async fn start(tag: &str, method: Method, path: &str, body: Option<&str>) -> Self {
+        let zk = shared_zk().connect_string();
+        let partition = zkguard::testkit::Partition::start(&zk).unwrap();
+        let front = Front::start(shared_es().url());
+        let env = gate_env(partition.connect_string(), tag, &front.url)
+            .with("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000");
+        let s = env.start("a");
+        let g = gate(&s);
+        let c = client();
+        let index = format!("gate-{tag}-{}", uuid_tag());
+        let seed = format!("{g}/{index}/_doc/x");
+        let (st, _, v) = send(&c, Method::PUT, &seed, Some(r#"{"owner":"seed"}"#), &[]).await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+        front.hold().await;
+        let stale = tokio::spawn({
+            let url = format!("{g}{}", path.replace("{index}", &index));
+            let (c, body) = (c.clone(), body.map(str::to_string));
+            async move { send(&c, method, &url, body.as_deref(), &[]).await }
+        });
+        eventually(
+            Duration::from_secs(10),
+            "the gate's write waits at the front",
+            || async { front.held().await == 1 },
+        )
+        .await;
+        Self {
+            zk,
+            partition,
+            front,
+            env,
+            _s: s,
+            c,
+            index,
+            stale,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_gate_write_whose_lock_is_lost_on_the_way_is_fenced() {
     // The service reaches ZooKeeper through a partition the test cuts, and Elasticsearch
     // through a front that holds its fenced writes: the gate's write is on the way, its
     // session expires, another writer takes the lock and writes, then the stale write arrives.
-    let zk = shared_zk().connect_string();
-    let partition = zkguard::testkit::Partition::start(&zk).unwrap();
-    let front = Front::start(shared_es().url());
-    // The test waits for the service's session to expire: a short one.
-    let env = gate_env(partition.connect_string(), "stale", &front.url)
-        .with("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000");
-    let s = env.start("a");
-    let g = gate(&s);
-    let c = client();
-    let index = format!("gate-stale-{}", uuid_tag());
-    let (st, _, v) = send(
-        &c,
+    let w = GateWriteOnItsWay::start(
+        "stale",
         Method::PUT,
-        &format!("{g}/{index}/_doc/x"),
-        Some(r#"{"owner":"seed"}"#),
-        &[],
+        "/{index}/_doc/x",
+        Some(r#"{"owner":"stale"}"#),
     )
     .await;
-    assert_eq!(st, StatusCode::CREATED, "{v}");
-
-    front.hold().await;
-    let stale = tokio::spawn({
-        let (c, url) = (c.clone(), format!("{g}/{index}/_doc/x"));
-        async move { send(&c, Method::PUT, &url, Some(r#"{"owner":"stale"}"#), &[]).await }
-    });
-    eventually(
-        Duration::from_secs(10),
-        "the gate's write waits at the front",
-        || async { front.held().await == 1 },
-    )
-    .await;
+    let (zk, env, index, c, front, partition) =
+        (&w.zk, &w.env, &w.index, &w.c, &w.front, &w.partition);
     // While it holds the lock, `zkguard locks` names the gate's route as the holder's info.
     let out = crate::cli::zkguard()
         .args(["locks", "--json"])
@@ -247,7 +280,7 @@ async fn a_gate_write_whose_lock_is_lost_on_the_way_is_fenced() {
     );
 
     partition.cut();
-    let mut settings = zk_settings(&zk, "newer");
+    let mut settings = zk_settings(zk, "newer");
     settings.lock_root = env.root.clone();
     let locks: std::sync::Arc<dyn zkguard::LockService> =
         std::sync::Arc::new(zkguard::ZkLockService::new(session(&settings).await));
@@ -255,18 +288,18 @@ async fn a_gate_write_whose_lock_is_lost_on_the_way_is_fenced() {
         std::sync::Arc::new(zkguard::es::EsStore::from_url(shared_es().url()).unwrap());
     let newer = zkguard::write::guarded::GuardedWriter::new(locks, store)
         .without_stamp(zkguard::write::stamping::IndexPatterns::parse("*").unwrap())
-        .on(zkguard::lock::document_monitor(&index, "x"))
-        .index(&index, "x", json!({"owner": "newer"}))
+        .on(zkguard::lock::document_monitor(index, "x"))
+        .index(index, "x", json!({"owner": "newer"}))
         .await
         .unwrap();
     front.release().await;
-    let (st, _, v) = stale.await.unwrap();
+    let (st, _, v) = w.stale.await.unwrap();
     assert_eq!(st, StatusCode::CONFLICT, "the stale write is fenced: {v}");
     assert_eq!(
         v["error"]["type"], "version_conflict_engine_exception",
         "{v}"
     );
-    let doc = es_doc(&c, &index, "x").await;
+    let doc = es_doc(c, index, "x").await;
     assert_eq!(doc["_source"]["owner"], "newer", "{doc}");
     assert_eq!(doc["_version"].as_u64(), Some(newer.token));
     partition.heal();
@@ -288,43 +321,11 @@ async fn a_gate_write_lost_on_the_way(
 ) -> (StatusCode, reqwest::header::HeaderMap, Value, Value) {
     use std::sync::Arc;
     use zkguard::es::{DocStore, EsStore, HookedStore, IndexGate};
-    let zk = shared_zk().connect_string();
-    let partition = zkguard::testkit::Partition::start(&zk).unwrap();
-    let front = Front::start(shared_es().url());
-    // The test waits for the service's session to expire: a short one.
-    let env = gate_env(partition.connect_string(), tag, &front.url)
-        .with("ZKGUARD_ZOOKEEPER_SESSION_TIMEOUT", "2000");
-    let s = env.start("a");
-    let g = gate(&s);
-    let c = client();
-    let index = format!("gate-{tag}-{}", uuid_tag());
-    let (st, _, v) = send(
-        &c,
-        Method::PUT,
-        &format!("{g}/{index}/_doc/x"),
-        Some(r#"{"owner":"seed"}"#),
-        &[],
-    )
-    .await;
-    assert_eq!(st, StatusCode::CREATED, "{v}");
-
-    front.hold().await;
-    let stale = tokio::spawn({
-        let (c, url, body) = (
-            c.clone(),
-            format!("{g}{}", path.replace("{index}", &index)),
-            body.map(str::to_string),
-        );
-        async move { send(&c, method, &url, body.as_deref(), &[]).await }
-    });
-    eventually(
-        Duration::from_secs(10),
-        "the gate's write waits at the front",
-        || async { front.held().await == 1 },
-    )
-    .await;
+    let w = GateWriteOnItsWay::start(tag, method, path, body).await;
+    let (zk, env, index, c, front, partition) =
+        (&w.zk, &w.env, &w.index, &w.c, &w.front, &w.partition);
     partition.cut();
-    let mut settings = zk_settings(&zk, "newer");
+    let mut settings = zk_settings(zk, "newer");
     settings.lock_root = env.root.clone();
     let locks: Arc<dyn zkguard::LockService> =
         Arc::new(zkguard::ZkLockService::new(session(&settings).await));
@@ -335,21 +336,21 @@ async fn a_gate_write_lost_on_the_way(
     // B gets the lock once ZooKeeper expired the service's session, reads the document and
     // waits before its write.
     let on_b = writer_b
-        .on(zkguard::lock::document_monitor(&index, "x"))
+        .on(zkguard::lock::document_monitor(index, "x"))
         .info("holder B");
-    let b_write = on_b.update(&index, "x", json!({"b": 1}));
+    let b_write = on_b.update(index, "x", json!({"b": 1}));
     let scenario = async {
         paused_b.hook().reached().await;
         // B has read the document: the gate's write lands now.
         front.release().await;
-        let answer = stale.await.unwrap();
+        let answer = w.stale.await.unwrap();
         // Only once the gate answered does B's write go out.
         paused_b.hook().let_through();
         answer
     };
     let (b_result, (status, headers, answer)) = tokio::join!(b_write, scenario);
     b_result.expect("B writes the document it read");
-    let doc = es_doc(&c, &index, "x").await;
+    let doc = es_doc(c, index, "x").await;
     assert_eq!(
         doc["_source"]["b"], 1,
         "B's change is in the document: {doc}"
