@@ -1107,7 +1107,9 @@ impl CountingRelay {
 
 /// An applier does not write its partition's progress for every batch it reads: operations
 /// applied one after the other (each read in a batch of its own) cost at most the commits of
-/// every 200 ms and a check when the last write is older than 500 ms, not one write each.
+/// every 200 ms and a check when the last write is older than 500 ms, not one write each; and
+/// the journal's index does not index the outcomes' fields (it failed before: `attempts` and
+/// `id` had been mapped dynamically).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_journal_applier_does_not_write_its_progress_for_every_batch_it_reads() {
     let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
@@ -1162,4 +1164,20 @@ async fn kafka_journal_applier_does_not_write_its_progress_for_every_batch_it_re
     );
     let doc = es_doc(&c, &index, "d").await;
     assert_eq!(doc["_source"]["n"], json!(count), "{doc}");
+    // The journal's index, read only by id, indexes the progress' fields alone: the outcomes
+    // written meanwhile added nothing to its mapping.
+    let journal = format!("zkguard-journal-{tag}");
+    let url = format!("{}/{journal}/_mapping", shared_es().url());
+    let mapping: serde_json::Value = c.get(url).send().await.unwrap().json().await.unwrap();
+    let m = &mapping[&journal]["mappings"];
+    assert!(
+        m["dynamic"] == json!(false) || m["dynamic"] == "false",
+        "{mapping}"
+    );
+    let fields: Vec<&String> = m["properties"].as_object().unwrap().keys().collect();
+    assert_eq!(
+        fields,
+        ["accepted", "offset", "owner", "status", "token"],
+        "{mapping}"
+    );
 }
