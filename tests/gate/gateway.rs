@@ -269,7 +269,7 @@ async fn a_gate_write_whose_lock_is_lost_on_the_way_is_fenced() {
     // While it holds the lock, `zkguard locks` names the gate's route as the holder's info.
     let out = crate::cli::zkguard()
         .args(["locks", "--json"])
-        .env("ZKGUARD_ZOOKEEPER_SERVERS", &zk)
+        .env("ZKGUARD_ZOOKEEPER_SERVERS", zk)
         .env("ZKGUARD_ZOOKEEPER_LOCK_ROOT", &env.root)
         .output()
         .unwrap();
