@@ -339,9 +339,7 @@ pub fn lock_failed(
 /// 503 for a write not sent because `guard` reports its lock lost (or released): nothing was
 /// written, and a retry is safe (429 in a `_bulk` item, see [`GateError::item_status`]).
 pub fn lock_lost(guard: &dyn zkguard::Guard) -> GateError {
-    let reason = guard
-        .loss()
-        .map_or_else(|| "released".to_string(), |r| r.to_string());
+    let reason = guard.why_not_held();
     GateError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "zkguard_lock_lost_exception",
@@ -362,9 +360,7 @@ pub fn lock_lost(guard: &dyn zkguard::Guard) -> GateError {
 /// bulk helper sends again blindly; sending it again converges (an index, update or delete),
 /// a create may then answer 409.
 pub fn lost_during_write(guard: &dyn zkguard::Guard) -> GateError {
-    let reason = guard
-        .loss()
-        .map_or_else(|| "released".to_string(), |r| r.to_string());
+    let reason = guard.why_not_held();
     tracing::warn!(
         monitor = guard.monitor(),
         token = guard.fencing_token(),

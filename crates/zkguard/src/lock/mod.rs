@@ -586,6 +586,12 @@ pub trait Guard: Send + Sync + fmt::Debug + std::any::Any {
     fn is_held(&self) -> bool;
     /// The loss reason, if the lock was lost.
     fn loss(&self) -> Option<LossReason>;
+    /// Why a lock that is no longer held is not, for messages and logs: its loss reason, or
+    /// `released` when it was released rather than lost.
+    fn why_not_held(&self) -> String {
+        self.loss()
+            .map_or_else(|| "released".to_string(), |r| r.to_string())
+    }
     /// Completes when the lock is lost; pending forever while it is held.
     ///
     /// # Cancellation safety

@@ -64,12 +64,7 @@ impl Held {
         self.guards
             .iter()
             .find(|(_, g)| !g.is_held())
-            .map(|(m, g)| {
-                let why = g
-                    .loss()
-                    .map_or_else(|| "released".to_string(), |r| r.to_string());
-                format!("the lock on `{m}` was lost ({why})")
-            })
+            .map(|(m, g)| format!("the lock on `{m}` was lost ({})", g.why_not_held()))
     }
 
     pub(super) async fn release(self, locks: &dyn LockService) {

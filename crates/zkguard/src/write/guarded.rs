@@ -701,9 +701,7 @@ impl GuardedWriter {
     /// The error of a write Elasticsearch took after the lock was lost (see
     /// [`GuardedWriter::still_held`]).
     pub(crate) fn lost_during_write(&self, guard: &dyn Guard, op: &Operation) -> GuardedError {
-        let reason = guard
-            .loss()
-            .map_or_else(|| "released".to_string(), |r| r.to_string());
+        let reason = guard.why_not_held();
         tracing::warn!(op = %op.id, %reason, "lock lost while the write was under way: the write is not acknowledged, the next holder may have replaced it");
         GuardedError::LostDuringWrite {
             monitor: op.monitor.clone(),
@@ -721,9 +719,7 @@ impl GuardedWriter {
         if guard.is_held() {
             return Ok(());
         }
-        let reason = guard
-            .loss()
-            .map_or_else(|| "released".to_string(), |r| r.to_string());
+        let reason = guard.why_not_held();
         tracing::warn!(op = %op.id, %reason, "lock lost before the write was sent; not sending it");
         Err(GuardedError::LockLost {
             monitor: op.monitor.clone(),
