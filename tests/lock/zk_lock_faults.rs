@@ -399,14 +399,7 @@ async fn a_careful_release_leaves_the_mutex_an_operator_freed_for_the_next_holde
         .await
         .unwrap()
         .expect("the next in line takes the free mutex");
-    proxy.release_held();
-    let outcome = release.await;
-    let (_, stat) = admin
-        .get_data(&mutex)
-        .await
-        .unwrap_or_else(|e| panic!("the next holder's mutex is gone ({e}); release: {outcome:?}"));
-    assert_eq!(Some(stat.ephemeral_owner), sf.session_id());
-    assert!(next.is_held());
+    the_release_leaves_the_next_holders_mutex(&proxy, release, &admin, &mutex, &sf, &next).await;
     eventually(
         Duration::from_secs(10),
         "the holder's queue node went",
@@ -461,14 +454,7 @@ async fn a_careful_release_leaves_the_mutex_of_a_monitor_created_again_meanwhile
         recreated.version, taken.version,
         "the new monitor's data version starts over"
     );
-    proxy.release_held();
-    let outcome = release.await;
-    let (_, stat) = admin
-        .get_data(&mutex)
-        .await
-        .unwrap_or_else(|e| panic!("the next holder's mutex is gone ({e}); release: {outcome:?}"));
-    assert_eq!(Some(stat.ephemeral_owner), sf.session_id());
-    assert!(next.is_held());
+    the_release_leaves_the_next_holders_mutex(&proxy, release, &admin, &mutex, &sf, &next).await;
     assert_eq!(queued(&direct, &monitor, "A-").await, 1);
     next.unlock().await.unwrap();
 }
@@ -1218,4 +1204,25 @@ async fn release_with_careful_reads_held(proxy: &ZkProxy, holder: LockGuard) -> 
     )
     .await;
     release
+}
+
+/// Lets the careful reads of `release` (from [`release_with_careful_reads_held`]) through and
+/// awaits it: the next holder's `mutex`, created by session `next_session`, must still be
+/// there, and `next` still held.
+async fn the_release_leaves_the_next_holders_mutex(
+    proxy: &ZkProxy,
+    release: Release,
+    admin: &zookeeper_client::Client,
+    mutex: &str,
+    next_session: &ZkSession,
+    next: &LockGuard,
+) {
+    proxy.release_held();
+    let outcome = release.await;
+    let (_, stat) = admin
+        .get_data(mutex)
+        .await
+        .unwrap_or_else(|e| panic!("the next holder's mutex is gone ({e}); release: {outcome:?}"));
+    assert_eq!(Some(stat.ephemeral_owner), next_session.session_id());
+    assert!(next.is_held());
 }
