@@ -1164,8 +1164,8 @@ async fn kafka_journal_applier_does_not_write_its_progress_for_every_batch_it_re
     );
     let doc = es_doc(&c, &index, "d").await;
     assert_eq!(doc["_source"]["n"], json!(count), "{doc}");
-    // The journal's index, read only by id, indexes the progress' fields alone: the outcomes
-    // written meanwhile added nothing to its mapping.
+    // The journal's index indexes the progress' fields and the outcomes' `ops` alone: the
+    // outcomes written meanwhile added nothing to its mapping.
     let journal = format!("zkguard-journal-{tag}");
     let url = format!("{}/{journal}/_mapping", shared_es().url());
     let mapping: serde_json::Value = c.get(url).send().await.unwrap().json().await.unwrap();
@@ -1177,7 +1177,99 @@ async fn kafka_journal_applier_does_not_write_its_progress_for_every_batch_it_re
     let fields: Vec<&String> = m["properties"].as_object().unwrap().keys().collect();
     assert_eq!(
         fields,
-        ["accepted", "offset", "owner", "status", "token"],
+        ["accepted", "offset", "ops", "owner", "status", "token"],
         "{mapping}"
     );
+}
+
+/// Sends `body` to the journal's index `index` in Elasticsearch (`PUT`, `path` under it).
+async fn put_journal_index(index: &str, path: &str, body: &serde_json::Value) {
+    let url = format!("{}/{index}{path}", shared_es().url().trim_end_matches('/'));
+    let (status, v) = call(&client(), Method::PUT, &url, Some(body.to_string())).await;
+    assert!(status.is_success(), "PUT {url}: {status} {v}");
+}
+
+/// Outcomes are recorded a batch to a document (`ops` lists its operations), and an index
+/// created by an earlier version keeps answering: it gains the `ops` mapping, and its
+/// one-operation outcome documents (`op-<id>`) are still read. An operation recorded twice
+/// answers the outcome of the write that applied it, not the one that found it applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_journal_records_outcomes_a_batch_a_document_and_reads_earlier_ones() {
+    let broker = zkguard::testkit::TansuServer::start().expect("start tansu");
+    let tag = uuid_tag();
+    let journal = format!("zkguard-journal-{tag}");
+    let earlier = json!({"mappings": {"dynamic": false, "properties": {
+        "offset": {"type": "long"}, "accepted": {"type": "long"}, "token": {"type": "long"},
+        "owner": {"type": "keyword"}, "status": {"type": "keyword"}}}});
+    put_journal_index(&journal, "", &earlier).await;
+    let (old, twice) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let outcome = json!({"id": old, "status": "applied", "token": 7});
+    put_journal_index(&journal, &format!("/_doc/op-{old}"), &outcome).await;
+    let state = tempfile::tempdir().unwrap();
+    let s = kafka_env(&broker, &tag, "a", state.path()).start("kafka-outcome-batches");
+    // Two outcomes of one operation, in documents written after the start mapped `ops`.
+    for (n, found_applied) in [(1, true), (2, false)] {
+        let o = json!({"id": twice, "status": "applied", "token": 9,
+            "already_applied": found_applied});
+        let doc = json!({"ops": [twice], "outcomes": [o]});
+        put_journal_index(&journal, &format!("/_doc/outcomes-test-{n}"), &doc).await;
+    }
+    let c = client();
+    let get = |id: String| {
+        let (c, url) = (c.clone(), s.url(&format!("/v1/operations/{id}")));
+        async move { call(&c, Method::GET, &url, None).await }
+    };
+    let (status, v) = get(old.to_string()).await;
+    assert_eq!(
+        (status, &v["status"], &v["token"]),
+        (StatusCode::OK, &json!("applied"), &json!(7)),
+        "{v}"
+    );
+    let (status, v) = get(twice.to_string()).await;
+    assert_eq!((status, &v["token"]), (StatusCode::OK, &json!(9)), "{v}");
+    assert_eq!(v.get("already_applied"), None, "{v}");
+
+    // Operations of one document sent at once are applied, each recorded in exactly one batch.
+    let index = format!("outcome-batches-{tag}");
+    let path = format!(
+        "/v1/indices/{index}/docs/d?type=background&monitor={}",
+        monitor_in(1, &tag)
+    );
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        let (status, v) = put(&c, &s, &path, &json!({"n": n})).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        ids.push(v["operation_id"].as_str().unwrap().to_string());
+    }
+    let done = wait_finished(&c, &s, &ids).await;
+    assert!(done.values().all(|v| v["status"] == "applied"), "{done:?}");
+    let url = format!(
+        "{}/{journal}/_search",
+        shared_es().url().trim_end_matches('/')
+    );
+    let query = json!({"size": 100, "query": {"terms": {"ops": ids}}});
+    let (status, found) = call(&c, Method::POST, &url, Some(query.to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{found}");
+    let mut recorded: Vec<String> = Vec::new();
+    for hit in found["hits"]["hits"].as_array().unwrap() {
+        let (id, source) = (hit["_id"].as_str().unwrap(), &hit["_source"]);
+        assert!(id.starts_with("outcomes-"), "{hit}");
+        let ops: Vec<&str> = source["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|o| o.as_str())
+            .collect();
+        let outcomes: Vec<&str> = source["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|o| o["id"].as_str())
+            .collect();
+        assert_eq!(ops, outcomes, "{hit}");
+        recorded.extend(ops.iter().map(|o| o.to_string()));
+    }
+    recorded.sort();
+    ids.sort();
+    assert_eq!(recorded, ids, "{found}");
 }

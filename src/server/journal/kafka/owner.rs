@@ -412,7 +412,8 @@ async fn fetch(
 }
 
 /// The operations of `records` read again after a takeover whose outcome the previous owner
-/// recorded: not applied again, so that their outcome keeps the token that applied them.
+/// recorded: not applied again, so that their outcome keeps the token that applied them. The
+/// index is refreshed first, so that the search sees every outcome recorded before.
 async fn applied_before(
     fleet: &KafkaJournal,
     part: &Part,
@@ -429,6 +430,10 @@ async fn applied_before(
         return Default::default();
     }
     let s = &fleet.settings;
+    // The previous owner's last outcomes may not be visible to searches yet.
+    if let Err(e) = fleet.store.refresh(&s.index).await {
+        tracing::debug!(error = %e, "cannot refresh the journal's index before looking up outcomes");
+    }
     progress::with_outcomes(fleet.store.as_ref(), &s.index, &ids)
         .await
         .unwrap_or_else(|e| {

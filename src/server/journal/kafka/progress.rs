@@ -5,13 +5,19 @@
 //!   owner. Written with the owner's fencing token as the external version
 //!   (`version_type=external_gte`): once a new owner wrote it, a deposed owner's write is refused
 //!   with 409 ([`ProgressError::Deposed`]).
-//! - `op-<id>`: an operation's outcome (the journal's [`Finished`] record), read by every
-//!   instance.
+//! - `outcomes-<uuid>`: the outcomes (the journal's [`Finished`] records) one instance recorded
+//!   at once, under `outcomes`, their operations' ids under `ops` (the one field indexed for
+//!   them), read by every instance with a `terms` query. One document per batch of outcomes
+//!   instead of one per operation: the outcomes cost the cluster a few documents a second
+//!   instead of as many as the operations' own writes.
+//! - `op-<id>`: one operation's outcome, as earlier versions wrote them: still read.
+
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use uuid::Uuid;
-use zkguard::es::{BulkAction, DocStore, EsError, Refresh, WriteCondition};
+use zkguard::es::{DocStore, EsError, Refresh, WriteCondition};
 
 use super::super::Finished;
 
@@ -55,29 +61,35 @@ pub fn progress_id(topic: &str, partition: i32) -> String {
     format!("progress-{topic}-{partition}")
 }
 
-fn outcome_id(id: &Uuid) -> String {
+/// The id of an outcome document of an earlier version (one per operation).
+fn legacy_outcome_id(id: &Uuid) -> String {
     format!("op-{id}")
 }
 
-/// Creates the index unless it exists. Its documents (progress, outcomes) are only ever read by
-/// id, so only the progress' fields are mapped and nothing else is indexed (`dynamic: false`):
-/// an outcome, written once per operation, costs the cluster its storage and not the indexing of
-/// its fields (half the time of a `_bulk` of outcomes on osmem-server).
+/// Outcomes looked up in one search at most: the `terms` query's values and the hits it may
+/// answer stay far below Elasticsearch's limits (65,536 terms, 10,000 hits).
+const LOOKUP_CHUNK: usize = 1000;
+
+/// Creates the index unless it exists, then maps the outcomes' `ops` (an index created by an
+/// earlier version does not have it). Only the progress' fields and `ops` are mapped and nothing
+/// else is indexed (`dynamic: false`): the outcomes themselves cost the cluster their storage
+/// and not the indexing of their fields.
 ///
 /// # Errors
 /// [`EsError`].
 pub async fn ensure_index(store: &dyn DocStore, index: &str) -> Result<(), EsError> {
-    let mappings = json!({
-        "dynamic": false,
-        "properties": {
-            "offset": {"type": "long"},
-            "accepted": {"type": "long"},
-            "token": {"type": "long"},
-            "owner": {"type": "keyword"},
-            "status": {"type": "keyword"},
-        }
+    let ops = json!({"ops": {"type": "keyword"}});
+    let mut properties = json!({
+        "offset": {"type": "long"},
+        "accepted": {"type": "long"},
+        "token": {"type": "long"},
+        "owner": {"type": "keyword"},
+        "status": {"type": "keyword"},
     });
-    store.ensure_index(index, &mappings).await
+    properties["ops"] = ops["ops"].clone();
+    let mappings = json!({"dynamic": false, "properties": properties});
+    store.ensure_index(index, &mappings).await?;
+    store.put_mapping(index, &ops).await.map(|_| ())
 }
 
 /// Reads a partition's progress (the default, offset 0, when none was written).
@@ -127,37 +139,30 @@ pub async fn write(
     }
 }
 
-/// Writes outcomes (one `_bulk`), each only if none was written for its operation: the first
-/// outcome stays (an operation applied again after a takeover is found applied, under the new
-/// owner's token; the outcome keeps the token of the write that applied it).
+/// Records outcomes: one document `outcomes-<uuid>` holding them all. An operation may be
+/// recorded twice (a takeover while its previous owner was recording it: the new owner applies
+/// it again and finds it applied); [`find_outcomes`] then answers the first application's.
 ///
 /// # Errors
-/// [`EsError`] when the request failed, or the first item that failed (an outcome already
-/// there is no failure).
+/// [`EsError`] when the write failed.
 pub async fn write_outcomes(
     store: &dyn DocStore,
     index: &str,
     all: &[&Finished],
 ) -> Result<(), EsError> {
-    let actions: Vec<BulkAction> = all
-        .iter()
-        .map(|f| BulkAction::Index {
-            index: index.to_string(),
-            id: outcome_id(&f.id),
-            source: serde_json::to_value(f).unwrap_or(Value::Null),
-            condition: WriteCondition::Create,
-        })
-        .collect();
-    for r in store.bulk(&actions, Refresh::No).await? {
-        match r {
-            Ok(_) | Err(EsError::Conflict { .. }) => {}
-            Err(e) => return Err(e),
-        }
+    if all.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let ops: Vec<String> = all.iter().map(|f| f.id.to_string()).collect();
+    let source = json!({"ops": ops, "outcomes": all});
+    let id = format!("outcomes-{}", Uuid::new_v4());
+    store
+        .index(index, &id, &source, WriteCondition::Create, Refresh::No)
+        .await
+        .map(|_| ())
 }
 
-/// Reads an operation's outcome, if one was written.
+/// Reads an operation's outcome, if one was recorded.
 ///
 /// # Errors
 /// [`EsError`].
@@ -166,13 +171,12 @@ pub async fn read_outcome(
     index: &str,
     id: &Uuid,
 ) -> Result<Option<Finished>, EsError> {
-    Ok(store
-        .get(index, &outcome_id(id))
+    Ok(find_outcomes(store, index, std::slice::from_ref(id))
         .await?
-        .and_then(|d| serde_json::from_value(d.source).ok()))
+        .remove(id))
 }
 
-/// The operations among `ids` whose outcome was written.
+/// The operations among `ids` whose outcome was recorded.
 ///
 /// # Errors
 /// [`EsError`].
@@ -181,15 +185,66 @@ pub async fn with_outcomes(
     index: &str,
     ids: &[Uuid],
 ) -> Result<std::collections::HashSet<Uuid>, EsError> {
-    let docs: Vec<(String, String)> = ids
-        .iter()
-        .map(|id| (index.to_string(), outcome_id(id)))
-        .collect();
-    let found = store.mget(&docs).await?;
-    Ok(ids
-        .iter()
-        .zip(found)
-        .filter(|(_, r)| matches!(r, Ok(Some(_))))
-        .map(|(id, _)| *id)
+    Ok(find_outcomes(store, index, ids)
+        .await?
+        .into_keys()
         .collect())
+}
+
+/// The recorded outcomes of `ids` (those of earlier versions' `op-<id>` documents too), found by
+/// searches. Elasticsearch's searches see what its last refresh made visible (every second by
+/// default): an outcome recorded a moment ago on another instance may be found only then.
+/// An operation recorded twice answers the outcome of the write that applied it (not
+/// `already_applied`), else the one with a token; the same on every instance.
+///
+/// # Errors
+/// [`EsError`].
+pub async fn find_outcomes(
+    store: &dyn DocStore,
+    index: &str,
+    ids: &[Uuid],
+) -> Result<HashMap<Uuid, Finished>, EsError> {
+    let mut found: HashMap<Uuid, Finished> = HashMap::new();
+    for chunk in ids.chunks(LOOKUP_CHUNK) {
+        let wanted: HashSet<&Uuid> = chunk.iter().collect();
+        let ops: Vec<String> = chunk.iter().map(Uuid::to_string).collect();
+        let legacy: Vec<String> = chunk.iter().map(legacy_outcome_id).collect();
+        let body = json!({
+            "size": (2 * chunk.len() + 10).min(10_000),
+            "_source": true,
+            "query": {"bool": {"should": [
+                {"terms": {"ops": ops}},
+                {"ids": {"values": legacy}},
+            ]}},
+        });
+        for doc in store.search(index, &body).await? {
+            for f in outcomes_of(doc.source) {
+                if wanted.contains(&f.id) {
+                    match found.get(&f.id) {
+                        Some(kept) if !first_application(&f, kept) => {}
+                        _ => {
+                            found.insert(f.id, f);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The outcomes of a document of the index: a batch's, or an earlier version's single one.
+fn outcomes_of(source: Value) -> Vec<Finished> {
+    match source.get("outcomes") {
+        Some(all) => serde_json::from_value(all.clone()).unwrap_or_default(),
+        None => serde_json::from_value(source).into_iter().collect(),
+    }
+}
+
+/// Whether `f` rather than `kept` tells the operation's first application: the one that
+/// applied it before the one that found it applied, then the one with a token, then the
+/// smaller token, so that every instance answers the same whatever order the search gives.
+fn first_application(f: &Finished, kept: &Finished) -> bool {
+    let rank = |o: &Finished| (o.already_applied, o.token.is_none(), o.token);
+    rank(f) < rank(kept)
 }
