@@ -1,8 +1,9 @@
 //! `zkguard journal`: the partitions of a fleet's Kafka journal (`server.journal.backend =
 //! kafka`) as the stores hold them: each partition's owner (the instance that last committed its
-//! progress, and whether it is a live member of the fleet), committed and end offsets, lag, and
-//! the age of its oldest unapplied operation. It reads the brokers, the progress documents in
-//! Elasticsearch and the fleet's members in ZooKeeper; no instance needs to run.
+//! progress, whether it is a live member of the fleet, and its fencing token), committed and end
+//! offsets, lag, and the age of its oldest unapplied operation. It reads the brokers, the
+//! progress documents in Elasticsearch and the fleet's members in ZooKeeper; no instance needs
+//! to run.
 
 use rskafka::client::partition::UnknownTopicHandling;
 use rskafka::client::ClientBuilder;
@@ -30,6 +31,9 @@ struct Row {
     owner: Option<String>,
     /// Whether that instance is a live member of the fleet.
     owner_live: bool,
+    /// That owner's fencing token, as its progress names it (`None` while nobody claimed the
+    /// partition): a greater token is a lock taken later.
+    token: Option<u64>,
     committed_offset: i64,
     end_offset: i64,
     lag: i64,
@@ -79,6 +83,7 @@ pub async fn run(settings: Settings, args: JournalArgs) -> Result<u8, CliError> 
         rows.push(Row {
             partition,
             owner_live: done.owner.as_ref().is_some_and(|o| members.contains(o)),
+            token: Some(done.token).filter(|&t| t > 0),
             owner: done.owner,
             committed_offset: done.offset,
             end_offset: end,
@@ -136,6 +141,7 @@ mod tests {
                 partition: 0,
                 owner: Some("a:7717".into()),
                 owner_live: true,
+                token: Some(12),
                 committed_offset: 5,
                 end_offset: 5,
                 lag: 0,
@@ -145,6 +151,7 @@ mod tests {
                 partition: 1,
                 owner: Some("b:7717".into()),
                 owner_live: false,
+                token: Some(9),
                 committed_offset: 3,
                 end_offset: 9,
                 lag: 6,

@@ -1,7 +1,7 @@
 //! The Kafka journal's partitions on `/metrics`: per partition, whether this instance owns it,
-//! its owner, committed and end offsets, lag and the oldest unapplied operation's age, written
-//! as OpenMetrics text (every instance reports every partition, so that the fleet's alerts can
-//! tell a partition nobody owns from one owned twice).
+//! its owner and the owner's fencing token, committed and end offsets, lag and the oldest
+//! unapplied operation's age, written as OpenMetrics text (every instance reports every
+//! partition, so that the fleet's alerts can tell a partition nobody owns from one owned twice).
 
 use std::fmt::Write;
 
@@ -49,6 +49,16 @@ pub fn render(out: &mut String, partitions: &[PartitionStatus]) {
             let _ = writeln!(out, "{name}{{partition=\"{}\"}} {}", p.partition, value(p));
         }
     }
+    let name = "zkguard_journal_partition_token";
+    let _ = writeln!(
+        out,
+        "# HELP {name} The fencing token of the journal partition's owner: its lock's where this instance owns it, else the one its progress names (absent while nobody ever claimed it); a greater token is a lock taken later.\n# TYPE {name} gauge"
+    );
+    for p in partitions {
+        if let Some(token) = p.token {
+            let _ = writeln!(out, "{name}{{partition=\"{}\"}} {token}", p.partition);
+        }
+    }
     let name = "zkguard_journal_partition_owner_info";
     let _ = writeln!(
         out,
@@ -89,6 +99,7 @@ mod tests {
                     partition: 0,
                     owner: Some("host-\"a\"".into()),
                     owned_here: true,
+                    token: Some(4_294_967_301),
                     committed_offset: 7,
                     end_offset: 10,
                     lag: 3,
@@ -110,10 +121,13 @@ mod tests {
             "zkguard_journal_partition_oldest_unapplied_seconds{partition=\"1\"} 0",
             "zkguard_journal_partition_owner_info{partition=\"0\",owner=\"host-\\\"a\\\"\"} 1",
             "# TYPE zkguard_journal_partition_owner_info gauge",
+            "zkguard_journal_partition_token{partition=\"0\"} 4294967301",
+            "# TYPE zkguard_journal_partition_token gauge",
         ] {
             assert!(out.lines().any(|l| l == line), "no {line:?} in\n{out}");
         }
         assert!(!out.contains("owner_info{partition=\"1\""), "{out}");
+        assert!(!out.contains("token{partition=\"1\""), "{out}");
     }
 
     #[test]

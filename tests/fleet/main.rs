@@ -19,9 +19,10 @@
 //! without an answer applied at most once (its record may have been appended all the same);
 //! each document's operations in acceptance order and the document equal to its last applied
 //! write; tokens never decreasing in each document's order (no write by a deposed owner after
-//! its successor's); each partition of a killed or paused instance applied by another instance
-//! within the session timeout plus 5 s (from the instances' `/metrics`; the broker outage is
-//! not a takeover and is not timed); every instance taking writes again after the broker
+//! its successor's); each partition of a killed or paused instance applied again under a lock
+//! taken after the fault (by another instance, or by the faulted one back with a new session,
+//! told by the owners' fencing tokens) within the session timeout plus 5 s (from the instances'
+//! `/metrics`; the broker outage is not a takeover and is not timed); every instance taking writes again after the broker
 //! restart; and, once the run drained, every partition committed to its end, no end below an
 //! offset committed during the run, at least one record per operation applied.
 //!
@@ -126,6 +127,14 @@ async fn a_fleet_on_the_kafka_journal_loses_nothing_across_kills_pauses_and_disk
             problems.push(format!(
                 "{name} (named by the fleet's alerts or dashboard) is not on /metrics"
             ));
+        }
+    }
+    // The owners' tokens, which tell a takeover's new lock from the old one, are on the page for
+    // every partition (each has been claimed by the end).
+    for p in 0..fleet_support::cluster::PARTITIONS {
+        let series = format!("zkguard_journal_partition_token{{partition=\"{p}\"}} ");
+        if !done.metrics.lines().any(|l| l.starts_with(&series)) {
+            problems.push(format!("no {series}on /metrics"));
         }
     }
     // `zkguard journal` lists every partition, each owned by a live member, nothing left to apply.

@@ -809,6 +809,20 @@ async fn owners(tag: &str) -> Vec<String> {
     out
 }
 
+/// Each partition of the three as `s`'s `/metrics` reports it: whether `s` owns it, and its
+/// owner's fencing token (`zkguard_journal_partition_token`); partitions without a token are
+/// left out.
+async fn partition_tokens(c: &reqwest::Client, s: &Service) -> HashMap<i32, (bool, f64)> {
+    let m = scrape(c, s).await;
+    (0..3)
+        .filter_map(|p| {
+            let at = |name: &str| m.get(&format!("{name}{{partition=\"{p}\"}}")).copied();
+            let owned = at("zkguard_journal_partition_owned")? == 1.0;
+            Some((p, (owned, at("zkguard_journal_partition_token")?)))
+        })
+        .collect()
+}
+
 /// Instance `a` started (and owning every partition of the topic of `tag`), then instance `b`
 /// started beside it with the state directory `state_b`.
 async fn a_then_b(
@@ -920,6 +934,13 @@ async fn kafka_journal_partitions_of_a_paused_instance_are_taken_over_and_it_sto
     )
     .await;
 
+    let c = client();
+    // The partitions a applies, each with its lock's token as a's /metrics reports it.
+    let held = eventually_value(Duration::from_secs(30), || async {
+        let held = partition_tokens(&c, &a).await;
+        held.values().any(|(owned, _)| *owned).then_some(held)
+    })
+    .await;
     // a freezes past its session: b takes every partition over.
     a.signal(nix::sys::signal::Signal::SIGSTOP);
     eventually(
@@ -928,7 +949,15 @@ async fn kafka_journal_partitions_of_a_paused_instance_are_taken_over_and_it_sto
         || async { owners(&tag).await.iter().all(|o| o == "b") },
     )
     .await;
-    let c = client();
+    // b applies a's partitions under locks of its own: greater tokens than a's.
+    let taken = eventually_value(Duration::from_secs(30), || async {
+        let now = partition_tokens(&c, &b).await;
+        held.iter()
+            .filter(|(_, (owned, _))| *owned)
+            .all(|(p, (_, old))| now.get(p).is_some_and(|(o, t)| *o && t > old))
+            .then_some(now)
+    })
+    .await;
     let index = format!("pause-{tag}");
     let mut ids: Vec<(usize, String)> = Vec::new();
     let write = |s: &Service, p: usize, n: usize| {
@@ -959,6 +988,18 @@ async fn kafka_journal_partitions_of_a_paused_instance_are_taken_over_and_it_sto
     eventually(Duration::from_secs(30), "a's appliers stop", || async {
         a.log().contains("no longer owned here")
     })
+    .await;
+    // a, no longer their owner, reports b's tokens from the partitions' progress.
+    eventually(
+        Duration::from_secs(30),
+        "a reports b's tokens for the partitions b took",
+        || async {
+            let now = partition_tokens(&c, &a).await;
+            held.iter()
+                .filter(|(_, (owned, _))| *owned)
+                .all(|(p, _)| now.get(p).map(|(o, t)| (*o, *t)) == Some((false, taken[p].1)))
+        },
+    )
     .await;
     for p in 0..3 {
         ids.push((p, write(&a, p, 2).await));

@@ -18,8 +18,10 @@
 //!   accepted write, as no later one may follow it), and the fencing tokens of its operations,
 //!   in the order applied, never decrease: a deposed owner that applied an operation after its
 //!   successor would show as a decrease, or as an operation applied twice or out of order;
-//! - each partition of a killed or paused instance is taken over by another instance (it
-//!   reports owning it and its committed offset moved) within the limit after the fault;
+//! - each partition of a killed or paused instance is taken over within the limit after the
+//!   fault: an instance reports owning it under a lock newer than the faulted instance's and
+//!   its committed offset moved (see [`takeovers`]; the faulted instance itself counts once it
+//!   took the partition back under a lock taken after the fault, a new session);
 //! - once the run drained (after the broker restarts too), each partition's committed offset is
 //!   at or above its end offset, every end at or above the highest offset ever committed (the
 //!   broker kept its records), and the ends together count at least one record per operation
@@ -108,6 +110,10 @@ pub struct Seen {
     pub owned_here: bool,
     /// The partition's committed (applied) offset as the instance knows it.
     pub committed: i64,
+    /// The owner's fencing token as the instance reports it: its own lock's when `owned_here`,
+    /// else the one the partition's progress names; `None` when not reported. A lock taken
+    /// later has a greater token.
+    pub token: Option<u64>,
 }
 
 /// An instance taken out: SIGKILLed or SIGSTOPped at `at`.
@@ -391,39 +397,43 @@ fn token_violations(
 }
 
 /// For each fault, each partition the instance owned when it was taken out, and the first
-/// moment another instance reported owning it with a committed offset beyond the one last seen
-/// before the fault (something applied by the new owner).
+/// moment after the fault that an instance reported owning it under a lock other than the one
+/// the faulted instance held, with a committed offset beyond the highest seen before the fault
+/// (something applied under that lock). Tokens tell the locks apart (a lock taken later has a
+/// greater token):
+///
+/// - the faulted instance itself (woken from a pause, or started again after a kill) counts
+///   once its token is greater than every token seen for the partition at or before the fault:
+///   a lock taken after the fault, a new session. Its old lock does not count, nor does an
+///   unknown token: a paused instance that wakes reports its old lock, and may even commit
+///   under it, until it sees its session expired;
+/// - another instance counts when its token is greater than the faulted instance's (its lock
+///   came after it), or when either token is unknown. Not "greater than every token seen
+///   before the fault": when the faulted instance had already given the partition up (its
+///   status a second old), its successor's lock may predate the fault, and the partition is
+///   applied all the same; an older token is a deposed owner that has not noticed yet.
 pub fn takeovers(seen: &[Seen], faults: &[Fault]) -> Vec<Takeover> {
     let mut out = Vec::new();
     for fault in faults {
-        let mut before: HashMap<u32, (Duration, bool, i64)> = HashMap::new();
-        let mut committed: HashMap<u32, i64> = HashMap::new();
-        for s in seen.iter().filter(|s| s.at <= fault.at) {
-            let c = committed.entry(s.partition).or_insert(s.committed);
-            *c = (*c).max(s.committed);
-            if s.instance == fault.instance {
-                let e = before.entry(s.partition).or_insert((s.at, false, 0));
-                if s.at >= e.0 {
-                    *e = (s.at, s.owned_here, s.committed);
+        let before = before_fault(seen, fault);
+        for (partition, floor) in before {
+            let counts = |s: &Seen| {
+                let newer =
+                    |than: Option<u64>| matches!((s.token, than), (Some(t), Some(b)) if t > b);
+                if s.instance == fault.instance {
+                    newer(floor.highest)
+                } else {
+                    floor.held.is_none() || s.token.is_none() || newer(floor.held)
                 }
-            }
-        }
-        let mut owned: Vec<u32> = before
-            .iter()
-            .filter(|(_, (_, owned, _))| *owned)
-            .map(|(p, _)| *p)
-            .collect();
-        owned.sort_unstable();
-        for partition in owned {
-            let floor = committed.get(&partition).copied().unwrap_or(0);
+            };
             let by = seen
                 .iter()
                 .filter(|s| {
                     s.at > fault.at
                         && s.partition == partition
-                        && s.instance != fault.instance
                         && s.owned_here
-                        && s.committed > floor
+                        && s.committed > floor.committed
+                        && counts(s)
                 })
                 .min_by_key(|s| s.at)
                 .map(|s| (s.instance, s.at - fault.at));
@@ -435,6 +445,46 @@ pub fn takeovers(seen: &[Seen], faults: &[Fault]) -> Vec<Takeover> {
         }
     }
     out
+}
+
+/// What was seen of a partition up to a fault.
+#[derive(Debug, Default)]
+struct Floor {
+    /// The highest committed offset any instance reported.
+    committed: i64,
+    /// The highest token any instance reported.
+    highest: Option<u64>,
+    /// The token of the faulted instance's lock, from its last report.
+    held: Option<u64>,
+}
+
+/// The partitions the faulted instance owned by its last report at or before the fault, in
+/// order, each with what was seen of it up to then.
+fn before_fault(seen: &[Seen], fault: &Fault) -> Vec<(u32, Floor)> {
+    let mut floors: HashMap<u32, Floor> = HashMap::new();
+    let mut last: HashMap<u32, &Seen> = HashMap::new();
+    for s in seen.iter().filter(|s| s.at <= fault.at) {
+        let f = floors.entry(s.partition).or_insert_with(|| Floor {
+            committed: s.committed,
+            ..Floor::default()
+        });
+        f.committed = f.committed.max(s.committed);
+        f.highest = f.highest.max(s.token);
+        if s.instance == fault.instance && last.get(&s.partition).is_none_or(|l| s.at >= l.at) {
+            last.insert(s.partition, s);
+        }
+    }
+    let mut owned: Vec<(u32, Floor)> = last
+        .into_iter()
+        .filter(|(_, s)| s.owned_here)
+        .map(|(p, s)| {
+            let mut floor = floors.remove(&p).unwrap_or_default();
+            floor.held = s.token;
+            (p, floor)
+        })
+        .collect();
+    owned.sort_unstable_by_key(|(p, _)| *p);
+    owned
 }
 
 /// The takeovers slower than `limit`, or that never happened.

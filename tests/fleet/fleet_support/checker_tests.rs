@@ -1,6 +1,8 @@
 //! The checker's own tests: a clean history passes, and each kind of violation (lost,
 //! doubled, out of order, wrong body, foreign, decreasing tokens, not applied, slow takeover,
-//! a journal not drained or short of records) is caught.
+//! a journal not drained or short of records) is caught, and a takeover is told by its lock's
+//! token (a paused instance that takes its partition back under a new lock counts, one going
+//! on under its old lock does not).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -268,6 +270,23 @@ fn seen(at: u64, instance: usize, partition: u32, owned_here: bool, committed: i
         partition,
         owned_here,
         committed,
+        token: None,
+    }
+}
+
+/// A report of partition 0 by `instance`, naming the owner's `token`.
+fn seen_t(at: u64, instance: usize, owned_here: bool, committed: i64, token: u64) -> Seen {
+    Seen {
+        token: Some(token),
+        ..seen(at, instance, 0, owned_here, committed)
+    }
+}
+
+fn pause_of_0_at_500() -> Fault {
+    Fault {
+        instance: 0,
+        at: ms(500),
+        kind: "pause",
     }
 }
 
@@ -319,6 +338,74 @@ fn a_partition_never_taken_over_is_caught() {
             ..
         }]
     ));
+}
+
+#[test]
+fn a_paused_instance_that_takes_its_partition_back_under_a_new_lock_is_a_takeover() {
+    let observed = [
+        seen_t(100, 0, true, 10, 5),
+        seen_t(100, 1, false, 10, 5),
+        // Instance 1 claims it once the session expired, with nothing to apply yet.
+        seen_t(7_000, 1, true, 10, 8),
+        // Instance 0 woke with a new session and took it back under a new lock: applied.
+        seen_t(11_000, 0, true, 14, 9),
+        seen_t(14_000, 1, true, 20, 11),
+    ];
+    let fault = pause_of_0_at_500();
+    let t = takeovers(&observed, std::slice::from_ref(&fault));
+    assert_eq!(
+        t,
+        vec![Takeover {
+            fault,
+            partition: 0,
+            by: Some((0, ms(10_500)))
+        }]
+    );
+    assert_eq!(slow_takeovers(&t, ms(12_200)), vec![]);
+}
+
+#[test]
+fn a_woken_instance_still_on_its_old_lock_is_no_takeover() {
+    let observed = [
+        seen_t(100, 0, true, 10, 5),
+        // Woken, its session expired without it knowing yet: it applies under its old lock.
+        seen_t(9_000, 0, true, 12, 5),
+        // A report that names no token tells no new lock either.
+        seen(9_200, 0, 0, true, 13),
+        seen_t(9_400, 0, false, 13, 5),
+        seen_t(12_000, 2, true, 14, 7),
+    ];
+    let fault = pause_of_0_at_500();
+    let t = takeovers(&observed, std::slice::from_ref(&fault));
+    assert_eq!(t[0].by, Some((2, ms(11_500))));
+    // Without instance 2, the partition was never taken over.
+    let t = takeovers(&observed[..4], std::slice::from_ref(&fault));
+    assert_eq!(t[0].by, None);
+    assert_eq!(slow_takeovers(&t, ms(12_200)).len(), 1);
+}
+
+#[test]
+fn only_an_owner_whose_lock_came_after_the_faulted_instances_takes_over() {
+    // Instance 1 was deposed by instance 0 (token 5 over its 3) and has not noticed: its
+    // reports after the fault are not a takeover; instance 2's lock (9) is.
+    let observed = [
+        seen_t(50, 1, true, 8, 3),
+        seen_t(100, 0, true, 10, 5),
+        seen_t(1_000, 1, true, 12, 3),
+        seen_t(8_000, 2, true, 13, 9),
+    ];
+    let fault = pause_of_0_at_500();
+    let t = takeovers(&observed, std::slice::from_ref(&fault));
+    assert_eq!(t[0].by, Some((2, ms(7_500))));
+    // Instance 0 had already given the partition to instance 1 (its own report a little old):
+    // instance 1's lock predates the fault, and the partition is applied under it.
+    let observed = [
+        seen_t(100, 0, true, 10, 5),
+        seen_t(300, 1, true, 10, 6),
+        seen_t(800, 1, true, 11, 6),
+    ];
+    let t = takeovers(&observed, std::slice::from_ref(&fault));
+    assert_eq!(t[0].by, Some((1, ms(300))));
 }
 
 fn part(partition: u32, committed: i64, end: i64) -> PartitionEnd {

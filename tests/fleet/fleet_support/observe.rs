@@ -1,6 +1,8 @@
 //! The partitions as each instance reports them: its `/metrics` scraped every 200 ms
-//! (`zkguard_journal_partition_owned`, `zkguard_journal_partition_committed_offset`).
+//! (`zkguard_journal_partition_owned`, `zkguard_journal_partition_committed_offset`,
+//! `zkguard_journal_partition_token`).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -8,10 +10,23 @@ use reqwest::Client;
 
 use super::checker::Seen;
 
-/// The per-partition samples of one scrape: (partition, owned here, committed offset).
-pub fn partitions(metrics: &str) -> Vec<(u32, bool, i64)> {
-    let mut owned = std::collections::BTreeMap::new();
-    let mut committed = std::collections::BTreeMap::new();
+/// One partition in one scrape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub partition: u32,
+    /// The instance owns it.
+    pub owned_here: bool,
+    /// Its committed offset (-1 when the page did not say).
+    pub committed: i64,
+    /// Its owner's fencing token (`None` when the page did not say).
+    pub token: Option<u64>,
+}
+
+/// The per-partition samples of one scrape.
+pub fn partitions(metrics: &str) -> Vec<Sample> {
+    let mut owned = BTreeMap::new();
+    let mut committed = BTreeMap::new();
+    let mut tokens = BTreeMap::new();
     for line in metrics.lines() {
         let Some((series, value)) = line.rsplit_once(' ') else {
             continue;
@@ -19,16 +34,26 @@ pub fn partitions(metrics: &str) -> Vec<(u32, bool, i64)> {
         let Some(partition) = label(series, "partition").and_then(|p| p.parse::<u32>().ok()) else {
             continue;
         };
-        let value: f64 = value.parse().unwrap_or(f64::NAN);
+        let number: f64 = value.parse().unwrap_or(f64::NAN);
         if series.starts_with("zkguard_journal_partition_owned{") {
-            owned.insert(partition, value == 1.0);
+            owned.insert(partition, number == 1.0);
         } else if series.starts_with("zkguard_journal_partition_committed_offset{") {
-            committed.insert(partition, value as i64);
+            committed.insert(partition, number as i64);
+        } else if series.starts_with("zkguard_journal_partition_token{") {
+            // Written as an integer: read exactly, not through a float.
+            if let Ok(token) = value.parse::<u64>() {
+                tokens.insert(partition, token);
+            }
         }
     }
     owned
         .into_iter()
-        .map(|(p, o)| (p, o, committed.get(&p).copied().unwrap_or(-1)))
+        .map(|(p, o)| Sample {
+            partition: p,
+            owned_here: o,
+            committed: committed.get(&p).copied().unwrap_or(-1),
+            token: tokens.get(&p).copied(),
+        })
         .collect()
 }
 
@@ -69,16 +94,50 @@ pub async fn watch(
         {
             let at = start.elapsed();
             let mut seen = seen.lock().unwrap();
-            for (partition, owned_here, committed) in partitions(&text) {
+            for p in partitions(&text) {
                 seen.push(Seen {
                     at,
                     instance,
-                    partition,
-                    owned_here,
-                    committed,
+                    partition: p.partition,
+                    owned_here: p.owned_here,
+                    committed: p.committed,
+                    token: p.token,
                 });
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scrape_gives_each_partitions_owner_offset_and_token() {
+        let page = "# TYPE zkguard_journal_partition_owned gauge
+zkguard_journal_partition_owned{partition=\"0\"} 1
+zkguard_journal_partition_owned{partition=\"1\"} 0
+zkguard_journal_partition_committed_offset{partition=\"0\"} 17
+zkguard_journal_partition_committed_offset{partition=\"1\"} 4
+zkguard_journal_partition_token{partition=\"0\"} 9007199254740993
+";
+        assert_eq!(
+            partitions(page),
+            vec![
+                Sample {
+                    partition: 0,
+                    owned_here: true,
+                    committed: 17,
+                    token: Some(9_007_199_254_740_993),
+                },
+                Sample {
+                    partition: 1,
+                    owned_here: false,
+                    committed: 4,
+                    token: None,
+                },
+            ]
+        );
     }
 }

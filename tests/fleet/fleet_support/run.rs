@@ -156,7 +156,7 @@ pub async fn run(plan: Plan) -> Done {
 }
 
 /// Copies the instances' logs, with what the test saw of each partition (`seen.csv`: seconds,
-/// instance, partition, owned here, committed offset), to a directory the run leaves behind;
+/// instance, partition, owned here, committed offset, owner's token), to a directory the run leaves behind;
 /// returns a line naming it.
 fn keep_logs(servers: &Servers, seen: &[Seen]) -> String {
     let dir = std::env::temp_dir().join(format!(
@@ -174,7 +174,8 @@ fn keep_logs(servers: &Servers, seen: &[Seen]) -> String {
             .map(|s| {
                 let at = s.at.as_secs_f64();
                 let (i, p, o, c) = (s.instance, s.partition, s.owned_here, s.committed);
-                format!("{at:.3},{i},{p},{o},{c}\n")
+                let t = s.token.map_or_else(String::new, |t| t.to_string());
+                format!("{at:.3},{i},{p},{o},{c},{t}\n")
             })
             .collect();
         std::fs::write(dir.join("seen.csv"), rows)

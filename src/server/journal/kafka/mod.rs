@@ -77,6 +77,12 @@ pub struct PartitionStatus {
     pub owner: Option<String>,
     /// Whether this instance holds its lock and applies it.
     pub owned_here: bool,
+    /// The owner's fencing token: that of the lock held here when [`Self::owned_here`], else
+    /// the token in the partition's progress document (the last owner's claim); `None` while
+    /// nobody ever claimed it. A lock taken later has a greater token, so a new token tells a
+    /// new lock (a takeover, or an instance that took its partition back with a new session)
+    /// from the same owner going on.
+    pub token: Option<u64>,
     /// Offset up to which every record is applied (committed, fenced by the owner's token).
     pub committed_offset: i64,
     /// The partition's end (the offset its next record gets).

@@ -704,6 +704,7 @@ async fn refresh_status(fleet: &KafkaJournal) {
                 Some(Progress {
                     offset: b.committed_offset,
                     owner: b.owner.clone(),
+                    token: b.token.unwrap_or(0),
                     ..Progress::default()
                 })
             })
@@ -742,6 +743,10 @@ async fn refresh_status(fleet: &KafkaJournal) {
             None if lag > 0 => oldest_elsewhere(fleet, p, committed).await,
             None => None,
         };
+        let token = match &here {
+            Some(part) => Some(part.guard.fencing_token()),
+            None => prog.as_ref().map(|g| g.token).filter(|&t| t > 0),
+        };
         rows.push(PartitionStatus {
             partition: p,
             owner: match &here {
@@ -749,6 +754,7 @@ async fn refresh_status(fleet: &KafkaJournal) {
                 None => prog.and_then(|g| g.owner),
             },
             owned_here: here.is_some(),
+            token,
             committed_offset: committed,
             end_offset: end.max(0),
             lag,
