@@ -613,6 +613,10 @@ pub async fn run(mut settings: Settings, args: BenchArgs) -> Result<u8, CliError
     Ok(0)
 }
 
+/// Background operations of the library and the service per foreground save in
+/// `zkguard bench --service` (see `ServicePlan::background`).
+const BACKGROUND_PER_SAVE: u32 = 5;
+
 /// `zkguard bench --service`.
 async fn run_service(settings: Settings, args: &BenchArgs) -> Result<u8, CliError> {
     use crate::workload::service_bench::{self, ServicePlan};
@@ -630,6 +634,7 @@ async fn run_service(settings: Settings, args: &BenchArgs) -> Result<u8, CliErro
                 clients: args.contenders,
                 docs: args.monitors,
                 saves: args.iterations(),
+                background: args.iterations().saturating_mul(BACKGROUND_PER_SAVE),
                 zk_pid,
             };
             // The Kafka journal's column: a local tansu broker with --local, else the

@@ -42,8 +42,12 @@ pub struct ServicePlan {
     pub clients: u32,
     /// Shared documents.
     pub docs: u32,
-    /// Foreground saves, and background operations, per path.
+    /// Foreground saves per path, and `zkguard exec`'s background operations.
     pub saves: u32,
+    /// Background operations of the library and the service: several times `saves`, so that
+    /// their background phase lasts seconds (2,000 operations took them 0.1 s to 1 s, where the
+    /// moments the first and the last operation take weigh as much as the throughput).
+    pub background: u32,
     /// The ZooKeeper server's process id, when known: the warm-up then lasts until its JIT
     /// compilers are done (see [`warm_up`]).
     pub zk_pid: Option<u32>,
@@ -151,6 +155,7 @@ impl ServiceReport {
             "clients": self.plan.clients,
             "docs": self.plan.docs,
             "saves": self.plan.saves,
+            "background_ops": self.plan.background / self.plan.clients * self.plan.clients,
             "exec_background_clients": self.plan.exec_clients(),
             "warmup_runs": self.warmup_runs,
             "build": if cfg!(debug_assertions) { "debug" } else { "release" },
@@ -195,11 +200,12 @@ impl ServiceReport {
     /// A table.
     pub fn table(&self) -> String {
         let per = self.plan.saves / self.plan.clients * self.plan.clients;
+        let bg = self.plan.background / self.plan.clients * self.plan.clients;
         let mut out = format!(
             "{build} build; {docs} shared documents; per path {per} foreground saves from {clients} concurrent clients \
-             (latency of each save), then {per} background operations on the same documents \
+             (latency of each save), then {bg} background operations on the same documents \
              (operations per second from the first submission until the last is applied; \
-             {exec} concurrent zkguard exec processes for exec); after {warm} unmeasured run(s) \
+             {per} from {exec} concurrent zkguard exec processes for exec); after {warm} unmeasured run(s) \
              of the workload that warmed the servers up\n\n{:<28} {:>10} {:>10} {:>16}\n",
             "path",
             "fg p50",
@@ -428,6 +434,7 @@ async fn library(
             crate::server::BACKGROUND_PER_BULK,
         )
         .build();
+    let per = plan.background / plan.clients;
     let n = per * plan.clients;
     let before = executor.stats();
     let started = Instant::now();
@@ -702,6 +709,7 @@ async fn service(
     }
     let (p50, p99) = latencies(samples.clone());
 
+    let per = plan.background / plan.clients;
     let scraped_before = metrics_text(&http, &base).await?;
     let started = Instant::now();
     let mut tasks = Vec::new();
