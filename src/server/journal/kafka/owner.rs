@@ -200,6 +200,13 @@ async fn try_own(
     let replay_end = end_offset(&fleet.partitions[p as usize], fleet.settings.timeout)
         .await
         .unwrap_or(i64::MAX);
+    // Records to read again: the outcomes the previous owner recorded up to its deposition
+    // (this claim) are made visible to the searches that look them up (`applied_before`).
+    if replay_end > claim.offset {
+        if let Err(e) = fleet.store.refresh(index).await {
+            tracing::debug!(partition = p, error = %e, "cannot refresh the journal's index before looking up outcomes");
+        }
+    }
     tracing::info!(
         partition = p,
         token,
@@ -413,7 +420,8 @@ async fn fetch(
 
 /// The operations of `records` read again after a takeover whose outcome the previous owner
 /// recorded: not applied again, so that their outcome keeps the token that applied them. The
-/// index is refreshed first, so that the search sees every outcome recorded before.
+/// claim refreshed the index ([`try_own`]), so that the search sees every outcome recorded
+/// before it.
 async fn applied_before(
     fleet: &KafkaJournal,
     part: &Part,
@@ -430,10 +438,6 @@ async fn applied_before(
         return Default::default();
     }
     let s = &fleet.settings;
-    // The previous owner's last outcomes may not be visible to searches yet.
-    if let Err(e) = fleet.store.refresh(&s.index).await {
-        tracing::debug!(error = %e, "cannot refresh the journal's index before looking up outcomes");
-    }
     progress::with_outcomes(fleet.store.as_ref(), &s.index, &ids)
         .await
         .unwrap_or_else(|e| {

@@ -211,7 +211,6 @@ pub async fn find_outcomes(
         let legacy: Vec<String> = chunk.iter().map(legacy_outcome_id).collect();
         let body = json!({
             "size": (2 * chunk.len() + 10).min(10_000),
-            "_source": true,
             "query": {"bool": {"should": [
                 {"terms": {"ops": ops}},
                 {"ids": {"values": legacy}},
