@@ -59,9 +59,16 @@ pub struct ServicePlan {
 pub const EXEC_BACKGROUND_CLIENTS_FACTOR: u32 = 4;
 
 impl ServicePlan {
-    /// Concurrent `zkguard exec` processes for the background operations.
+    /// Concurrent `zkguard exec` processes for the background operations, and the service's
+    /// concurrent background clients.
     pub fn exec_clients(&self) -> u32 {
         self.clients * EXEC_BACKGROUND_CLIENTS_FACTOR
+    }
+
+    /// The service's background operations: `background` shared evenly among its
+    /// [`Self::exec_clients`] clients.
+    pub fn service_background(&self) -> u32 {
+        self.background / self.exec_clients() * self.exec_clients()
     }
 }
 
@@ -155,7 +162,7 @@ impl ServiceReport {
             "clients": self.plan.clients,
             "docs": self.plan.docs,
             "saves": self.plan.saves,
-            "background_ops": self.plan.background / self.plan.exec_clients() * self.plan.exec_clients(),
+            "background_ops": self.plan.service_background(),
             "exec_background_clients": self.plan.exec_clients(),
             "warmup_runs": self.warmup_runs,
             "build": if cfg!(debug_assertions) { "debug" } else { "release" },
@@ -200,7 +207,7 @@ impl ServiceReport {
     /// A table.
     pub fn table(&self) -> String {
         let per = self.plan.saves / self.plan.clients * self.plan.clients;
-        let bg = self.plan.background / self.plan.exec_clients() * self.plan.exec_clients();
+        let bg = self.plan.service_background();
         let mut out = format!(
             "{build} build; {docs} shared documents; per path {per} foreground saves from {clients} concurrent clients \
              (latency of each save), then {bg} background operations on the same documents (the service's from {exec} \
@@ -632,25 +639,36 @@ pub(super) async fn journal_empty(http: &reqwest::Client, base: &str) -> Result<
     Ok(text.lines().any(|l| l == "zkguard_journal_depth 0"))
 }
 
-/// Waits (at most a minute) until the service's metrics show every journal partition owned
-/// here.
-async fn owns_every_partition(http: &reqwest::Client, base: &str) -> Result<(), String> {
-    let give_up = Instant::now() + Duration::from_secs(60);
-    loop {
-        let text = metrics_text(http, base).await?;
-        let owned: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with("zkguard_journal_partition_owned{"))
-            .filter_map(|l| l.rsplit(' ').next())
-            .collect();
-        if !owned.is_empty() && owned.iter().all(|v| *v == "1") {
-            return Ok(());
-        }
+/// Asks `done` every `every` until it answers true; `Err(late)` once `limit` has passed.
+async fn poll_until<F, Fut>(
+    limit: Duration,
+    every: Duration,
+    late: &str,
+    mut done: F,
+) -> Result<(), String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool, String>>,
+{
+    let give_up = Instant::now() + limit;
+    while !done().await? {
         if Instant::now() > give_up {
-            return Err("zkguard serve did not own every journal partition within a minute".into());
+            return Err(late.into());
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(every).await;
     }
+    Ok(())
+}
+
+/// Whether the service's metrics show every journal partition owned here.
+async fn owns_every_partition(http: &reqwest::Client, base: &str) -> Result<bool, String> {
+    let text = metrics_text(http, base).await?;
+    let owned: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("zkguard_journal_partition_owned{"))
+        .filter_map(|l| l.rsplit(' ').next())
+        .collect();
+    Ok(!owned.is_empty() && owned.iter().all(|v| *v == "1"))
 }
 
 /// `zkguard_operations_total{lock_type="background",outcome="applied"}`.
@@ -683,7 +701,13 @@ async fn service(
     if kafka.is_some() {
         // The instance's start (the journal's index, each partition's lock and claim) is not
         // measured as foreground latency: it owns every partition first, as a running one does.
-        owns_every_partition(&http, &served.base).await?;
+        poll_until(
+            Duration::from_secs(60),
+            Duration::from_millis(50),
+            "zkguard serve did not own every journal partition within a minute",
+            || owns_every_partition(&http, &served.base),
+        )
+        .await?;
     }
     let put = |http: &reqwest::Client, d: u32, query: &str, body: Value| {
         http.put(format!("{base}/v1/indices/{index}/docs/{d}{query}"))
@@ -739,7 +763,7 @@ async fn service(
     // foreground's few clients, each waiting for its 202 before the next, the throughput is
     // the clients over the acceptance latency and not what the service applies.
     let submitters = plan.exec_clients();
-    let per = plan.background / submitters;
+    let per = plan.service_background() / submitters;
     let scraped_before = metrics_text(&http, &base).await?;
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -780,23 +804,19 @@ async fn service(
     let n = per * submitters;
     // Until every accepted operation is finished: the file journal holds no unfinished one; on
     // Kafka, the service counts every one applied (the partitions are applied by their owner).
-    let give_up = Instant::now() + Duration::from_secs(600);
-    loop {
-        let done = if kafka.is_some() {
-            background_applied(&http, &base).await? >= u64::from(n)
-        } else {
-            journal_empty(&http, &base).await?
-        };
-        if done {
-            break;
-        }
-        if Instant::now() > give_up {
-            return Err(
-                "zkguard serve did not finish its background operations within 10 minutes".into(),
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    poll_until(
+        Duration::from_secs(600),
+        Duration::from_millis(10),
+        "zkguard serve did not finish its background operations within 10 minutes",
+        || async {
+            if kafka.is_some() {
+                Ok(background_applied(&http, &base).await? >= u64::from(n))
+            } else {
+                journal_empty(&http, &base).await
+            }
+        },
+    )
+    .await?;
     let elapsed = started.elapsed();
     let mut stages = Stages::scraped(&scraped_before, &metrics_text(&http, &base).await?);
     stages.accept_p50 = latencies(accepts).0;
