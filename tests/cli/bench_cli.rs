@@ -371,6 +371,16 @@ fn service_benchmark_reports_the_three_paths() {
     // at most 10 runs of the workload).
     let warm = report["warmup_runs"].as_u64().unwrap_or(0);
     assert!((1..=10).contains(&warm), "warmup_runs = {warm}: {report}");
+    // So was each service instance, with its own workload, before its measured one.
+    for path in ["service", "service_kafka"] {
+        if path == "service" || report.get("service_kafka_fg_saves").is_some() {
+            let warm = report[format!("{path}_warmup_runs")].as_u64().unwrap_or(0);
+            assert!(
+                (1..=10).contains(&warm),
+                "{path}_warmup_runs = {warm}: {report}"
+            );
+        }
+    }
     assert!(
         ["debug", "release"].contains(&report["build"].as_str().unwrap_or_default()),
         "{report}"
