@@ -21,7 +21,9 @@
 //!   owner's commit is refused (409) and it stops. A new owner resumes from the committed offset;
 //!   operations applied after it by the previous owner are recognised by the operation ids the
 //!   documents remember, so nothing is applied twice.
-//! - **Outcomes**: written to the same index (`op-<id>`), read by every instance for
+//! - **Outcomes**: written to the same index, one document per batch the dispatcher finished
+//!   (`outcomes-<uuid>`, the operations' ids in its one indexed field `ops`; earlier versions
+//!   wrote one `op-<id>` per operation, still read), read by every instance for
 //!   `GET /v1/operations/{id}`.
 //!
 //! The status of every partition ([`JournalStatus`]) is refreshed every second.
