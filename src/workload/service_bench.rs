@@ -91,6 +91,9 @@ pub struct PathFigures {
     /// Unmeasured runs of a service instance's own workload before its measured one
     /// (`ServiceRun::warm_up`); `None` for the other paths.
     pub warmup_runs: Option<u32>,
+    /// CPU time ZooKeeper's JIT compiler threads took during a service instance's foreground
+    /// phase, when its process is known: what a cold server adds to that phase's latency.
+    pub fg_zk_jit: Option<Duration>,
 }
 
 impl PathFigures {
@@ -104,6 +107,9 @@ impl PathFigures {
         });
         if let (Value::Object(all), Some(runs)) = (&mut v, self.warmup_runs) {
             all.insert(format!("{name}_warmup_runs"), runs.into());
+        }
+        if let (Value::Object(all), Some(jit)) = (&mut v, self.fg_zk_jit) {
+            all.insert(format!("{name}_fg_zk_jit_ms"), ms(jit).into());
         }
         v
     }
@@ -266,6 +272,17 @@ impl ServiceReport {
             self.fg_ratio(),
             self.bg_ratio()
         ));
+        let jit: Vec<String> = [("file journal", &self.service)]
+            .into_iter()
+            .chain(self.service_kafka.as_ref().map(|k| ("Kafka journal", k)))
+            .filter_map(|(name, f)| Some(format!("{name} {:.0} ms", ms(f.fg_zk_jit?))))
+            .collect();
+        if !jit.is_empty() {
+            out.push_str(&format!(
+                "ZooKeeper's JIT compilers during the service's foreground phase: {}\n",
+                jit.join(", ")
+            ));
+        }
         if let (Some(bg), Some(fg)) = (self.kafka_bg_ratio(), self.kafka_fg_ratio()) {
             out.push_str(&format!(
                 "background throughput, Kafka journal / file journal: {bg:.2}x (goal: at least 0.7x)\nforeground p50, Kafka journal / file journal: {fg:.2}x (goal: unchanged)\n"
@@ -495,6 +512,7 @@ async fn library(
         background_per_sec: f64::from(n) / elapsed.as_secs_f64(),
         stages,
         warmup_runs: None,
+        fg_zk_jit: None,
     })
 }
 
@@ -732,7 +750,13 @@ async fn service(
     let warm_index = format!("{index}-warm");
     mapped_index(settings, &warm_index).await?;
     let warmup_runs = run.warm_up(&warm_index).await?;
+    let jit_before = plan.zk_pid.and_then(jit_cpu_time);
     let samples = run.foreground().await?;
+    let fg_zk_jit = plan
+        .zk_pid
+        .and_then(jit_cpu_time)
+        .zip(jit_before)
+        .map(|(after, before)| after.saturating_sub(before));
     let (p50, p99) = latencies(samples.clone());
     let (n, elapsed, stages) = run.background().await?;
     drop(served);
@@ -744,8 +768,13 @@ async fn service(
         background_per_sec: f64::from(n) / elapsed.as_secs_f64(),
         stages,
         warmup_runs: Some(warmup_runs),
+        fg_zk_jit,
     })
 }
+
+/// The share of a warm-up run of a service instance's workload that ZooKeeper's JIT compilers
+/// may take for its warm-up to end (`ServiceRun::warm_up`).
+const INSTANCE_WARM: f64 = 0.05;
 
 /// One `zkguard serve` instance's workload (see [`service`]).
 #[derive(Clone)]
@@ -760,7 +789,7 @@ struct ServiceRun {
 
 impl ServiceRun {
     /// The instance's own workload (its saves and its background operations), unmeasured, until
-    /// ZooKeeper's JIT compilers used less than a tenth of a run's time, as [`warm_up`] does for
+    /// ZooKeeper's JIT compilers used less than [`INSTANCE_WARM`] of a run's time, as [`warm_up`] does for
     /// the library's; returns the runs. An instance brings ZooKeeper requests of its own (the
     /// Kafka journal's partition locks, its fleet's members): ZooKeeper compiles code again
     /// for them, 0.3 s to 0.8 s of a compiler thread's CPU in the first two-second foreground
@@ -793,7 +822,7 @@ impl ServiceRun {
                 .map(|(after, before)| after.saturating_sub(before));
             tracing::info!(run, kafka = self.kafka, compiling = ?compiling, took = ?started.elapsed(), "service warm-up run");
             match compiling {
-                Some(c) if c.as_secs_f64() < 0.1 * started.elapsed().as_secs_f64() => {
+                Some(c) if c.as_secs_f64() < INSTANCE_WARM * started.elapsed().as_secs_f64() => {
                     return Ok(run)
                 }
                 None => return Ok(run),
@@ -1015,5 +1044,6 @@ async fn exec(settings: &Settings, plan: ServicePlan, index: &str) -> Result<Pat
         background_per_sec: f64::from(n) / elapsed.as_secs_f64(),
         stages: Stages::default(),
         warmup_runs: None,
+        fg_zk_jit: None,
     })
 }

@@ -379,6 +379,13 @@ fn service_benchmark_reports_the_three_paths() {
                 (1..=10).contains(&warm),
                 "{path}_warmup_runs = {warm}: {report}"
             );
+            // And what ZooKeeper (started here, its process known) still compiled during the
+            // measured foreground phase is reported.
+            let jit = report[format!("{path}_fg_zk_jit_ms")].as_f64();
+            assert!(
+                jit.is_some_and(|ms| ms >= 0.0),
+                "{path}_fg_zk_jit_ms: {report}"
+            );
         }
     }
     assert!(
