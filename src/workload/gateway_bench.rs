@@ -319,11 +319,7 @@ async fn foreground(
             Ok::<_, String>(out)
         }));
     }
-    let mut samples = Vec::new();
-    for t in tasks {
-        samples.extend(t.await.map_err(|e| e.to_string())??);
-    }
-    Ok(samples)
+    super::measure::joined(tasks).await
 }
 
 /// Sends `docs` documents to `url` in NDJSON requests of `plan.bulk_size` documents from

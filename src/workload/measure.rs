@@ -250,6 +250,18 @@ where
         .map_err(|_| "the benchmark thread ended without a result".to_string())?
 }
 
+/// The latencies the clients' tasks `tasks` measured, in the tasks' order; the first error
+/// of a task (or its panic) otherwise.
+pub(super) async fn joined(
+    tasks: Vec<tokio::task::JoinHandle<Result<Vec<Duration>, String>>>,
+) -> Result<Vec<Duration>, String> {
+    let mut samples = Vec::new();
+    for t in tasks {
+        samples.extend(t.await.map_err(|e| e.to_string())??);
+    }
+    Ok(samples)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -454,10 +454,7 @@ async fn library(
             Ok::<_, String>(out)
         }));
     }
-    let mut samples = Vec::new();
-    for t in tasks {
-        samples.extend(t.await.map_err(|e| e.to_string())??);
-    }
+    let samples = super::measure::joined(tasks).await?;
     let (p50, p99) = latencies(samples.clone());
 
     let sink = zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(store))
@@ -945,11 +942,7 @@ impl ServiceRun {
                 Ok::<_, String>(out)
             }));
         }
-        let mut samples = Vec::new();
-        for t in tasks {
-            samples.extend(t.await.map_err(|e| e.to_string())??);
-        }
-        Ok(samples)
+        super::measure::joined(tasks).await
     }
 }
 
@@ -1004,10 +997,7 @@ async fn exec(settings: &Settings, plan: ServicePlan, index: &str) -> Result<Pat
             Ok::<_, String>(out)
         }));
     }
-    let mut samples = Vec::new();
-    for t in tasks {
-        samples.extend(t.await.map_err(|e| e.to_string())??);
-    }
+    let samples = super::measure::joined(tasks).await?;
     let (p50, p99) = latencies(samples.clone());
 
     let started = Instant::now();
