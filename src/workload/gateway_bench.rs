@@ -24,7 +24,8 @@ use zkguard::config::Settings;
 
 use super::measure::RequestCounter;
 use super::service_bench::{
-    background_applied, jit_cpu_time, journal_empty, latencies, start_served, MAX_WARMUP_RUNS,
+    background_applied, journal_empty, latencies, start_served, JitWatch, MAX_WARMUP_RUNS,
+    SERVERS_WARM,
 };
 
 /// What to run.
@@ -214,19 +215,11 @@ pub async fn run(settings: Settings, plan: GatewayPlan) -> Result<GatewayReport,
     let mut warmup_runs = 0;
     for run in 1..=MAX_WARMUP_RUNS {
         warmup_runs = run;
-        let before = plan.zk_pid.and_then(jit_cpu_time);
-        let started = Instant::now();
+        let jit = JitWatch::start(plan.zk_pid);
         foreground(&http, &gate, &index, plan, plan.saves.min(1000)).await?;
         bulk(&http, &gate, &bulk_index, plan, plan.bulk_docs.min(5000)).await?;
-        let compiling = plan
-            .zk_pid
-            .and_then(jit_cpu_time)
-            .zip(before)
-            .map(|(after, before)| after.saturating_sub(before));
-        match compiling {
-            Some(c) if c.as_secs_f64() < 0.1 * started.elapsed().as_secs_f64() => break,
-            None if run >= 2 => break,
-            _ => {}
+        if jit.warm(run, SERVERS_WARM, 2, "gateway warm-up run") {
+            break;
         }
     }
     service_bulk(

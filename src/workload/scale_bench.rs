@@ -56,7 +56,7 @@ pub use super::scale_report::{
     DEFAULT_MONITORS, DEFAULT_WRITES, INSTANCE_CLIENTS, WARMUP_MONITORS, WAVE,
 };
 use super::service_bench::{
-    jit_cpu_time, latencies, mapped_index, start_served_with, MAX_WARMUP_RUNS,
+    latencies, mapped_index, start_served_with, JitWatch, MAX_WARMUP_RUNS, SERVERS_WARM,
 };
 
 /// Runs the benchmark against `settings`' ZooKeeper and Elasticsearch, on a single-threaded
@@ -80,21 +80,12 @@ async fn measure(mut settings: Settings, plan: ScalePlan) -> Result<ScaleReport,
     let mut warmup_runs = 0;
     for run in (1..=MAX_WARMUP_RUNS).filter(|_| plan.warmup > 0) {
         warmup_runs = run;
-        let before = plan.zk_pid.and_then(jit_cpu_time);
-        let started = Instant::now();
+        let jit = JitWatch::start(plan.zk_pid);
         let job = Job::connect(&settings, &format!("{root}/warm-{run}")).await?;
         job.run(plan.warmup).await?;
         job.close();
-        let compiling = plan
-            .zk_pid
-            .and_then(jit_cpu_time)
-            .zip(before)
-            .map(|(after, before)| after.saturating_sub(before));
-        tracing::info!(run, compiling = ?compiling, took = ?started.elapsed(), "warm-up job");
-        match compiling {
-            Some(c) if c.as_secs_f64() < 0.1 * started.elapsed().as_secs_f64() => break,
-            None if run >= 2 => break,
-            _ => {}
+        if jit.warm(run, SERVERS_WARM, 2, "warm-up job") {
+            break;
         }
     }
     let mut monitors = Vec::new();

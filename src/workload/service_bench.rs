@@ -97,6 +97,23 @@ pub struct PathFigures {
 }
 
 impl PathFigures {
+    /// The figures of the foreground latencies `samples` and of `n` background operations in
+    /// `elapsed`; no warm-up of its own, no compiling measured.
+    fn measured(samples: Vec<Duration>, n: u32, elapsed: Duration, stages: Stages) -> Self {
+        let saves = samples.len();
+        let (p50, p99) = latencies(samples);
+        Self {
+            saves,
+            p50,
+            p99,
+            background: n as usize,
+            background_per_sec: f64::from(n) / elapsed.as_secs_f64(),
+            stages,
+            warmup_runs: None,
+            fg_zk_jit: None,
+        }
+    }
+
     fn to_json(&self, name: &str) -> Value {
         let mut v = json!({
             format!("{name}_fg_saves"): self.saves,
@@ -362,7 +379,7 @@ pub const MAX_WARMUP_RUNS: u32 = 10;
 
 /// The CPU time the JIT compiler threads of process `pid` (a JVM) have used so far: the sum over
 /// its threads named `C1 CompilerThread…` or `C2 CompilerThread…` (Linux `/proc`).
-pub(super) fn jit_cpu_time(pid: u32) -> Option<Duration> {
+fn jit_cpu_time(pid: u32) -> Option<Duration> {
     let mut total = Duration::ZERO;
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))
         .ok()?
@@ -376,6 +393,51 @@ pub(super) fn jit_cpu_time(pid: u32) -> Option<Duration> {
     Some(total)
 }
 
+/// The share of a warm-up run's time under which ZooKeeper's JIT compilers count as done for
+/// the servers' warm-ups (the library's here, the gateway's, the transactions', the scale
+/// benchmark's jobs).
+pub(super) const SERVERS_WARM: f64 = 0.1;
+
+/// ZooKeeper's JIT compilers from one instant on: a warm-up run's or a measured phase's.
+pub(super) struct JitWatch {
+    pid: Option<u32>,
+    before: Option<Duration>,
+    started: Instant,
+}
+
+impl JitWatch {
+    /// From now on, for ZooKeeper's process `pid` when known.
+    pub(super) fn start(pid: Option<u32>) -> Self {
+        Self {
+            pid,
+            before: pid.and_then(jit_cpu_time),
+            started: Instant::now(),
+        }
+    }
+
+    /// The CPU time the compiler threads took since [`Self::start`]; `None` when the process
+    /// is unknown.
+    pub(super) fn compiled(&self) -> Option<Duration> {
+        self.pid
+            .and_then(jit_cpu_time)
+            .zip(self.before)
+            .map(|(after, before)| after.saturating_sub(before))
+    }
+
+    /// Whether warm-up run `run`, started at [`Self::start`], is the last: the compilers took
+    /// less than `share` of its time, or, the process unknown, it is run `blind_runs`. Logged
+    /// as `what`.
+    pub(super) fn warm(&self, run: u32, share: f64, blind_runs: u32, what: &str) -> bool {
+        let compiling = self.compiled();
+        let took = self.started.elapsed();
+        tracing::info!(run, compiling = ?compiling, took = ?took, "{what}");
+        match compiling {
+            Some(c) => c.as_secs_f64() < share * took.as_secs_f64(),
+            None => run >= blind_runs,
+        }
+    }
+}
+
 /// Warm-up, not measured. A ZooKeeper that has just started spends several times the CPU per
 /// request until its JVM has compiled its hot code (its compiler threads took a core for tens
 /// of thousands of lock cycles here), which would slow whichever path ran first. So the
@@ -386,19 +448,10 @@ pub(super) fn jit_cpu_time(pid: u32) -> Option<Duration> {
 /// other.
 async fn warm_up(settings: &Settings, plan: ServicePlan, tag: &str) -> Result<u32, String> {
     for run in 1..=MAX_WARMUP_RUNS {
-        let before = plan.zk_pid.and_then(jit_cpu_time);
-        let started = Instant::now();
+        let jit = JitWatch::start(plan.zk_pid);
         library(settings, plan, &format!("bench-warm-{tag}-{run}")).await?;
-        let compiling = plan
-            .zk_pid
-            .and_then(jit_cpu_time)
-            .zip(before)
-            .map(|(after, before)| after.saturating_sub(before));
-        tracing::info!(run, compiling = ?compiling, took = ?started.elapsed(), "warm-up run");
-        match compiling {
-            Some(c) if c.as_secs_f64() < 0.1 * started.elapsed().as_secs_f64() => return Ok(run),
-            None if run >= 2 => return Ok(run),
-            _ => {}
+        if jit.warm(run, SERVERS_WARM, 2, "warm-up run") {
+            return Ok(run);
         }
     }
     Ok(MAX_WARMUP_RUNS)
@@ -455,7 +508,6 @@ async fn library(
         }));
     }
     let samples = super::measure::joined(tasks).await?;
-    let (p50, p99) = latencies(samples.clone());
 
     let sink = zkguard::write::deadletter::sink_from_settings(&settings.retry, Some(store))
         .map_err(|e| e.to_string())?;
@@ -501,16 +553,7 @@ async fn library(
     let elapsed = started.elapsed();
     let stages = Stages::between(&before, &executor.stats());
     session.close();
-    Ok(PathFigures {
-        saves: samples.len(),
-        p50,
-        p99,
-        background: n as usize,
-        background_per_sec: f64::from(n) / elapsed.as_secs_f64(),
-        stages,
-        warmup_runs: None,
-        fg_zk_jit: None,
-    })
+    Ok(PathFigures::measured(samples, n, elapsed, stages))
 }
 
 /// A `zkguard serve` child process; killed when dropped.
@@ -747,25 +790,15 @@ async fn service(
     let warm_index = format!("{index}-warm");
     mapped_index(settings, &warm_index).await?;
     let warmup_runs = run.warm_up(&warm_index).await?;
-    let jit_before = plan.zk_pid.and_then(jit_cpu_time);
+    let jit = JitWatch::start(plan.zk_pid);
     let samples = run.foreground().await?;
-    let fg_zk_jit = plan
-        .zk_pid
-        .and_then(jit_cpu_time)
-        .zip(jit_before)
-        .map(|(after, before)| after.saturating_sub(before));
-    let (p50, p99) = latencies(samples.clone());
+    let fg_zk_jit = jit.compiled();
     let (n, elapsed, stages) = run.background().await?;
     drop(served);
     Ok(PathFigures {
-        saves: samples.len(),
-        p50,
-        p99,
-        background: n as usize,
-        background_per_sec: f64::from(n) / elapsed.as_secs_f64(),
-        stages,
         warmup_runs: Some(warmup_runs),
         fg_zk_jit,
+        ..PathFigures::measured(samples, n, elapsed, stages)
     })
 }
 
@@ -806,24 +839,17 @@ impl ServiceRun {
             },
             ..self.clone()
         };
+        let what = if self.kafka {
+            "service warm-up run (Kafka journal)"
+        } else {
+            "service warm-up run"
+        };
         for run in 1..=MAX_WARMUP_RUNS {
-            let before = self.plan.zk_pid.and_then(jit_cpu_time);
-            let started = Instant::now();
+            let jit = JitWatch::start(self.plan.zk_pid);
             warm.foreground().await?;
             warm.background().await?;
-            let compiling = self
-                .plan
-                .zk_pid
-                .and_then(jit_cpu_time)
-                .zip(before)
-                .map(|(after, before)| after.saturating_sub(before));
-            tracing::info!(run, kafka = self.kafka, compiling = ?compiling, took = ?started.elapsed(), "service warm-up run");
-            match compiling {
-                Some(c) if c.as_secs_f64() < INSTANCE_WARM * started.elapsed().as_secs_f64() => {
-                    return Ok(run)
-                }
-                None => return Ok(run),
-                _ => {}
+            if jit.warm(run, INSTANCE_WARM, 1, what) {
+                return Ok(run);
             }
         }
         Ok(MAX_WARMUP_RUNS)
@@ -998,7 +1024,6 @@ async fn exec(settings: &Settings, plan: ServicePlan, index: &str) -> Result<Pat
         }));
     }
     let samples = super::measure::joined(tasks).await?;
-    let (p50, p99) = latencies(samples.clone());
 
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -1026,14 +1051,10 @@ async fn exec(settings: &Settings, plan: ServicePlan, index: &str) -> Result<Pat
     }
     let elapsed = started.elapsed();
     let n = per * plan.clients;
-    Ok(PathFigures {
-        saves: samples.len(),
-        p50,
-        p99,
-        background: n as usize,
-        background_per_sec: f64::from(n) / elapsed.as_secs_f64(),
-        stages: Stages::default(),
-        warmup_runs: None,
-        fg_zk_jit: None,
-    })
+    Ok(PathFigures::measured(
+        samples,
+        n,
+        elapsed,
+        Stages::default(),
+    ))
 }

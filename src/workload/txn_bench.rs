@@ -53,7 +53,7 @@ use zkguard::write::guarded::GuardedWriter;
 use zkguard::write::ops::Operation;
 
 use super::measure::first_zk_host;
-use super::service_bench::{jit_cpu_time, latencies, stamp_mapping, MAX_WARMUP_RUNS};
+use super::service_bench::{latencies, stamp_mapping, JitWatch, MAX_WARMUP_RUNS, SERVERS_WARM};
 
 /// The default sizes of `--sizes`.
 pub const DEFAULT_SIZES: [u32; 5] = [1, 2, 5, 10, 20];
@@ -394,23 +394,14 @@ impl Bench {
         let mut warmup_runs = 0;
         for run in 1..=MAX_WARMUP_RUNS {
             warmup_runs = run;
-            let before = plan.zk_pid.and_then(jit_cpu_time);
-            let started = Instant::now();
+            let jit = JitWatch::start(plan.zk_pid);
             for &n in &plan.sizes {
                 for way in Way::ALL {
                     self.series(n, way, plan.warmup).await?;
                 }
             }
-            let compiling = plan
-                .zk_pid
-                .and_then(jit_cpu_time)
-                .zip(before)
-                .map(|(after, before)| after.saturating_sub(before));
-            tracing::info!(run, compiling = ?compiling, took = ?started.elapsed(), "warm-up run");
-            match compiling {
-                Some(c) if c.as_secs_f64() < 0.1 * started.elapsed().as_secs_f64() => break,
-                None if run >= 2 => break,
-                _ => {}
+            if jit.warm(run, SERVERS_WARM, 2, "warm-up run") {
+                break;
             }
         }
 
