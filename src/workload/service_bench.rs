@@ -745,9 +745,12 @@ async fn owns_every_partition(http: &reqwest::Client, base: &str) -> Result<bool
 
 /// `zkguard_operations_total{lock_type="background",outcome="applied"}`.
 pub(super) async fn background_applied(http: &reqwest::Client, base: &str) -> Result<u64, String> {
-    let text = metrics_text(http, base).await?;
-    Ok(text
-        .lines()
+    Ok(applied_in(&metrics_text(http, base).await?))
+}
+
+/// [`background_applied`] as the metrics page `text` counts it.
+fn applied_in(text: &str) -> u64 {
+    text.lines()
         .filter(|l| {
             l.starts_with("zkguard_operations_total{")
                 && l.contains("lock_type=\"background\"")
@@ -755,7 +758,7 @@ pub(super) async fn background_applied(http: &reqwest::Client, base: &str) -> Re
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .map(|v| v as u64)
-        .sum())
+        .sum()
 }
 
 async fn service(
@@ -875,8 +878,8 @@ impl ServiceRun {
         let per = self.plan.service_background() / submitters;
         let n = per * submitters;
         let (http, base) = (&self.http, self.base.as_str());
-        let applied_before = background_applied(http, base).await?;
         let scraped_before = metrics_text(http, base).await?;
+        let applied_before = applied_in(&scraped_before);
         let started = Instant::now();
         let accepts = self.write_from_clients(submitters, per, true).await?;
         // Until every accepted operation is finished: the file journal holds no unfinished
@@ -896,9 +899,10 @@ impl ServiceRun {
         )
         .await?;
         let elapsed = started.elapsed();
-        let mut stages = Stages::scraped(&scraped_before, &metrics_text(http, base).await?);
+        let scraped_after = metrics_text(http, base).await?;
+        let mut stages = Stages::scraped(&scraped_before, &scraped_after);
         stages.accept_p50 = latencies(accepts).0;
-        let applied = background_applied(http, base).await? - applied_before;
+        let applied = applied_in(&scraped_after) - applied_before;
         if applied != u64::from(n) {
             return Err(format!(
                 "zkguard serve applied {applied} of {n} background operations (see its dead letters)"
